@@ -1,0 +1,201 @@
+"""End-to-end pipeline behaviour: exactly once, determinism, transforms, iteration lifecycle."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import polars as pl
+import pyarrow.compute as pc
+import pytest
+
+from zephon_columnar import Dataset, InMemoryShard, Pipeline, StaticMixtureWorkSource
+from zephon_columnar.errors import ConfigError, PipelineError
+from zephon_columnar.testing import collect
+
+
+def web_source(web_dir, **kw):
+    kw.setdefault("chunk_size", 32)
+    kw.setdefault("seed", 7)
+    return StaticMixtureWorkSource([Dataset.from_path("web", str(web_dir))], {"web": 1.0}, **kw)
+
+
+def mixed_source(web_dir, code_dir, **kw):
+    kw.setdefault("chunk_size", 16)
+    kw.setdefault("seed", 42)
+    web = Dataset.from_path("web", str(web_dir))
+    code = Dataset.from_path("code", str(code_dir))
+    return StaticMixtureWorkSource([web, code], {"web": 0.7, "code": 0.3}, **kw)
+
+
+def ids_of(pipe) -> list[int]:
+    out = []
+    for item in pipe:
+        out.extend(item.to_pydict()["id"] if hasattr(item, "to_pydict") else [item.payload["id"]])
+    return out
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 32, 120, 16384])
+def test_every_row_exactly_once_including_last_partial_chunk(web_dir, chunk_size):
+    ids = ids_of(Pipeline(web_source(web_dir, chunk_size=chunk_size)).batch(5, drop_last=False))
+    assert sorted(ids) == list(range(120))
+
+
+def test_records_without_batch_exactly_once(web_dir):
+    recs = list(Pipeline(web_source(web_dir)))
+    assert sorted(r.payload["id"] for r in recs) == list(range(120))
+    assert all(r.payload["text"] for r in recs)
+
+
+def test_drop_last_drops_only_the_short_tail(web_dir):
+    batches = list(Pipeline(web_source(web_dir)).batch(7))
+    assert all(len(b) == 7 for b in batches)
+    assert len(batches) == 120 // 7
+
+
+@pytest.mark.parametrize("opts", [
+    dict(runner="inline"),
+    dict(runner="threads", max_workers=1),
+    dict(runner="threads", max_workers=4, prefetch_batches=1, op_queue_capacity=1),
+    dict(runner="threads", max_workers=2, prefetch_batches=64, op_queue_capacity=32),
+    dict(runner="process", max_workers=2),
+])
+def test_same_batches_whatever_the_runner_and_depths(web_dir, code_dir, opts):
+    def build(**o):
+        return (Pipeline(mixed_source(web_dir, code_dir)).fetch(parallelism=4, max_batch=5)
+                .map_transform(pl.col("text").str.to_uppercase()).batch(4).options(**o))
+
+    reference = collect(build(runner="inline"))
+    assert len(reference) > 10
+    assert collect(build(**opts)) == reference
+
+
+def test_fetch_batch_size_does_not_change_data(web_dir, code_dir):
+    a = collect(Pipeline(mixed_source(web_dir, code_dir)).fetch(max_batch=3).batch(4))
+    b = collect(Pipeline(mixed_source(web_dir, code_dir)).fetch(max_batch=1000).batch(4))
+    assert a == b
+
+
+def test_seed_changes_order_not_content(web_dir):
+    a = ids_of(Pipeline(web_source(web_dir, seed=1, shuffle_within_shard=True)).batch(4, drop_last=False))
+    b = ids_of(Pipeline(web_source(web_dir, seed=2, shuffle_within_shard=True)).batch(4, drop_last=False))
+    c = ids_of(Pipeline(web_source(web_dir, seed=1, shuffle_within_shard=True)).batch(4, drop_last=False))
+    assert a == c and a != b and sorted(a) == sorted(b)
+
+
+def test_mixture_ratio_and_components(web_dir, code_dir):
+    # 120 web rows at 0.7: the source ends when both datasets completed a pass; code repeats.
+    recs = list(Pipeline(mixed_source(web_dir, code_dir)))
+    comp = Counter(r.meta.sample_id[0] for r in recs)
+    assert comp[0] >= 120 and comp[1] >= 50
+    assert abs(comp[0] / (comp[0] + comp[1]) - 0.7) < 0.03
+    assert set(r.payload["id"] for r in recs if r.meta.sample_id[0] == 0) == set(range(120))
+
+
+def test_map_transform_callable_drops_and_rewrites(web_dir):
+    def keep_even(p):
+        return {**p, "n_words": len(p["text"].split())} if p["id"] % 2 == 0 else None
+
+    recs = list(Pipeline(web_source(web_dir)).map_transform(keep_even))
+    assert sorted(r.payload["id"] for r in recs) == list(range(0, 120, 2))
+    assert all(r.payload["n_words"] == len(r.payload["text"].split()) for r in recs)
+
+
+def test_polars_and_arrow_filters(web_dir):
+    a = ids_of(Pipeline(web_source(web_dir)).filter(pl.col("id") % 3 == 0).batch(4, drop_last=False))
+    b = ids_of(Pipeline(web_source(web_dir)).filter(pc.field("id") % 3 == 0).batch(4, drop_last=False))
+    c = ids_of(Pipeline(web_source(web_dir)).filter(lambda p: p["id"] % 3 == 0).batch(4, drop_last=False))
+    assert sorted(a) == list(range(0, 120, 3)) and a == b == c
+
+
+def test_polars_expressions_list(web_dir):
+    recs = list(Pipeline(web_source(web_dir)).map_transform(
+        [pl.col("text").str.len_chars().alias("chars"), (pl.col("id") * 2).alias("twice")]))
+    assert all(r.payload["chars"] == len(r.payload["text"]) and r.payload["twice"] == 2 * r.payload["id"]
+               for r in recs)
+
+
+def test_in_memory_dataset(tmp_path):
+    ds = Dataset.from_dict("mem", {0: InMemoryShard([{"x": i} for i in range(10)]),
+                                   1: InMemoryShard([{"x": 10 + i} for i in range(5)])})
+    ws = StaticMixtureWorkSource([ds], {"mem": 1.0}, chunk_size=4)
+    assert sorted(r.payload["x"] for r in Pipeline(ws)) == list(range(15))
+
+
+def test_iterating_again_starts_from_the_beginning(web_dir):
+    pipe = Pipeline(web_source(web_dir)).batch(4)
+    first = collect(pipe, limit=3)
+    again = collect(pipe)
+    assert again[:3] == first and len(again) == 30
+
+
+def test_second_concurrent_iteration_is_refused(web_dir):
+    pipe = Pipeline(web_source(web_dir)).batch(4)
+    it = iter(pipe)
+    next(it)
+    with pytest.raises(RuntimeError, match="already being iterated"):
+        iter(pipe)
+    it.close()
+    assert len(collect(pipe)) == 30
+
+
+def _zephon_threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("zephon")}
+
+
+@pytest.mark.parametrize("runner", ["threads", "process"])
+def test_closing_early_leaves_no_threads_or_processes(web_dir, runner):
+    import multiprocessing
+
+    before = _zephon_threads()
+    pipe = Pipeline(web_source(web_dir, chunk_size=4)).fetch(max_batch=2).batch(2).options(runner=runner)
+    it = iter(pipe)
+    next(it)
+    it.close()
+    assert _zephon_threads() - before == set()
+    assert multiprocessing.active_children() == []
+
+
+def test_dropping_the_iterator_stops_the_engine(web_dir):
+    before = _zephon_threads()
+    for i, _ in enumerate(Pipeline(web_source(web_dir, chunk_size=4)).fetch(max_batch=2).batch(2)):
+        if i == 2:
+            break
+    import gc
+
+    gc.collect()
+    assert _zephon_threads() - before == set()
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads", "process"])
+def test_worker_error_reaches_next(web_dir, runner):
+    def boom(p):
+        if p["id"] == 77:
+            raise KeyError("missing_field")
+        return p
+
+    pipe = Pipeline(web_source(web_dir)).map_transform(boom).batch(4).options(runner=runner)
+    with pytest.raises(PipelineError, match="missing_field"):
+        collect(pipe)
+
+
+def test_unknown_option_lists_valid_ones(web_dir):
+    with pytest.raises(ConfigError, match="Valid options: .*canonical_replicas"):
+        Pipeline(web_source(web_dir)).options(not_an_option=1)
+
+
+def test_zephon_only_options_are_accepted(web_dir):
+    pipe = Pipeline(web_source(web_dir)).batch(4).options(
+        mtp_mode=False, shm_enabled=True, ipc_transport="pipe", worker_allocation="global",
+        coalesce_tensors=True, shm_min_size=1, aggregate_serializer="msgpack", deterministic=True)
+    assert len(collect(pipe)) == 30
+
+
+def test_op_after_batch_is_refused(web_dir):
+    with pytest.raises(ConfigError, match="batch\\(\\) must be the last"):
+        Pipeline(web_source(web_dir)).batch(4).map_transform(lambda p: p)
+
+
+def test_explain_names_stages(web_dir):
+    text = Pipeline(web_source(web_dir)).map_transform(lambda p: p).batch(4).explain()
+    assert "fetch" in text and "map_transform" in text and "batch(4" in text

@@ -1,0 +1,116 @@
+"""SampleBatch.to_training: shapes, dtypes, padding and masks, against plain numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from zephon_columnar import frame as F
+from zephon_columnar.errors import ConfigError
+from zephon_columnar.types import PADDING_LENGTH, SampleBatch
+
+
+def make_batch(rows: list[list[int]], *, value_type=pa.int32(), extra: dict | None = None) -> SampleBatch:
+    n = len(rows)
+    book = F.pointer_frame(lane=1, chunk_id=2, offsets=np.arange(n),
+                           pointers=np.array([[0, 3, 10 + i] for i in range(n)]), components=np.zeros(n, np.int32))
+    cols = {"input_ids": pa.array(rows, pa.list_(value_type))}
+    cols.update(extra or {})
+    return SampleBatch(F.with_payload(book, pa.table(cols)))
+
+
+def test_equal_length_rows_become_int64_matrix():
+    rows = [[1, 2, 3, 4], [5, 6, 7, 8]]
+    out = make_batch(rows).to_training()
+    assert out["input_ids"].dtype == torch.int64
+    assert out["input_ids"].tolist() == rows
+    assert out["ids"] == [(0, 3, 10), (0, 3, 11)]
+    assert out["texts"] == ["", ""]
+
+
+def test_int64_rows_are_zero_copy_views_of_the_arrow_buffer():
+    batch = make_batch([[1, 2], [3, 4]], value_type=pa.int64())
+    values = batch.table.column("input_ids").chunk(0).flatten()
+    out = batch.to_training()
+    assert out["input_ids"].data_ptr() == values.buffers()[1].address + values.offset * 8
+
+
+def test_ragged_rows_are_padded_and_masked():
+    out = make_batch([[1, 2, 3], [4]]).to_training(
+        return_padding_mask=True, return_num_valid_tokens=True, return_loss_mask=True)
+    assert out["input_ids"].tolist() == [[1, 2, 3], [4, 0, 0]]
+    assert out["padding_mask"].tolist() == [[False, False, False], [False, True, True]]
+    assert out["num_valid_tokens"] == 4
+    assert out["loss_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+
+
+def test_labels_shift_and_ignore_pad():
+    out = make_batch([[1, 2, 3], [4, 5]]).to_training(return_labels=True, return_num_valid_tokens=True,
+                                                      pad_token_id=9)
+    assert out["input_ids"].tolist() == [[1, 2], [4, 5]]
+    assert out["labels"].tolist() == [[2, 3], [5, -100]]
+    assert out["num_valid_tokens"] == 3
+
+
+def test_loss_mask_field_and_eos_mask():
+    rows = [[1, 2, 0, 3]]
+    lm = pa.array([[1, 1, 1, 0]], pa.list_(pa.int8()))
+    out = make_batch(rows, extra={"loss_mask": lm}).to_training(
+        return_labels=True, eos_mask_loss=True, eos_token_id=0)
+    # labels: [2, 0, 3]; loss_mask[1:] = [1, 1, 0] masks label 3; input 0 at position 2 masks it too
+    assert out["labels"].tolist() == [[2, 0, -100]]
+
+
+def test_positions_and_cu_seqlens():
+    pos = pa.array([[0, 1, 0, 1, 2, 0]], pa.list_(pa.int32()))
+    out = make_batch([[7, 7, 7, 7, 7, 7]], extra={"positions": pos}).to_training(return_cu_seqlens=True)
+    assert out["positions"].tolist() == [[0, 1, 0, 1, 2, 0]]
+    assert out["cu_seqlens"].tolist() == [[0, 2, 5, 6]]
+    assert out["max_seqlen"].tolist() == [3]
+    flat = make_batch([[7] * 6, [7] * 6], extra={"positions": pa.array([[0, 1, 2, 0, 1, 2]] * 2,
+                                                                        pa.list_(pa.int32()))}).to_training(
+        return_cu_seqlens=True, flatten=True)
+    assert flat["input_ids"].shape == (12,)
+    assert flat["cu_seqlens"].tolist() == [0, 3, 6, 9, 12]
+
+
+def test_position_mode_sequence():
+    out = make_batch([[5, 6, 7]]).to_training(position_mode="sequence")
+    assert out["positions"].tolist() == [[0, 1, 2]]
+
+
+def test_packed_padding_length_is_masked():
+    batch = make_batch([[1, 2, 9, 9]])
+    batch = SampleBatch(batch.table.append_column(PADDING_LENGTH, pa.array([2], pa.int32())))
+    out = batch.to_training(return_padding_mask=True, return_labels=True)
+    assert out["padding_mask"].tolist() == [[False, False, True]]
+    assert out["labels"].tolist() == [[2, -100, -100]]
+
+
+def test_dtype_none_numpy_rename_exclude():
+    b = make_batch([[1, 2]])
+    assert b.to_training(dtype=None)["input_ids"] == [[1, 2]]
+    assert b.to_training(dtype=np.int32)["input_ids"].dtype == np.int32
+    out = b.to_training(rename_fields={"input_ids": "tokens"}, exclude_fields=("texts",))
+    assert "tokens" in out and "texts" not in out
+
+
+def test_errors_name_the_field():
+    b = make_batch([[1, 2]])
+    with pytest.raises(ConfigError, match="nope"):
+        b.to_training(tokens_field="nope")
+    with pytest.raises(ConfigError, match="eos_token_id"):
+        b.to_training(eos_mask_loss=True)
+    book = F.pointer_frame(lane=0, chunk_id=0, offsets=np.arange(1), pointers=np.zeros((1, 3), np.int64),
+                           components=np.zeros(1, np.int32))
+    with pytest.raises(ConfigError, match="no token field"):
+        SampleBatch(F.with_payload(book, pa.table({"text": ["x"]}))).to_training()
+
+
+def test_records_view():
+    b = make_batch([[1, 2], [3]])
+    recs = b.records
+    assert [r.payload["input_ids"] for r in recs] == [[1, 2], [3]]
+    assert recs[1].meta.sample_id == (0, 3, 11) and recs[1].meta.lane_id == 1 and recs[1].meta.chunk_id == 2

@@ -1,0 +1,1 @@
+"""The engine: plan compiler, runners, lanes, replay and rank aggregation (private)."""

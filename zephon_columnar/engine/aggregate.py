@@ -1,0 +1,57 @@
+"""Checkpoint aggregation across data-parallel ranks.
+
+Each rank holds the state of its own lanes. ``checkpoint()`` on a multi-rank run merges them:
+through ``torch.distributed`` (all_gather_object) when a process group is initialized, else
+through a shared directory (``options(aggregate_dir=...)``): every rank writes its part, then
+reads all parts once they are there. Iteration itself never needs either.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from zephon_columnar.engine.replay import merge_checkpoints
+from zephon_columnar.errors import CheckpointError
+
+
+def torch_distributed_ready() -> bool:
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return False
+    return dist.is_available() and dist.is_initialized()
+
+
+def gather_torch(local: Mapping[str, Any]) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, dict(local))
+    return merge_checkpoints(parts)
+
+
+def gather_directory(local: Mapping[str, Any], *, directory: str, run_id: str, round_id: int,
+                     rank: int, world_size: int, timeout_s: float) -> dict[str, Any]:
+    """Write this rank's part under ``directory/run_id/round-N/`` and merge all ranks' parts."""
+    round_dir = Path(directory) / run_id / f"round-{round_id:06d}"
+    round_dir.mkdir(parents=True, exist_ok=True)
+    tmp = round_dir / f".rank-{rank:05d}.json.tmp"
+    tmp.write_text(json.dumps(local))
+    os.replace(tmp, round_dir / f"rank-{rank:05d}.json")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        parts = sorted(round_dir.glob("rank-*.json"))
+        if len(parts) >= world_size:
+            break
+        if time.monotonic() > deadline:
+            have = sorted(p.stem for p in parts)
+            raise CheckpointError(
+                f"checkpoint aggregation in {round_dir}: waited {timeout_s:.0f}s for {world_size} ranks, found "
+                f"{have}. Every rank must call checkpoint() at the same step (or raise aggregate_timeout_s)."
+            )
+        time.sleep(0.02)
+    return merge_checkpoints(json.loads(p.read_text()) for p in parts[:world_size])

@@ -1,0 +1,387 @@
+"""The engine: lanes -> stages -> tail, on a runner, with exact checkpoints.
+
+For every lane a data-parallel group owns, the engine builds one ordered stream:
+
+    source events (pointer frames, epoch starts every K chunks)
+      -> parallel stages (fetch, maps, ...; on the runner, re-sequenced by `ordered_map`)
+      -> ordered stages (per-lane accumulators, flushed and reset at every epoch start)
+      -> collector (cuts the lane's rows into batches, or single records)
+
+The tail serves lanes round robin (fewest items first) and, except with the inline runner, a
+prefetch thread runs it ahead of the caller into a bounded queue. Every delivered item
+carries its lane cursor; the caller-side iterator keeps the last one per lane, which is all a
+checkpoint needs (see `replay.py`).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from zephon_columnar import frame as F
+from zephon_columnar.engine.lanes import next_lane, owned_lanes
+from zephon_columnar.engine.plan import OrderedStage, ParallelStage, Plan, compile_plan
+from zephon_columnar.engine.replay import LaneCursor
+from zephon_columnar.engine.runners import RUNNERS, ordered_map
+from zephon_columnar.errors import PipelineError
+from zephon_columnar.ops.base import BaseOp
+from zephon_columnar.ops.fetch import FetchOp
+from zephon_columnar.options import RuntimeOptions
+from zephon_columnar.types import SampleBatch, records_of
+from zephon_columnar.work.base import WorkSource
+
+
+@dataclass(frozen=True)
+class EpochStart:
+    """Marker: the lane's flush epoch ``epoch`` starts here; the work source was in
+    ``source_state`` before its first chunk. Accumulators flush and reset on it."""
+
+    epoch: int
+    source_state: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class LaneItem:
+    lane: int
+    value: Any
+    epoch: int
+    rows: int
+    source_state: Mapping[str, Any]
+
+
+class Engine:
+    """Compiled pipeline for one data-parallel group. Cheap to build; `start` runs it."""
+
+    def __init__(self, work_source: WorkSource, ops: list[BaseOp], options: RuntimeOptions,
+                 prefetcher: Any = None, lane_subset: list[int] | None = None) -> None:
+        self.ws = work_source
+        self.ops = ops
+        self.options = options
+        self.plan: Plan = compile_plan(ops, flush_every_k_chunks=options.flush_every_k_chunks)
+        self.canonical_replicas = options.resolved_canonical_replicas()
+        self.lanes = owned_lanes(
+            canonical_replicas=self.canonical_replicas,
+            dp_degree=options.resolved_dp_degree(),
+            dp_group_id=options.resolved_dp_group_id(),
+            mapping=options.resolved_mapping(),
+        )
+        if lane_subset is not None:
+            # A torch DataLoader worker serves only its share of the rank's lanes.
+            self.lanes = [lane for lane in self.lanes if lane in set(lane_subset)]
+        fetch = next((op for op in ops if isinstance(op, FetchOp)), None)
+        self.rows_per_frame = fetch.max_batch if fetch else 1024
+        self.prefetcher = prefetcher
+
+    # ------------------------------------------------------------------ description
+    def recipe(self) -> dict[str, Any]:
+        return {
+            "work_source": self.ws.recipe(),
+            "canonical_replicas": self.canonical_replicas,
+            "flush_every_k_chunks": self.plan.flush_every if self.plan.stateful else None,
+            "ops": self.plan.fingerprint(),
+        }
+
+    def world(self) -> dict[str, Any]:
+        o = self.options
+        return {"canonical_replicas": self.canonical_replicas, "world_size": o.world_size,
+                "global_rank": o.global_rank, "dp_degree": o.resolved_dp_degree(),
+                "dp_group_id": o.resolved_dp_group_id(), "mapping": o.resolved_mapping()}
+
+    def workers(self) -> int:
+        stages = self.plan.parallel_stages()
+        want = max((s.parallelism for s in stages), default=1)
+        return max(1, min(want, self.options.resolved_max_workers()))
+
+    def explain(self) -> str:
+        runner = self.options.resolved_runner()
+        parts = []
+        for i, stage in enumerate(self.plan.stages):
+            if isinstance(stage, ParallelStage):
+                ops = " -> ".join(f"{op.op_name()}@p{op.traits().parallelism}" for op in stage.ops)
+                parts.append(f"Stage[{i}] {runner} x{self.workers()} window={self.options.resolved_queue_capacity()}: {ops}")
+            else:
+                parts.append(f"Stage[{i}] ordered per lane: {stage.op.op_name()}")
+        if self.plan.batch is not None:
+            parts.append(f"Collect: batch({self.plan.batch.microbatch_size}, drop_last={self.plan.batch.drop_last})")
+        else:
+            parts.append("Collect: records")
+        tail = (f"Tail: lanes {self.lanes} of canonical_replicas={self.canonical_replicas}, flush every "
+                f"{self.plan.flush_every} chunk(s), prefetch_batches="
+                f"{0 if runner == 'inline' else self.options.resolved_prefetch_batches()}")
+        return "\n".join(parts + [tail])
+
+    # ------------------------------------------------------------------ running
+    def initial_cursor(self, lane: int) -> LaneCursor:
+        ws = self.ws.clone_for_lane(lane, self.canonical_replicas)
+        return LaneCursor(epoch=0, rows=0, items=0, source_state=ws.state_dict())
+
+    def start(self, cursors: Mapping[int, LaneCursor] | None = None) -> "EngineRun":
+        cursors = dict(cursors or {})
+        for lane in self.lanes:
+            if lane not in cursors:
+                cursors[lane] = self.initial_cursor(lane)
+        return EngineRun(self, cursors)
+
+    def lane_stream(self, lane: int, cursor: LaneCursor, runner: Any) -> Iterator[LaneItem]:
+        ws = self.ws.clone_for_lane(lane, self.canonical_replicas)
+        ws.load_state_dict(cursor.source_state)
+        events: Iterator[Any] = self._source_events(lane, ws, cursor.epoch)
+        window = self.options.resolved_queue_capacity()
+        parallel_index = 0
+        for stage in self.plan.stages:
+            if isinstance(stage, ParallelStage):
+                events = ordered_map(events, runner, parallel_index, window)
+                parallel_index += 1
+            else:
+                events = _ordered_stage(events, stage.op)
+        return self._collect(lane, events, cursor.epoch, cursor.rows)
+
+    def _source_events(self, lane: int, ws: WorkSource, epoch: int) -> Iterator[Any]:
+        k = self.plan.flush_every
+        chunk_id = epoch * k
+        comp_ids = ws.component_ids()
+        step = self.rows_per_frame
+        while True:
+            if chunk_id % k == 0:
+                yield EpochStart(chunk_id // k, ws.state_dict())
+            chunk = ws.next_chunk()
+            if chunk is None:
+                return
+            pointers, comp_index = chunk.ordered()
+            comp_map = np.array([comp_ids[name] for name in chunk.component_names], dtype=np.int32)
+            components = comp_map[comp_index] if len(comp_index) else np.zeros(0, np.int32)
+            if self.prefetcher is not None:
+                self.prefetcher.warm(pointers)
+            n = len(pointers)
+            for start in range(0, n, step):
+                end = min(n, start + step)
+                yield F.pointer_frame(lane=lane, chunk_id=chunk_id, offsets=np.arange(start, end),
+                                      pointers=pointers[start:end], components=components[start:end])
+            chunk_id += 1
+
+    def _collect(self, lane: int, events: Iterator[Any], epoch: int, skip: int) -> Iterator[LaneItem]:
+        batch = self.plan.batch
+        size = batch.microbatch_size if batch else 1
+        # pending: [frame, epoch, source_state, index in epoch of the frame's first row]
+        pending: deque[list[Any]] = deque()
+        pending_rows = 0
+        state: Mapping[str, Any] = {}
+        rows_in_epoch = 0
+        for ev in events:
+            if isinstance(ev, EpochStart):
+                epoch, state, rows_in_epoch = ev.epoch, ev.source_state, 0
+                continue
+            frame: pa.Table = ev
+            if skip:
+                # Restore: drop the rows of the replayed epoch that were already delivered.
+                dropped = min(skip, frame.num_rows)
+                frame = frame.slice(dropped)
+                skip -= dropped
+                rows_in_epoch += dropped
+            if frame.num_rows == 0:
+                continue
+            pending.append([frame, epoch, state, rows_in_epoch])
+            rows_in_epoch += frame.num_rows
+            pending_rows += frame.num_rows
+            if batch is None:
+                for entry in _drain_records(lane, pending):
+                    yield entry
+                pending_rows = 0
+                continue
+            while pending_rows >= size:
+                yield _take_batch(lane, pending, size)
+                pending_rows -= size
+        if batch is not None and pending_rows and not batch.drop_last:
+            yield _take_batch(lane, pending, pending_rows)
+
+
+def _ordered_stage(events: Iterator[Any], op: BaseOp) -> Iterator[Any]:
+    acc = op.lane_accumulator()
+    assert acc is not None
+    for ev in events:
+        if isinstance(ev, EpochStart):
+            yield from acc.flush(reset=True)
+            yield ev
+        else:
+            yield from acc.push(ev)
+    yield from acc.flush(reset=True)
+
+
+def _take_batch(lane: int, pending: deque, size: int) -> LaneItem:
+    parts = []
+    need = size
+    while need:
+        entry = pending[0]
+        frame = entry[0]
+        if frame.num_rows <= need:
+            parts.append(frame)
+            need -= frame.num_rows
+            pending.popleft()
+            last_epoch, last_state, last_rows = entry[1], entry[2], entry[3] + frame.num_rows
+        else:
+            parts.append(frame.slice(0, need))
+            entry[0] = frame.slice(need)
+            entry[3] += need
+            last_epoch, last_state, last_rows = entry[1], entry[2], entry[3]
+            need = 0
+    table = parts[0] if len(parts) == 1 else F.concat_frames(parts)
+    return LaneItem(lane, SampleBatch(table), last_epoch, last_rows, last_state)
+
+
+def _drain_records(lane: int, pending: deque) -> Iterator[LaneItem]:
+    while pending:
+        frame, epoch, state, first = pending.popleft()
+        for i, rec in enumerate(records_of(frame)):
+            yield LaneItem(lane, rec, epoch, first + i + 1, state)
+
+
+class _Failure:
+    def __init__(self, err: BaseException) -> None:
+        self.err = err
+
+
+_END = object()
+
+
+class EngineRun:
+    """One pass over the stream: an iterator of items with per-lane delivered cursors.
+
+    ``close()`` stops the prefetch thread and the workers promptly; it is called on
+    exhaustion, on error and by ``__del__``.
+    """
+
+    def __init__(self, engine: Engine, cursors: dict[int, LaneCursor]) -> None:
+        self.engine = engine
+        self.delivered: dict[int, LaneCursor] = dict(cursors)
+        runner_kind = engine.options.resolved_runner()
+        stages = [s.ops for s in engine.plan.parallel_stages()]
+        services = {"datasets_by_id": engine.ws.datasets_by_id}
+        self._runner = RUNNERS[runner_kind](stages, services, engine.workers())
+        emitted = {lane: cursors[lane].items for lane in engine.lanes}
+        streams = {lane: engine.lane_stream(lane, cursors[lane], self._runner) for lane in engine.lanes}
+        self._tail = _tail(streams, emitted)
+        self._closed = False
+        self._stop = threading.Event()
+        self._queue: queue.Queue | None = None
+        self._thread: threading.Thread | None = None
+        if runner_kind != "inline":
+            self._queue = queue.Queue(maxsize=engine.options.resolved_prefetch_batches())
+            self._thread = threading.Thread(target=self._pump, name="zephon-prefetch", daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------------ background pump
+    def _pump(self) -> None:
+        q = self._queue
+        assert q is not None
+        try:
+            for item in self._tail:
+                while not self._stop.is_set():
+                    try:
+                        q.put(item, timeout=0.05)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+            q.put(_END)
+        except BaseException as err:  # surfaces in the caller's next()
+            if not self._stop.is_set():
+                q.put(_Failure(err))
+        finally:
+            self._tail.close()
+
+    # ------------------------------------------------------------------ iterator
+    def __iter__(self) -> "EngineRun":
+        return self
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        try:
+            if self._queue is None:
+                item = next(self._tail)
+            else:
+                item = self._get()
+        except StopIteration:
+            self.close()
+            raise
+        except BaseException:
+            self.close()
+            raise
+        prev = self.delivered[item.lane]
+        self.delivered[item.lane] = LaneCursor(epoch=item.epoch, rows=item.rows, items=prev.items + 1,
+                                               source_state=item.source_state)
+        return item.value
+
+    def _get(self) -> LaneItem:
+        assert self._queue is not None and self._thread is not None
+        while True:
+            try:
+                got = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                if not self._thread.is_alive():
+                    raise PipelineError("the prefetch thread stopped without a result; this is a bug, "
+                                        "please report it with the pipeline's explain()") from None
+                continue
+            if got is _END:
+                raise StopIteration
+            if isinstance(got, _Failure):
+                raise got.err
+            return got
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self._thread is not None:
+            # Unblock a pump waiting on a full queue, then let it finish its current item.
+            while self._thread.is_alive():
+                try:
+                    while True:
+                        self._queue.get_nowait()  # type: ignore[union-attr]
+                except queue.Empty:
+                    pass
+                self._runner_cancel()
+                self._thread.join(timeout=0.1)
+        else:
+            self._tail.close()
+        self._runner.close()
+        if self.engine.prefetcher is not None:
+            self.engine.prefetcher.close()
+
+    def _runner_cancel(self) -> None:
+        pool = getattr(self._runner, "_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _tail(streams: dict[int, Iterator[LaneItem]], emitted: dict[int, int]) -> Iterator[LaneItem]:
+    active = sorted(streams)
+    try:
+        while active:
+            lane = next_lane(active, emitted)
+            try:
+                item = next(streams[lane])
+            except StopIteration:
+                active.remove(lane)
+                continue
+            emitted[lane] += 1
+            yield item
+    finally:
+        for s in streams.values():
+            close = getattr(s, "close", None)
+            if close is not None:
+                close()

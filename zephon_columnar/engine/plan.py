@@ -1,0 +1,96 @@
+"""The plan compiler: the user's operator list -> stages.
+
+Consecutive stateless operators fuse into one *parallel* stage (run on workers, re-sequenced);
+an operator with per-lane state becomes an *ordered* stage (its accumulator sees each lane's
+rows in order on one thread); `batch` closes the plan. Whether the plan has any ordered stage
+decides the flush cadence (see `Plan.flush_every`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+from zephon_columnar.errors import ConfigError
+from zephon_columnar.ops.base import BaseOp
+from zephon_columnar.ops.batch import BatchOp
+
+#: Chunks per flush epoch when a plan has stateful operators and no explicit cadence
+#: (Zephon's default). Plans without stateful operators replay from every chunk boundary.
+DEFAULT_FLUSH_EVERY = 8
+
+
+@dataclass(frozen=True)
+class ParallelStage:
+    ops: tuple[BaseOp, ...]
+
+    @property
+    def parallelism(self) -> int:
+        return max(op.traits().parallelism for op in self.ops)
+
+
+@dataclass(frozen=True)
+class OrderedStage:
+    op: BaseOp
+
+
+Stage = Union[ParallelStage, OrderedStage]
+
+
+@dataclass(frozen=True)
+class Plan:
+    stages: tuple[Stage, ...]
+    batch: BatchOp | None
+    flush_every: int
+
+    @property
+    def stateful(self) -> bool:
+        return any(isinstance(s, OrderedStage) for s in self.stages)
+
+    def parallel_stages(self) -> list[ParallelStage]:
+        return [s for s in self.stages if isinstance(s, ParallelStage)]
+
+    def fingerprint(self) -> list[dict]:
+        """What the operators do to the data (batching excluded: batch size may change on resume)."""
+        out = []
+        for stage in self.stages:
+            ops = stage.ops if isinstance(stage, ParallelStage) else (stage.op,)
+            out.extend(op.fingerprint() for op in ops)
+        return out
+
+
+def compile_plan(ops: Sequence[BaseOp], *, flush_every_k_chunks: int | None) -> Plan:
+    stages: list[Stage] = []
+    run: list[BaseOp] = []
+    batch: BatchOp | None = None
+    for i, op in enumerate(ops):
+        if batch is not None:
+            raise ConfigError(
+                f"operator {op.op_name()!r} comes after batch(); batch() must be the last operator. "
+                "Move it before batch()."
+            )
+        if isinstance(op, BatchOp):
+            batch = op
+            continue
+        if op.lane_accumulator() is None:
+            run.append(op)
+            continue
+        if run:
+            stages.append(ParallelStage(tuple(run)))
+            run = []
+        stages.append(OrderedStage(op))
+    if run:
+        stages.append(ParallelStage(tuple(run)))
+    stateful = any(isinstance(s, OrderedStage) for s in stages)
+    if stateful:
+        if flush_every_k_chunks == 0:
+            raise ConfigError(
+                "options(flush_every_k_chunks=0) with stateful operators "
+                f"({[s.op.op_name() for s in stages if isinstance(s, OrderedStage)]}): a flush point is "
+                "needed to bound checkpoint replay; pass a positive cadence (default 8)."
+            )
+        flush_every = flush_every_k_chunks or DEFAULT_FLUSH_EVERY
+    else:
+        # No state to flush: every chunk boundary is a replay point, whatever the option says.
+        flush_every = 1
+    return Plan(stages=tuple(stages), batch=batch, flush_every=flush_every)

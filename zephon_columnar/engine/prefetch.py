@@ -1,0 +1,61 @@
+"""Shard prefetch: download remote shards into the local cache ahead of fetch.
+
+The lane sources call `ShardPrefetcher.warm` with each chunk's pointers as soon as they pull
+the chunk, which is ``op_queue_capacity`` frames ahead of the fetch workers; the downloads run
+on background threads. Fetch reads through the same cache, so a shard whose download is still
+running is waited for, never read twice. Local shards are skipped. Prefetch never changes data.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import threading
+from typing import Any, Mapping
+
+import numpy as np
+
+from zephon_columnar.io import fs
+
+log = logging.getLogger(__name__)
+
+
+class ShardPrefetcher:
+    def __init__(self, datasets_by_id: Mapping[int, Any], *, parallelism: int, buffer_size: int) -> None:
+        self._datasets = datasets_by_id
+        self._parallelism = parallelism
+        self.buffer_size = buffer_size
+        self._seen: set[tuple[int, int]] = set()
+        self._lock = threading.Lock()
+        self._pool: cf.ThreadPoolExecutor | None = None
+        self.submitted = 0
+
+    def warm(self, pointers: np.ndarray) -> None:
+        """Start downloading the remote shards ``pointers`` (n, 3) refer to, once each."""
+        if len(pointers) == 0:
+            return
+        pairs = np.unique(pointers[:, :2], axis=0)
+        for d, s in pairs.tolist():
+            with self._lock:
+                if (d, s) in self._seen:
+                    continue
+                self._seen.add((d, s))
+            info = self._datasets[d].shards[s]
+            if info.path is None or fs.is_local(info.path):
+                continue
+            if self._pool is None:
+                self._pool = cf.ThreadPoolExecutor(self._parallelism, thread_name_prefix="zephon-prefetch-shard")
+            self.submitted += 1
+            fut = self._pool.submit(fs.local_path, info.path, info.num_bytes or None)
+            fut.add_done_callback(_log_failure)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def _log_failure(fut: cf.Future) -> None:
+    # A failed download is retried (and raised, naming the file) by the fetch that needs it.
+    if not fut.cancelled() and fut.exception() is not None:
+        log.debug("shard prefetch failed: %s", fut.exception())

@@ -1,0 +1,65 @@
+"""The contract between datasets and the engine: shard metadata and shard readers.
+
+A :class:`ShardReader` turns ``(shard_id, row indices)`` into an Arrow table of the payload
+columns, rows in the order asked. Readers are opened per worker (they may hold open files and a
+small cache of decoded row groups) and are never shared between threads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardInfo:
+    """One shard of a dataset: where it is and how many rows it holds.
+
+    ``path`` is a local path or an fsspec URL (None for in-memory shards); ``extra`` holds
+    format-specific metadata found at discovery (e.g. Parquet row-group row counts).
+    """
+
+    shard_id: int
+    path: str | None
+    num_rows: int
+    num_bytes: int = 0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+class ShardReader(Protocol):
+    """Reads rows of one dataset's shards. Not thread-safe: one reader per worker."""
+
+    def take(self, shard_id: int, rows: np.ndarray) -> pa.Table:
+        """Return the payload rows ``rows`` (int64 indices into the shard) in that order."""
+        ...
+
+    def close(self) -> None:
+        """Release open files and caches."""
+        ...
+
+
+def check_columns(name: str, schema: pa.Schema, columns: Sequence[str] | None) -> list[str] | None:
+    """Validate a reader's column projection against the dataset schema (None = all columns).
+
+    Example:
+        >>> check_columns("web", pa.schema([("text", pa.string())]), ["text"])
+        ['text']
+    """
+    if columns is None:
+        return None
+    columns = list(columns)
+    unknown = [c for c in columns if c not in schema.names]
+    if unknown:
+        from zephon_columnar.errors import ConfigError
+
+        raise ConfigError(f"Dataset {name!r} has no column(s) {unknown}; its columns are {schema.names}. "
+                          "Pass columns from that list, or None for all.")
+    return columns
+
+
+def project(schema: pa.Schema, columns: Sequence[str] | None) -> pa.Schema:
+    """``schema`` restricted to ``columns`` (in that order); the whole schema for None."""
+    return schema if columns is None else pa.schema([schema.field(c) for c in columns])

@@ -1,0 +1,89 @@
+"""`FetchOp`: sample pointers in, payload rows out (the implicit first operator).
+
+Input is a pointer frame (bookkeeping only: dataset, shard, row per sample, in read order);
+output is the same frame with the payload columns of those rows. Rows are read per
+(dataset, shard) group through each dataset's reader, so a run of consecutive rows of one
+shard is one zero-copy slice of a decoded row group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from zephon_columnar import frame as F
+from zephon_columnar.errors import DatasetFormatError
+from zephon_columnar.io.base import ShardReader
+from zephon_columnar.ops.base import BaseOp, OpContext, OpTraits
+
+DEFAULT_FETCH_BATCH = 1024
+
+
+class FetchOp(BaseOp):
+    """Read the payload rows of a pointer frame. Stateless; one reader per dataset per worker."""
+
+    name = "fetch"
+
+    def __init__(self, parallelism: int | None = None, max_batch: int | None = None) -> None:
+        super().__init__()
+        self.parallelism = parallelism
+        self.max_batch = max_batch or DEFAULT_FETCH_BATCH
+        self._datasets: dict[int, Any] = {}
+        self._readers: dict[int, ShardReader] = {}
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 2)
+
+    def setup(self, ctx: OpContext) -> None:
+        super().setup(ctx)
+        self._datasets = dict(ctx.get("datasets_by_id", {}))
+        self._readers = {}
+
+    def teardown(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+        self._readers = {}
+
+    def _reader(self, dataset_id: int) -> ShardReader:
+        reader = self._readers.get(dataset_id)
+        if reader is None:
+            reader = self._readers[dataset_id] = self._datasets[dataset_id].open_reader()
+        return reader
+
+    def process_frame(self, frame: pa.Table) -> pa.Table:
+        n = frame.num_rows
+        if n == 0:
+            return frame
+        dataset = frame.column(F.DATASET).to_numpy()
+        shard = frame.column(F.SHARD).to_numpy()
+        row = frame.column(F.ROW).to_numpy()
+        key = dataset.astype(np.int64) << 32 | shard.astype(np.int64)
+        grouped = bool(np.all(key[1:] >= key[:-1])) if n > 1 else True
+        order = np.arange(n) if grouped else np.argsort(key, kind="stable")
+        sorted_key = key[order]
+        cuts = np.flatnonzero(sorted_key[1:] != sorted_key[:-1]) + 1
+        starts = np.concatenate(([0], cuts))
+        ends = np.concatenate((cuts, [n]))
+        parts = []
+        for s, e in zip(starts.tolist(), ends.tolist()):
+            d, sh = int(dataset[order[s]]), int(shard[order[s]])
+            rows = row[order[s:e]]
+            parts.append(self._take(d, sh, rows))
+        payload = F.concat_frames(parts)
+        if not grouped:
+            inverse = np.empty(n, dtype=np.int64)
+            inverse[order] = np.arange(n)
+            payload = payload.take(pa.array(inverse))
+        return F.with_payload(frame, payload)
+
+    def _take(self, dataset_id: int, shard_id: int, rows: np.ndarray) -> pa.Table:
+        table = self._reader(dataset_id).take(shard_id, rows)
+        if table.num_rows != len(rows):
+            ds = self._datasets[dataset_id]
+            raise DatasetFormatError(
+                f"dataset {ds.name!r} shard {shard_id}: asked for {len(rows)} rows, the reader returned "
+                f"{table.num_rows}; the file changed after discovery? Re-create the Dataset."
+            )
+        return table

@@ -1,0 +1,139 @@
+"""`MapOp` (``map_transform``) and `FilterOp` (``filter``): stateless row transforms.
+
+Two forms, same contract (a pure function of each row):
+
+- a Polars expression or list of expressions, applied with ``DataFrame.with_columns`` to
+  the whole frame at once (the fast path), or, for ``filter``, a boolean Polars expression
+  or ``pyarrow.compute.Expression``;
+- a Python callable on a payload dict, returning the new payload (``map_transform``; None
+  drops the row) or a bool (``filter``) -- correct, and slower.
+
+Example:
+    >>> import polars as pl
+    >>> pipe.map_transform(pl.col("text").str.to_lowercase())  # doctest: +SKIP
+    >>> pipe.filter(pl.col("text").str.len_chars() > 200)       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from zephon_columnar import frame as F
+from zephon_columnar.errors import ConfigError, PipelineError
+from zephon_columnar.ops.base import BaseOp, OpTraits
+from zephon_columnar.ops.rows import payload_rows, run_payload_fn
+
+
+def _is_polars_expr(obj: Any) -> bool:
+    mod = type(obj).__module__ or ""
+    return mod.startswith("polars") and type(obj).__name__ == "Expr"
+
+
+def _is_arrow_expr(obj: Any) -> bool:
+    return isinstance(obj, __import__("pyarrow.compute", fromlist=["Expression"]).Expression)
+
+
+def _describe(fn: Any) -> str:
+    if _is_polars_expr(fn) or _is_arrow_expr(fn):
+        return str(fn)
+    if isinstance(fn, (list, tuple)):
+        return "[" + ", ".join(_describe(f) for f in fn) + "]"
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+def _polars_frame(frame: pa.Table):
+    import polars as pl
+
+    return pl.from_arrow(frame, rechunk=False)
+
+
+class MapOp(BaseOp):
+    """``map_transform``: Polars expressions or a payload -> payload|None callable."""
+
+    name = "map_transform"
+
+    def __init__(self, fn: Any, *, parallelism: int | None = None, drop_none: bool = True) -> None:
+        super().__init__()
+        exprs = list(fn) if isinstance(fn, (list, tuple)) else [fn]
+        self.is_expr = all(_is_polars_expr(e) for e in exprs)
+        if not self.is_expr and not (len(exprs) == 1 and callable(exprs[0])):
+            raise ConfigError(
+                f"map_transform: got {_describe(fn)}; pass a callable (payload dict -> dict or None) "
+                "or a Polars expression / list of Polars expressions."
+            )
+        self.fn = exprs if self.is_expr else exprs[0]
+        self.parallelism = parallelism
+        self.drop_none = drop_none
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 2)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"op": self.name, "fn": _describe(self.fn)}
+
+    def process_frame(self, frame: pa.Table) -> pa.Table:
+        if self.is_expr:
+            try:
+                out = _polars_frame(frame).with_columns(self.fn).to_arrow()
+            except Exception as err:  # polars raises many types; name the expression
+                raise PipelineError(f"map_transform expression {_describe(self.fn)} failed: {err}") from err
+            return out
+        return run_payload_fn(frame, self.fn, op_name=_describe(self.fn))
+
+
+class FilterOp(BaseOp):
+    """``filter``: keep the rows where a predicate holds (Polars/pyarrow expression or callable)."""
+
+    name = "filter"
+
+    def __init__(self, predicate: Any, *, parallelism: int | None = None) -> None:
+        super().__init__()
+        if not (_is_polars_expr(predicate) or _is_arrow_expr(predicate) or callable(predicate)):
+            raise ConfigError(
+                f"filter: got {type(predicate).__name__}; pass a boolean Polars expression, a "
+                "pyarrow.compute.Expression, or a callable payload dict -> bool."
+            )
+        self.predicate = predicate
+        self.parallelism = parallelism
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 2)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"op": self.name, "predicate": _describe(self.predicate)}
+
+    def process_frame(self, frame: pa.Table) -> pa.Table:
+        pred = self.predicate
+        try:
+            if _is_polars_expr(pred):
+                mask = _polars_frame(frame).select(pred).to_series().to_numpy()
+            elif _is_arrow_expr(pred):
+                return frame.filter(pred)
+            else:
+                mask = np.fromiter((bool(pred(r)) for r in payload_rows(frame)), dtype=bool, count=frame.num_rows)
+        except PipelineError:
+            raise
+        except Exception as err:
+            raise PipelineError(f"filter predicate {_describe(pred)} failed: {err}") from err
+        if mask.dtype != np.bool_:
+            raise PipelineError(f"filter predicate {_describe(pred)} gave {mask.dtype} values, not booleans.")
+        return frame.filter(pa.array(mask))
+
+
+class MaterializeOp(BaseOp):
+    """``materialize``: a 1:1 pass-through that makes each frame's columns contiguous."""
+
+    name = "materialize"
+
+    def __init__(self, parallelism: int | None = None) -> None:
+        super().__init__()
+        self.parallelism = parallelism
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1)
+
+    def process_frame(self, frame: pa.Table) -> pa.Table:
+        return frame.combine_chunks()

@@ -1,0 +1,154 @@
+"""Runtime options (`RuntimeOptions`): how the engine runs, never what data it produces.
+
+Every field of Zephon 0.2.0's ``RuntimeOptions`` is accepted. Those that tune Zephon's own
+machinery (shared-memory IPC, MTP subprocess, worker allocation, metrics sinks) are accepted
+and documented no-ops here; an unknown option is an error that lists the valid ones.
+
+Fields that change the data: ``canonical_replicas`` (the number of lanes) and, for plans with
+stateful operators, ``flush_every_k_chunks``. Both are part of the recipe a checkpoint is
+checked against.
+
+Example:
+    >>> RuntimeOptions(runner="threads", max_workers=2).resolved_runner()
+    'threads'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+from zephon_columnar.errors import ConfigError
+
+Runner = Literal["inline", "threads", "process", "remote"]
+MappingStrategy = Literal["contiguous", "interleaved"]
+IpcTransport = Literal["socketpair", "pipe"]
+
+#: Options accepted for compatibility that do not change how this engine runs.
+NO_OP_OPTIONS = frozenset({
+    "per_stage_runner", "mp_context", "worker_allocation", "default_stage_prefetch", "per_stage_prefetch",
+    "ipc_transport", "ipc_buffer_bytes", "mixture_config", "io_options", "allow_latency_flush_in_deterministic",
+    "shutdown_mode", "auto_validation", "mtp_mode", "mtp_buffer", "mtp_buffer_bytes", "mtp_prefetch",
+    "mtp_auto_checkpoint", "coalesce_tensors", "shm_min_size", "shm_enabled", "shm_coalesce",
+    "shm_min_item_bytes", "shm_min_new_allocation_bytes", "shm_min_forward_bytes", "shm_compact_above_ratio",
+    "shm_compact_min_savings_bytes", "shm_max_coalesced_bytes", "max_worker_retries", "aggregate_store",
+    "aggregate_serializer", "aggregate_compressor", "execution_tracking", "metrics_sink_config",
+})
+
+
+@dataclass(kw_only=True)
+class RuntimeOptions:
+    """Engine knobs. See the module docstring for which ones change the data."""
+
+    runner: Runner | None = None
+    run_id: str = "default_run_id"
+    per_stage_runner: dict[int, str] = field(default_factory=dict)
+    mp_context: Any = None
+    worker_allocation: str = "fit_to_ops"
+    max_workers: int | None = None
+    deterministic: bool = True
+    prefetch_batches: int | None = None
+    default_stage_prefetch: int | None = None
+    per_stage_prefetch: dict[int, int] = field(default_factory=dict)
+    op_queue_capacity: int | None = None
+    ipc_transport: IpcTransport = "socketpair"
+    ipc_buffer_bytes: int = 524288
+    mixture_config: Any = None
+    io_options: Any = None
+    allow_latency_flush_in_deterministic: bool = True
+    flush_every_k_chunks: int | None = None
+    shutdown_mode: Literal["graceful", "hard"] = "graceful"
+    auto_validation: Literal["strict", "warn", "off"] = "strict"
+    mtp_mode: bool = False
+    mtp_buffer: int | None = None
+    mtp_buffer_bytes: int = 8388608
+    mtp_prefetch: int | None = None
+    mtp_auto_checkpoint: bool = True
+    world_size: int = 1
+    global_rank: int = 0
+    dp_degree: int | None = None
+    dp_group_id: int | None = None
+    canonical_replicas: int | None = None
+    mapping_strategy: MappingStrategy | None = None
+    coalesce_tensors: bool = True
+    shm_min_size: int = 4096
+    shm_enabled: bool = True
+    shm_coalesce: bool = True
+    shm_min_item_bytes: int = 4096
+    shm_min_new_allocation_bytes: int = 1 << 20
+    shm_min_forward_bytes: int = 128 << 10
+    shm_compact_above_ratio: float = 8.0
+    shm_compact_min_savings_bytes: int = 16 << 20
+    shm_max_coalesced_bytes: int = 64 << 20
+    max_worker_retries: int = 3
+    aggregate_dir: str | None = None
+    aggregate_store: Any = None
+    aggregate_timeout_s: float = 180.0
+    aggregate_serializer: str = "msgpack"
+    aggregate_compressor: str = "zstd"
+    execution_tracking: Any = "off"
+    metrics_sink_config: Any = None
+
+    # ------------------------------------------------------------------ updates
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    def updated(self, **hints: Any) -> "RuntimeOptions":
+        """A copy with ``hints`` applied; unknown names raise, listing the valid ones."""
+        valid = self.field_names()
+        unknown = sorted(set(hints) - set(valid))
+        if unknown:
+            raise ConfigError(f"options(): unknown option(s) {unknown}. Valid options: {', '.join(valid)}.")
+        new = dataclasses.replace(self, **hints)
+        new.validate()
+        return new
+
+    def validate(self) -> None:
+        if self.runner not in (None, "inline", "threads", "process", "remote"):
+            raise ConfigError(f"options(runner={self.runner!r}): use 'inline', 'threads' or 'process'.")
+        if self.runner == "remote":
+            raise ConfigError("options(runner='remote'): the Ray runner is not available in this version; "
+                              "use runner='threads' or 'process'.")
+        for name in ("max_workers", "prefetch_batches", "op_queue_capacity", "canonical_replicas", "dp_degree"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ConfigError(f"options({name}={v!r}): pass a positive int (or None for the default).")
+        if self.flush_every_k_chunks is not None and (not isinstance(self.flush_every_k_chunks, int)
+                                                      or self.flush_every_k_chunks < 0):
+            raise ConfigError(f"options(flush_every_k_chunks={self.flush_every_k_chunks!r}): pass an int >= 0.")
+        if self.world_size < 1 or not (0 <= self.global_rank < self.world_size):
+            raise ConfigError(f"options(world_size={self.world_size}, global_rank={self.global_rank}): "
+                              "need world_size >= 1 and 0 <= global_rank < world_size.")
+        if self.mapping_strategy not in (None, "contiguous", "interleaved"):
+            raise ConfigError(f"options(mapping_strategy={self.mapping_strategy!r}): use 'contiguous' or 'interleaved'.")
+
+    # ------------------------------------------------------------------ resolved values
+    def resolved_runner(self) -> Literal["inline", "threads", "process"]:
+        return self.runner or "threads"  # type: ignore[return-value]
+
+    def resolved_max_workers(self) -> int:
+        return self.max_workers or max(1, min(os.cpu_count() or 1, 16))
+
+    def resolved_prefetch_batches(self) -> int:
+        return self.prefetch_batches or max(8, 2 * self.resolved_max_workers())
+
+    def resolved_queue_capacity(self) -> int:
+        return self.op_queue_capacity or max(4, 2 * self.resolved_max_workers())
+
+    def resolved_dp_degree(self) -> int:
+        return self.dp_degree or self.world_size
+
+    def resolved_dp_group_id(self) -> int:
+        if self.dp_group_id is not None:
+            return self.dp_group_id
+        # Ranks that share a data-parallel group (tensor/pipeline peers) see the same data.
+        return self.global_rank // max(1, self.world_size // self.resolved_dp_degree())
+
+    def resolved_canonical_replicas(self) -> int:
+        return self.canonical_replicas or self.resolved_dp_degree()
+
+    def resolved_mapping(self) -> MappingStrategy:
+        return self.mapping_strategy or "contiguous"

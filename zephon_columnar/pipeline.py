@@ -1,0 +1,310 @@
+"""`Pipeline`: the fluent builder users see (Zephon's API) over the columnar engine.
+
+Example:
+    >>> from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+    >>> ws = StaticMixtureWorkSource([Dataset.from_path("web", "data/web")], {"web": 1.0},
+    ...                              chunk_size=1024, seed=0)  # doctest: +SKIP
+    >>> pipe = Pipeline(ws).filter(pl.col("text").str.len_chars() > 100).batch(8)  # doctest: +SKIP
+    >>> for batch in pipe:  # doctest: +SKIP
+    ...     tensors = batch.to_training()
+    ...     state = pipe.checkpoint()  # JSON-serializable; restore() it into a fresh pipeline
+
+Builder methods change the pipeline in place and return it. Iterating yields `SampleBatch`es
+once `batch()` is in the plan, else `SampleRecord`s; iterating again starts from the
+beginning unless `restore()` was called.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from zephon_columnar.engine.aggregate import gather_directory, gather_torch, torch_distributed_ready
+from zephon_columnar.engine.engine import Engine, EngineRun
+from zephon_columnar.engine.replay import (
+    LaneCursor,
+    build_checkpoint,
+    check_recipe,
+    merge_checkpoints,
+    parse_checkpoint,
+)
+from zephon_columnar.errors import CheckpointError, ConfigError
+from zephon_columnar.ops.base import BaseOp, OpTraits
+from zephon_columnar.ops.batch import BatchOp
+from zephon_columnar.ops.fetch import FetchOp
+from zephon_columnar.ops.map import FilterOp, MapOp, MaterializeOp
+from zephon_columnar.options import RuntimeOptions
+from zephon_columnar.validation import ValidationError, ValidationReport, preflight_tokenizers
+from zephon_columnar.work.base import WorkSource
+
+
+class Pipeline:
+    """Fluent builder: work source -> fetch -> your transforms -> batch -> training loop."""
+
+    def __init__(self, work_source: WorkSource) -> None:
+        if not isinstance(work_source, WorkSource):
+            raise ConfigError(f"Pipeline(work_source): got {type(work_source).__name__}; pass a WorkSource "
+                              "such as StaticMixtureWorkSource(datasets, mixture).")
+        self._ws = work_source
+        self._ops: list[BaseOp] = [FetchOp()]
+        self._options = RuntimeOptions()
+        self._prefetch: tuple[int, int] | None = None
+        self._pending: dict[int, LaneCursor] | None = None
+        self._pending_recipe: dict[str, Any] = {}
+        self._run: EngineRun | None = None
+        self._last_delivered: dict[int, LaneCursor] | None = None
+        self._checkpoint_round = 0
+
+    # ------------------------------------------------------------------ builder
+    def _add(self, op: BaseOp) -> "Pipeline":
+        if self._run is not None and not self._run._closed:  # noqa: SLF001
+            raise RuntimeError("Pipeline: cannot change the plan while it is being iterated; close the iterator first.")
+        if any(isinstance(o, BatchOp) for o in self._ops):
+            raise ConfigError(f"{op.op_name()}() after batch(): batch() must be the last operator; "
+                              "call it last.")
+        self._ops.append(op)
+        return self
+
+    def fetch(self, parallelism: int | None = None, max_batch: int | None = None) -> "Pipeline":
+        """Set the implicit fetch's worker count and rows per read (a performance knob only)."""
+        for name, v in (("parallelism", parallelism), ("max_batch", max_batch)):
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ConfigError(f"fetch({name}={v!r}): pass a positive int or None.")
+        self._ops[0] = FetchOp(parallelism=parallelism, max_batch=max_batch)
+        return self
+
+    fetch_parallelism = fetch
+
+    def prefetch(self, buffer_size: int = 1024, parallelism: int | None = None, *,
+                 placement: str = "local") -> "Pipeline":
+        """Warm a local cache of remote shards ahead of fetch (background downloads).
+
+        Never changes the data; local files are read in place and need no prefetch.
+        """
+        if buffer_size < 1 or (parallelism is not None and parallelism < 1):
+            raise ConfigError(f"prefetch(buffer_size={buffer_size}, parallelism={parallelism}): pass positive ints.")
+        self._prefetch = (buffer_size, parallelism or 4)
+        return self
+
+    def materialize(self, placement: str = "auto", parallelism: int | None = None) -> "Pipeline":
+        return self._add(MaterializeOp(parallelism))
+
+    def map_transform(self, fn: Any, *, drop_none: bool = True, placement: str = "auto",
+                      parallelism: int | None = None) -> "Pipeline":
+        """Transform rows: ``fn(payload) -> payload | None`` (None drops the row), or Polars
+        expression(s) applied with ``with_columns`` to whole frames (the fast path).
+
+        Example:
+            >>> pipe.map_transform(pl.col("text").str.strip_chars())  # doctest: +SKIP
+            >>> pipe.map_transform(lambda p: p if len(p["text"]) > 10 else None)  # doctest: +SKIP
+        """
+        return self._add(MapOp(fn, parallelism=parallelism, drop_none=drop_none))
+
+    def filter(self, predicate: Any, *, placement: str = "auto", parallelism: int | None = None) -> "Pipeline":
+        """Keep rows where ``predicate`` holds: a boolean Polars expression, a
+        ``pyarrow.compute.Expression``, or ``fn(payload) -> bool``."""
+        return self._add(FilterOp(predicate, parallelism=parallelism))
+
+    def add_op(self, op: BaseOp | str, /, *, name: str | None = None, placement: str = "auto",
+               process_many: Callable[[list[Any]], list[Any]] | None = None,
+               preserves_cursor_order: bool | None = None, parallelism: int | None = None,
+               **kwargs: Any) -> "Pipeline":
+        """Append a stateless custom operator: a `BaseOp` instance (``process_frame`` or
+        ``process_many``) or ``add_op(name, process_many=..., preserves_cursor_order=...)``."""
+        if isinstance(op, BaseOp):
+            if process_many is not None or preserves_cursor_order is not None or kwargs:
+                raise ConfigError("add_op(op_instance, ...): traits and callables come from the instance; "
+                                  "pass only name= and placement=.")
+            if op.lane_accumulator() is not None or op.accumulator(deterministic=True, ctx={}) is not None:
+                raise ConfigError(f"add_op({op.op_name()}): operators with accumulators are not supported in "
+                                  "this version; keep add_op operators stateless.")
+            if name:
+                op.name = name
+            return self._add(op)
+        if process_many is None or preserves_cursor_order is None:
+            raise ConfigError(f"add_op({op!r}, ...): the kwargs form needs process_many= and "
+                              "preserves_cursor_order=.")
+        if kwargs.get("accumulator") is not None:
+            raise ConfigError("add_op(accumulator=...): custom accumulators are not supported in this version.")
+        return self._add(_FunctionOp(op, process_many, preserves_cursor_order, parallelism or 1))
+
+    def batch(self, microbatch_size: int, *, drop_last: bool = True, placement: str = "auto") -> "Pipeline":
+        """Group each lane's rows into `SampleBatch`es of ``microbatch_size`` (lane-pure).
+        ``drop_last=False`` also emits each lane's short final batch."""
+        return self._add(BatchOp(microbatch_size, drop_last=drop_last))
+
+    def options(self, **hints: Any) -> "Pipeline":
+        """Set `RuntimeOptions` fields; an unknown name raises, listing the valid ones."""
+        self._options = self._options.updated(**hints)
+        return self
+
+    # ------------------------------------------------------------------ inspection
+    def _engine(self) -> Engine:
+        prefetcher = None
+        if self._prefetch is not None:
+            from zephon_columnar.engine.prefetch import ShardPrefetcher
+
+            prefetcher = ShardPrefetcher(self._ws.datasets_by_id, parallelism=self._prefetch[1],
+                                         buffer_size=self._prefetch[0])
+        return Engine(self._ws, list(self._ops), self._options, prefetcher=prefetcher,
+                      lane_subset=getattr(self, "_lane_subset", None))
+
+    def explain(self) -> str:
+        """The compiled stages, runner, parallelism, lanes and queue sizes."""
+        return self._engine().explain()
+
+    @property
+    def is_indexable(self) -> bool:
+        return False
+
+    def validate(self, *, strict: bool = False) -> ValidationReport:
+        report = ValidationReport()
+        if strict and not report.ok:
+            raise ValidationError(report)
+        return report
+
+    def preflight_tokenizers(self, *, strict: bool = True) -> ValidationReport:
+        report = preflight_tokenizers(self)
+        if strict and not report.ok:
+            raise ValidationError(report)
+        return report
+
+    # ------------------------------------------------------------------ iteration
+    def __iter__(self) -> Iterator[Any]:
+        if self._run is not None and not self._run._closed:  # noqa: SLF001
+            raise RuntimeError("Pipeline is already being iterated; close the first iterator (or let it finish) "
+                               "before starting another.")
+        engine = self._engine()
+        cursors = self._pending
+        if cursors is not None:
+            check_recipe(self._pending_recipe, engine.recipe())
+        self._pending = None
+        self._run = engine.start(cursors)
+        return _RunIterator(self._run)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _delivered(self) -> dict[int, LaneCursor]:
+        if self._run is not None:
+            return dict(self._run.delivered)
+        if self._pending is not None:
+            return dict(self._pending)
+        engine = self._engine()
+        return {lane: engine.initial_cursor(lane) for lane in engine.lanes}
+
+    def checkpoint(self) -> dict[str, Any]:
+        """A JSON-serializable state of what has been delivered so far (size independent of
+        how far the stream went). With several data-parallel ranks it merges every rank's
+        lanes through ``torch.distributed`` or ``options(aggregate_dir=...)``; without either
+        it returns this rank's lanes (merge them with `Pipeline.merge_checkpoints`)."""
+        engine = self._engine()
+        delivered = self._delivered()
+        local = build_checkpoint(recipe=engine.recipe(), world=engine.world(),
+                                 lanes={lane: delivered[lane] for lane in engine.lanes if lane in delivered})
+        opts = self._options
+        if opts.world_size == 1:
+            return local
+        self._checkpoint_round += 1
+        if torch_distributed_ready():
+            return gather_torch(local)
+        if opts.aggregate_dir:
+            return gather_directory(local, directory=opts.aggregate_dir, run_id=opts.run_id,
+                                    round_id=self._checkpoint_round, rank=opts.global_rank,
+                                    world_size=opts.world_size, timeout_s=opts.aggregate_timeout_s)
+        return local
+
+    merge_checkpoints = staticmethod(merge_checkpoints)
+
+    def restore(self, ckpt: Mapping[str, Any] | str) -> None:
+        """Continue from ``ckpt`` at the next iteration, exactly where it was taken.
+
+        Raises `CheckpointError` if the checkpoint is malformed, lacks lanes this rank owns,
+        or was taken with another recipe (seed, mixture, chunk size, lanes, operators).
+        """
+        if self._run is not None and not self._run._closed:  # noqa: SLF001
+            raise RuntimeError("Pipeline.restore() during iteration: close the iterator first.")
+        recipe, lanes = parse_checkpoint(ckpt)
+        engine = self._engine()
+        check_recipe(recipe, engine.recipe())
+        missing = [lane for lane in engine.lanes if lane not in lanes]
+        if missing:
+            raise CheckpointError(
+                f"checkpoint has lanes {sorted(lanes)} but this rank owns {engine.lanes} (missing {missing}). "
+                "Restore a checkpoint merged from all ranks (Pipeline.merge_checkpoints or aggregate_dir)."
+            )
+        cursors = {}
+        for lane in engine.lanes:
+            cur = lanes[lane]
+            probe = self._ws.clone_for_lane(lane, engine.canonical_replicas)
+            probe.load_state_dict(cur.source_state)  # raises if the source state is not ours
+            cursors[lane] = cur
+        self._pending = cursors
+        self._pending_recipe = recipe
+        self._run = None
+
+    # ------------------------------------------------------------------ torch
+    def to_torch_dataset(self, stateful: bool = True, **to_training: Any) -> Any:
+        """A ``torch.utils.data.IterableDataset`` over this pipeline (use ``batch_size=None``).
+
+        ``state_dict()`` / ``load_state_dict()`` work under a plain ``DataLoader`` with
+        ``num_workers=0`` (the pipeline has its own workers). Keyword arguments, if any, are
+        passed to ``SampleBatch.to_training`` for each batch.
+        """
+        from zephon_columnar.torch import PipelineIterableDataset
+
+        return PipelineIterableDataset(self, stateful=stateful, to_training=to_training or None)
+
+    def to_indexable_torch_dataset(self) -> Any:
+        raise ConfigError("to_indexable_torch_dataset(): StaticMixtureWorkSource pipelines are streams, not "
+                          "indexable; use to_torch_dataset().")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_run"] = None
+        return state
+
+
+class _RunIterator:
+    """The caller's handle on one pass; closing it (or dropping it) stops the engine."""
+
+    def __init__(self, run: EngineRun) -> None:
+        self._run = run
+
+    def __iter__(self) -> "_RunIterator":
+        return self
+
+    def __next__(self) -> Any:
+        return next(self._run)
+
+    def close(self) -> None:
+        self._run.close()
+
+    def __enter__(self) -> "_RunIterator":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self._run.close()
+        except Exception:
+            pass
+
+
+class _FunctionOp(BaseOp):
+    """The kwargs form of add_op: a stateless records-in, records-out function."""
+
+    def __init__(self, name: str, fn: Callable[[list[Any]], list[Any]], preserves_cursor_order: bool,
+                 parallelism: int) -> None:
+        super().__init__()
+        self.name = name
+        self._fn = fn
+        self._traits = OpTraits(preserves_cursor_order=preserves_cursor_order, parallelism=parallelism)
+
+    def traits(self) -> OpTraits:
+        return self._traits
+
+    def process_many(self, elems: list[Any]) -> list[Any]:
+        return self._fn(elems)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"op": self.name, "fn": getattr(self._fn, "__qualname__", repr(self._fn))}

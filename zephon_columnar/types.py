@@ -1,0 +1,383 @@
+"""Row and batch views of frames: `SampleRecord`, `SampleBatch`, and `SampleBatch.to_training`.
+
+Frames stay columnar inside the engine; these are what the caller sees. A `SampleBatch`
+wraps one lane's rows as an Arrow table and turns the token column into torch tensors
+without per-row Python loops (`to_training`). A `SampleRecord` is a row view (payload dict +
+metadata), built only when someone asks for records.
+
+Example:
+    >>> batch.to_training(return_labels=True)["input_ids"].shape  # doctest: +SKIP
+    torch.Size([8, 2047])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Literal, Mapping, Sequence
+
+import warnings
+
+import numpy as np
+import pyarrow as pa
+
+from zephon_columnar import frame as F
+from zephon_columnar.errors import ConfigError
+
+SampleId = tuple[int, int, int]
+PositionMode = Literal["preserve", "sequence"]
+TOKEN_FIELD_CANDIDATES = ("input_ids", "tokens", "token_ids", "ids")
+PADDING_LENGTH = "__padding_length"  # trailing pad count of a packed row, when packing made it
+
+
+@dataclass(kw_only=True)
+class SampleMeta:
+    """Where a row came from: its source sample, lane, chunk and position in the chunk."""
+
+    sample_id: SampleId
+    lane_id: int
+    chunk_id: int
+    chunk_offset: int = 0
+    component_sample_counts: dict[int, int] = field(default_factory=dict)
+    component_token_counts: dict[int, int] | None = None
+    lineage: tuple[int, ...] = ()
+    tags: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cursor(self) -> tuple[int, int, tuple[int, ...], SampleId]:
+        return (self.chunk_id, self.chunk_offset, self.lineage, self.sample_id)
+
+    @property
+    def padding_length(self) -> int | None:
+        return self.tags.get("padding_length")
+
+
+@dataclass
+class SampleRecord:
+    """One row: ``payload`` (column -> Python value) and ``meta``."""
+
+    meta: SampleMeta
+    payload: dict[str, Any]
+
+
+def records_of(table: pa.Table) -> list[SampleRecord]:
+    """Row views of a frame (one conversion per column, not per cell)."""
+    names = F.payload_names(table)
+    cols = {n: table.column(n).to_pylist() for n in names}
+    book = {n: table.column(n).to_numpy() for n in F.BOOKKEEPING if n in table.column_names}
+    pad = table.column(PADDING_LENGTH).to_numpy() if PADDING_LENGTH in table.column_names else None
+    out = []
+    for i in range(table.num_rows):
+        comp = int(book[F.COMPONENT][i])
+        tags = {} if pad is None else {"padding_length": int(pad[i])}
+        meta = SampleMeta(
+            sample_id=(int(book[F.DATASET][i]), int(book[F.SHARD][i]), int(book[F.ROW][i])),
+            lane_id=int(book[F.LANE][i]),
+            chunk_id=int(book[F.CHUNK][i]),
+            chunk_offset=int(book[F.OFFSET][i]),
+            component_sample_counts={comp: 1},
+            tags=tags,
+        )
+        out.append(SampleRecord(meta=meta, payload={n: cols[n][i] for n in names}))
+    return out
+
+
+class SampleBatch:
+    """A lane-pure batch of rows, held as an Arrow table (payload + bookkeeping columns).
+
+    ``records`` gives row views; ``to_training`` gives torch tensors.
+    """
+
+    __slots__ = ("table", "_records")
+
+    def __init__(self, table: pa.Table | Sequence[SampleRecord]) -> None:
+        if not isinstance(table, pa.Table):
+            table = _table_from_records(list(table))
+        self.table = table
+        self._records: tuple[SampleRecord, ...] | None = None
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def __repr__(self) -> str:
+        return f"SampleBatch(rows={self.table.num_rows}, fields={F.payload_names(self.table)})"
+
+    @property
+    def records(self) -> tuple[SampleRecord, ...]:
+        if self._records is None:
+            self._records = tuple(records_of(self.table))
+        return self._records
+
+    @property
+    def ids(self) -> tuple[SampleId, ...]:
+        t = self.table
+        stacked = np.stack([t.column(c).to_numpy() for c in (F.DATASET, F.SHARD, F.ROW)], axis=1)
+        return tuple(map(tuple, stacked.tolist()))
+
+    @property
+    def lane_id(self) -> int:
+        return int(self.table.column(F.LANE)[0].as_py()) if self.table.num_rows else -1
+
+    @property
+    def lineage_paths(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(() for _ in range(self.table.num_rows))
+
+    def column(self, name: str) -> pa.ChunkedArray:
+        return self.table.column(name)
+
+    def to_pydict(self) -> dict[str, list[Any]]:
+        """Payload columns as Python lists."""
+        return F.payload_of(self.table).to_pydict()
+
+    # ------------------------------------------------------------------ training tensors
+    def to_training(
+        self,
+        *,
+        tokens_field: str = "auto",
+        return_labels: bool = False,
+        dtype: Any = "auto",
+        extra_fields: Sequence[str] = (),
+        ignore_index: int = -100,
+        rename_fields: Mapping[str, str] | None = None,
+        flatten: bool = False,
+        exclude_fields: Sequence[str] = (),
+        return_num_valid_tokens: bool = False,
+        return_loss_mask: bool = False,
+        return_cu_seqlens: bool = False,
+        return_padding_mask: bool = False,
+        eos_mask_loss: bool = False,
+        eos_token_id: int | None = None,
+        position_mode: PositionMode = "preserve",
+        pad_token_id: int = 0,
+    ) -> dict[str, Any]:
+        """Training tensors for this batch: ``input_ids`` (B, L) int64 and friends.
+
+        Rows of equal length become a (B, L) view of the Arrow buffer (one dtype copy at most,
+        int32 -> int64). Ragged rows are right-padded with ``pad_token_id`` (default 0) and the
+        pad is masked: ``padding_mask`` is True there, labels there are ``ignore_index``, and it
+        is left out of ``num_valid_tokens``. Packed rows' trailing pad (``meta.padding_length``)
+        is masked the same way.
+
+        With ``return_labels`` the inputs are ``tokens[:, :-1]`` and labels ``tokens[:, 1:]``;
+        labels are ``ignore_index`` at pad, where a payload ``loss_mask`` is 0, and (with
+        ``eos_mask_loss``) where the input token is ``eos_token_id``. ``positions`` is forwarded
+        when the payload has it (``position_mode="sequence"`` gives ``0..L-1`` instead);
+        ``cu_seqlens``/``max_seqlen`` come from the zeros of positions. ``ids`` (sample ids)
+        and ``texts`` are always included.
+
+        Example:
+            >>> t = batch.to_training(return_labels=True, return_padding_mask=True)  # doctest: +SKIP
+            >>> t["input_ids"].dtype, t["labels"].shape  # doctest: +SKIP
+            (torch.int64, torch.Size([8, 2047]))
+        """
+        if position_mode not in ("preserve", "sequence"):
+            raise ConfigError(f"to_training: position_mode={position_mode!r}; use 'preserve' or 'sequence'.")
+        if eos_mask_loss and eos_token_id is None:
+            raise ConfigError("to_training: eos_mask_loss=True needs eos_token_id=<id of your EOS token>.")
+        table = self.table
+        field_name = _resolve_tokens_field(table, tokens_field)
+        tokens, lengths = _stack_list_column(table.column(field_name), pad_token_id, field_name)
+        b, s = tokens.shape
+        pad = _pad_mask(lengths, s, table)
+        names = set(table.column_names)
+
+        loss_mask_payload = None
+        if "loss_mask" in names and field_name != "loss_mask":
+            if return_labels and "loss_mask" in extra_fields:
+                raise ConfigError("to_training: 'loss_mask' is consumed automatically with return_labels; "
+                                  "remove it from extra_fields.")
+            loss_mask_payload, _ = _stack_list_column(table.column("loss_mask"), 0, "loss_mask")
+
+        positions = None
+        if position_mode == "sequence":
+            positions = np.broadcast_to(np.arange(s, dtype=np.int64), (b, s))
+        elif "positions" in names:
+            positions, _ = _stack_list_column(table.column("positions"), 0, "positions")
+
+        extras = {}
+        for name in extra_fields:
+            if name not in names:
+                raise ConfigError(f"to_training: extra field {name!r} is not in the batch "
+                                  f"(fields: {F.payload_names(table)}).")
+            extras[name], _ = _stack_list_column(table.column(name), 0, name)
+
+        out: dict[str, Any] = {}
+        if return_labels:
+            inputs, labels = tokens[:, :-1], tokens[:, 1:]
+            valid = ~pad[:, 1:]
+            if loss_mask_payload is not None:
+                valid &= loss_mask_payload[:, 1:] != 0
+            if eos_mask_loss:
+                valid &= inputs != eos_token_id
+            labels = np.where(valid, labels, ignore_index)
+            input_pad = pad[:, :-1]
+            out["input_ids"] = inputs
+            out["labels"] = labels
+            if positions is not None:
+                positions = positions[:, :-1]
+            extras = {k: v[:, :-1] for k, v in extras.items()}
+        else:
+            valid = ~pad
+            if loss_mask_payload is not None:
+                valid &= loss_mask_payload != 0
+            if eos_mask_loss:
+                valid &= tokens != eos_token_id
+            input_pad = pad
+            out["input_ids"] = tokens
+        if positions is not None:
+            out["positions"] = positions
+        out.update(extras)
+        if return_loss_mask:
+            out["loss_mask"] = valid.astype(np.float32)
+        if return_padding_mask:
+            out["padding_mask"] = input_pad
+        if return_cu_seqlens:
+            out["cu_seqlens"], out["max_seqlen"] = _cu_seqlens(positions, input_pad, flatten)
+        if flatten:
+            out = {k: (v.reshape(-1) if k not in ("cu_seqlens", "max_seqlen") else v) for k, v in out.items()}
+
+        out = {k: _convert(v, dtype, k) for k, v in out.items()}
+        if return_num_valid_tokens:
+            out["num_valid_tokens"] = int(valid.sum())
+        out["ids"] = list(self.ids)
+        out["texts"] = table.column("text").to_pylist() if "text" in names else [""] * b
+        if rename_fields:
+            out = {rename_fields.get(k, k): v for k, v in out.items()}
+        for name in exclude_fields:
+            out.pop(name, None)
+        return out
+
+
+# ---------------------------------------------------------------------- helpers
+def _resolve_tokens_field(table: pa.Table, tokens_field: str) -> str:
+    names = table.column_names
+    if tokens_field != "auto":
+        if tokens_field not in names:
+            raise ConfigError(f"to_training: tokens_field={tokens_field!r} is not in the batch "
+                              f"(fields: {F.payload_names(table)}).")
+        return tokens_field
+    for cand in TOKEN_FIELD_CANDIDATES:
+        if cand in names:
+            return cand
+    raise ConfigError(
+        f"to_training: no token field in the batch (looked for {list(TOKEN_FIELD_CANDIDATES)}; "
+        f"fields: {F.payload_names(table)}). Tokenize first or pass tokens_field=<name>."
+    )
+
+
+def _list_array(col: pa.ChunkedArray, name: str) -> pa.Array:
+    arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)
+            or pa.types.is_fixed_size_list(arr.type)):
+        raise ConfigError(f"to_training: field {name!r} has type {arr.type}, not a list of numbers.")
+    if arr.null_count:
+        raise ConfigError(f"to_training: field {name!r} has {arr.null_count} null rows; "
+                          "filter them out or fill them before batching.")
+    return arr
+
+
+def _stack_list_column(col: pa.ChunkedArray, pad_value: int, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(B, S) numpy array of a list column (a view when rows have equal length) and lengths."""
+    arr = _list_array(col, name)
+    b = len(arr)
+    flat = arr.flatten()
+    values = flat.to_numpy(zero_copy_only=False)
+    if pa.types.is_fixed_size_list(arr.type):
+        s = arr.type.list_size
+        return values.reshape(b, s), np.full(b, s, np.int64)
+    offsets = arr.offsets.to_numpy()
+    lengths = np.diff(offsets).astype(np.int64)
+    if b == 0:
+        return values.reshape(0, 0), lengths
+    s = int(lengths.max())
+    if bool((lengths == s).all()):
+        return values.reshape(b, s), lengths
+    out = np.full((b, s), pad_value, dtype=values.dtype)
+    rows = np.repeat(np.arange(b), lengths)
+    cols = np.arange(len(values)) - np.repeat(offsets[:-1] - offsets[0], lengths)
+    out[rows, cols] = values
+    return out, lengths
+
+
+def _pad_mask(lengths: np.ndarray, s: int, table: pa.Table) -> np.ndarray:
+    """True where a position is padding: past a ragged row's end, or in a packed row's pad tail."""
+    real = lengths.copy()
+    if PADDING_LENGTH in table.column_names:
+        real = real - table.column(PADDING_LENGTH).to_numpy().astype(np.int64)
+    return np.arange(s)[None, :] >= real[:, None]
+
+
+def _cu_seqlens(positions: np.ndarray | None, pad: np.ndarray, flatten: bool) -> tuple[np.ndarray, np.ndarray]:
+    b, s = pad.shape
+    if positions is None:
+        starts = np.zeros((b, s), dtype=bool)
+        starts[:, 0] = True
+    else:
+        starts = positions == 0
+        starts[:, 0] = True
+    if flatten:
+        idx = np.flatnonzero(starts.reshape(-1))
+        cu = np.append(idx, b * s).astype(np.int32)
+        return cu, np.array(int(np.diff(cu).max()) if len(cu) > 1 else 0, dtype=np.int32)
+    counts = starts.sum(axis=1)
+    k = int(counts.max()) + 1 if b else 1
+    cu = np.full((b, k), s, dtype=np.int32)
+    r, c = np.nonzero(starts)
+    slot = np.arange(len(r)) - np.repeat(np.cumsum(counts) - counts, counts)
+    cu[r, slot] = c
+    max_seqlen = np.diff(cu, axis=1).max(axis=1).astype(np.int32) if k > 1 else np.zeros(b, np.int32)
+    return cu, max_seqlen
+
+
+def _convert(value: np.ndarray, dtype: Any, name: str) -> Any:
+    if dtype is None:
+        return value.tolist()
+    int_like = value.dtype.kind in "iu"
+    if isinstance(dtype, str) and dtype == "auto":
+        import torch
+
+        if value.dtype == np.bool_:
+            return torch.from_numpy(np.ascontiguousarray(value))
+        if int_like:
+            # int64 rows of an Arrow buffer are handed over zero-copy (a read-only view: torch's
+            # "not writable" warning is silenced for exactly that message, see module bottom).
+            arr = value if value.dtype == np.int64 and value.flags.c_contiguous else np.ascontiguousarray(value, np.int64)
+            return torch.from_numpy(arr)
+        return torch.from_numpy(np.ascontiguousarray(value))
+    try:
+        import torch
+
+        if isinstance(dtype, torch.dtype):
+            t = torch.from_numpy(np.array(value, copy=not value.flags.writeable, order="C"))
+            return t if value.dtype == np.bool_ or not int_like or name in ("cu_seqlens", "max_seqlen") else t.to(dtype)
+    except ImportError:
+        pass
+    np_dtype = np.dtype(dtype)
+    if value.dtype == np.bool_ or not int_like or name in ("cu_seqlens", "max_seqlen"):
+        return value
+    return value.astype(np_dtype)
+
+
+def _table_from_records(records: list[SampleRecord]) -> pa.Table:
+    payload = pa.Table.from_pylist([r.payload for r in records])
+    ptrs = np.array([r.meta.sample_id for r in records], dtype=np.int64).reshape(-1, 3)
+    book = F.pointer_frame(
+        lane=records[0].meta.lane_id if records else 0,
+        chunk_id=0,
+        offsets=np.array([r.meta.chunk_offset for r in records], np.int32),
+        pointers=ptrs,
+        components=np.array([next(iter(r.meta.component_sample_counts), 0) for r in records], np.int32),
+    )
+    return F.with_payload(book, payload)
+
+
+def iter_records(items: Iterable[Any]) -> Iterable[SampleRecord]:
+    for item in items:
+        if isinstance(item, SampleBatch):
+            yield from item.records
+        else:
+            yield item
+
+
+# Zero-copy hand-off of Arrow buffers: torch warns that they are read-only; the tensors are
+# views of immutable loader data, so the warning (for that message only) is noise.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
