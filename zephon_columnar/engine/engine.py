@@ -348,18 +348,13 @@ class EngineRun:
                         self._queue.get_nowait()  # type: ignore[union-attr]
                 except queue.Empty:
                     pass
-                self._runner_cancel()
+                self._runner.cancel()
                 self._thread.join(timeout=0.1)
         else:
             self._tail.close()
         self._runner.close()
         if self.engine.prefetcher is not None:
             self.engine.prefetcher.close()
-
-    def _runner_cancel(self) -> None:
-        pool = getattr(self._runner, "_pool", None)
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
 
     def __del__(self) -> None:
         try:

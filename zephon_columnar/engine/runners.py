@@ -77,6 +77,9 @@ class InlineRunner:
             fut.set_exception(err)
         return fut
 
+    def cancel(self) -> None:
+        pass
+
     def close(self) -> None:
         for row in self._ops:
             for op in row:
@@ -110,6 +113,10 @@ class ThreadRunner:
 
     def submit(self, stage: int, frame: pa.Table) -> cf.Future:
         return self._pool.submit(self._call, stage, frame)
+
+    def cancel(self) -> None:
+        """Drop queued work so a waiting caller is released; running calls finish."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -171,16 +178,21 @@ class ProcessRunner:
     def __init__(self, stages: Sequence[Sequence[BaseOp]], services: dict[str, Any], workers: int) -> None:
         payload = cloudpickle.dumps((list(stages), services))
         self.workers = workers
+        self._procs: list[Any] = []
         self._pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                             initializer=_process_init, initargs=(payload,))
 
     def submit(self, stage: int, frame: pa.Table) -> cf.Future:
         return _DecodedFuture(self._pool.submit(_process_call, stage, F.frame_to_ipc(frame).to_pybytes()))
 
-    def close(self) -> None:
-        procs = list(getattr(self._pool, "_processes", {}).values())
+    def cancel(self) -> None:
+        # Keep handles on the workers: shutdown() forgets them, and close() must reap them.
+        self._procs.extend((getattr(self._pool, "_processes", None) or {}).values())
         self._pool.shutdown(wait=False, cancel_futures=True)
-        for p in procs:
+
+    def close(self) -> None:
+        self.cancel()
+        for p in self._procs:
             p.join(timeout=5)
             if p.is_alive():
                 p.terminate()

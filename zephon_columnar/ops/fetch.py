@@ -60,22 +60,23 @@ class FetchOp(BaseOp):
         shard = frame.column(F.SHARD).to_numpy()
         row = frame.column(F.ROW).to_numpy()
         key = dataset.astype(np.int64) << 32 | shard.astype(np.int64)
-        grouped = bool(np.all(key[1:] >= key[:-1])) if n > 1 else True
-        order = np.arange(n) if grouped else np.argsort(key, kind="stable")
-        sorted_key = key[order]
-        cuts = np.flatnonzero(sorted_key[1:] != sorted_key[:-1]) + 1
-        starts = np.concatenate(([0], cuts))
-        ends = np.concatenate((cuts, [n]))
-        parts = []
-        for s, e in zip(starts.tolist(), ends.tolist()):
-            d, sh = int(dataset[order[s]]), int(shard[order[s]])
-            rows = row[order[s:e]]
-            parts.append(self._take(d, sh, rows))
-        payload = F.concat_frames(parts)
-        if not grouped:
+        run_starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+        if len(run_starts) <= max(8, n // 64):
+            # Few runs (one dataset, or long runs per shard): read each run in place, no reorder.
+            bounds = np.append(run_starts, n).tolist()
+            parts = [self._take(int(dataset[s]), int(shard[s]), row[s:e]) for s, e in zip(bounds[:-1], bounds[1:])]
+            payload = F.concat_frames(parts)
+        else:
+            # Many short runs (an interleaved mixture): one read per shard, then one reorder.
+            order = np.argsort(key, kind="stable")
+            sorted_key = key[order]
+            cuts = np.flatnonzero(sorted_key[1:] != sorted_key[:-1]) + 1
+            bounds = np.concatenate(([0], cuts, [n])).tolist()
+            parts = [self._take(int(dataset[order[s]]), int(shard[order[s]]), row[order[s:e]])
+                     for s, e in zip(bounds[:-1], bounds[1:])]
             inverse = np.empty(n, dtype=np.int64)
             inverse[order] = np.arange(n)
-            payload = payload.take(pa.array(inverse))
+            payload = F.concat_frames(parts).take(pa.array(inverse))
         return F.with_payload(frame, payload)
 
     def _take(self, dataset_id: int, shard_id: int, rows: np.ndarray) -> pa.Table:

@@ -1,0 +1,30 @@
+# Two commands set up everything on a fresh machine:
+#   make demo   builds .venv if missing, installs, writes a small real-text dataset, runs the demo
+#   make test   builds .venv if missing, installs, runs the tests
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test venv bench clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -U pip
+	# torch is pinned to the CPU wheel on local disk; install it first so nothing pulls another build.
+	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+demo: venv
+	$(PY) examples/demo.py
+
+test: venv
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+bench: venv
+	$(PY) benchmarks/prepacked.py
+
+clean:
+	rm -rf $(VENV) .demo_data

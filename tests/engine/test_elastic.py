@@ -1,0 +1,124 @@
+"""Elasticity: lanes are the unit of data order; data-parallel groups only change ownership."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+
+from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+from zephon_columnar.engine.lanes import owned_lanes
+from zephon_columnar.errors import CheckpointError, ConfigError
+from zephon_columnar.testing import collect, signature
+
+DS = Dataset.from_tables("a", [pa.table({"id": list(range(s * 50, s * 50 + 50))}) for s in range(4)])
+LANES = 4
+
+
+def build(groups: int, group: int, **opts):
+    ws = StaticMixtureWorkSource([DS], {"a": 1.0}, chunk_size=8, seed=11, shuffle_within_shard=True)
+    return Pipeline(ws).batch(2).options(runner="inline", canonical_replicas=LANES, world_size=groups,
+                                         global_rank=group, **opts)
+
+
+def steps(per_group: list[list[tuple]], per_step: int) -> list[Counter]:
+    """Global steps: each group contributes its next ``per_step`` batches."""
+    n = min(len(g) for g in per_group) // per_step
+    return [Counter(sig for g in per_group for sig in g[s * per_step:(s + 1) * per_step]) for s in range(n)]
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_global_steps_equal_single_group(groups):
+    single = collect(build(1, 0))
+    parts = [collect(build(groups, g)) for g in range(groups)]
+    ref = steps([single], LANES)
+    got = steps(parts, LANES // groups)
+    assert len(got) >= 5
+    assert got == ref[:len(got)]
+    assert sorted(s for p in parts for s in p) == sorted(single)  # same batches overall
+
+
+def test_owned_lanes_partition():
+    for mapping in ("contiguous", "interleaved"):
+        for groups in (1, 2, 3, 4):
+            owned = [owned_lanes(canonical_replicas=4, dp_degree=groups, dp_group_id=g, mapping=mapping)
+                     for g in range(groups)]
+            assert sorted(x for o in owned for x in o) == [0, 1, 2, 3]
+    with pytest.raises(ConfigError, match="canonical_replicas"):
+        owned_lanes(canonical_replicas=2, dp_degree=4, dp_group_id=0, mapping="contiguous")
+
+
+def take(pipe, k):
+    it = iter(pipe)
+    head = [signature(next(it)) for _ in range(k)]
+    return it, head
+
+
+@pytest.mark.parametrize("resume_groups", [1, 2, 4])
+def test_checkpoint_on_two_groups_resumes_on_n_without_skip_or_repeat(resume_groups):
+    everything = Counter(collect(build(1, 0)))
+    # Two groups each take 3 steps' worth (2 batches per step per group).
+    heads, ckpts = [], []
+    for g in range(2):
+        pipe = build(2, g)
+        it, head = take(pipe, 6)
+        heads += head
+        ckpts.append(json.loads(json.dumps(pipe.checkpoint())))
+        it.close()
+    merged = Pipeline.merge_checkpoints(ckpts)
+    rest = []
+    for g in range(resume_groups):
+        pipe = build(resume_groups, g)
+        pipe.restore(merged)
+        rest += collect(pipe)
+    assert Counter(heads) + Counter(rest) == everything
+
+
+def test_restore_with_missing_lanes_names_them():
+    pipe = build(2, 0)
+    it, _ = take(pipe, 2)
+    partial = pipe.checkpoint()
+    it.close()
+    with pytest.raises(CheckpointError, match="missing"):
+        build(1, 0).restore(partial)
+
+
+def test_iteration_needs_no_aggregation_directory():
+    assert len(collect(build(2, 1))) > 0
+
+
+def test_checkpoint_merges_through_a_shared_directory(tmp_path):
+    results: dict[int, dict] = {}
+    errors: list[BaseException] = []
+
+    def rank(g):
+        try:
+            pipe = build(2, g, aggregate_dir=str(tmp_path), run_id="run-x", aggregate_timeout_s=30)
+            it, _ = take(pipe, 3)
+            results[g] = pipe.checkpoint()
+            it.close()
+        except BaseException as err:  # pragma: no cover - surfaced below
+            errors.append(err)
+
+    threads = [threading.Thread(target=rank, args=(g,)) for g in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert results[0] == results[1]
+    assert sorted(results[0]["lanes"]) == ["0", "1", "2", "3"]
+    resumed = build(1, 0)
+    resumed.restore(results[0])
+    assert len(collect(resumed)) > 0
+
+
+def test_directory_aggregation_times_out_with_a_clear_error(tmp_path):
+    pipe = build(2, 0, aggregate_dir=str(tmp_path), aggregate_timeout_s=0.3)
+    it, _ = take(pipe, 1)
+    with pytest.raises(CheckpointError, match="waited"):
+        pipe.checkpoint()
+    it.close()

@@ -1,0 +1,28 @@
+"""Every example runs (in a fresh process, as a user would run it) and checks itself."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+@pytest.mark.parametrize("script, args", [
+    ("quickstart.py", []),
+    ("elastic.py", []),
+    ("demo.py", ["--docs", "800"]),
+])
+def test_example_runs(script, args, tmp_path):
+    if script == "demo.py":
+        args = args + ["--data", str(tmp_path / "demo")]
+    env = dict(os.environ, PYTHONPATH=str(EXAMPLES.parent))
+    proc = subprocess.run([sys.executable, str(EXAMPLES / script), *args], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    if script == "demo.py":
+        assert "identical to the uninterrupted run: True" in proc.stdout
