@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import polars as pl
+import torch  # noqa: F401 - a training loop has torch loaded; keeps its import out of the timing
 import pyarrow as pa
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 

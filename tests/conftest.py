@@ -47,3 +47,17 @@ def web_dir(tmp_path_factory) -> Path:
 def code_dir(tmp_path_factory) -> Path:
     """2 JSONL shards x 25 rows, ids 1000..1049."""
     return write_jsonl_dataset(tmp_path_factory.mktemp("code"), shards=2, rows_per_shard=25, start=1000)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache(tmp_path_factory):
+    """Keep JSONL indexes and downloaded shards out of the user's home cache."""
+    import os
+
+    old = os.environ.get("ZEPHON_COLUMNAR_CACHE")
+    os.environ["ZEPHON_COLUMNAR_CACHE"] = str(tmp_path_factory.mktemp("zephon_cache"))
+    yield
+    if old is None:
+        os.environ.pop("ZEPHON_COLUMNAR_CACHE", None)
+    else:
+        os.environ["ZEPHON_COLUMNAR_CACHE"] = old

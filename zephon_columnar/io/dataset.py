@@ -169,9 +169,11 @@ class Dataset:
         return len(self.shards)
 
     def describe(self) -> dict[str, Any]:
-        """JSON-friendly identity of the dataset (compared when a checkpoint is restored)."""
-        return {"name": self.name, "kind": self.backend.get("kind"), "path": self.path,
-                "shards": len(self.shards), "rows": self.total()}
+        """JSON-friendly identity of the dataset (compared when a checkpoint is restored).
+
+        The location is left out on purpose: the same shards moved to another directory or
+        bucket (or reached through another relative path) resume the same data order."""
+        return {"name": self.name, "shards": len(self.shards), "rows": self.total()}
 
     # ---------------------------------------------------------------- reading
     def open_reader(self) -> ShardReader:

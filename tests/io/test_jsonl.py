@@ -1,0 +1,224 @@
+"""JSON Lines: cached line index, batch parsing, compression, and errors that name the line."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+import zstandard
+
+from zephon_columnar.errors import DatasetFormatError
+from zephon_columnar.io import Dataset, jsonl
+from zephon_columnar.io.jsonl import JsonlReader
+
+
+def rows_of(n: int, start: int = 0) -> list[dict]:
+    return [{"id": i, "text": f"line {i} " + "é" * (i % 5), "tags": ["a"] * (i % 3), "meta": {"k": i % 4}}
+            for i in range(start, start + n)]
+
+
+def lines_of(rows: list[dict]) -> str:
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+@pytest.fixture()
+def jl_dir(tmp_path):
+    """Two shards: 1500 rows (plain) and 400 rows (plain)."""
+    d = tmp_path / "jl"
+    d.mkdir()
+    (d / "a.jsonl").write_text(lines_of(rows_of(1500)))
+    (d / "b.jsonl").write_text(lines_of(rows_of(400, 1500)))
+    return d
+
+
+def test_counts_come_from_the_line_index(jl_dir):
+    ds = Dataset.from_path("chat", str(jl_dir))
+    assert ds.backend["kind"] == "jsonl" and ds.counts().tolist() == [1500, 400]
+    assert ds.backend["schema"].names == ["id", "text", "tags", "meta"]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_take_returns_exactly_the_rows_asked_in_order(jl_dir, seed):
+    ds = Dataset.from_path("chat", str(jl_dir))
+    expected = [rows_of(1500), rows_of(400, 1500)]
+    rng = np.random.default_rng(seed)
+    reader = ds.open_reader()
+    for shard in (0, 1):
+        n = len(expected[shard])
+        for rows in (rng.integers(0, n, 200), np.arange(10, 300), np.array([n - 1, 0, n - 1]),
+                     np.concatenate([np.arange(5, 9), np.arange(100, 104), [2]])):
+            assert reader.take(shard, rows).to_pylist() == [expected[shard][i] for i in rows]
+    assert reader.take(0, np.array([], dtype=np.int64)).schema == ds.backend["schema"]
+    reader.close()
+
+
+def test_second_discovery_reads_the_index_from_disk(jl_dir, private_cache):
+    start = jsonl.INDEX_CACHE.scans
+    Dataset.from_path("chat", str(jl_dir))
+    assert jsonl.INDEX_CACHE.scans == start + 2
+    assert len(os.listdir(private_cache / "jsonl_index")) == 2
+    jsonl.INDEX_CACHE.clear_memory()  # as a fresh process would start
+    before = jsonl.INDEX_CACHE.scans
+    ds = Dataset.from_path("chat", str(jl_dir))
+    assert jsonl.INDEX_CACHE.scans == before and ds.counts().tolist() == [1500, 400]
+    # Rewriting a file (new size and mtime) invalidates its index.
+    time.sleep(0.01)
+    with open(jl_dir / "b.jsonl", "a") as f:
+        f.write(json.dumps(rows_of(1, 9000)[0]) + "\n")
+    ds = Dataset.from_path("chat", str(jl_dir))
+    assert jsonl.INDEX_CACHE.scans == before + 1 and ds.counts().tolist() == [1500, 401]
+
+
+def test_unwritable_index_cache_falls_back_to_memory(jl_dir, tmp_path, monkeypatch):
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("x")  # a file where the cache folder should be: makedirs fails
+    monkeypatch.setenv("ZEPHON_COLUMNAR_CACHE", str(blocker))
+    ds = Dataset.from_path("chat", str(jl_dir))
+    assert ds.counts().tolist() == [1500, 400]
+    assert ds.open_reader().take(1, np.array([3])).to_pylist() == [rows_of(1, 1503)[0]]
+
+
+def test_gzip_and_zstd_files_give_the_same_rows(tmp_path):
+    rows = rows_of(1200)
+    data = lines_of(rows).encode()
+    for name, blob in [("a.jsonl", data), ("b.jsonl.gz", gzip.compress(data)),
+                       ("c.jsonl.zst", zstandard.ZstdCompressor().compress(data))]:
+        d = tmp_path / name.split(".")[0]
+        d.mkdir()
+        (d / name).write_bytes(blob)
+        ds = Dataset.from_path("x", str(d))
+        assert ds.counts().tolist() == [1200]
+        reader = JsonlReader(ds, decoded_cache_bytes=1)
+        order = np.random.default_rng(1).permutation(1200)[:300]
+        assert reader.take(0, order).to_pylist() == [rows[i] for i in order], name
+        assert reader.take(0, np.arange(1190, 1200)).to_pylist() == rows[1190:]
+
+
+def test_zstd_multi_frame_and_missing_final_newline(tmp_path):
+    rows = rows_of(30)
+    cctx = zstandard.ZstdCompressor()
+    text = lines_of(rows).rstrip("\n").encode()
+    half = text.index(b"\n", len(text) // 2) + 1
+    (tmp_path / "a.jsonl.zst").write_bytes(cctx.compress(text[:half]) + cctx.compress(text[half:]))
+    ds = Dataset.from_path("x", str(tmp_path / "a.jsonl.zst"))
+    assert ds.total() == 30
+    assert ds.open_reader().take(0, np.array([29, 0])).to_pylist() == [rows[29], rows[0]]
+
+
+def test_missing_fields_are_null_and_extra_fields_are_ignored(tmp_path):
+    (tmp_path / "a.jsonl").write_text(
+        '{"id": 1, "text": "a", "when": "2020-01-01"}\n{"id": 2}\n' + '{"id": 3, "text": "c"}\n' * 1000
+        + '{"id": 3, "text": "c", "new": 5}\n' * 200)
+    ds = Dataset.from_path("x", str(tmp_path))
+    assert ds.backend["schema"].names == ["id", "text", "when"]
+    got = ds.open_reader().take(0, np.array([0, 1, 1201])).to_pylist()
+    # Date-like strings stay strings (pyarrow would infer a timestamp).
+    assert got == [{"id": 1, "text": "a", "when": "2020-01-01"}, {"id": 2, "text": None, "when": None},
+                   {"id": 3, "text": "c", "when": None}]
+
+
+def test_blank_lines_are_skipped_and_errors_keep_physical_line_numbers(tmp_path):
+    path = tmp_path / "a.jsonl"
+    text = '{"id": 0}\n\n  \t\n{"id": 1}\r\n\n{"id": 2}\n{"id": 3}\n\n\n'
+    path.write_text(text)
+    ds = Dataset.from_path("x", str(path))
+    assert ds.total() == 4
+    assert ds.open_reader().take(0, np.array([2, 1, 3, 0])).column("id").to_pylist() == [2, 1, 3, 0]
+    path.write_text(text.replace('{"id": 3}', '{"id": 3,}'))
+    with pytest.raises(DatasetFormatError, match=rf"^{path}:7: not valid JSON \(.*: column 10\)\. Fix or remove the line\."):
+        Dataset.from_path("x", str(path))
+
+
+def test_a_malformed_line_names_file_and_line(tmp_path):
+    lines = lines_of(rows_of(1050)).splitlines(keepends=True)
+    lines[1036] = '{"id": 1036, "text": "unterminated\n'  # after the schema sample: found on read
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(lines))
+    reader = Dataset.from_path("x", str(path)).open_reader()
+    assert len(reader.take(0, np.arange(1000, 1036))) == 36  # rows before the bad line are fine
+    with pytest.raises(DatasetFormatError, match=rf"{path}:1037: not valid JSON .*Fix or remove the line") as e:
+        reader.take(0, np.arange(1030, 1040))
+    assert isinstance(e.value.__cause__, json.JSONDecodeError)
+
+
+@pytest.mark.parametrize("bad, kind", [("null", "null"), ("[1, 2]", "array"), ('"text"', "string"), ("7", "number")])
+def test_a_line_that_is_not_an_object_names_the_line(tmp_path, bad, kind):
+    lines = lines_of(rows_of(1020)).splitlines(keepends=True)
+    lines[1004] = bad + "\n"
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(lines))
+    reader = Dataset.from_path("x", str(path)).open_reader()
+    # First row of the batch: pyarrow would crash the process on a leading `null`.
+    for rows in (np.arange(1004, 1008), np.arange(1000, 1008), np.array([1006, 1004])):
+        with pytest.raises(DatasetFormatError, match=rf"{path}:1005: is a JSON {kind}, not an object"):
+            reader.take(0, rows)
+    # In the schema sample, discovery itself fails the same way.
+    path.write_text("".join(lines[1000:]))
+    with pytest.raises(DatasetFormatError, match=rf"{path}:5: is a JSON {kind}, not an object"):
+        Dataset.from_path("x", str(path))
+
+
+def test_a_bad_line_in_the_schema_sample_fails_discovery(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"id": 1}\n{"id": 2\n')
+    with pytest.raises(DatasetFormatError, match=rf"{path}:2: not valid JSON"):
+        Dataset.from_path("x", str(path))
+
+
+def test_two_values_on_one_line_name_the_line(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"id": 1}\n{"id": 2} {"id": 3}\n{"id": 4}\n')
+    with pytest.raises(DatasetFormatError, match=rf"{path}:2: not valid JSON \(Extra data"):
+        Dataset.from_path("x", str(path))  # in the schema sample
+    path.write_text(lines_of(rows_of(1001)) + '{"id": 2} {"id": 3}\n')
+    reader = Dataset.from_path("x", str(path)).open_reader()
+    with pytest.raises(DatasetFormatError, match=rf"{path}:1002: not valid JSON \(Extra data"):
+        reader.take(0, np.arange(995, 1002))
+
+
+def test_a_type_change_after_the_schema_sample_names_the_line(tmp_path):
+    rows = rows_of(1100)
+    rows[1050]["id"] = "not a number"
+    path = tmp_path / "a.jsonl"
+    path.write_text(lines_of(rows))
+    reader = Dataset.from_path("x", str(path)).open_reader()
+    with pytest.raises(DatasetFormatError, match=rf"{path}:1051: does not match the dataset's schema"):
+        reader.take(0, np.arange(1000, 1100))
+
+
+def test_a_file_changed_after_discovery_is_detected(jl_dir):
+    ds = Dataset.from_path("chat", str(jl_dir))
+    time.sleep(0.01)
+    (jl_dir / "a.jsonl").write_text(lines_of(rows_of(10)))
+    with pytest.raises(DatasetFormatError, match=r"a\.jsonl: changed since the dataset was discovered"):
+        ds.open_reader().take(0, np.array([0]))
+
+
+def test_a_truncated_gzip_file_is_named(tmp_path):
+    blob = gzip.compress(lines_of(rows_of(500)).encode())
+    (tmp_path / "a.jsonl.gz").write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(DatasetFormatError, match=r"a\.jsonl\.gz: cannot read as gzip JSON Lines.*truncated or corrupt"):
+        Dataset.from_path("x", str(tmp_path))
+
+
+def test_line_index_handles_lines_across_scan_blocks(tmp_path, monkeypatch):
+    monkeypatch.setattr(jsonl, "_SCAN_BLOCK", 64)  # many lines straddle block boundaries
+    rows = rows_of(300)
+    text = lines_of(rows).replace('{"id": 7,', '\n \n{"id": 7,')
+    (tmp_path / "a.jsonl").write_text(text)
+    ds = Dataset.from_path("x", str(tmp_path))
+    assert ds.total() == 300
+    assert ds.open_reader().take(0, np.arange(300)).to_pylist() == rows
+    index = jsonl.INDEX_CACHE.get(next(iter(jsonl.INDEX_CACHE._mem)), None)
+    assert index.line_no(6) == 7 and index.line_no(7) == 10
+
+
+def test_column_projection_parses_only_those_fields(jl_dir):
+    ds = Dataset.from_path("chat", str(jl_dir))
+    got = JsonlReader(ds, columns=["meta", "id"]).take(1, np.array([2, 0]))
+    assert got.column_names == ["meta", "id"]
+    assert got.to_pylist() == [{"meta": {"k": 1502 % 4}, "id": 1502}, {"meta": {"k": 0}, "id": 1500}]

@@ -1,0 +1,355 @@
+"""Where files live: local paths and fsspec URLs, directory listing, and the shard cache.
+
+Local paths and ``file://`` URLs are handled with :mod:`os` directly (no fsspec round trip on
+the hot path); every other URL (``memory://``, ``s3://``, any installed fsspec backend, chained
+``simplecache::...`` URLs) goes through :func:`fsspec.core.url_to_fs`.
+
+Readers only ever read local files: a remote shard is downloaded once into the
+:class:`ShardCache` (atomically, safe across threads and processes) and read from there. The
+pipeline's ``prefetch()`` operator warms that cache from background threads with
+:meth:`ShardCache.ensure_local`.
+
+Example:
+    >>> list_data_files("data/web_parquet")  # doctest: +SKIP
+    ['/abs/data/web_parquet/part-000.parquet', '/abs/data/web_parquet/part-001.parquet']
+    >>> local_path("memory://bucket/part-000.parquet")  # doctest: +SKIP
+    '/home/me/.cache/zephon_columnar/shards/3f2a...-part-000.parquet'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, Any, Iterable
+
+from zephon_columnar.errors import DatasetNotFoundError
+
+_CACHE_ENV = "ZEPHON_COLUMNAR_CACHE"
+_COPY_BLOCK = 8 << 20  # bytes per read when downloading a shard
+
+
+# ---------------------------------------------------------------- URL classification
+def is_local(url: str) -> bool:
+    """True for a plain path or a ``file://`` URL; False for any other fsspec URL.
+
+    Example:
+        >>> is_local("/data/a.parquet"), is_local("file:///data/a.parquet"), is_local("memory://a")
+        (True, True, False)
+    """
+    url = os.fspath(url)
+    if url.startswith("file://"):
+        return True
+    return "://" not in url and "::" not in url
+
+
+def to_local(url: str) -> str:
+    """The absolute OS path of a local path or ``file://`` URL (the caller checks ``is_local``)."""
+    url = os.fspath(url)
+    if url.startswith("file://"):
+        url = url[len("file://"):]
+        # file://localhost/abs/path is the RFC form; fsspec also writes file:///abs/path.
+        if url.startswith("localhost/"):
+            url = url[len("localhost"):]
+    return os.path.abspath(os.path.expanduser(url))
+
+
+def url_to_fs(url: str) -> tuple[Any, str]:
+    """``(filesystem, path inside it)`` for a remote URL, via fsspec.
+
+    An unknown protocol becomes a :class:`DatasetNotFoundError` that says which package to
+    install, instead of fsspec's bare ``ValueError``.
+    """
+    import fsspec.core
+
+    try:
+        return fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as err:
+        raise DatasetNotFoundError(
+            f"{url}: cannot open this URL with fsspec ({err}). Install the fsspec backend for "
+            "its protocol (e.g. s3fs for s3://, gcsfs for gs://), or pass a local path."
+        ) from err
+
+
+def _unstrip(fs: Any, path: str) -> str:
+    """fsspec path -> URL with its protocol, so a shard path can be opened again anywhere."""
+    return fs.unstrip_protocol(path)
+
+
+# ---------------------------------------------------------------- queries
+def exists(url: str) -> bool:
+    """Whether ``url`` (a file or a directory) exists."""
+    if is_local(url):
+        return os.path.exists(to_local(url))
+    fs, path = url_to_fs(url)
+    return bool(fs.exists(path))
+
+
+def isdir(url: str) -> bool:
+    """Whether ``url`` is a directory."""
+    if is_local(url):
+        return os.path.isdir(to_local(url))
+    fs, path = url_to_fs(url)
+    return bool(fs.isdir(path))
+
+
+def file_size(url: str) -> int:
+    """Size of the file ``url`` in bytes."""
+    if is_local(url):
+        return os.path.getsize(to_local(url))
+    fs, path = url_to_fs(url)
+    return int(fs.size(path))
+
+
+def file_info(url: str) -> tuple[int, str]:
+    """``(size in bytes, a version tag)`` of a file: the tag changes when the file is rewritten.
+
+    Locally the tag is the modification time in nanoseconds; remotely it is whatever the backend
+    reports (ETag, mtime, creation time), or empty when it reports nothing.
+    """
+    if is_local(url):
+        st = os.stat(to_local(url))
+        return st.st_size, str(st.st_mtime_ns)
+    fs, path = url_to_fs(url)
+    info = fs.info(path)
+    tag = next((str(info[k]) for k in ("ETag", "etag", "mtime", "LastModified", "last_modified",
+                                       "updated", "created") if info.get(k) is not None), "")
+    return int(info["size"]), tag
+
+
+def join(url: str, name: str) -> str:
+    """``url/name`` for a local path or a URL."""
+    if is_local(url):
+        return os.path.join(to_local(url), name)
+    return url.rstrip("/") + "/" + name
+
+
+def basename(url: str) -> str:
+    """The last path component of a local path or a URL."""
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def list_data_files(url: str) -> list[str]:
+    """Files directly inside the directory ``url``, sorted by name.
+
+    Not recursive. Hidden files (``.foo``) and ``_``-prefixed files (``_SUCCESS``,
+    ``_metadata``, ``_committed_...``) are skipped: writers such as Spark leave them beside
+    the data. Local directories give absolute paths; remote ones give full URLs.
+
+    Example:
+        >>> list_data_files("memory://corpus")  # doctest: +SKIP
+        ['memory:///corpus/a.jsonl', 'memory:///corpus/b.jsonl']
+    """
+    if is_local(url):
+        root = to_local(url)
+        with os.scandir(root) as it:
+            names = [e.name for e in it if e.is_file() and _is_data_name(e.name)]
+        return [os.path.join(root, n) for n in sorted(names)]
+    fs, path = url_to_fs(url)
+    entries = fs.ls(path, detail=True)
+    files = [e["name"] for e in entries if e.get("type") == "file" and _is_data_name(basename(e["name"]))]
+    return [_unstrip(fs, p) for p in sorted(files, key=basename)]
+
+
+def _is_data_name(name: str) -> bool:
+    return not (name.startswith(".") or name.startswith("_"))
+
+
+def open_binary(url: str) -> IO[bytes]:
+    """Open ``url`` for binary reading (a plain file locally, an fsspec file otherwise)."""
+    if is_local(url):
+        return open(to_local(url), "rb")
+    fs, path = url_to_fs(url)
+    return fs.open(path, "rb")
+
+
+def read_bytes(url: str) -> bytes:
+    """The whole content of a (small) file, e.g. ``state.json``."""
+    with open_binary(url) as f:
+        return f.read()
+
+
+def canonical(url: str) -> str:
+    """A stable identity of a file: the absolute path locally, the full URL otherwise."""
+    if is_local(url):
+        return to_local(url)
+    fs, path = url_to_fs(url)
+    return _unstrip(fs, path)
+
+
+# ---------------------------------------------------------------- cache roots
+def cache_root() -> str:
+    """The root of zephon_columnar's on-disk caches: ``$ZEPHON_COLUMNAR_CACHE`` if set, else
+    ``~/.cache/zephon_columnar``. Read at call time so tests and jobs can point it elsewhere.
+
+    Subfolders: ``shards/`` (downloaded remote shards), ``jsonl_index/`` (JSONL line indexes).
+    """
+    env = os.environ.get(_CACHE_ENV)
+    if env:
+        return os.path.abspath(os.path.expanduser(env))
+    return os.path.join(os.path.expanduser("~"), ".cache", "zephon_columnar")
+
+
+def atomic_write(path: str, data: bytes | memoryview) -> None:
+    """Write ``data`` to ``path`` so that readers see either nothing or the whole file.
+
+    A unique temp file beside ``path`` is renamed over it; two writers racing on the same key
+    write identical bytes, so whichever rename lands last is as good as the first.
+    """
+    tmp = _temp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+
+
+def _temp_name(path: str) -> str:
+    return f"{path}.tmp-{os.getpid()}-{threading.get_ident()}-{uuid.uuid4().hex[:8]}"
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------- shard cache
+class ShardCache:
+    """Local copies of remote shards, downloaded once, shared by threads and processes.
+
+    Contract:
+        - ``ensure_local(url)`` returns a local path holding the bytes of ``url``. Local paths
+          and ``file://`` URLs are returned as-is (absolute), without copying.
+        - A remote file is downloaded once into ``root`` (default ``cache_root()/shards``)
+          under a name keyed by a hash of its URL and size, so a rewritten file of another size
+          gets a fresh copy. Same URL and size means same content: rewrite remote data under a
+          new name (or clear the cache) if you change bytes without changing the size.
+        - Downloads are atomic (temp file + rename): a crash never leaves a partial file under
+          the final name, and concurrent callers in other processes at worst download twice.
+          Within one process, callers for the same URL wait for a single download.
+        - Nothing is evicted; delete the folder to reclaim space.
+
+    Example:
+        >>> cache = ShardCache("/tmp/shards")  # doctest: +SKIP
+        >>> cache.ensure_local("memory://bucket/a.parquet")  # doctest: +SKIP
+        '/tmp/shards/5b1c...-a.parquet'
+    """
+
+    def __init__(self, root: str | None = None) -> None:
+        self._root = root
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+        self.downloads = 0  # number of files this instance actually downloaded (for tests/stats)
+
+    @property
+    def root(self) -> str:
+        return self._root if self._root is not None else os.path.join(cache_root(), "shards")
+
+    def cached_path(self, url: str, size: int) -> str:
+        """Where ``url`` of ``size`` bytes is (or will be) stored in this cache."""
+        key = hashlib.sha256(f"{canonical(url)}\0{size}".encode()).hexdigest()[:32]
+        # Keep the file name (sanitized) so readers can still tell `.jsonl.gz` from `.jsonl`.
+        name = re.sub(r"[^A-Za-z0-9._-]", "_", basename(url))[-100:]
+        return os.path.join(self.root, f"{key}-{name}")
+
+    def ensure_local(self, url: str, size: int | None = None) -> str:
+        """A local path with the content of ``url``; downloads it on first use.
+
+        ``size`` (bytes, when the caller knows it from discovery) saves one metadata request.
+        """
+        if is_local(url):
+            return to_local(url)
+        fs, path = url_to_fs(url)
+        if size is None:
+            size = int(fs.size(path))
+        target = self.cached_path(url, size)
+        if _has_size(target, size):
+            return target
+        with self._lock_for(target):
+            if _has_size(target, size):  # another thread finished the download meanwhile
+                return target
+            os.makedirs(self.root, exist_ok=True)
+            self._download(fs, path, url, target, size)
+        return target
+
+    # Alias that reads better at call sites that only want the path.
+    local_path = ensure_local
+
+    def _lock_for(self, key: str) -> threading.Lock:
+        with self._locks_guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def _download(self, fs: Any, path: str, url: str, target: str, size: int) -> None:
+        tmp = _temp_name(target)
+        try:
+            with fs.open(path, "rb") as src, open(tmp, "wb") as dst:
+                while True:
+                    block = src.read(_COPY_BLOCK)
+                    if not block:
+                        break
+                    dst.write(block)
+            got = os.path.getsize(tmp)
+            if got != size:
+                raise DatasetNotFoundError(
+                    f"{url}: downloaded {got} bytes but the file has {size}; it changed while "
+                    "being read. Retry once the writer has finished, or rediscover the dataset."
+                )
+            os.replace(tmp, target)
+            self.downloads += 1
+        except BaseException:
+            _remove_quietly(tmp)
+            raise
+
+    def prefetch(self, urls: Iterable[str], parallelism: int = 4) -> list[str]:
+        """``ensure_local`` for many URLs on ``parallelism`` threads; local paths, in order.
+
+        The first error (after all downloads were tried) is raised in the caller.
+        """
+        urls = list(urls)
+        if parallelism <= 1 or len(urls) <= 1:
+            return [self.ensure_local(u) for u in urls]
+        with ThreadPoolExecutor(max_workers=min(parallelism, len(urls)),
+                                thread_name_prefix="zephon-shard-prefetch") as pool:
+            return list(pool.map(self.ensure_local, urls))
+
+
+def _has_size(path: str, size: int) -> bool:
+    try:
+        return os.path.getsize(path) == size
+    except OSError:
+        return False
+
+
+_default_cache: ShardCache | None = None
+_default_cache_guard = threading.Lock()
+
+
+def default_shard_cache() -> ShardCache:
+    """The process-wide :class:`ShardCache` (root follows ``$ZEPHON_COLUMNAR_CACHE``)."""
+    global _default_cache
+    with _default_cache_guard:
+        if _default_cache is None:
+            _default_cache = ShardCache()
+        return _default_cache
+
+
+def local_path(url: str, size: int | None = None) -> str:
+    """A local path with the content of ``url`` (downloaded once into the default cache).
+
+    Example:
+        >>> local_path("/data/a.parquet")
+        '/data/a.parquet'
+    """
+    return default_shard_cache().ensure_local(url, size)
+
+
+def prefetch(urls: Iterable[str], parallelism: int = 4) -> list[str]:
+    """Warm the default shard cache with ``urls`` on ``parallelism`` threads; local paths."""
+    return default_shard_cache().prefetch(urls, parallelism)

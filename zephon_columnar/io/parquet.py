@@ -1,0 +1,324 @@
+"""Parquet: shard discovery from footers, and a row-group-aware reader.
+
+Discovery reads only footers (``pq.read_metadata``): per file the row count, the row count of
+every row group (``ShardInfo.extra["row_groups"]``), the size in bytes and the Arrow schema.
+Every shard must have the same schema.
+
+The reader decodes whole row groups (Parquet's unit of decoding) and keeps a small LRU of
+decoded row groups, so a sequential scan in slices smaller than a row group decodes each row
+group once, and rows that fall in one row group come back as zero-copy slices.
+
+Measured on pyarrow 26 (2 vCPU, list<int32> and string columns, row groups of 512 rows): the
+dataset API (``ParquetFileFragment.subset(...).to_table()``) decodes several row groups about
+1.7x faster than ``ParquetFile.read_row_groups`` (it pipelines I/O and decoding), and matches
+``pq.read_table`` from 4 row groups per call on; for a single row group ``ParquetFile
+.read_row_group(use_threads=False)`` is ~0.3 ms faster. So the reader decodes one group with
+``ParquetFile`` and several with the fragment, and reads ahead on sequential access (8 MiB of
+row groups per call, doubling to 64 MiB). A scan in 1024-row takes then runs at 80-90% of
+``pq.read_table`` on the same file (18 MB list<int32>, 3 MB text, 8 x 0.4 MB text shards).
+
+Example:
+    >>> ds = discover_parquet("web", "data/web", ["data/web/a.parquet"])  # doctest: +SKIP
+    >>> reader = ParquetReader(ds)  # doctest: +SKIP
+    >>> reader.take(0, np.arange(10, 20)).num_rows  # doctest: +SKIP
+    10
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from typing import Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from zephon_columnar.errors import DatasetFormatError
+from zephon_columnar.io import fs
+from zephon_columnar.io.base import ShardInfo, check_columns, project
+from zephon_columnar.io.dataset import Dataset, _check_same_schema, take_rows
+
+DEFAULT_CACHE_BYTES = 256 << 20  # decoded row groups kept per reader
+DEFAULT_MAX_OPEN_FILES = 16
+# Sequential read-ahead, in uncompressed bytes (footer sizes) per decode call: starts at 8 MiB
+# and doubles while the scan stays sequential, up to 64 MiB (and half the row-group cache).
+# Decoding ~4 row groups per call already reaches pq.read_table speed; a byte budget keeps that
+# true for tiny and for huge row groups alike.
+_READAHEAD_START_BYTES = 8 << 20
+_READAHEAD_MAX_BYTES = 64 << 20
+_FOOTER_THREADS = 8
+
+
+# ---------------------------------------------------------------- discovery
+def discover_parquet(name: str, root: str, files: Sequence[str]) -> Dataset:
+    """A :class:`Dataset` over Parquet ``files`` (shard ids in the given order), from footers.
+
+    Raises :class:`DatasetFormatError` naming the file for a corrupt or non-Parquet file, and
+    naming the shard when schemas differ.
+
+    Example:
+        >>> ds = discover_parquet("web", "/data/web", ["/data/web/a.parquet"])  # doctest: +SKIP
+        >>> ds.shards[0].extra["row_groups"]  # doctest: +SKIP
+        (512, 512, 130)
+    """
+    files = list(files)
+    if len(files) > 1:
+        # Footer reads are latency-bound on remote stores; a few threads hide that.
+        with ThreadPoolExecutor(max_workers=min(_FOOTER_THREADS, len(files))) as pool:
+            footers = list(pool.map(_read_footer, files))
+    else:
+        footers = [_read_footer(f) for f in files]
+    schemas = [md.schema.to_arrow_schema() for md, _ in footers]
+    _check_same_schema(name, [(f"shard {i} ({fs.basename(f)})", s) for i, (f, s) in enumerate(zip(files, schemas))])
+    shards = tuple(
+        ShardInfo(
+            shard_id=i,
+            path=f,
+            num_rows=md.num_rows,
+            num_bytes=size,
+            extra={"row_groups": tuple(md.row_group(g).num_rows for g in range(md.num_row_groups))},
+        )
+        for i, (f, (md, size)) in enumerate(zip(files, footers))
+    )
+    schema = schemas[0] if schemas else pa.schema([])
+    return Dataset(name=name, backend={"kind": "parquet", "path": root, "schema": schema},
+                   path=root, shards=shards)
+
+
+def _read_footer(url: str) -> tuple[pq.FileMetaData, int]:
+    """``(footer, file size)``; a file that is not Parquet becomes a DatasetFormatError."""
+    try:
+        if fs.is_local(url):
+            path = fs.to_local(url)
+            return pq.read_metadata(path), fs.file_size(path)
+        with fs.open_binary(url) as f:
+            return pq.read_metadata(f), fs.file_size(url)
+    except (pa.ArrowInvalid, OSError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        raise DatasetFormatError(
+            f"{url}: not a readable Parquet file ({err}). Re-write it (e.g. with "
+            "pyarrow.parquet.write_table) or remove it from the dataset directory."
+        ) from err
+
+
+# ---------------------------------------------------------------- reading
+class _OpenShard:
+    """One shard's open file, footer and row-group layout (an entry of the handle LRU)."""
+
+    def __init__(self, url: str, path: str, counts: Sequence[int]) -> None:
+        import pyarrow.dataset as pds
+        import pyarrow.fs as pafs
+
+        self.url = url  # what error messages name (the local copy of a remote shard is a cache file)
+        self.fragment = pds.ParquetFileFormat().make_fragment(path, filesystem=pafs.LocalFileSystem())
+        self.fragment.ensure_complete_metadata()
+        # Reuse the fragment's footer instead of parsing it a second time.
+        self.file = pq.ParquetFile(path, metadata=self.fragment.metadata)
+        md = self.fragment.metadata
+        found = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+        if counts and list(counts) != found:
+            raise DatasetFormatError(
+                f"{url}: row groups {found} differ from {list(counts)} seen at discovery; the file "
+                "changed since the dataset was discovered. Rediscover it with Dataset.from_path."
+            )
+        self.starts = np.zeros(len(found) + 1, dtype=np.int64)
+        np.cumsum(found, out=self.starts[1:])
+        self.group_bytes = np.array([md.row_group(g).total_byte_size for g in range(md.num_row_groups)],
+                                    dtype=np.int64)
+        # The row group right after the last decode: a miss there means a sequential scan.
+        # A fresh shard counts as "scanned up to 0", so a scan from the start reads ahead at once.
+        self.next_group = 0
+        self.window_bytes = _READAHEAD_START_BYTES  # read-ahead budget; doubles while sequential
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class ParquetReader:
+    """Reads rows of a Parquet dataset's shards, decoding whole row groups once.
+
+    Contract:
+        - ``take(shard_id, rows)`` returns the payload columns (or ``columns``) of ``rows``
+          (int64 indices into the shard) in that order; a zero-copy slice when the rows are
+          consecutive, ``Table.take`` otherwise.
+        - Decoded row groups are kept in an LRU bounded by ``cache_bytes`` (decoded Arrow
+          bytes); open files and footers in an LRU of ``max_open_files`` shards.
+        - Sequential access reads ahead (8 MiB of row groups per decode, doubling up to 64 MiB
+          or half the cache), so a scan in slices of any size decodes each row group exactly once.
+        - Remote shards are read from their local copy in ``shard_cache``.
+        - Not thread-safe: one reader per worker. ``stats`` counts decoded row groups
+          (``"decoded_groups"``), decode calls and cache hits.
+
+    Example:
+        >>> reader = ParquetReader(Dataset.from_path("web", "data/web"))  # doctest: +SKIP
+        >>> reader.take(0, np.array([5, 3, 4])).column("text").to_pylist()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        columns: Sequence[str] | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        max_open_files: int = DEFAULT_MAX_OPEN_FILES,
+        shard_cache: fs.ShardCache | None = None,
+    ) -> None:
+        schema: pa.Schema = dataset.backend["schema"]
+        self._columns = check_columns(dataset.name, schema, columns)
+        self._schema = project(schema, self._columns)
+        self._shards = dataset.shards
+        self._cache_bytes = int(cache_bytes)
+        self._max_open = max(1, int(max_open_files))
+        self._shard_cache = shard_cache or fs.default_shard_cache()
+        self._open: OrderedDict[int, _OpenShard] = OrderedDict()
+        self._groups: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
+        self._group_bytes: dict[tuple[int, int], int] = {}
+        self._held_bytes = 0
+        self.stats = {"decoded_groups": 0, "decode_calls": 0, "cache_hits": 0}
+
+    # ------------------------------------------------------------ public
+    def take(self, shard_id: int, rows: np.ndarray) -> pa.Table:
+        rows = np.asarray(rows, dtype=np.int64)
+        n = len(rows)
+        if n == 0:
+            return self._schema.empty_table()
+        shard = self._shard(shard_id)
+        starts = shard.starts
+        lo, hi = int(rows.min()), int(rows.max())
+        if lo < 0 or hi >= starts[-1]:
+            bad = lo if lo < 0 else hi
+            raise IndexError(f"{shard.url}: row {bad} is out of range for shard {shard_id} "
+                             f"with {int(starts[-1])} rows.")
+        g_lo = int(np.searchsorted(starts, lo, side="right")) - 1
+        g_hi = int(np.searchsorted(starts, hi, side="right")) - 1
+        if g_lo == g_hi:  # one row group: slice or take inside it
+            table = self._load(shard_id, shard, [g_lo])[g_lo]
+            return take_rows(table, rows - starts[g_lo])
+        if int(rows[0]) == lo and hi - lo == n - 1 and bool(np.all(np.diff(rows) == 1)):
+            # A consecutive run across row groups: concatenated zero-copy slices.
+            tables = self._load(shard_id, shard, range(g_lo, g_hi + 1))
+            pieces = []
+            for g in range(g_lo, g_hi + 1):
+                a, b = max(lo, int(starts[g])), min(hi + 1, int(starts[g + 1]))
+                pieces.append(tables[g].slice(a - int(starts[g]), b - a))
+            return pa.concat_tables(pieces)
+        groups = np.searchsorted(starts, rows, side="right") - 1
+        used = np.unique(groups)
+        tables = self._load(shard_id, shard, used.tolist())
+        # Offset of each used group inside the concatenation of the used groups.
+        sizes = starts[used + 1] - starts[used]
+        base = np.zeros(len(starts), dtype=np.int64)
+        base[used] = np.cumsum(sizes) - sizes
+        positions = rows - starts[groups] + base[groups]
+        combined = pa.concat_tables([tables[int(g)] for g in used])
+        return combined.take(pa.array(positions, pa.int64()))
+
+    def close(self) -> None:
+        for shard in self._open.values():
+            shard.close()
+        self._open.clear()
+        self._groups.clear()
+        self._group_bytes.clear()
+        self._held_bytes = 0
+
+    # ------------------------------------------------------------ files
+    def _shard(self, shard_id: int) -> _OpenShard:
+        shard = self._open.get(shard_id)
+        if shard is not None:
+            self._open.move_to_end(shard_id)
+            return shard
+        if not 0 <= shard_id < len(self._shards):
+            raise IndexError(f"shard {shard_id} does not exist; this dataset has {len(self._shards)} shards.")
+        info = self._shards[shard_id]
+        path = self._shard_cache.ensure_local(info.path, info.num_bytes or None)
+        try:
+            shard = _OpenShard(info.path, path, info.extra.get("row_groups", ()))
+        except (pa.ArrowInvalid, OSError) as err:
+            raise DatasetFormatError(
+                f"{info.path}: cannot open as Parquet ({err}). Re-write the file or remove it "
+                "from the dataset directory, then rediscover the dataset."
+            ) from err
+        self._open[shard_id] = shard
+        while len(self._open) > self._max_open:
+            _, old = self._open.popitem(last=False)
+            old.close()
+        return shard
+
+    # ------------------------------------------------------------ row groups
+    def _load(self, shard_id: int, shard: _OpenShard, wanted: Iterable[int]) -> dict[int, pa.Table]:
+        """Decoded tables of the row groups ``wanted`` (sorted), decoding the missing ones."""
+        out: dict[int, pa.Table] = {}
+        missing: list[int] = []
+        for g in wanted:
+            table = self._groups.get((shard_id, g))
+            if table is None:
+                missing.append(g)
+            else:
+                self._groups.move_to_end((shard_id, g))
+                self.stats["cache_hits"] += 1
+                out[g] = table
+        if missing:
+            decode = self._with_readahead(shard_id, shard, missing)
+            for g, table in zip(decode, self._decode(shard, decode)):
+                if g in missing:
+                    out[g] = table
+                self._remember((shard_id, g), table)
+        return out
+
+    def _with_readahead(self, shard_id: int, shard: _OpenShard, missing: list[int]) -> list[int]:
+        """``missing`` plus the next row groups when access looks sequential."""
+        last = missing[-1]
+        sequential = missing[0] == shard.next_group and last - missing[0] == len(missing) - 1
+        decode = list(missing)
+        if sequential:
+            # Never read ahead more than half the cache, so read-ahead cannot evict itself.
+            budget = min(shard.window_bytes, self._cache_bytes // 2) - int(shard.group_bytes[missing].sum())
+            n_groups = len(shard.starts) - 1
+            g = last + 1
+            while g < n_groups and (shard_id, g) not in self._groups:
+                budget -= int(shard.group_bytes[g])
+                if budget < 0:
+                    break
+                decode.append(g)
+                g += 1
+            shard.window_bytes = min(_READAHEAD_MAX_BYTES, shard.window_bytes * 2)
+        else:
+            shard.window_bytes = _READAHEAD_START_BYTES
+        shard.next_group = decode[-1] + 1
+        return decode
+
+    def _decode(self, shard: _OpenShard, groups: list[int]) -> list[pa.Table]:
+        self.stats["decode_calls"] += 1
+        self.stats["decoded_groups"] += len(groups)
+        try:
+            if len(groups) == 1:
+                return [shard.file.read_row_group(groups[0], columns=self._columns, use_threads=False)]
+            table = shard.fragment.subset(row_group_ids=groups).to_table(columns=self._columns,
+                                                                         use_threads=True)
+        except (pa.ArrowInvalid, OSError) as err:
+            raise DatasetFormatError(
+                f"{shard.url}: row groups {groups} cannot be decoded ({err}). The file is corrupt; "
+                "re-write it or remove it from the dataset directory."
+            ) from err
+        # The scan returns the groups in order; cut it back into one zero-copy table per group.
+        out, offset = [], 0
+        for g in groups:
+            size = int(shard.starts[g + 1] - shard.starts[g])
+            out.append(table.slice(offset, size))
+            offset += size
+        return out
+
+    def _remember(self, key: tuple[int, int], table: pa.Table) -> None:
+        old = self._groups.pop(key, None)
+        if old is not None:
+            self._held_bytes -= self._group_bytes.pop(key)
+        size = table.nbytes
+        self._groups[key] = table
+        self._group_bytes[key] = size
+        self._held_bytes += size
+        while self._held_bytes > self._cache_bytes and len(self._groups) > 1:
+            old_key, _ = self._groups.popitem(last=False)
+            self._held_bytes -= self._group_bytes.pop(old_key)
+
