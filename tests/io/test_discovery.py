@@ -65,7 +65,8 @@ def test_detection_skips_markers_and_metadata_json(tmp_path):
     (tmp_path / "README.md").write_text("# data")
     ds = Dataset.from_path("web", str(tmp_path))
     assert [fs.basename(s.path) for s in ds.shards] == ["part-0.parquet", "part-1.parquet"]
-    assert ds.describe() == {"name": "web", "kind": "parquet", "path": str(tmp_path), "shards": 2, "rows": 20}
+    assert ds.describe() == {"name": "web", "shards": 2, "rows": 20}
+    assert ds.backend["kind"] == "parquet" and ds.path == str(tmp_path)
 
 
 def test_a_directory_without_data_lists_what_it_found(tmp_path):
