@@ -144,26 +144,45 @@ class Engine:
 
     def _source_events(self, lane: int, ws: WorkSource, epoch: int) -> Iterator[Any]:
         k = self.plan.flush_every
-        chunk_id = epoch * k
         comp_ids = ws.component_ids()
         step = self.rows_per_frame
-        while True:
-            if chunk_id % k == 0:
-                yield EpochStart(chunk_id // k, ws.state_dict())
-            chunk = ws.next_chunk()
-            if chunk is None:
-                return
+        for chunk_id, state, chunk in self._chunks_ahead(ws, epoch * k):
+            if state is not None:
+                yield EpochStart(chunk_id // k, state)
             pointers, comp_index = chunk.ordered()
             comp_map = np.array([comp_ids[name] for name in chunk.component_names], dtype=np.int32)
             components = comp_map[comp_index] if len(comp_index) else np.zeros(0, np.int32)
-            if self.prefetcher is not None:
-                self.prefetcher.warm(pointers)
             n = len(pointers)
             for start in range(0, n, step):
                 end = min(n, start + step)
                 yield F.pointer_frame(lane=lane, chunk_id=chunk_id, offsets=np.arange(start, end),
                                       pointers=pointers[start:end], components=components[start:end])
-            chunk_id += 1
+
+    def _chunks_ahead(self, ws: WorkSource, chunk_id: int) -> Iterator[tuple[int, Any, Any]]:
+        """(chunk_id, source state if the chunk starts an epoch else None, chunk), pulled up to
+        the prefetcher's ``buffer_size`` samples ahead so remote shards download early."""
+        k = self.plan.flush_every
+        ahead = self.prefetcher.buffer_size if self.prefetcher is not None else 0
+        buffered: deque[tuple[int, Any, Any]] = deque()
+        samples = 0
+        exhausted = False
+        while True:
+            while not exhausted and (not buffered or samples < ahead):
+                state = ws.state_dict() if chunk_id % k == 0 else None
+                chunk = ws.next_chunk()
+                if chunk is None:
+                    exhausted = True
+                    break
+                if self.prefetcher is not None:
+                    self.prefetcher.warm(np.concatenate([np.asarray(v).reshape(-1, 3) for v in chunk.components.values()]))
+                buffered.append((chunk_id, state, chunk))
+                samples += len(chunk)
+                chunk_id += 1
+            if not buffered:
+                return
+            item = buffered.popleft()
+            samples -= len(item[2])
+            yield item
 
     def _collect(self, lane: int, events: Iterator[Any], epoch: int, skip: int) -> Iterator[LaneItem]:
         batch = self.plan.batch

@@ -1,0 +1,110 @@
+"""MixtureSpec validation/normalization and the smooth interleave of a chunk."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zephon_columnar.errors import ConfigError
+from zephon_columnar.work.mixture import MixtureSpec, interleave_order
+
+
+def test_normalization_is_scale_invariant_and_follows_component_order():
+    spec = MixtureSpec({"a": 1, "b": 3})
+    assert spec.normalized_for(["a", "b"]) == {"a": 0.25, "b": 0.75}
+    assert list(spec.normalized_for(["b", "a"])) == ["b", "a"]
+    assert spec == MixtureSpec({"b": 0.75, "a": 0.25})
+    assert spec != MixtureSpec({"a": 1, "b": 1})
+
+
+def test_weights_property_is_a_copy():
+    spec = MixtureSpec({"a": 2.0})
+    spec.weights["a"] = 5.0
+    assert spec.weights == {"a": 2.0}
+
+
+def test_zero_weight_is_allowed_if_another_is_positive():
+    assert MixtureSpec({"a": 0, "b": 2}).normalized_for(["a", "b"]) == {"a": 0.0, "b": 1.0}
+
+
+@pytest.mark.parametrize(
+    "weights, fragment",
+    [
+        ({}, "no components"),
+        ({"web": -1}, "'web'"),
+        ({"web": math.nan}, "'web'"),
+        ({"web": math.inf}, "'web'"),
+        ({"web": "0.5"}, "'web'"),
+        ({"web": True}, "'web'"),
+        ({"web": 0, "code": 0.0}, "sum to 0"),
+        ({1: 1.0}, "must be str"),
+        ([("web", 1.0)], "mapping"),
+    ],
+)
+def test_invalid_weights_raise_naming_the_problem(weights, fragment):
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(")):
+        MixtureSpec(weights)
+
+
+def test_validate_for_names_unknown_and_missing_components():
+    spec = MixtureSpec({"web": 1, "cod": 1})
+    with pytest.raises(ConfigError) as err:
+        spec.validate_for(["web", "code"])
+    msg = str(err.value)
+    assert "unknown components ['cod']" in msg and "missing weights for ['code']" in msg
+    with pytest.raises(ConfigError, match="code"):
+        spec.normalized_for(["web", "code"])
+    spec.validate_for(["cod", "web"])  # same names in another order are fine
+
+
+# ---------------------------------------------------------------- interleave_order
+def reference_interleave(counts):
+    """Slow, exact definition: sort (Fraction((2i+1), 2c_k), k)."""
+    keys = [(Fraction(2 * i + 1, 2 * c), k) for k, c in enumerate(counts) for i in range(c)]
+    return [k for _, k in sorted(keys)]
+
+
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=6))
+@settings(max_examples=150, deadline=None)
+def test_interleave_matches_exact_definition_and_is_smooth(counts):
+    got = interleave_order(counts)
+    assert got.tolist() == reference_interleave(counts)
+    assert np.bincount(got, minlength=len(counts)).tolist() == counts
+    total = sum(counts)
+    if total:
+        # every prefix is within about len(counts)/2 samples of the chunk's composition
+        onehot = np.zeros((total, len(counts)))
+        onehot[np.arange(total), got] = 1
+        prefix = np.cumsum(onehot, axis=0)
+        ideal = np.arange(1, total + 1)[:, None] * (np.array(counts) / total)[None, :]
+        assert np.abs(prefix - ideal).max() <= len(counts) / 2 + 0.5
+
+
+def test_interleave_examples_and_ties_go_to_the_lower_component():
+    assert interleave_order([3, 1]).tolist() == [0, 0, 1, 0]   # key 1/2 tie: component 0 first
+    assert interleave_order([1, 3]).tolist() == [1, 0, 1, 1]
+    assert interleave_order([2, 2]).tolist() == [0, 1, 0, 1]
+    assert interleave_order([0, 0]).tolist() == []
+
+
+def test_interleave_rejects_negative_counts():
+    with pytest.raises(ConfigError, match="counts"):
+        interleave_order([2, -1])
+
+
+def test_interleave_is_vectorized_enough_for_large_chunks():
+    import time
+
+    counts = [9000, 5000, 2000, 384]
+    best = math.inf
+    for _ in range(3):
+        t0 = time.perf_counter()
+        out = interleave_order(counts)
+        best = min(best, time.perf_counter() - t0)
+    assert best < 5e-3   # vectorized: ~0.3 ms; a per-sample Python sort takes tens of ms
+    assert len(out) == 16384

@@ -1,0 +1,12 @@
+"""What to train on: work sources hand out chunks of sample pointers, per lane. No I/O here.
+
+Example:
+    >>> from zephon_columnar.work import MixtureSpec, StaticMixtureWorkSource, WorkChunk, WorkSource
+"""
+
+from zephon_columnar.work.base import WorkSource
+from zephon_columnar.work.chunk import WorkChunk
+from zephon_columnar.work.mixture import MixtureSpec
+from zephon_columnar.work.static import StaticMixtureWorkSource
+
+__all__ = ["MixtureSpec", "StaticMixtureWorkSource", "WorkChunk", "WorkSource"]

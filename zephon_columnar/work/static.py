@@ -1,0 +1,715 @@
+"""`StaticMixtureWorkSource`: a fixed-weight mixture of datasets, cut into chunks, per lane.
+
+The source enumerates a *global chunk stream*. Chunk ``g`` holds ``chunk_size`` pointers
+(fewer only in the final chunk), split between the datasets by Bresenham-style accumulators so
+that the long-run ratios equal the mixture weights exactly. Each dataset is read in the order of
+its :class:`~zephon_columnar.work.order.DatasetOrder`, pass after pass.
+
+Generating a chunk has two steps:
+
+* *plan* (O(number of datasets)): quotas, cursor arithmetic, exhaustion policies. Every lane
+  plans every chunk, so all lanes agree on the stream without talking to each other.
+* *materialize* (O(chunk_size), numpy): the actual pointers, only for chunks the lane owns.
+
+Example:
+    >>> from zephon_columnar.io.dataset import Dataset, InMemoryShard
+    >>> ds = Dataset.from_dict("toy", {0: InMemoryShard([{"x": i} for i in range(5)])})
+    >>> ws = StaticMixtureWorkSource([ds], {"toy": 1.0}, chunk_size=2, shuffle_shards=False)
+    >>> [len(c) for c in iter(ws.next_chunk, None)]   # every row once; the last chunk is partial
+    [2, 2, 1]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, Union
+
+import numpy as np
+
+from zephon_columnar.errors import CheckpointError, ConfigError
+from zephon_columnar.work.base import WorkSource, check_lane
+from zephon_columnar.work.chunk import WorkChunk
+from zephon_columnar.work.mixture import MixtureSpec
+from zephon_columnar.work.order import DatasetOrder
+
+if TYPE_CHECKING:
+    from zephon_columnar.io.dataset import Dataset
+
+ExhaustedPolicy = Literal["stop", "repeat", "redistribute"]
+LaneAssignment = Literal["permute", "modulo"]
+ShuffleBlockSize = Union[int, Literal["auto", "global"], None]
+
+_POLICIES = ("stop", "repeat", "redistribute")
+_STATE_VERSION = 1
+_NO_POINTERS = np.empty((0, 3), dtype=np.int64)
+_NO_POINTERS.setflags(write=False)
+
+
+class _Unset:
+    """Marks an argument the caller did not pass (its default depends on other arguments)."""
+
+    def __repr__(self) -> str:
+        return "<unset>"
+
+
+UNSET: Any = _Unset()
+
+
+# -------------------------------------------------------------------- plan step
+@dataclass(frozen=True)
+class _Config:
+    """Everything that fixes the global chunk stream (shared, read-only, by lane clones)."""
+
+    names: tuple[str, ...]
+    rows: tuple[int, ...]
+    weights: tuple[float, ...]          # normalized over all components (as in the recipe)
+    units: tuple[int, ...]              # the same weights as exact integers (common scale)
+    chunk_size: int
+    policies: tuple[str, ...]
+    max_passes: tuple[int | None, ...]  # passes a component may be read; None: unbounded
+    floor: int | None                   # stop_after_passes
+
+
+@dataclass
+class _Cursor:
+    """The mutable position of the global stream: O(number of datasets), copied cheaply."""
+
+    g: int                 # next global chunk index to plan
+    epoch: list[int]       # pass being read (== passes completed)
+    position: list[int]    # offset in that pass, always < rows
+    active: list[bool]     # still drawn from (weight > 0, not left, stream not over)
+    acc: list[int]         # Bresenham accumulators, exactly: acc[k] / den samples
+    den: int = 1
+
+    def copy(self) -> "_Cursor":
+        return _Cursor(self.g, list(self.epoch), list(self.position), list(self.active), list(self.acc), self.den)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What chunk ``g`` holds, without the pointers: ``(k, epoch, position, count)`` segments."""
+
+    g: int
+    segments: tuple[tuple[int, int, int, int], ...]
+    size: int
+    target: dict[str, float]
+    exhausted: tuple[str, ...]
+
+
+class _Planner:
+    """The plan step: quotas and policy transitions of one chunk, O(number of datasets)."""
+
+    def __init__(self, cfg: _Config) -> None:
+        self.cfg = cfg
+        self._pool_totals: dict[tuple[int, ...], int] = {}
+
+    def pool_total(self, pool: Sequence[int]) -> int:
+        """Sum of the integer weights of ``pool``; ``units[k] / total`` is k's share."""
+        key = tuple(pool)
+        total = self._pool_totals.get(key)
+        if total is None:
+            total = self._pool_totals[key] = sum(self.cfg.units[k] for k in key)
+        return total
+
+    def allocate(self, cur: _Cursor, pool: list[int], n: int) -> list[int]:
+        """Split ``n`` slots among ``pool`` by largest remainder on the accumulators.
+
+        Each accumulator is credited its share of ``n`` and debited what it gets, so every
+        component stays within 2 samples of its exact share forever. Quotas are floor(acc)
+        clamped at 0; the remaining slots go to the largest remainders (ties: lower index).
+        When the floors exceed ``n`` (possible once a clamped component owes a sample, or
+        after one leaves), slots are taken back from the smallest remainders (ties: higher
+        index). The arithmetic is exact (integers over a common denominator), so ties are
+        real ties (three equal weights give a, b, c, a, b, c) rather than rounding noise.
+        """
+        total = self.pool_total(pool)
+        acc = cur.acc
+        if cur.den % total:  # new pool: refine the common denominator (at most a few times)
+            m = total // math.gcd(cur.den, total)
+            for k in range(len(acc)):
+                acc[k] *= m
+            cur.den *= m
+        den, step = cur.den, cur.den // total * n
+        units = self.cfg.units
+        q = []
+        for k in pool:
+            acc[k] += units[k] * step
+            q.append(max(acc[k] // den, 0))
+        left = n - sum(q)
+        if left > 0:
+            rank = sorted(range(len(pool)), key=lambda i: (q[i] * den - acc[pool[i]], i))
+            for t in range(left):
+                q[rank[t % len(rank)]] += 1
+        elif left < 0:
+            rank = sorted((i for i in range(len(pool)) if q[i] > 0), key=lambda i: (acc[pool[i]] - q[i] * den, -i))
+            t = 0
+            while left < 0:
+                i = rank[t % len(rank)]
+                if q[i] > 0:
+                    q[i] -= 1
+                    left += 1
+                t += 1
+        for k, qk in zip(pool, q):
+            acc[k] -= qk * den
+        return q
+
+    def plan(self, cur: _Cursor) -> _Plan | None:
+        """Plan chunk ``cur.g`` and advance ``cur`` past it; None when the stream is over."""
+        cfg = self.cfg
+        act = [k for k, a in enumerate(cur.active) if a]
+        if not act:
+            return None
+        rows, policies, max_passes = cfg.rows, cfg.policies, cfg.max_passes
+        consumed = {k: cur.epoch[k] * rows[k] + cur.position[k] for k in act}
+        counts = dict.fromkeys(act, 0)
+        leaving: list[int] = []
+
+        # 1. Quotas. A capped component ('redistribute', 'repeat' with max_repeats) that runs out
+        #    takes what it has; its shortfall is re-allocated among the others in the same chunk,
+        #    so chunks stay full while anything is left.
+        pool, need = act, cfg.chunk_size
+        while need > 0 and pool:
+            short, keep = 0, []
+            for k, qk in zip(pool, self.allocate(cur, pool, need)):
+                cap = max_passes[k]
+                if cap is not None and policies[k] != "stop":
+                    left = cap * rows[k] - consumed[k] - counts[k]
+                    if left <= qk:
+                        counts[k] += left
+                        short += qk - left
+                        leaving.append(k)
+                        continue
+                counts[k] += qk
+                keep.append(k)
+            pool, need = keep, short
+
+        # 2. 'stop': the chunk in which such a dataset runs out is the last one; it holds that
+        #    dataset's remaining rows and the others' full quotas.
+        last = False
+        for k in act:
+            if policies[k] == "stop" and rows[k] - consumed[k] <= counts[k]:
+                counts[k] = rows[k] - consumed[k]
+                last = True
+
+        # 3. stop_after_passes=N: once every dataset short of N passes can finish them in this
+        #    chunk, it is the last one. Those datasets take exactly what they lack; the others
+        #    are scaled by the same fraction f, so the final chunk keeps the mixture's shape.
+        if cfg.floor is not None and not last:
+            lacking, done = [], []
+            for k in act:
+                cap = max_passes[k]
+                goal = cfg.floor if cap is None else min(cfg.floor, cap)
+                r = goal * rows[k] - consumed[k]
+                (lacking if r > 0 else done).append((k, r))
+            if all(r <= counts[k] for k, r in lacking):
+                f = max((Fraction(r, counts[k]) for k, r in lacking), default=Fraction(1))
+                for k, r in lacking:
+                    counts[k] = r
+                for k, _ in done:
+                    counts[k] = math.floor(f * counts[k] + Fraction(1, 2))  # round half up, exactly
+                last = True
+
+        # 4. Advance the cursors (a draw may run into the next pass: no row skipped).
+        segments = []
+        for k in act:
+            n = counts[k]
+            if n:
+                segments.append((k, cur.epoch[k], cur.position[k], n))
+                cur.epoch[k], cur.position[k] = divmod(consumed[k] + n, rows[k])
+        for k in act if last else leaving:
+            cur.active[k] = False
+            cur.acc[k] = 0
+        plan = _Plan(
+            g=cur.g,
+            segments=tuple(segments),
+            size=sum(counts.values()),
+            target={cfg.names[k]: cfg.units[k] / self.pool_total(act) for k in act},
+            exhausted=tuple(cfg.names[k] for k, a in enumerate(cur.active) if not a),
+        )
+        cur.g += 1
+        return plan
+
+    def unbounded(self, cur: _Cursor) -> bool:
+        """Whether the stream from ``cur`` never ends."""
+        act = [k for k, a in enumerate(cur.active) if a]
+        if self.cfg.floor is not None or any(self.cfg.policies[k] == "stop" for k in act):
+            return False
+        return any(self.cfg.max_passes[k] is None for k in act)
+
+
+# -------------------------------------------------------------------- the source
+class StaticMixtureWorkSource(WorkSource):
+    """A fixed mixture of datasets, cut into chunks of ``chunk_size`` pointers.
+
+    Args:
+        datasets: the components; a dataset's ``dataset_id`` is its position here and its
+            ``name`` is its component name (names must be unique).
+        mixture: a :class:`MixtureSpec` or ``{name: weight}`` naming exactly the datasets.
+        chunk_size: pointers per chunk (the final chunk may hold fewer).
+        seed: int >= 0; seeds every shuffle and the lane permutation.
+        shuffle_shards, shuffle_within_shard: see :class:`~zephon_columnar.work.order.DatasetOrder`.
+        shuffle_block_size: None, an int, ``"auto"`` (8 x the largest shard of all datasets) or
+            ``"global"`` (the whole dataset); clamped to each dataset's size.
+        exhausted_policy: what a dataset does at the end of a pass: ``"repeat"`` (restart; with
+            ``max_repeats=N`` read at most 1+N passes, then leave like ``"redistribute"``),
+            ``"redistribute"`` (one pass, then leave; the others' weights renormalize), or
+            ``"stop"`` (the chunk where it runs out is the last one). A dict sets it per
+            dataset; datasets it does not name get ``"repeat"``.
+        reshuffle_on_repeat: whether each pass gets fresh permutations (default True); a bool
+            or ``{name: bool}``.
+        max_repeats: None, an int >= 0 or ``{name: int | None}``; applies to ``"repeat"``.
+        stop_after_passes: with no ``exhausted_policy``/``max_repeats`` the default is 1: every
+            dataset repeats to hold the ratio and the source ends once each has completed
+            this many passes (the final chunk is partial, see below). ``None``: never end.
+        lane_assignment: how global chunks map to lanes, ``"permute"`` (each block of
+            ``canonical_replicas`` consecutive chunks is dealt by a seeded permutation: one
+            chunk per lane per block) or ``"modulo"`` (``g % canonical_replicas``).
+        token_estimation: accepted for Zephon compatibility; token-unit mixing is not
+            implemented, so anything but None raises :class:`ConfigError`.
+
+    Differences from Zephon 0.2.0, on purpose:
+        - The final chunk is partial instead of dropped: with one dataset and the default
+          ``stop_after_passes=1`` every row is delivered exactly once, and a dataset smaller
+          than ``chunk_size`` works. ``"stop"`` keeps the stopping dataset's last rows.
+        - ``load_state_dict`` refuses a state taken with a different recipe
+          (:class:`CheckpointError` naming the fields) instead of ignoring the difference.
+        - ``total_samples`` is exact for every policy.
+
+    Example:
+        >>> from zephon_columnar.io.dataset import Dataset, InMemoryShard
+        >>> web = Dataset.from_dict("web", {0: InMemoryShard([{"t": "w"}] * 30)})
+        >>> code = Dataset.from_dict("code", {0: InMemoryShard([{"t": "c"}] * 10)})
+        >>> ws = StaticMixtureWorkSource([web, code], {"web": 0.75, "code": 0.25}, chunk_size=8)
+        >>> c = ws.next_chunk()
+        >>> {n: len(p) for n, p in c.components.items()}
+        {'web': 6, 'code': 2}
+        >>> ws.total_samples   # 40 left: both datasets end their first pass together
+        32
+    """
+
+    def __init__(
+        self,
+        datasets: Sequence["Dataset"],
+        mixture: MixtureSpec | Mapping[str, float],
+        chunk_size: int = 16384,
+        seed: int = 0,
+        shuffle_shards: bool = True,
+        shuffle_within_shard: bool = False,
+        shuffle_block_size: ShuffleBlockSize = None,
+        exhausted_policy: ExhaustedPolicy | Mapping[str, ExhaustedPolicy] | None = None,
+        reshuffle_on_repeat: bool | Mapping[str, bool] = UNSET,
+        max_repeats: int | Mapping[str, int | None] | None = None,
+        stop_after_passes: int | None = UNSET,
+        lane_assignment: LaneAssignment = "permute",
+        token_estimation: Any = None,
+    ) -> None:
+        where = "StaticMixtureWorkSource"
+        datasets = _check_datasets(datasets)
+        names = tuple(ds.name for ds in datasets)
+        spec = mixture if isinstance(mixture, MixtureSpec) else MixtureSpec(mixture)
+        spec.validate_for(names)
+        weights = spec.normalized_for(names)
+        chunk_size = _check_int(f"{where}: chunk_size", chunk_size, minimum=1)
+        seed = _check_int(f"{where}: seed", seed, minimum=0)
+        for opt, v in (("shuffle_shards", shuffle_shards), ("shuffle_within_shard", shuffle_within_shard)):
+            if not isinstance(v, (bool, np.bool_)):
+                raise ConfigError(f"{where}: {opt} must be True or False, got {v!r}.")
+        if lane_assignment not in ("permute", "modulo"):
+            raise ConfigError(
+                f"{where}: lane_assignment must be 'permute' or 'modulo', got {lane_assignment!r}."
+            )
+        if token_estimation is not None:
+            raise ConfigError(
+                f"{where}: token_estimation (token-unit mixing) is not supported; mixture weights "
+                "are sample proportions. Pass token_estimation=None and reweight the mixture "
+                "by your datasets' average tokens per sample instead."
+            )
+
+        policies, reshuffle, repeats, floor = _resolve_exhaustion(
+            names, exhausted_policy, reshuffle_on_repeat, max_repeats, stop_after_passes)
+        max_passes = tuple(
+            1 if policies[n] != "repeat" else (None if repeats[n] is None else 1 + repeats[n])
+            for n in names
+        )
+
+        # -- per-dataset orders
+        counts = [np.asarray(ds.counts(), dtype=np.int64) for ds in datasets]
+        rows = tuple(int(c.sum()) for c in counts)
+        largest_shard = max(int(c.max()) for c in counts)
+        blocks = {n: _resolve_block(shuffle_block_size, r, largest_shard) for n, r in zip(names, rows)}
+        self._orders = [
+            DatasetOrder(c, seed=seed, shuffle_shards=bool(shuffle_shards),
+                         shuffle_within_shard=bool(shuffle_within_shard), block_size=blocks[n],
+                         reshuffle_on_repeat=reshuffle[n])
+            for n, c in zip(names, counts)
+        ]
+
+        self._datasets = tuple(datasets)
+        self._seed = seed
+        self._lane_assignment: LaneAssignment = lane_assignment
+        exact = [Fraction(w) for w in weights.values()]  # floats are dyadic: exact fractions
+        scale = math.lcm(*(f.denominator for f in exact))
+        self._planner = _Planner(_Config(
+            names=names, rows=rows, weights=tuple(weights.values()),
+            units=tuple(int(f * scale) for f in exact), chunk_size=chunk_size,
+            policies=tuple(policies[n] for n in names), max_passes=max_passes, floor=floor,
+        ))
+        self._cursor = _Cursor(
+            g=0, epoch=[0] * len(names), position=[0] * len(names),
+            # a weight-0 component is never drawn: inactive from the start, so it cannot
+            # hold up stop_after_passes
+            active=[w > 0 for w in weights.values()], acc=[0] * len(names),
+        )
+        self._recipe_json = json.dumps({
+            **super().recipe(),
+            "seed": seed,
+            "chunk_size": chunk_size,
+            "datasets": [
+                {"name": n, "rows": r, "shards": len(c),
+                 "shard_rows_sha1": hashlib.sha1(c.astype("<i8").tobytes()).hexdigest()[:16]}
+                for n, r, c in zip(names, rows, counts)
+            ],
+            "mixture": weights,
+            "shuffle_shards": bool(shuffle_shards),
+            "shuffle_within_shard": bool(shuffle_within_shard),
+            "shuffle_block_size": blocks,
+            "exhausted_policy": policies,
+            "reshuffle_on_repeat": reshuffle,
+            "max_repeats": repeats,
+            "stop_after_passes": floor,
+            "lane_assignment": lane_assignment,
+        })
+        self._lane_id, self._replicas = 0, 1
+        self._reset_caches()
+
+    def _reset_caches(self) -> None:
+        self._perm_block = -1                  # block whose lane permutation is cached
+        self._perm = np.zeros(1, np.int64)
+        self._remaining: int | None = None     # cached total_samples, kept current by next_chunk
+
+    # ---------------------------------------------------------------- WorkSource API
+    def next_chunk(self) -> WorkChunk | None:
+        """The next chunk of this lane (every chunk for the base source), or None at the end."""
+        while True:
+            plan = self._planner.plan(self._cursor)
+            if plan is None:
+                return None
+            if self._owner(plan.g) == self._lane_id:
+                chunk = self._materialize(plan)
+                if self._remaining is not None:
+                    self._remaining -= len(chunk)
+                return chunk
+
+    def component_ids(self) -> dict[str, int]:
+        return {n: i for i, n in enumerate(self._planner.cfg.names)}
+
+    @property
+    def dataset_ids(self) -> dict[str, int]:
+        """``{name: dataset_id}`` (Zephon's name for :meth:`component_ids`)."""
+        return self.component_ids()
+
+    @property
+    def datasets_by_id(self) -> dict[int, "Dataset"]:
+        return dict(enumerate(self._datasets))
+
+    def chunk_size_hint(self) -> int:
+        return self._planner.cfg.chunk_size
+
+    def continues_after_exhaustion(self) -> frozenset[str]:
+        """Datasets that start another pass when one ends (they may still leave later)."""
+        cfg = self._planner.cfg
+        return frozenset(n for n, m in zip(cfg.names, cfg.max_passes) if m is None or m > 1)
+
+    def recipe(self) -> dict[str, Any]:
+        """Seed, chunk size, normalized mixture, datasets (names, row counts, a digest of the
+        shard row counts), shuffle knobs (block sizes resolved), policies and lane assignment."""
+        return json.loads(self._recipe_json)
+
+    @property
+    def total_samples(self) -> int | float:
+        """Pointers this lane will still return: exact (the plan step is run to the end on a
+        copy of the position; O(chunks left) the first time, then kept current), or ``inf``."""
+        if self._planner.unbounded(self._cursor):
+            return math.inf
+        if self._remaining is None:
+            cur, total = self._cursor.copy(), 0
+            while (plan := self._planner.plan(cur)) is not None:
+                if self._owner(plan.g) == self._lane_id:
+                    total += plan.size
+            self._remaining = total
+        return self._remaining
+
+    def clone_for_lane(self, lane_id: int, canonical_replicas: int) -> "StaticMixtureWorkSource":
+        """A source over the same global stream that returns only the chunks of ``lane_id``.
+
+        It plans every chunk (cheap) and materializes only its own, so lanes need no
+        communication; the union of all lanes' chunks is the base stream.
+        """
+        check_lane(lane_id, canonical_replicas)
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone._orders = [o.clone() for o in self._orders]  # caches are per lane (thread)
+        clone._cursor = self._cursor.copy()
+        clone._lane_id, clone._replicas = lane_id, canonical_replicas
+        clone._reset_caches()
+        return clone
+
+    # ---------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """``{"version", "recipe", "global_index", "lane_id", "canonical_replicas",
+        "components": {name: {"epoch", "position", "active", "accumulator"}}}``.
+
+        O(number of datasets); never grows with the samples consumed. ``epoch`` is also the
+        number of passes the dataset has completed.
+        """
+        cur = self._cursor
+        return {
+            "version": _STATE_VERSION,
+            "recipe": self.recipe(),
+            "global_index": cur.g,
+            "lane_id": self._lane_id,
+            "canonical_replicas": self._replicas,
+            "components": {
+                n: {"epoch": cur.epoch[k], "position": cur.position[k], "active": cur.active[k],
+                    "accumulator": str(Fraction(cur.acc[k], cur.den))}
+                for k, n in enumerate(self._planner.cfg.names)
+            },
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``; the following chunks equal those of the source it came from.
+
+        Raises :class:`CheckpointError` if the state is malformed, was taken with a different
+        recipe (naming each differing field), or belongs to another lane.
+        """
+        where = "StaticMixtureWorkSource.load_state_dict"
+        if not isinstance(state, Mapping):
+            raise CheckpointError(f"{where}: expected a dict from state_dict(), got {type(state).__name__}.")
+        if state.get("version") != _STATE_VERSION:
+            raise CheckpointError(
+                f"{where}: state version {state.get('version')!r} is not supported "
+                f"(expected {_STATE_VERSION}); was it saved by another work source?"
+            )
+        if not isinstance(state.get("recipe"), Mapping):
+            raise CheckpointError(f"{where}: the state has no 'recipe'; pass a dict from state_dict().")
+        diffs = _diff(state["recipe"], self.recipe(), "")
+        if diffs:
+            raise CheckpointError(
+                f"{where}: the checkpoint was taken with a different data recipe ("
+                + "; ".join(diffs)
+                + "). Restoring it would silently change the data order: build the source with "
+                "the checkpoint's arguments, or start from scratch without restoring."
+            )
+        lane = (state.get("lane_id"), state.get("canonical_replicas"))
+        if lane != (self._lane_id, self._replicas):
+            raise CheckpointError(
+                f"{where}: the state is for lane_id={lane[0]}, canonical_replicas={lane[1]}, but "
+                f"this source is lane_id={self._lane_id}, canonical_replicas={self._replicas}. "
+                "Load it into clone_for_lane(lane_id, canonical_replicas) of the same lane."
+            )
+        cfg = self._planner.cfg
+        try:
+            comps = state["components"]
+            g = _check_int("global_index", state["global_index"], minimum=0)
+            cur, accs = _Cursor(g=g, epoch=[], position=[], active=[], acc=[]), []
+            for n, r in zip(cfg.names, cfg.rows):
+                c = comps[n]
+                cur.epoch.append(_check_int(f"components.{n}.epoch", c["epoch"], minimum=0))
+                cur.position.append(_check_int(f"components.{n}.position", c["position"], minimum=0))
+                if cur.position[-1] >= r:
+                    raise ConfigError(f"components.{n}.position is {cur.position[-1]}, not < {r} rows")
+                cur.active.append(_check_bool(f"components.{n}.active", c["active"]))
+                acc = c["accumulator"]
+                try:
+                    accs.append(Fraction(acc if isinstance(acc, str) else "x"))
+                except ValueError:
+                    raise ConfigError(f"components.{n}.accumulator is {acc!r}, not a fraction 'p/q'") from None
+        except (KeyError, TypeError, ConfigError) as err:
+            raise CheckpointError(f"{where}: the state is malformed: {err}.") from err
+        cur.den = math.lcm(*(a.denominator for a in accs))
+        cur.acc = [a.numerator * (cur.den // a.denominator) for a in accs]
+        self._cursor = cur
+        self._reset_caches()
+
+    # ---------------------------------------------------------------- internals
+    def _owner(self, g: int) -> int:
+        """Lane that owns global chunk ``g``."""
+        r = self._replicas
+        if r == 1:
+            return 0
+        if self._lane_assignment == "modulo":
+            return g % r
+        block, j = divmod(g, r)
+        if block != self._perm_block:
+            self._perm = np.random.default_rng([self._seed, block, 7]).permutation(r)
+            self._perm_block = block
+        return int(self._perm[j])
+
+    def _materialize(self, plan: _Plan) -> WorkChunk:
+        """The pointers of a planned chunk (the only O(chunk_size) work)."""
+        names, rows = self._planner.cfg.names, self._planner.cfg.rows
+        comps: dict[str, np.ndarray] = dict.fromkeys(names, _NO_POINTERS)
+        for k, epoch, pos, n in plan.segments:
+            out = np.empty((n, 3), dtype=np.int64)
+            out[:, 0] = k
+            _read(self._orders[k], rows[k], epoch, pos, out[:, 1:])
+            comps[names[k]] = out
+        return WorkChunk(comps, seed=self._seed, target_mixture=plan.target,
+                         source_exhausted=plan.exhausted, global_index=plan.g)
+
+    def __repr__(self) -> str:
+        cfg = self._planner.cfg
+        lane = f", lane {self._lane_id}/{self._replicas}" if self._replicas > 1 else ""
+        return (f"StaticMixtureWorkSource({dict(zip(cfg.names, cfg.weights))}, chunk_size={cfg.chunk_size}, "
+                f"seed={self._seed}, next chunk {self._cursor.g}{lane})")
+
+
+def _read(order: DatasetOrder, rows: int, epoch: int, pos: int, out: np.ndarray) -> None:
+    """Fill ``out`` (n, 2) with the next n ``(shard, row)`` from ``(epoch, pos)``, running on
+    into later passes. Whole passes that are all alike are tiled, not recomputed."""
+    n, done = len(out), 0
+    while done < n:
+        m = min(n - done, rows - pos)
+        order.take(epoch, pos, m, out=out[done:done + m])
+        done, epoch, pos = done + m, epoch + 1, 0
+        full = (n - done) // rows
+        if full > 1 and not order.varies_by_epoch:
+            one = order.take(epoch, 0, rows)
+            out[done:done + full * rows] = np.tile(one, (full, 1))
+            done, epoch = done + full * rows, epoch + full
+
+
+# -------------------------------------------------------------------- validation helpers
+def _check_datasets(datasets: Any) -> list["Dataset"]:
+    where = "StaticMixtureWorkSource"
+    if isinstance(datasets, (str, bytes, Mapping)) or not isinstance(datasets, Sequence):
+        raise ConfigError(f"{where}: datasets must be a list of Dataset, got {type(datasets).__name__}.")
+    datasets = list(datasets)
+    if not datasets:
+        raise ConfigError(f"{where}: datasets is empty; pass at least one Dataset.")
+    for i, ds in enumerate(datasets):
+        if not (hasattr(ds, "name") and hasattr(ds, "counts")):
+            raise ConfigError(f"{where}: datasets[{i}] is a {type(ds).__name__}, not a Dataset.")
+    names = [ds.name for ds in datasets]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        raise ConfigError(
+            f"{where}: duplicate dataset names {dups}; names are mixture component names and must "
+            "be unique. Rename one (e.g. Dataset.from_path('web_2', ...))."
+        )
+    for ds in datasets:
+        if int(np.asarray(ds.counts(), dtype=np.int64).sum()) == 0:
+            raise ConfigError(
+                f"{where}: dataset {ds.name!r} has 0 rows ({len(ds.counts())} shards); "
+                "remove it from datasets and the mixture."
+            )
+    return datasets
+
+
+def _check_int(what: str, v: Any, *, minimum: int) -> int:
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < minimum:
+        raise ConfigError(f"{what} must be an int >= {minimum}, got {v!r}.")
+    return int(v)
+
+
+def _check_bool(what: str, v: Any) -> bool:
+    if not isinstance(v, (bool, np.bool_)):
+        raise ConfigError(f"{what} must be True or False, got {v!r}.")
+    return bool(v)
+
+
+def _check_policy(what: str, v: Any) -> str:
+    if v not in _POLICIES:
+        raise ConfigError(f"{what} is {v!r}; choose one of {', '.join(map(repr, _POLICIES))}.")
+    return v
+
+
+def _check_repeats(what: str, v: Any) -> int | None:
+    return None if v is None else _check_int(what, v, minimum=0)
+
+
+def _per_dataset(option: str, value: Any, names: Sequence[str], *, default: Any, check: Any) -> dict[str, Any]:
+    """``{name: value}`` from a scalar (same for all) or a per-dataset dict (missing: default)."""
+    where = f"StaticMixtureWorkSource: {option}"
+    if isinstance(value, Mapping):
+        unknown = [n for n in value if n not in names]
+        if unknown:
+            raise ConfigError(f"{where} names unknown datasets {unknown}; the datasets are {list(names)}.")
+        return {n: check(f"{where}[{n!r}]", value[n]) if n in value else default for n in names}
+    if value is None:
+        return dict.fromkeys(names, default)
+    return {n: check(where, value) for n in names}
+
+
+def _resolve_exhaustion(
+    names: Sequence[str], exhausted_policy: Any, reshuffle_on_repeat: Any, max_repeats: Any,
+    stop_after_passes: Any,
+) -> tuple[dict[str, str], dict[str, bool], dict[str, int | None], int | None]:
+    """Per-dataset policy, reshuffle flag and repeat cap, and the pass floor (B.4).
+
+    Passing ``exhausted_policy`` or ``max_repeats`` switches the default floor
+    (``stop_after_passes=1``) off; an explicit floor cannot be combined with ``'stop'`` or
+    ``max_repeats`` since both would say when the source ends.
+    """
+    where = "StaticMixtureWorkSource"
+    policies = _per_dataset("exhausted_policy", exhausted_policy, names, default="repeat", check=_check_policy)
+    reshuffle = _per_dataset("reshuffle_on_repeat", True if reshuffle_on_repeat is UNSET else reshuffle_on_repeat,
+                             names, default=True, check=_check_bool)
+    repeats = _per_dataset("max_repeats", max_repeats, names, default=None, check=_check_repeats)
+    wrong = [n for n in names if repeats[n] is not None and policies[n] != "repeat"]
+    if wrong and isinstance(max_repeats, Mapping):
+        raise ConfigError(
+            f"{where}: max_repeats is set for {wrong}, whose exhausted_policy is not 'repeat'; "
+            "max_repeats only caps repeating datasets."
+        )
+    repeats = {n: r if policies[n] == "repeat" else None for n, r in repeats.items()}  # scalar: repeaters only
+    if stop_after_passes is UNSET:
+        return policies, reshuffle, repeats, (None if exhausted_policy is not None or max_repeats is not None else 1)
+    if stop_after_passes is not None:
+        stop_after_passes = _check_int(f"{where}: stop_after_passes", stop_after_passes, minimum=1)
+        stoppers = [n for n in names if policies[n] == "stop"]
+        if stoppers or max_repeats is not None:
+            other = f"exhausted_policy='stop' (for {stoppers})" if stoppers else "max_repeats"
+            raise ConfigError(
+                f"{where}: stop_after_passes={stop_after_passes} cannot be combined with {other}: "
+                "both say when the source ends. Pass only one of them."
+            )
+    return policies, reshuffle, repeats, stop_after_passes
+
+
+def _resolve_block(option: ShuffleBlockSize, rows: int, largest_shard: int) -> int | None:
+    """Block size for one dataset: frozen in the recipe so a restore cannot drift."""
+    if option is None:
+        return None
+    if option == "auto":
+        size = 8 * largest_shard
+    elif option == "global":
+        size = rows
+    else:
+        size = _check_int("StaticMixtureWorkSource: shuffle_block_size (None, an int, 'auto' or 'global')",
+                          option, minimum=1)
+    return min(size, rows)
+
+
+def _diff(saved: Any, ours: Any, path: str) -> list[str]:
+    """Human-readable differences between a saved recipe and ours, one per leaf field."""
+    if isinstance(saved, Mapping) and isinstance(ours, Mapping):
+        out = []
+        for key in [*ours, *(k for k in saved if k not in ours)]:
+            p = f"{path}.{key}" if path else str(key)
+            if key not in saved:
+                out.append(f"{p}: absent in the checkpoint, {ours[key]!r} here")
+            elif key not in ours:
+                out.append(f"{p}: {saved[key]!r} in the checkpoint, absent here")
+            else:
+                out.extend(_diff(saved[key], ours[key], p))
+        return out
+    if isinstance(saved, list) and isinstance(ours, list) and len(saved) == len(ours):
+        return [d for i, (a, b) in enumerate(zip(saved, ours)) for d in _diff(a, b, f"{path}[{i}]")]
+    if saved == ours and type(saved) is type(ours):
+        return []
+    return [f"{path or 'recipe'}: {saved!r} in the checkpoint, {ours!r} here"]
