@@ -21,7 +21,7 @@ demo: venv
 	$(PY) examples/demo.py
 
 test: venv
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -p no:cacheprovider tests
 
 bench: venv
 	$(PY) benchmarks/prepacked.py
