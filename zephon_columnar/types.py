@@ -201,33 +201,31 @@ class SampleBatch:
             extras[name], _ = _stack_list_column(table.column(name), 0, name)
 
         out: dict[str, Any] = {}
+        # ``pad`` is None when no position is padding (the common case of packed, equal rows):
+        # the masks below are then built only when asked for.
         if return_labels:
             inputs, labels = tokens[:, :-1], tokens[:, 1:]
-            valid = ~pad[:, 1:]
-            if loss_mask_payload is not None:
-                valid &= loss_mask_payload[:, 1:] != 0
-            if eos_mask_loss:
-                valid &= inputs != eos_token_id
-            labels = np.where(valid, labels, ignore_index)
-            input_pad = pad[:, :-1]
+            valid = _valid_mask(pad, loss_mask_payload, inputs, eos_token_id if eos_mask_loss else None,
+                                shape=labels.shape, shift=1)
             out["input_ids"] = inputs
-            out["labels"] = labels
+            out["labels"] = labels if valid is None else np.where(valid, labels, ignore_index)
+            input_pad = None if pad is None else pad[:, :-1]
             if positions is not None:
                 positions = positions[:, :-1]
             extras = {k: v[:, :-1] for k, v in extras.items()}
         else:
-            valid = ~pad
-            if loss_mask_payload is not None:
-                valid &= loss_mask_payload != 0
-            if eos_mask_loss:
-                valid &= tokens != eos_token_id
+            valid = _valid_mask(pad, loss_mask_payload, tokens, eos_token_id if eos_mask_loss else None,
+                                shape=tokens.shape, shift=0)
             input_pad = pad
             out["input_ids"] = tokens
         if positions is not None:
             out["positions"] = positions
         out.update(extras)
+        shape = out["input_ids"].shape
         if return_loss_mask:
-            out["loss_mask"] = valid.astype(np.float32)
+            out["loss_mask"] = np.ones(shape, np.float32) if valid is None else valid.astype(np.float32)
+        if return_padding_mask or return_cu_seqlens:
+            input_pad = np.zeros(shape, dtype=bool) if input_pad is None else input_pad
         if return_padding_mask:
             out["padding_mask"] = input_pad
         if return_cu_seqlens:
@@ -237,7 +235,7 @@ class SampleBatch:
 
         out = {k: _convert(v, dtype, k) for k, v in out.items()}
         if return_num_valid_tokens:
-            out["num_valid_tokens"] = int(valid.sum())
+            out["num_valid_tokens"] = int(shape[0] * shape[1]) if valid is None else int(valid.sum())
         out["ids"] = list(self.ids)
         out["texts"] = table.column("text").to_pylist() if "text" in names else [""] * b
         if rename_fields:
@@ -298,12 +296,29 @@ def _stack_list_column(col: pa.ChunkedArray, pad_value: int, name: str) -> tuple
     return out, lengths
 
 
-def _pad_mask(lengths: np.ndarray, s: int, table: pa.Table) -> np.ndarray:
-    """True where a position is padding: past a ragged row's end, or in a packed row's pad tail."""
-    real = lengths.copy()
+def _pad_mask(lengths: np.ndarray, s: int, table: pa.Table) -> np.ndarray | None:
+    """True where a position is padding: past a ragged row's end, or in a packed row's pad
+    tail. None when nothing is padding."""
+    real = lengths
     if PADDING_LENGTH in table.column_names:
-        real = real - table.column(PADDING_LENGTH).to_numpy().astype(np.int64)
+        real = lengths - table.column(PADDING_LENGTH).to_numpy().astype(np.int64)
+    if len(real) == 0 or int(real.min()) >= s:
+        return None
     return np.arange(s)[None, :] >= real[:, None]
+
+
+def _valid_mask(pad: np.ndarray | None, loss_mask: np.ndarray | None, inputs: np.ndarray,
+                eos_token_id: int | None, *, shape: tuple[int, ...], shift: int) -> np.ndarray | None:
+    """Positions that count for the loss (None: all of them). ``shift=1`` aligns the pad and
+    payload loss mask with labels (``tokens[:, 1:]``)."""
+    valid = None if pad is None else ~pad[:, shift:]
+    if loss_mask is not None:
+        lm = loss_mask[:, shift:] != 0
+        valid = lm if valid is None else valid & lm
+    if eos_token_id is not None:
+        not_eos = inputs != eos_token_id
+        valid = not_eos if valid is None else valid & not_eos
+    return valid
 
 
 def _cu_seqlens(positions: np.ndarray | None, pad: np.ndarray, flatten: bool) -> tuple[np.ndarray, np.ndarray]:

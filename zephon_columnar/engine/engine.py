@@ -15,7 +15,6 @@ checkpoint needs (see `replay.py`).
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -25,11 +24,13 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
+from zephon_columnar.engine.channel import Channel
 from zephon_columnar.engine.lanes import next_lane, owned_lanes
 from zephon_columnar.engine.plan import OrderedStage, ParallelStage, Plan, compile_plan
 from zephon_columnar.engine.replay import LaneCursor
 from zephon_columnar.engine.runners import RUNNERS, ordered_map
 from zephon_columnar.errors import PipelineError
+from zephon_columnar.io.readers import ReaderPool
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.fetch import FetchOp
 from zephon_columnar.options import RuntimeOptions
@@ -280,17 +281,22 @@ class EngineRun:
         self.delivered: dict[int, LaneCursor] = dict(cursors)
         runner_kind = engine.options.resolved_runner()
         stages = [s.ops for s in engine.plan.parallel_stages()]
-        services = {"datasets_by_id": engine.ws.datasets_by_id}
+        self._readers = ReaderPool()
+        services = {"datasets_by_id": engine.ws.datasets_by_id, "reader_pool": self._readers}
         self._runner = RUNNERS[runner_kind](stages, services, engine.workers())
         emitted = {lane: cursors[lane].items for lane in engine.lanes}
         streams = {lane: engine.lane_stream(lane, cursors[lane], self._runner) for lane in engine.lanes}
         self._tail = _tail(streams, emitted)
         self._closed = False
         self._stop = threading.Event()
-        self._queue: queue.Queue | None = None
+        self._queue: Channel | None = None
         self._thread: threading.Thread | None = None
-        if runner_kind != "inline":
-            self._queue = queue.Queue(maxsize=engine.options.resolved_prefetch_batches())
+        if runner_kind != "inline" and engine.plan.stateful:
+            # Ordered stages (packing, shuffling) are Python work on one thread: run them ahead of
+            # the caller. Without them the caller only slices frames the workers already read
+            # ahead (op_queue_capacity frames per lane), and a hand-off thread would cost more
+            # than it hides.
+            self._queue = Channel(engine.options.resolved_prefetch_batches())
             self._thread = threading.Thread(target=self._pump, name="zephon-prefetch", daemon=True)
             self._thread.start()
 
@@ -298,20 +304,15 @@ class EngineRun:
     def _pump(self) -> None:
         q = self._queue
         assert q is not None
+        stopped = self._stop.is_set
         try:
             for item in self._tail:
-                while not self._stop.is_set():
-                    try:
-                        q.put(item, timeout=0.05)
-                        break
-                    except queue.Full:
-                        continue
-                if self._stop.is_set():
+                if not q.put(item, stopped):
                     return
-            q.put(_END)
+            q.put(_END, stopped)
         except BaseException as err:  # surfaces in the caller's next()
-            if not self._stop.is_set():
-                q.put(_Failure(err))
+            if not stopped():
+                q.put(_Failure(err), stopped)
         finally:
             self._tail.close()
 
@@ -340,19 +341,16 @@ class EngineRun:
 
     def _get(self) -> LaneItem:
         assert self._queue is not None and self._thread is not None
-        while True:
-            try:
-                got = self._queue.get(timeout=0.5)
-            except queue.Empty:
-                if not self._thread.is_alive():
-                    raise PipelineError("the prefetch thread stopped without a result; this is a bug, "
-                                        "please report it with the pipeline's explain()") from None
-                continue
-            if got is _END:
-                raise StopIteration
-            if isinstance(got, _Failure):
-                raise got.err
-            return got
+        try:
+            got = self._queue.get(self._thread.is_alive)
+        except RuntimeError:
+            raise PipelineError("the prefetch thread stopped without a result; this is a bug, "
+                                "please report it with the pipeline's explain()") from None
+        if got is _END:
+            raise StopIteration
+        if isinstance(got, _Failure):
+            raise got.err
+        return got
 
     def close(self) -> None:
         if self._closed:
@@ -362,16 +360,13 @@ class EngineRun:
         if self._thread is not None:
             # Unblock a pump waiting on a full queue, then let it finish its current item.
             while self._thread.is_alive():
-                try:
-                    while True:
-                        self._queue.get_nowait()  # type: ignore[union-attr]
-                except queue.Empty:
-                    pass
+                self._queue.clear()  # type: ignore[union-attr]
                 self._runner.cancel()
                 self._thread.join(timeout=0.1)
         else:
             self._tail.close()
         self._runner.close()
+        self._readers.close()
         if self.engine.prefetcher is not None:
             self.engine.prefetcher.close()
 

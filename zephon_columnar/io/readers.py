@@ -14,7 +14,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Sequence
+import threading
+from typing import Any, Sequence
 
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.io.base import ShardReader, check_columns
@@ -53,3 +54,62 @@ def open_reader(dataset: Dataset, *, columns: Sequence[str] | None = None) -> Sh
         f"['parquet', 'jsonl', 'hf_arrow', 'arrow_ipc', {', '.join(repr(k) for k in _IN_MEMORY)}]. "
         "Build datasets with Dataset.from_path / from_hf / from_dict / from_tables."
     )
+
+
+#: Kinds whose readers cache decoded data (Parquet row groups, memory-mapped Arrow files):
+#: worth one shared reader per process rather than one per worker thread.
+_SHARED_KINDS = ("parquet", "hf_arrow", "arrow_ipc")
+
+
+class _LockedReader:
+    """A reader shared by threads: takes are serialized, so each row group is decoded once.
+
+    Parquet decodes several row groups per call on Arrow's own threads, so serializing the
+    Python side loses little parallelism, and sequential read-ahead serves every thread.
+    """
+
+    def __init__(self, reader: ShardReader) -> None:
+        self._reader = reader
+        self._lock = threading.Lock()
+
+    def take(self, shard_id: int, rows: Any) -> Any:
+        with self._lock:
+            return self._reader.take(shard_id, rows)
+
+    def close(self) -> None:
+        with self._lock:
+            self._reader.close()
+
+
+class ReaderPool:
+    """Per-process readers shared by worker threads, for the kinds in ``_SHARED_KINDS``.
+
+    The engine makes one pool per pass; `FetchOp` asks it first and opens a private reader
+    for other kinds (JSONL parsing gains from parallel readers, not from a shared cache).
+    Pickling (process runner) gives each worker process an empty pool of its own.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._readers: dict[int, _LockedReader] = {}
+
+    def shared_reader(self, dataset_id: int, dataset: Dataset) -> ShardReader | None:
+        if dataset.backend.get("kind") not in _SHARED_KINDS:
+            return None
+        with self._lock:
+            reader = self._readers.get(dataset_id)
+            if reader is None:
+                reader = self._readers[dataset_id] = _LockedReader(open_reader(dataset))
+            return reader
+
+    def close(self) -> None:
+        with self._lock:
+            for reader in self._readers.values():
+                reader.close()
+            self._readers.clear()
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()

@@ -32,6 +32,8 @@ class FetchOp(BaseOp):
         self.max_batch = max_batch or DEFAULT_FETCH_BATCH
         self._datasets: dict[int, Any] = {}
         self._readers: dict[int, ShardReader] = {}
+        self._own: list[ShardReader] = []
+        self._pool: Any = None
 
     def traits(self) -> OpTraits:
         return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 2)
@@ -39,17 +41,24 @@ class FetchOp(BaseOp):
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)
         self._datasets = dict(ctx.get("datasets_by_id", {}))
+        self._pool = ctx.get("reader_pool")
         self._readers = {}
+        self._own: list[ShardReader] = []
 
     def teardown(self) -> None:
-        for reader in self._readers.values():
+        for reader in self._own:  # shared readers belong to the pool
             reader.close()
-        self._readers = {}
+        self._readers, self._own = {}, []
 
     def _reader(self, dataset_id: int) -> ShardReader:
         reader = self._readers.get(dataset_id)
         if reader is None:
-            reader = self._readers[dataset_id] = self._datasets[dataset_id].open_reader()
+            dataset = self._datasets[dataset_id]
+            reader = self._pool.shared_reader(dataset_id, dataset) if self._pool is not None else None
+            if reader is None:
+                reader = dataset.open_reader()
+                self._own.append(reader)
+            self._readers[dataset_id] = reader
         return reader
 
     def process_frame(self, frame: pa.Table) -> pa.Table:
