@@ -199,3 +199,13 @@ def test_op_after_batch_is_refused(web_dir):
 def test_explain_names_stages(web_dir):
     text = Pipeline(web_source(web_dir)).map_transform(lambda p: p).batch(4).explain()
     assert "fetch" in text and "map_transform" in text and "batch(4" in text
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 4])
+def test_fetch_parallelism_does_not_change_data(web_dir, code_dir, parallelism):
+    def build(p):
+        return (Pipeline(mixed_source(web_dir, code_dir)).fetch(parallelism=p, max_batch=4)
+                .map_transform(lambda row: {**row, "n": len(row["text"])}, parallelism=p).batch(3)
+                .options(runner="threads", max_workers=4))
+
+    assert collect(build(parallelism)) == collect(build(1).options(runner="inline"))

@@ -8,6 +8,8 @@ from collections import Counter
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon_columnar.engine.lanes import owned_lanes
@@ -30,10 +32,11 @@ def steps(per_group: list[list[tuple]], per_step: int) -> list[Counter]:
     return [Counter(sig for g in per_group for sig in g[s * per_step:(s + 1) * per_step]) for s in range(n)]
 
 
+@pytest.mark.parametrize("mapping", ["contiguous", "interleaved"])
 @pytest.mark.parametrize("groups", [1, 2, 4])
-def test_global_steps_equal_single_group(groups):
+def test_global_steps_equal_single_group(groups, mapping):
     single = collect(build(1, 0))
-    parts = [collect(build(groups, g)) for g in range(groups)]
+    parts = [collect(build(groups, g, mapping_strategy=mapping)) for g in range(groups)]
     ref = steps([single], LANES)
     got = steps(parts, LANES // groups)
     assert len(got) >= 5
@@ -122,3 +125,22 @@ def test_directory_aggregation_times_out_with_a_clear_error(tmp_path):
     with pytest.raises(CheckpointError, match="waited"):
         pipe.checkpoint()
     it.close()
+
+
+@settings(max_examples=20, deadline=None)
+@given(lanes=st.integers(1, 6), data=st.data(), batch=st.integers(1, 3), chunk=st.integers(1, 9),
+       seed=st.integers(0, 50))
+def test_n_groups_equal_one_group_property(lanes, data, batch, chunk, seed):
+    groups = data.draw(st.sampled_from([g for g in range(1, lanes + 1) if lanes % g == 0]))
+    mapping = data.draw(st.sampled_from(["contiguous", "interleaved"]))
+
+    def make(g_count, g):
+        ws = StaticMixtureWorkSource([DS], {"a": 1.0}, chunk_size=chunk, seed=seed)
+        return Pipeline(ws).batch(batch).options(runner="inline", canonical_replicas=lanes, world_size=g_count,
+                                                 global_rank=g, mapping_strategy=mapping)
+
+    single = collect(make(1, 0))
+    parts = [collect(make(groups, g)) for g in range(groups)]
+    got = steps(parts, lanes // groups)
+    assert got == steps([single], lanes)[:len(got)]
+    assert Counter(s for p in parts for s in p) == Counter(single)
