@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import polars as pl
-import torch  # noqa: F401 - a training loop has torch loaded; keeps its import out of the timing
 import pyarrow as pa
+import torch  # noqa: F401 - a training loop has torch loaded; keeps its import out of the timing
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -30,7 +30,7 @@ IpcTransport = Literal["socketpair", "pipe"]
 NO_OP_OPTIONS = frozenset({
     "per_stage_runner", "mp_context", "worker_allocation", "default_stage_prefetch", "per_stage_prefetch",
     "ipc_transport", "ipc_buffer_bytes", "mixture_config", "io_options", "allow_latency_flush_in_deterministic",
-    "shutdown_mode", "auto_validation", "mtp_mode", "mtp_buffer", "mtp_buffer_bytes", "mtp_prefetch",
+    "shutdown_mode", "mtp_mode", "mtp_buffer", "mtp_buffer_bytes", "mtp_prefetch",
     "mtp_auto_checkpoint", "coalesce_tensors", "shm_min_size", "shm_enabled", "shm_coalesce",
     "shm_min_item_bytes", "shm_min_new_allocation_bytes", "shm_min_forward_bytes", "shm_compact_above_ratio",
     "shm_compact_min_savings_bytes", "shm_max_coalesced_bytes", "max_worker_retries", "aggregate_store",

@@ -16,9 +16,13 @@ beginning unless `restore()` was called.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping
 
-from zephon_columnar.engine.aggregate import gather_directory, gather_torch, torch_distributed_ready
+from zephon_columnar.engine.aggregate import (
+    gather_directory,
+    gather_torch,
+    torch_distributed_ready,
+)
 from zephon_columnar.engine.engine import Engine, EngineRun
 from zephon_columnar.engine.replay import (
     LaneCursor,
@@ -33,7 +37,12 @@ from zephon_columnar.ops.batch import BatchOp
 from zephon_columnar.ops.fetch import FetchOp
 from zephon_columnar.ops.map import FilterOp, MapOp, MaterializeOp
 from zephon_columnar.options import RuntimeOptions
-from zephon_columnar.validation import ValidationError, ValidationReport, preflight_tokenizers
+from zephon_columnar.validation import (
+    ValidationError,
+    ValidationReport,
+    preflight_tokenizers,
+    validate_ops,
+)
 from zephon_columnar.work.base import WorkSource
 
 
@@ -157,7 +166,9 @@ class Pipeline:
         return False
 
     def validate(self, *, strict: bool = False) -> ValidationReport:
-        report = ValidationReport()
+        """Smoke-test the operators added with ``add_op``: a repeated input must give the same
+        output (no hidden state, no unseeded randomness). Built-ins are skipped."""
+        report = validate_ops(self._ops)
         if strict and not report.ok:
             raise ValidationError(report)
         return report
@@ -173,6 +184,13 @@ class Pipeline:
         if self._run is not None and not self._run._closed:  # noqa: SLF001
             raise RuntimeError("Pipeline is already being iterated; close the first iterator (or let it finish) "
                                "before starting another.")
+        mode = self._options.auto_validation
+        if mode != "off" and any(not getattr(op, "builtin", False) for op in self._ops):
+            report = validate_ops(self._ops)
+            if not report.ok:
+                if mode == "strict":
+                    raise ValidationError(report)
+                warnings.warn(report.format(), stacklevel=2)
         engine = self._engine()
         cursors = self._pending
         if cursors is not None:

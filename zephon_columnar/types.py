@@ -12,10 +12,9 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Mapping, Sequence
-
 import warnings
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -383,14 +382,6 @@ def _table_from_records(records: list[SampleRecord]) -> pa.Table:
         components=np.array([next(iter(r.meta.component_sample_counts), 0) for r in records], np.int32),
     )
     return F.with_payload(book, payload)
-
-
-def iter_records(items: Iterable[Any]) -> Iterable[SampleRecord]:
-    for item in items:
-        if isinstance(item, SampleBatch):
-            yield from item.records
-        else:
-            yield item
 
 
 # Zero-copy hand-off of Arrow buffers: torch warns that they are read-only; the tensors are

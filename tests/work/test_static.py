@@ -14,7 +14,15 @@ from hypothesis import strategies as st
 from zephon_columnar.errors import CheckpointError, ConfigError
 from zephon_columnar.work import MixtureSpec, StaticMixtureWorkSource, WorkChunk
 
-from ._helpers import drain, json_round_trip, make_ds, per_dataset, same_chunks, source, take
+from ._helpers import (
+    drain,
+    json_round_trip,
+    make_ds,
+    per_dataset,
+    same_chunks,
+    source,
+    take,
+)
 
 
 def pairs(ptrs: np.ndarray) -> list[tuple[int, int]]:

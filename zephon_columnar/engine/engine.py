@@ -26,7 +26,7 @@ import pyarrow as pa
 from zephon_columnar import frame as F
 from zephon_columnar.engine.channel import Channel
 from zephon_columnar.engine.lanes import next_lane, owned_lanes
-from zephon_columnar.engine.plan import OrderedStage, ParallelStage, Plan, compile_plan
+from zephon_columnar.engine.plan import ParallelStage, Plan, compile_plan
 from zephon_columnar.engine.replay import LaneCursor
 from zephon_columnar.engine.runners import RUNNERS, ordered_map
 from zephon_columnar.errors import PipelineError

@@ -29,7 +29,12 @@ from typing import get_args
 from zephon_columnar.errors import ConfigError, DatasetFormatError, DatasetNotFoundError
 from zephon_columnar.io import fs
 from zephon_columnar.io.dataset import Dataset, DatasetFormat
-from zephon_columnar.io.hf import ARROW_SUFFIXES, discover_arrow, discover_hf_folder, refuse_dataset_dict
+from zephon_columnar.io.hf import (
+    ARROW_SUFFIXES,
+    discover_arrow,
+    discover_hf_folder,
+    refuse_dataset_dict,
+)
 from zephon_columnar.io.jsonl import discover_jsonl, is_jsonl_name
 from zephon_columnar.io.parquet import discover_parquet
 

@@ -28,8 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from zephon_columnar import frame as F
-
 if TYPE_CHECKING:
     from zephon_columnar.ops.accumulators import Accumulator, LaneAccumulator
     from zephon_columnar.types import SampleRecord
@@ -82,6 +80,8 @@ class BaseOp:
 
     #: Name used in plans, errors and checkpoints' recipes.
     name: str = ""
+    #: Built-in operators are tested with the library and skipped by ``Pipeline.validate``.
+    builtin: bool = False
 
     def __init__(self) -> None:
         self.stage_info: StageInfo | None = None
@@ -142,7 +142,3 @@ class BaseOp:
     def plan_identity(cls) -> str:
         return f"{cls.__module__}.{cls.__qualname__}"
 
-
-def keep_bookkeeping(frame: pa.Table, payload: pa.Table) -> pa.Table:
-    """Replace a frame's payload columns, keeping its bookkeeping (same rows)."""
-    return F.with_payload(F.bookkeeping_of(frame), payload)

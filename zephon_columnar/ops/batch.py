@@ -16,6 +16,7 @@ from zephon_columnar.ops.base import BaseOp, OpTraits
 
 class BatchOp(BaseOp):
     name = "batch"
+    builtin = True
 
     def __init__(self, microbatch_size: int, *, drop_last: bool = True) -> None:
         super().__init__()

@@ -25,6 +25,7 @@ class FetchOp(BaseOp):
     """Read the payload rows of a pointer frame. Stateless; one reader per dataset per worker."""
 
     name = "fetch"
+    builtin = True
 
     def __init__(self, parallelism: int | None = None, max_batch: int | None = None) -> None:
         super().__init__()

@@ -16,12 +16,11 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError, PipelineError
 from zephon_columnar.ops.base import BaseOp, OpTraits
 from zephon_columnar.ops.rows import payload_rows, run_payload_fn
@@ -54,6 +53,7 @@ class MapOp(BaseOp):
     """``map_transform``: Polars expressions or a payload -> payload|None callable."""
 
     name = "map_transform"
+    builtin = True
 
     def __init__(self, fn: Any, *, parallelism: int | None = None, drop_none: bool = True) -> None:
         super().__init__()
@@ -88,6 +88,7 @@ class FilterOp(BaseOp):
     """``filter``: keep the rows where a predicate holds (Polars/pyarrow expression or callable)."""
 
     name = "filter"
+    builtin = True
 
     def __init__(self, predicate: Any, *, parallelism: int | None = None) -> None:
         super().__init__()
@@ -127,6 +128,7 @@ class MaterializeOp(BaseOp):
     """``materialize``: a 1:1 pass-through that makes each frame's columns contiguous."""
 
     name = "materialize"
+    builtin = True
 
     def __init__(self, parallelism: int | None = None) -> None:
         super().__init__()

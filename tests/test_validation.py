@@ -1,0 +1,67 @@
+"""Pipeline.validate / auto-validation of add_op operators, and tokenizer preflight."""
+
+from __future__ import annotations
+
+import itertools
+
+import pyarrow as pa
+import pytest
+
+from zephon_columnar import Dataset, InMemoryShard, Pipeline, StaticMixtureWorkSource
+from zephon_columnar.ops import BaseOp, OpTraits
+from zephon_columnar.validation import ValidationError
+
+
+def pipe() -> Pipeline:
+    ds = Dataset.from_dict("d", {0: InMemoryShard([{"text": f"t{i}", "value": i} for i in range(8)])})
+    return Pipeline(StaticMixtureWorkSource([ds], {"d": 1.0}, chunk_size=4))
+
+
+class Pure(BaseOp):
+    def traits(self):
+        return OpTraits(preserves_cursor_order=True)
+
+    def process_frame(self, frame):
+        return frame.append_column("twice", pa.compute.multiply(frame.column("value"), 2))
+
+
+class Counting(BaseOp):
+    """Keeps a counter across calls: the hidden state validation must catch."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = itertools.count()
+
+    def traits(self):
+        return OpTraits(preserves_cursor_order=True)
+
+    def process_many(self, elems):
+        n = next(self.calls)
+        for r in elems:
+            r.payload = {**r.payload, "n": n}
+        return elems
+
+
+def test_pure_op_passes_and_runs():
+    p = pipe().add_op(Pure())
+    assert p.validate().ok
+    assert [r.payload["twice"] for r in p] == [2 * i for i in range(8)]
+
+
+def test_stateful_process_many_is_refused_at_iteration():
+    p = pipe().add_op(Counting())
+    report = p.validate()
+    assert [i.code for i in report.errors] == ["OP_CROSS_CALL_STATE"]
+    with pytest.raises(ValidationError, match="OP_CROSS_CALL_STATE"):
+        iter(p)
+    p.options(auto_validation="off")
+    assert len(list(p)) == 8
+
+
+def test_kwargs_form_returning_dicts_is_reported():
+    p = pipe().add_op("bad", process_many=lambda elems: [e.payload for e in elems], preserves_cursor_order=True)
+    assert [i.code for i in p.validate().errors] == ["OP_OUTPUT_NOT_STREAM_ITEM"]
+
+
+def test_no_tokenizer_ops_preflight_is_clean():
+    assert pipe().preflight_tokenizers().ok
