@@ -65,3 +65,10 @@ def test_kwargs_form_returning_dicts_is_reported():
 
 def test_no_tokenizer_ops_preflight_is_clean():
     assert pipe().preflight_tokenizers().ok
+
+
+def test_warn_mode_warns_and_runs():
+    p = pipe().add_op(Counting()).options(auto_validation="warn")
+    with pytest.warns(UserWarning, match="OP_CROSS_CALL_STATE"):
+        it = iter(p)
+    assert len(list(it)) == 8

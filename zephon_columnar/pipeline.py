@@ -16,6 +16,7 @@ beginning unless `restore()` was called.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Iterator, Mapping
 
 from zephon_columnar.engine.aggregate import (
