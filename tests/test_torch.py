@@ -59,3 +59,11 @@ def test_worker_processes_split_lanes_and_cover_everything():
 def test_load_state_dict_rejects_foreign_state():
     with pytest.raises(ConfigError, match="pipeline"):
         build().to_torch_dataset().load_state_dict({"engine": {}})
+
+
+def test_state_dict_after_worker_iteration_refuses_instead_of_restarting():
+    ds = build(lanes=2).to_torch_dataset()
+    batches = list(DataLoader(ds, batch_size=None, num_workers=1))
+    assert len(batches) == 15
+    with pytest.raises(ConfigError, match="num_workers=0"):
+        ds.state_dict()

@@ -30,13 +30,6 @@ def test_equal_length_rows_become_int64_matrix():
     assert out["texts"] == ["", ""]
 
 
-def test_int64_rows_are_zero_copy_views_of_the_arrow_buffer():
-    batch = make_batch([[1, 2], [3, 4]], value_type=pa.int64())
-    values = batch.table.column("input_ids").chunk(0).flatten()
-    out = batch.to_training()
-    assert out["input_ids"].data_ptr() == values.buffers()[1].address + values.offset * 8
-
-
 def test_ragged_rows_are_padded_and_masked():
     out = make_batch([[1, 2, 3], [4]]).to_training(
         return_padding_mask=True, return_num_valid_tokens=True, return_loss_mask=True)
@@ -114,3 +107,29 @@ def test_records_view():
     recs = b.records
     assert [r.payload["input_ids"] for r in recs] == [[1, 2], [3]]
     assert recs[1].meta.sample_id == (0, 3, 11) and recs[1].meta.lane_id == 1 and recs[1].meta.chunk_id == 2
+
+
+def test_tensors_do_not_alias_loader_memory_unless_asked():
+    batch = make_batch([[1, 2], [3, 4]], value_type=pa.int64())
+    out = batch.to_training()
+    out["input_ids"].fill_(-1)
+    assert batch.table.column("input_ids").to_pylist() == [[1, 2], [3, 4]]
+    view = batch.to_training(zero_copy=True)["input_ids"]
+    values = batch.table.column("input_ids").chunk(0).flatten()
+    assert view.data_ptr() == values.buffers()[1].address + values.offset * 8
+
+
+def test_torch_dtype_with_labels_on_ragged_rows():
+    out = make_batch([[1, 2, 3], [4]]).to_training(dtype=torch.int32, return_labels=True)
+    assert out["input_ids"].dtype == torch.int32 and out["labels"].tolist() == [[2, 3], [-100, -100]]
+
+
+def test_null_token_names_the_field_and_row():
+    with pytest.raises(ConfigError, match="input_ids.*row 1"):
+        make_batch([[1, 2], [3, None]]).to_training()
+
+
+def test_cu_seqlens_count_the_pad_tail_once():
+    pos = pa.array([[0, 1], [0, 1, 0, 1]], pa.list_(pa.int32()))
+    out = make_batch([[5, 5], [6, 6, 6, 6]], extra={"positions": pos}).to_training(return_cu_seqlens=True)
+    assert out["cu_seqlens"].tolist() == [[0, 2, 4], [0, 2, 4]]

@@ -90,14 +90,25 @@ def with_payload(bookkeeping: pa.Table, payload: pa.Table) -> pa.Table:
 
 
 def concat_frames(frames: list[pa.Table]) -> pa.Table:
-    """Concatenate frames zero-copy; schemas that differ (e.g. a null-typed column in one
-    frame) are unified the way Arrow promotes types."""
+    """Concatenate frames zero-copy. A column missing or all-null in some frames is filled with
+    nulls; a column whose type differs between frames is an error naming it (promoting int to
+    float silently would make the column type depend on how rows were grouped)."""
     if len(frames) == 1:
         return frames[0]
     try:
-        return pa.concat_tables(frames)
-    except pa.ArrowInvalid:
-        return pa.concat_tables(frames, promote_options="permissive")
+        return pa.concat_tables(frames, promote_options="default")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+        types: dict[str, set[str]] = {}
+        for f in frames:
+            for fld in f.schema:
+                types.setdefault(fld.name, set()).add(str(fld.type))
+        clash = {k: sorted(v) for k, v in types.items() if len(v) > 1}
+        from zephon_columnar.errors import PipelineError
+
+        raise PipelineError(
+            f"rows of one lane reached batching with different column types {clash}: an operator "
+            "returns different types for the same field in different rows; make it return one type."
+        ) from err
 
 
 def frame_to_ipc(frame: pa.Table) -> pa.Buffer:

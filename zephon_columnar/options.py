@@ -122,6 +122,10 @@ class RuntimeOptions:
         if self.world_size < 1 or not (0 <= self.global_rank < self.world_size):
             raise ConfigError(f"options(world_size={self.world_size}, global_rank={self.global_rank}): "
                               "need world_size >= 1 and 0 <= global_rank < world_size.")
+        dp = self.resolved_dp_degree()
+        if self.world_size % dp:
+            raise ConfigError(f"options(world_size={self.world_size}, dp_degree={dp}): world_size must be a "
+                              "multiple of dp_degree (ranks per data-parallel group = world_size / dp_degree).")
         if self.mapping_strategy not in (None, "contiguous", "interleaved"):
             raise ConfigError(f"options(mapping_strategy={self.mapping_strategy!r}): use 'contiguous' or 'interleaved'.")
 

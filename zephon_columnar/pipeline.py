@@ -16,6 +16,7 @@ beginning unless `restore()` was called.
 
 from __future__ import annotations
 
+import time
 import warnings
 from typing import Any, Callable, Iterator, Mapping
 
@@ -63,11 +64,16 @@ class Pipeline:
         self._run: EngineRun | None = None
         self._last_delivered: dict[int, LaneCursor] | None = None
         self._checkpoint_round = 0
+        self._created_at = time.time()
 
     # ------------------------------------------------------------------ builder
-    def _add(self, op: BaseOp) -> "Pipeline":
+    def _refuse_while_iterating(self, what: str) -> None:
         if self._run is not None and not self._run._closed:  # noqa: SLF001
-            raise RuntimeError("Pipeline: cannot change the plan while it is being iterated; close the iterator first.")
+            raise RuntimeError(f"Pipeline.{what} while the pipeline is being iterated: close the iterator "
+                               "first (a checkpoint must describe the run that produced it).")
+
+    def _add(self, op: BaseOp) -> "Pipeline":
+        self._refuse_while_iterating(f"{op.op_name()}()")
         if any(isinstance(o, BatchOp) for o in self._ops):
             raise ConfigError(f"{op.op_name()}() after batch(): batch() must be the last operator; "
                               "call it last.")
@@ -144,6 +150,7 @@ class Pipeline:
 
     def options(self, **hints: Any) -> "Pipeline":
         """Set `RuntimeOptions` fields; an unknown name raises, listing the valid ones."""
+        self._refuse_while_iterating("options()")
         self._options = self._options.updated(**hints)
         return self
 
@@ -193,9 +200,10 @@ class Pipeline:
                     raise ValidationError(report)
                 warnings.warn(report.format(), stacklevel=2)
         engine = self._engine()
-        cursors = self._pending
-        if cursors is not None:
+        cursors = None
+        if self._pending is not None:
             check_recipe(self._pending_recipe, engine.recipe())
+            cursors = self._owned_cursors(engine, self._pending)
         self._pending = None
         self._run = engine.start(cursors)
         return _RunIterator(self._run)
@@ -209,12 +217,23 @@ class Pipeline:
         engine = self._engine()
         return {lane: engine.initial_cursor(lane) for lane in engine.lanes}
 
+    def _owned_cursors(self, engine: Engine, lanes: dict[int, LaneCursor]) -> dict[int, LaneCursor]:
+        missing = [lane for lane in engine.lanes if lane not in lanes]
+        if missing:
+            raise CheckpointError(
+                f"checkpoint has lanes {sorted(lanes)} but this rank owns {engine.lanes} (missing {missing}). "
+                "Restore a checkpoint merged from all ranks (Pipeline.merge_checkpoints or aggregate_dir)."
+            )
+        return {lane: lanes[lane] for lane in engine.lanes}
+
     def checkpoint(self) -> dict[str, Any]:
         """A JSON-serializable state of what has been delivered so far (size independent of
         how far the stream went). With several data-parallel ranks it merges every rank's
         lanes through ``torch.distributed`` or ``options(aggregate_dir=...)``; without either
         it returns this rank's lanes (merge them with `Pipeline.merge_checkpoints`)."""
-        engine = self._engine()
+        # The recipe and lanes of the run that delivered the items (options cannot change during a
+        # run; after it, the last run still describes what was delivered).
+        engine = self._run.engine if self._run is not None else self._engine()
         delivered = self._delivered()
         local = build_checkpoint(recipe=engine.recipe(), world=engine.world(),
                                  lanes={lane: delivered[lane] for lane in engine.lanes if lane in delivered})
@@ -227,7 +246,8 @@ class Pipeline:
         if opts.aggregate_dir:
             return gather_directory(local, directory=opts.aggregate_dir, run_id=opts.run_id,
                                     round_id=self._checkpoint_round, rank=opts.global_rank,
-                                    world_size=opts.world_size, timeout_s=opts.aggregate_timeout_s)
+                                    world_size=opts.world_size, timeout_s=opts.aggregate_timeout_s,
+                                    not_before=self._created_at)
         return local
 
     merge_checkpoints = staticmethod(merge_checkpoints)
@@ -243,18 +263,11 @@ class Pipeline:
         recipe, lanes = parse_checkpoint(ckpt)
         engine = self._engine()
         check_recipe(recipe, engine.recipe())
-        missing = [lane for lane in engine.lanes if lane not in lanes]
-        if missing:
-            raise CheckpointError(
-                f"checkpoint has lanes {sorted(lanes)} but this rank owns {engine.lanes} (missing {missing}). "
-                "Restore a checkpoint merged from all ranks (Pipeline.merge_checkpoints or aggregate_dir)."
-            )
-        cursors = {}
-        for lane in engine.lanes:
-            cur = lanes[lane]
+        for lane in self._owned_cursors(engine, lanes):
             probe = self._ws.clone_for_lane(lane, engine.canonical_replicas)
-            probe.load_state_dict(cur.source_state)  # raises if the source state is not ours
-            cursors[lane] = cur
+            probe.load_state_dict(lanes[lane].source_state)  # raises if the source state is not ours
+        # Every lane is kept: options may still change which lanes this rank owns before iterating.
+        cursors = lanes
         self._pending = cursors
         self._pending_recipe = recipe
         self._run = None

@@ -18,6 +18,9 @@ Example:
 from __future__ import annotations
 
 import copy
+import os
+import tempfile
+import uuid
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch.utils.data
@@ -37,11 +40,16 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         self.pipeline = pipeline
         self.stateful = stateful
         self.to_training = dict(to_training) if to_training else None
-        self._in_worker_process = False
+        # Loader workers iterate copies of this object in other processes; this file is how the
+        # main process learns that its own pipeline is not the one that delivered the batches.
+        self._worker_marker = os.path.join(tempfile.gettempdir(), f"zephon-columnar-ds-{uuid.uuid4().hex}")
 
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         pipe = self.pipeline
+        if info is not None:
+            with open(self._worker_marker, "w"):
+                pass
         if info is not None and info.num_workers > 1:
             pipe = _worker_pipeline(pipe, info.id, info.num_workers)
         for item in pipe:
@@ -50,9 +58,10 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
     def state_dict(self) -> dict[str, Any]:
         if not self.stateful:
             raise ConfigError("state_dict(): this dataset was built with to_torch_dataset(stateful=False).")
-        if torch.utils.data.get_worker_info() is not None:
-            raise ConfigError("state_dict() inside a DataLoader worker: call it on the dataset in the main "
-                              "process with num_workers=0 (the pipeline has its own workers).")
+        if torch.utils.data.get_worker_info() is not None or os.path.exists(self._worker_marker):
+            raise ConfigError("state_dict(): the batches were produced in DataLoader worker processes, so "
+                              "this process cannot see what was delivered. Use DataLoader(num_workers=0): "
+                              "the pipeline runs its own workers.")
         return {"pipeline": self.pipeline.checkpoint()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -60,6 +69,13 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             raise ConfigError(f"load_state_dict(): expected a dict from state_dict() with key 'pipeline', "
                               f"got keys {sorted(state)}.")
         self.pipeline.restore(state["pipeline"])
+
+    def __del__(self) -> None:
+        if torch.utils.data.get_worker_info() is None:
+            try:
+                os.remove(self._worker_marker)
+            except OSError:
+                pass
 
 
 def _worker_pipeline(pipe: "Pipeline", worker: int, workers: int) -> "Pipeline":

@@ -147,6 +147,7 @@ class SampleBatch:
         eos_token_id: int | None = None,
         position_mode: PositionMode = "preserve",
         pad_token_id: int = 0,
+        zero_copy: bool = False,
     ) -> dict[str, Any]:
         """Training tensors for this batch: ``input_ids`` (B, L) int64 and friends.
 
@@ -155,6 +156,10 @@ class SampleBatch:
         pad is masked: ``padding_mask`` is True there, labels there are ``ignore_index``, and it
         is left out of ``num_valid_tokens``. Packed rows' trailing pad (``meta.padding_length``)
         is masked the same way.
+
+        Tensors never alias loader memory unless ``zero_copy=True``: then int64 token rows are
+        views of the Arrow buffers (no copy at all), which must not be modified in place (they
+        may be the in-memory dataset itself, or a cached row group read again later).
 
         With ``return_labels`` the inputs are ``tokens[:, :-1]`` and labels ``tokens[:, 1:]``;
         labels are ``ignore_index`` at pad, where a payload ``loss_mask`` is 0, and (with
@@ -232,7 +237,7 @@ class SampleBatch:
         if flatten:
             out = {k: (v.reshape(-1) if k not in ("cu_seqlens", "max_seqlen") else v) for k, v in out.items()}
 
-        out = {k: _convert(v, dtype, k) for k, v in out.items()}
+        out = {k: _convert(v, dtype, k, zero_copy) for k, v in out.items()}
         if return_num_valid_tokens:
             out["num_valid_tokens"] = int(shape[0] * shape[1]) if valid is None else int(valid.sum())
         out["ids"] = list(self.ids)
@@ -277,6 +282,12 @@ def _stack_list_column(col: pa.ChunkedArray, pad_value: int, name: str) -> tuple
     arr = _list_array(col, name)
     b = len(arr)
     flat = arr.flatten()
+    if flat.null_count:
+        first_null = int(np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0])
+        lengths = np.diff(arr.offsets.to_numpy()) if hasattr(arr, "offsets") else np.full(b, arr.type.list_size)
+        row = int(np.searchsorted(np.cumsum(lengths), first_null, side="right"))
+        raise ConfigError(f"to_training: field {name!r} has {flat.null_count} null element(s), the first in "
+                          f"batch row {row}; fill or drop them before batching.")
     values = flat.to_numpy(zero_copy_only=False)
     if pa.types.is_fixed_size_list(arr.type):
         s = arr.type.list_size
@@ -328,6 +339,10 @@ def _cu_seqlens(positions: np.ndarray | None, pad: np.ndarray, flatten: bool) ->
     else:
         starts = positions == 0
         starts[:, 0] = True
+    if pad.any():
+        # The pad tail is one segment of its own (as packing emits it), not one per position.
+        first_pad = pad & ~np.concatenate([np.zeros((b, 1), bool), pad[:, :-1]], axis=1)
+        starts = (starts & ~pad) | first_pad
     if flatten:
         idx = np.flatnonzero(starts.reshape(-1))
         cu = np.append(idx, b * s).astype(np.int32)
@@ -342,37 +357,38 @@ def _cu_seqlens(positions: np.ndarray | None, pad: np.ndarray, flatten: bool) ->
     return cu, max_seqlen
 
 
-def _convert(value: np.ndarray, dtype: Any, name: str) -> Any:
+def _convert(value: np.ndarray, dtype: Any, name: str, zero_copy: bool) -> Any:
     if dtype is None:
         return value.tolist()
-    int_like = value.dtype.kind in "iu"
+    # Masks, float fields and sequence metadata keep their dtype; token-like ints follow dtype.
+    keep = value.dtype == np.bool_ or value.dtype.kind not in "iu" or name in ("cu_seqlens", "max_seqlen")
     if isinstance(dtype, str) and dtype == "auto":
         import torch
 
-        if value.dtype == np.bool_:
-            return torch.from_numpy(np.ascontiguousarray(value))
-        if int_like:
-            # int64 rows of an Arrow buffer are handed over zero-copy (a read-only view: torch's
-            # "not writable" warning is silenced for exactly that message, see module bottom).
-            arr = value if value.dtype == np.int64 and value.flags.c_contiguous else np.ascontiguousarray(value, np.int64)
-            return torch.from_numpy(arr)
-        return torch.from_numpy(np.ascontiguousarray(value))
+        return torch.from_numpy(_owned(value, value.dtype if keep else np.dtype(np.int64), zero_copy))
     try:
         import torch
+    except ImportError:  # numpy dtypes work without torch
+        torch = None  # type: ignore[assignment]
+    if torch is not None and isinstance(dtype, torch.dtype):
+        t = torch.from_numpy(_owned(value, value.dtype, zero_copy))
+        return t if keep else t.to(dtype)
+    return value if keep else value.astype(np.dtype(dtype))
 
-        if isinstance(dtype, torch.dtype):
-            t = torch.from_numpy(np.array(value, copy=not value.flags.writeable, order="C"))
-            return t if value.dtype == np.bool_ or not int_like or name in ("cu_seqlens", "max_seqlen") else t.to(dtype)
-    except ImportError:
-        pass
-    np_dtype = np.dtype(dtype)
-    if value.dtype == np.bool_ or not int_like or name in ("cu_seqlens", "max_seqlen"):
+
+def _owned(value: np.ndarray, dtype: np.dtype, zero_copy: bool) -> np.ndarray:
+    """A C-contiguous array of ``dtype`` that the caller may write to: ``value`` itself when it
+    already is one (arrays built here are writable; views of Arrow buffers are read-only), else a
+    copy. ``zero_copy`` hands read-only Arrow views over as they are."""
+    if value.dtype == dtype and value.flags.c_contiguous and (value.flags.writeable or zero_copy):
         return value
-    return value.astype(np_dtype)
+    return np.array(value, dtype=dtype, order="C", copy=True)
 
 
 def _table_from_records(records: list[SampleRecord]) -> pa.Table:
-    payload = pa.Table.from_pylist([r.payload for r in records])
+    from zephon_columnar.ops.rows import payloads_to_table
+
+    payload = payloads_to_table([r.payload for r in records], op_name="records")
     ptrs = np.array([r.meta.sample_id for r in records], dtype=np.int64).reshape(-1, 3)
     book = F.pointer_frame(
         lane=records[0].meta.lane_id if records else 0,
@@ -381,6 +397,9 @@ def _table_from_records(records: list[SampleRecord]) -> pa.Table:
         pointers=ptrs,
         components=np.array([next(iter(r.meta.component_sample_counts), 0) for r in records], np.int32),
     )
+    pads = [r.meta.padding_length for r in records]
+    if any(p is not None for p in pads):  # a packed row's pad tail stays masked downstream
+        book = book.append_column(PADDING_LENGTH, pa.array([p or 0 for p in pads], pa.int32()))
     return F.with_payload(book, payload)
 
 

@@ -141,6 +141,25 @@ def test_n_groups_equal_one_group_property(lanes, data, batch, chunk, seed):
 
     single = collect(make(1, 0))
     parts = [collect(make(groups, g)) for g in range(groups)]
-    got = steps(parts, lanes // groups)
-    assert got == steps([single], lanes)[:len(got)]
+    # Global steps agree while every lane still has batches; once lanes run out unevenly at the
+    # end of the stream, which group serves the last batches depends on ownership.
+    full_steps = min(Counter(sig[1] for sig in single).get(lane, 0) for lane in range(lanes))
+    assert steps(parts, lanes // groups)[:full_steps] == steps([single], lanes)[:full_steps]
     assert Counter(s for p in parts for s in p) == Counter(single)
+
+
+def test_directory_aggregation_ignores_an_earlier_jobs_files(tmp_path):
+    import os
+    import time
+
+    # An earlier job with the same run_id left every rank's part of round 1 behind.
+    old = tmp_path / "run-y" / "round-000001"
+    old.mkdir(parents=True)
+    for r in range(2):
+        (old / f"rank-{r:05d}.json").write_text("{}")
+        os.utime(old / f"rank-{r:05d}.json", (time.time() - 3600, time.time() - 3600))
+    pipe = build(2, 0, aggregate_dir=str(tmp_path), run_id="run-y", aggregate_timeout_s=0.5)
+    it, _ = take(pipe, 1)
+    with pytest.raises(CheckpointError, match="waited"):  # rank 1 of this job never wrote its part
+        pipe.checkpoint()
+    it.close()

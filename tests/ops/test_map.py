@@ -50,3 +50,38 @@ def test_bad_arguments_and_outputs():
         MapOp(lambda p: [p]).process_frame(frame())
     with pytest.raises(PipelineError, match="nope"):
         MapOp(pl.col("nope") + 1).process_frame(frame())
+
+
+def test_polars_expressions_cannot_touch_bookkeeping():
+    out = MapOp(pl.col(pl.Int64) * 10).process_frame(frame())
+    assert out.column("x").to_pylist() == [0, 10, 20, 30, 40, 50]
+    assert out.column(F.ROW).to_pylist() == list(range(6))
+    with pytest.raises(PipelineError, match="reserved"):
+        MapOp(pl.col("x").alias("__lane")).process_frame(frame())
+
+
+def test_polars_filter_drops_null_predicates():
+    out = FilterOp(pl.when(pl.col("x") > 2).then(True)).process_frame(frame())
+    assert out.column("x").to_pylist() == [3, 4, 5]
+
+
+def test_row_map_types_do_not_depend_on_the_frame():
+    with pytest.raises(PipelineError, match="mixed types"):
+        MapOp(lambda p: {**p, "y": 1 if p["x"] else 1.5}).process_frame(frame())
+    out = MapOp(lambda p: {**p, "extra": 1} if p["x"] == 3 else p).process_frame(frame())
+    assert out.column("extra").to_pylist() == [None, None, None, 1, None, None]
+
+
+def test_row_map_dropping_every_row_keeps_the_columns():
+    out = MapOp(lambda p: None).process_frame(frame())
+    assert out.num_rows == 0 and "s" in out.column_names
+
+
+def test_row_errors_name_the_sample():
+    def boom(p):
+        if p["x"] == 4:
+            raise KeyError("nope")
+        return p
+
+    with pytest.raises(PipelineError, match=r"row 4\).*KeyError"):
+        MapOp(boom).process_frame(frame())

@@ -34,9 +34,17 @@ def gather_torch(local: Mapping[str, Any]) -> dict[str, Any]:
     return merge_checkpoints(parts)
 
 
+#: Clock skew tolerated between ranks writing to a shared directory.
+CLOCK_SKEW_S = 2.0
+
+
 def gather_directory(local: Mapping[str, Any], *, directory: str, run_id: str, round_id: int,
-                     rank: int, world_size: int, timeout_s: float) -> dict[str, Any]:
-    """Write this rank's part under ``directory/run_id/round-N/`` and merge all ranks' parts."""
+                     rank: int, world_size: int, timeout_s: float, not_before: float) -> dict[str, Any]:
+    """Write this rank's part under ``directory/run_id/round-N/`` and merge all ranks' parts.
+
+    Parts written before ``not_before`` (this job's start, a wall-clock time) are left-overs of an
+    earlier job that used the same ``run_id`` and are ignored; give each job its own run_id anyway.
+    """
     round_dir = Path(directory) / run_id / f"round-{round_id:06d}"
     round_dir.mkdir(parents=True, exist_ok=True)
     tmp = round_dir / f".rank-{rank:05d}.json.tmp"
@@ -44,7 +52,7 @@ def gather_directory(local: Mapping[str, Any], *, directory: str, run_id: str, r
     os.replace(tmp, round_dir / f"rank-{rank:05d}.json")
     deadline = time.monotonic() + timeout_s
     while True:
-        parts = sorted(round_dir.glob("rank-*.json"))
+        parts = sorted(p for p in round_dir.glob("rank-*.json") if _mtime(p) >= not_before - CLOCK_SKEW_S)
         if len(parts) >= world_size:
             break
         if time.monotonic() > deadline:
@@ -55,3 +63,10 @@ def gather_directory(local: Mapping[str, Any], *, directory: str, run_id: str, r
             )
         time.sleep(0.02)
     return merge_checkpoints(json.loads(p.read_text()) for p in parts[:world_size])
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:  # replaced by its writer between glob and stat
+        return float("-inf")

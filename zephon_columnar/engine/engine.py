@@ -29,7 +29,7 @@ from zephon_columnar.engine.lanes import next_lane, owned_lanes
 from zephon_columnar.engine.plan import ParallelStage, Plan, compile_plan
 from zephon_columnar.engine.replay import LaneCursor
 from zephon_columnar.engine.runners import RUNNERS, ordered_map
-from zephon_columnar.errors import PipelineError
+from zephon_columnar.errors import PipelineError, ZephonError
 from zephon_columnar.io.readers import ReaderPool
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.fetch import FetchOp
@@ -224,13 +224,22 @@ class Engine:
 def _ordered_stage(events: Iterator[Any], op: BaseOp) -> Iterator[Any]:
     acc = op.lane_accumulator()
     assert acc is not None
+
+    def call(fn: Any, *args: Any, **kw: Any) -> list[pa.Table]:
+        try:
+            return fn(*args, **kw)
+        except ZephonError:
+            raise
+        except Exception as err:
+            raise PipelineError(f"operator {op.op_name()!r} (ordered stage) failed: {type(err).__name__}: {err}") from err
+
     for ev in events:
         if isinstance(ev, EpochStart):
-            yield from acc.flush(reset=True)
+            yield from call(acc.flush, reset=True)
             yield ev
         else:
-            yield from acc.push(ev)
-    yield from acc.flush(reset=True)
+            yield from call(acc.push, ev)
+    yield from call(acc.flush, reset=True)
 
 
 def _take_batch(lane: int, pending: deque, size: int) -> LaneItem:
@@ -273,24 +282,32 @@ class EngineRun:
     """One pass over the stream: an iterator of items with per-lane delivered cursors.
 
     ``close()`` stops the prefetch thread and the workers promptly; it is called on
-    exhaustion, on error and by ``__del__``.
+    exhaustion, on error and by ``__del__``, and may be called from any thread (a close from
+    another thread while the caller is inside ``next()`` is finished by that ``next()``).
     """
 
     def __init__(self, engine: Engine, cursors: dict[int, LaneCursor]) -> None:
         self.engine = engine
         self.delivered: dict[int, LaneCursor] = dict(cursors)
+        self._closed = False  # no more items: asked to stop, finished, or failed
+        self._finished = False  # resources released
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._queue: Channel | None = None
+        self._thread: threading.Thread | None = None
         runner_kind = engine.options.resolved_runner()
         stages = [s.ops for s in engine.plan.parallel_stages()]
         self._readers = ReaderPool()
         services = {"datasets_by_id": engine.ws.datasets_by_id, "reader_pool": self._readers}
         self._runner = RUNNERS[runner_kind](stages, services, engine.workers())
-        emitted = {lane: cursors[lane].items for lane in engine.lanes}
-        streams = {lane: engine.lane_stream(lane, cursors[lane], self._runner) for lane in engine.lanes}
+        try:
+            emitted = {lane: cursors[lane].items for lane in engine.lanes}
+            streams = {lane: engine.lane_stream(lane, cursors[lane], self._runner) for lane in engine.lanes}
+        except BaseException:
+            self._runner.close()
+            self._readers.close()
+            raise
         self._tail = _tail(streams, emitted)
-        self._closed = False
-        self._stop = threading.Event()
-        self._queue: Channel | None = None
-        self._thread: threading.Thread | None = None
         if runner_kind != "inline" and engine.plan.stateful:
             # Ordered stages (packing, shuffling) are Python work on one thread: run them ahead of
             # the caller. Without them the caller only slices frames the workers already read
@@ -324,16 +341,16 @@ class EngineRun:
         if self._closed:
             raise StopIteration
         try:
-            if self._queue is None:
-                item = next(self._tail)
-            else:
-                item = self._get()
-        except StopIteration:
-            self.close()
-            raise
+            item = next(self._tail) if self._queue is None else self._get()
         except BaseException:
+            stopped = self._stop.is_set()
             self.close()
+            if stopped:  # closed from another thread: a cancelled wait is not an error
+                raise StopIteration from None
             raise
+        if self._stop.is_set():
+            self.close()
+            raise StopIteration
         prev = self.delivered[item.lane]
         self.delivered[item.lane] = LaneCursor(epoch=item.epoch, rows=item.rows, items=prev.items + 1,
                                                source_state=item.source_state)
@@ -344,6 +361,8 @@ class EngineRun:
         try:
             got = self._queue.get(self._thread.is_alive)
         except RuntimeError:
+            if self._stop.is_set():
+                raise StopIteration from None
             raise PipelineError("the prefetch thread stopped without a result; this is a bug, "
                                 "please report it with the pipeline's explain()") from None
         if got is _END:
@@ -353,22 +372,32 @@ class EngineRun:
         return got
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._stop.set()
-        if self._thread is not None:
-            # Unblock a pump waiting on a full queue, then let it finish its current item.
-            while self._thread.is_alive():
-                self._queue.clear()  # type: ignore[union-attr]
-                self._runner.cancel()
-                self._thread.join(timeout=0.1)
-        else:
-            self._tail.close()
-        self._runner.close()
-        self._readers.close()
-        if self.engine.prefetcher is not None:
-            self.engine.prefetcher.close()
+        with self._lock:
+            if self._finished:
+                return
+            self._closed = True
+            self._stop.set()
+            if self._thread is not None:
+                # Unblock a pump waiting on a full queue, then let it finish its current item.
+                while self._thread.is_alive():
+                    self._queue.clear()  # type: ignore[union-attr]
+                    self._runner.cancel()
+                    self._thread.join(timeout=0.1)
+            else:
+                try:
+                    self._tail.close()
+                except ValueError:
+                    # The caller is inside next() on another thread: release its wait; that
+                    # next() sees the stop flag and finishes this close.
+                    self._runner.cancel()
+                    return
+            self._finished = True
+        try:
+            self._runner.close()
+        finally:
+            self._readers.close()
+            if self.engine.prefetcher is not None:
+                self.engine.prefetcher.close()
 
     def __del__(self) -> None:
         try:

@@ -16,19 +16,22 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+import sys
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
 
+from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError, PipelineError
 from zephon_columnar.ops.base import BaseOp, OpTraits
-from zephon_columnar.ops.rows import payload_rows, run_payload_fn
+from zephon_columnar.ops.rows import payload_rows, run_payload_fn, sample_of
 
 
 def _is_polars_expr(obj: Any) -> bool:
-    mod = type(obj).__module__ or ""
-    return mod.startswith("polars") and type(obj).__name__ == "Expr"
+    # Whoever holds a Polars expression has imported polars; no import here keeps it lazy.
+    pl = sys.modules.get("polars")
+    return pl is not None and isinstance(obj, pl.Expr)
 
 
 def _is_arrow_expr(obj: Any) -> bool:
@@ -75,13 +78,20 @@ class MapOp(BaseOp):
         return {"op": self.name, "fn": _describe(self.fn)}
 
     def process_frame(self, frame: pa.Table) -> pa.Table:
-        if self.is_expr:
-            try:
-                out = _polars_frame(frame).with_columns(self.fn).to_arrow()
-            except Exception as err:  # polars raises many types; name the expression
-                raise PipelineError(f"map_transform expression {_describe(self.fn)} failed: {err}") from err
-            return out
-        return run_payload_fn(frame, self.fn, op_name=_describe(self.fn))
+        if not self.is_expr:
+            return run_payload_fn(frame, self.fn, op_name=_describe(self.fn))
+        # Expressions see the payload only: pl.all() or a dtype selector must not rewrite the
+        # bookkeeping that replay and sample ids depend on.
+        try:
+            out = _polars_frame(F.payload_of(frame)).with_columns(self.fn).to_arrow()
+        except Exception as err:  # polars raises many types; name the expression
+            raise PipelineError(f"map_transform expression {_describe(self.fn)} failed: "
+                                f"{type(err).__name__}: {err}") from err
+        reserved = [c for c in out.column_names if F.is_bookkeeping(c)]
+        if reserved:
+            raise PipelineError(f"map_transform expression {_describe(self.fn)} writes {reserved}; names "
+                                "starting with '__' are reserved for the engine, pick another name.")
+        return F.with_payload(F.bookkeeping_of(frame), out)
 
 
 class FilterOp(BaseOp):
@@ -110,18 +120,28 @@ class FilterOp(BaseOp):
         pred = self.predicate
         try:
             if _is_polars_expr(pred):
-                mask = _polars_frame(frame).select(pred).to_series().to_numpy()
+                # A null predicate drops the row, as Polars' own filter does.
+                mask = _polars_frame(F.payload_of(frame)).select(pred.fill_null(False)).to_series().to_numpy()
             elif _is_arrow_expr(pred):
                 return frame.filter(pred)
             else:
-                mask = np.fromiter((bool(pred(r)) for r in payload_rows(frame)), dtype=bool, count=frame.num_rows)
+                mask = np.fromiter((_row_predicate(pred, frame, i, r) for i, r in enumerate(payload_rows(frame))),
+                                   dtype=bool, count=frame.num_rows)
         except PipelineError:
             raise
         except Exception as err:
-            raise PipelineError(f"filter predicate {_describe(pred)} failed: {err}") from err
+            raise PipelineError(f"filter predicate {_describe(pred)} failed: {type(err).__name__}: {err}") from err
         if mask.dtype != np.bool_:
             raise PipelineError(f"filter predicate {_describe(pred)} gave {mask.dtype} values, not booleans.")
         return frame.filter(pa.array(mask))
+
+
+def _row_predicate(pred: Callable[[dict[str, Any]], Any], frame: pa.Table, i: int, row: dict[str, Any]) -> bool:
+    try:
+        return bool(pred(row))
+    except Exception as err:
+        raise PipelineError(f"filter predicate {_describe(pred)} failed on {sample_of(frame, i)}: "
+                            f"{type(err).__name__}: {err}") from err
 
 
 class MaterializeOp(BaseOp):
