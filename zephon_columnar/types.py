@@ -109,8 +109,8 @@ class SampleBatch:
     @property
     def ids(self) -> tuple[SampleId, ...]:
         t = self.table
-        stacked = np.stack([t.column(c).to_numpy() for c in (F.DATASET, F.SHARD, F.ROW)], axis=1)
-        return tuple(map(tuple, stacked.tolist()))
+        d, s, r = (_column_numpy(t, c).tolist() for c in (F.DATASET, F.SHARD, F.ROW))
+        return tuple(zip(d, s, r))
 
     @property
     def lane_id(self) -> int:
@@ -182,7 +182,8 @@ class SampleBatch:
         tokens, lengths = _stack_list_column(table.column(field_name), pad_token_id, field_name)
         b, s = tokens.shape
         pad = _pad_mask(lengths, s, table)
-        names = set(table.column_names)
+        schema = table.schema
+        names = _Names(schema)
 
         loss_mask_payload = None
         if "loss_mask" in names and field_name != "loss_mask":
@@ -250,8 +251,44 @@ class SampleBatch:
 
 
 # ---------------------------------------------------------------------- helpers
+class _Names:
+    """Membership test on a schema's field names without building the list of names (which
+    costs more than the rest of a small batch's conversion)."""
+
+    __slots__ = ("_schema",)
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self._schema = schema
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._schema.get_field_index(name) >= 0
+
+
+def _column_numpy(table: pa.Table, name: str) -> np.ndarray:
+    col = table.column(name)
+    return _numpy_view(col.chunk(0) if col.num_chunks == 1 else col.combine_chunks())
+
+
+_NUMPY_DTYPES: dict[pa.DataType, np.dtype] = {}
+
+
+def _numpy_view(arr: pa.Array) -> np.ndarray:
+    """Read-only numpy view of a null-free integer/float array, straight from its buffer."""
+    t = arr.type
+    dtype = _NUMPY_DTYPES.get(t)
+    if dtype is None:
+        if not (pa.types.is_integer(t) or pa.types.is_floating(t)):
+            return arr.to_numpy(zero_copy_only=False)
+        dtype = _NUMPY_DTYPES[t] = np.dtype(t.to_pandas_dtype())
+    if arr.null_count:
+        return arr.to_numpy(zero_copy_only=False)
+    view = np.frombuffer(arr.buffers()[1], dtype=dtype, count=arr.offset + len(arr))[arr.offset:]
+    view.flags.writeable = False
+    return view
+
+
 def _resolve_tokens_field(table: pa.Table, tokens_field: str) -> str:
-    names = table.column_names
+    names = _Names(table.schema)
     if tokens_field != "auto":
         if tokens_field not in names:
             raise ConfigError(f"to_training: tokens_field={tokens_field!r} is not in the batch "
@@ -277,31 +314,50 @@ def _list_array(col: pa.ChunkedArray, name: str) -> pa.Array:
     return arr
 
 
+def _list_parts(arr: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(values, offsets) of a list array as numpy views of its buffers, offsets starting at 0.
+
+    Reading the buffers directly costs a few microseconds; ``ListArray.flatten`` goes through
+    Arrow's compute layer and costs several times more per batch.
+    """
+    t = arr.type
+    b = len(arr)
+    child = arr.values  # the whole child array; the list's own offset is applied below
+    if pa.types.is_fixed_size_list(t):
+        k = t.list_size
+        offsets = np.arange(arr.offset, arr.offset + b + 1, dtype=np.int64) * k
+    else:
+        width = np.int64 if pa.types.is_large_list(t) else np.int32
+        offsets = np.frombuffer(arr.buffers()[1], dtype=width, count=arr.offset + b + 1)[arr.offset:]
+    vtype = child.type
+    if not (pa.types.is_integer(vtype) or pa.types.is_floating(vtype)) or child.null_count:
+        # Booleans are bit-packed and nulls need a check: the general (slower) path.
+        flat = arr.flatten()
+        if flat.null_count:
+            first_null = int(np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0])
+            row = int(np.searchsorted(offsets - offsets[0], first_null, side="right")) - 1
+            raise ConfigError(f"to_training: field {name!r} has {flat.null_count} null element(s), the first in "
+                              f"batch row {row}; fill or drop them before batching.")
+        return flat.to_numpy(zero_copy_only=False), offsets - offsets[0]
+    # A read-only view of loader memory: to_training copies it unless zero_copy=True.
+    data = _numpy_view(child)
+    return data[int(offsets[0]):int(offsets[-1])], offsets - offsets[0]
+
+
 def _stack_list_column(col: pa.ChunkedArray, pad_value: int, name: str) -> tuple[np.ndarray, np.ndarray]:
     """(B, S) numpy array of a list column (a view when rows have equal length) and lengths."""
     arr = _list_array(col, name)
     b = len(arr)
-    flat = arr.flatten()
-    if flat.null_count:
-        first_null = int(np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0])
-        lengths = np.diff(arr.offsets.to_numpy()) if hasattr(arr, "offsets") else np.full(b, arr.type.list_size)
-        row = int(np.searchsorted(np.cumsum(lengths), first_null, side="right"))
-        raise ConfigError(f"to_training: field {name!r} has {flat.null_count} null element(s), the first in "
-                          f"batch row {row}; fill or drop them before batching.")
-    values = flat.to_numpy(zero_copy_only=False)
-    if pa.types.is_fixed_size_list(arr.type):
-        s = arr.type.list_size
-        return values.reshape(b, s), np.full(b, s, np.int64)
-    offsets = arr.offsets.to_numpy()
+    values, offsets = _list_parts(arr, name)
     lengths = np.diff(offsets).astype(np.int64)
     if b == 0:
         return values.reshape(0, 0), lengths
     s = int(lengths.max())
-    if bool((lengths == s).all()):
+    if int(offsets[-1]) == b * s:  # every row has the maximum length: a plain reshape
         return values.reshape(b, s), lengths
     out = np.full((b, s), pad_value, dtype=values.dtype)
     rows = np.repeat(np.arange(b), lengths)
-    cols = np.arange(len(values)) - np.repeat(offsets[:-1] - offsets[0], lengths)
+    cols = np.arange(len(values)) - np.repeat(offsets[:-1], lengths)
     out[rows, cols] = values
     return out, lengths
 
@@ -310,7 +366,7 @@ def _pad_mask(lengths: np.ndarray, s: int, table: pa.Table) -> np.ndarray | None
     """True where a position is padding: past a ragged row's end, or in a packed row's pad
     tail. None when nothing is padding."""
     real = lengths
-    if PADDING_LENGTH in table.column_names:
+    if table.schema.get_field_index(PADDING_LENGTH) >= 0:
         real = lengths - table.column(PADDING_LENGTH).to_numpy().astype(np.int64)
     if len(real) == 0 or int(real.min()) >= s:
         return None

@@ -38,6 +38,10 @@ from zephon_columnar.types import SampleBatch, records_of
 from zephon_columnar.work.base import WorkSource
 
 
+#: Rows of a lane's first frame; later frames grow 4x up to the fetch batch size.
+FIRST_FRAME_ROWS = 64
+
+
 @dataclass(frozen=True)
 class EpochStart:
     """Marker: the lane's flush epoch ``epoch`` starts here; the work source was in
@@ -146,7 +150,9 @@ class Engine:
     def _source_events(self, lane: int, ws: WorkSource, epoch: int) -> Iterator[Any]:
         k = self.plan.flush_every
         comp_ids = ws.component_ids()
-        step = self.rows_per_frame
+        # The first frames of a pass are small and grow to rows_per_frame, so the first batch waits
+        # for one small read, not a whole frame. Frame sizes never change the data.
+        step = min(self.rows_per_frame, FIRST_FRAME_ROWS)
         for chunk_id, state, chunk in self._chunks_ahead(ws, epoch * k):
             if state is not None:
                 yield EpochStart(chunk_id // k, state)
@@ -154,10 +160,13 @@ class Engine:
             comp_map = np.array([comp_ids[name] for name in chunk.component_names], dtype=np.int32)
             components = comp_map[comp_index] if len(comp_index) else np.zeros(0, np.int32)
             n = len(pointers)
-            for start in range(0, n, step):
+            start = 0
+            while start < n:
                 end = min(n, start + step)
                 yield F.pointer_frame(lane=lane, chunk_id=chunk_id, offsets=np.arange(start, end),
                                       pointers=pointers[start:end], components=components[start:end])
+                start = end
+                step = min(self.rows_per_frame, step * 4)
 
     def _chunks_ahead(self, ws: WorkSource, chunk_id: int) -> Iterator[tuple[int, Any, Any]]:
         """(chunk_id, source state if the chunk starts an epoch else None, chunk), pulled up to

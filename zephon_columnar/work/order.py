@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import numpy as np
+import numpy.random  # noqa: F401 - numpy loads it lazily; keep that out of the first pass
 
 
 def _rng(*key: int) -> np.random.Generator:
