@@ -23,8 +23,8 @@ demo: venv
 test: venv
 	$(PY) -m pytest -p no:cacheprovider tests
 
-bench: venv
-	$(PY) benchmarks/prepacked.py
+bench: venv  # needs the one-time setup of benchmarks/README.md
+	PYTHONPATH=. $(PY) benchmarks/prepacked.py --corpus benchmarks/data/small --rounds 5
 
 clean:
 	rm -rf $(VENV) .demo_data

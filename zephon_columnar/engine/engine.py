@@ -56,6 +56,7 @@ class LaneItem:
     lane: int
     value: Any
     epoch: int
+    inputs: int
     rows: int
     source_state: Mapping[str, Any]
 
@@ -82,6 +83,10 @@ class Engine:
         fetch = next((op for op in ops if isinstance(op, FetchOp)), None)
         self.rows_per_frame = fetch.max_batch if fetch else 1024
         self.prefetcher = prefetcher
+        # Without state, and with at most one output row per input row, a delivered row's offset
+        # in its chunk says where to resume: restore then reads nothing it already delivered.
+        self.resume_by_input = not self.plan.stateful and not any(
+            getattr(op, "fans_out", True) for stage in self.plan.parallel_stages() for op in stage.ops)
 
     # ------------------------------------------------------------------ description
     def recipe(self) -> dict[str, Any]:
@@ -136,7 +141,7 @@ class Engine:
     def lane_stream(self, lane: int, cursor: LaneCursor, runner: Any) -> Iterator[LaneItem]:
         ws = self.ws.clone_for_lane(lane, self.canonical_replicas)
         ws.load_state_dict(cursor.source_state)
-        events: Iterator[Any] = self._source_events(lane, ws, cursor.epoch)
+        events: Iterator[Any] = self._source_events(lane, ws, cursor.epoch, cursor.inputs)
         window = self.options.resolved_queue_capacity()
         parallel_index = 0
         for stage in self.plan.stages:
@@ -147,7 +152,7 @@ class Engine:
                 events = _ordered_stage(events, stage.op)
         return self._collect(lane, events, cursor.epoch, cursor.rows)
 
-    def _source_events(self, lane: int, ws: WorkSource, epoch: int) -> Iterator[Any]:
+    def _source_events(self, lane: int, ws: WorkSource, epoch: int, skip_inputs: int = 0) -> Iterator[Any]:
         k = self.plan.flush_every
         comp_ids = ws.component_ids()
         # The first frames of a pass are small and grow to rows_per_frame, so the first batch waits
@@ -160,7 +165,7 @@ class Engine:
             comp_map = np.array([comp_ids[name] for name in chunk.component_names], dtype=np.int32)
             components = comp_map[comp_index] if len(comp_index) else np.zeros(0, np.int32)
             n = len(pointers)
-            start = 0
+            start, skip_inputs = min(skip_inputs, n), 0  # restore: pointers already delivered
             while start < n:
                 end = min(n, start + step)
                 yield F.pointer_frame(lane=lane, chunk_id=chunk_id, offsets=np.arange(start, end),
@@ -219,15 +224,15 @@ class Engine:
             rows_in_epoch += frame.num_rows
             pending_rows += frame.num_rows
             if batch is None:
-                for entry in _drain_records(lane, pending):
+                for entry in _drain_records(lane, pending, self.resume_by_input):
                     yield entry
                 pending_rows = 0
                 continue
             while pending_rows >= size:
-                yield _take_batch(lane, pending, size)
+                yield _take_batch(lane, pending, size, self.resume_by_input)
                 pending_rows -= size
         if batch is not None and pending_rows and not batch.drop_last:
-            yield _take_batch(lane, pending, pending_rows)
+            yield _take_batch(lane, pending, pending_rows, self.resume_by_input)
 
 
 def _ordered_stage(events: Iterator[Any], op: BaseOp) -> Iterator[Any]:
@@ -251,7 +256,7 @@ def _ordered_stage(events: Iterator[Any], op: BaseOp) -> Iterator[Any]:
     yield from call(acc.flush, reset=True)
 
 
-def _take_batch(lane: int, pending: deque, size: int) -> LaneItem:
+def _take_batch(lane: int, pending: deque, size: int, by_input: bool) -> LaneItem:
     parts = []
     need = size
     while need:
@@ -269,14 +274,21 @@ def _take_batch(lane: int, pending: deque, size: int) -> LaneItem:
             last_epoch, last_state, last_rows = entry[1], entry[2], entry[3]
             need = 0
     table = parts[0] if len(parts) == 1 else F.concat_frames(parts)
-    return LaneItem(lane, SampleBatch(table), last_epoch, last_rows, last_state)
+    if by_input:
+        offsets = parts[-1].column(F.OFFSET)
+        inputs = offsets.chunk(offsets.num_chunks - 1)[-1].as_py() + 1
+        return LaneItem(lane, SampleBatch(table), last_epoch, inputs, 0, last_state)
+    return LaneItem(lane, SampleBatch(table), last_epoch, 0, last_rows, last_state)
 
 
-def _drain_records(lane: int, pending: deque) -> Iterator[LaneItem]:
+def _drain_records(lane: int, pending: deque, by_input: bool) -> Iterator[LaneItem]:
     while pending:
         frame, epoch, state, first = pending.popleft()
         for i, rec in enumerate(records_of(frame)):
-            yield LaneItem(lane, rec, epoch, first + i + 1, state)
+            if by_input:
+                yield LaneItem(lane, rec, epoch, rec.meta.chunk_offset + 1, 0, state)
+            else:
+                yield LaneItem(lane, rec, epoch, 0, first + i + 1, state)
 
 
 class _Failure:
@@ -361,8 +373,8 @@ class EngineRun:
             self.close()
             raise StopIteration
         prev = self.delivered[item.lane]
-        self.delivered[item.lane] = LaneCursor(epoch=item.epoch, rows=item.rows, items=prev.items + 1,
-                                               source_state=item.source_state)
+        self.delivered[item.lane] = LaneCursor(epoch=item.epoch, inputs=item.inputs, rows=item.rows,
+                                               items=prev.items + 1, source_state=item.source_state)
         return item.value
 
     def _get(self) -> LaneItem:

@@ -25,16 +25,24 @@ VERSION = 1
 
 @dataclass(frozen=True, kw_only=True)
 class LaneCursor:
-    """Where one lane's delivered stream ends: ``rows`` rows into flush epoch ``epoch``
-    (whose work-source state at its start is ``source_state``), after ``items`` items."""
+    """Where one lane's delivered stream ends, after ``items`` items: in flush epoch ``epoch``
+    (whose work-source state at its start is ``source_state``), past the first ``inputs``
+    sample pointers of the epoch and then ``rows`` output rows.
+
+    Plans whose operators give at most one row per input row and keep no state resume by
+    ``inputs`` (nothing before the cursor is read again); the others replay the epoch and skip
+    ``rows`` delivered rows.
+    """
 
     epoch: int
     rows: int
     source_state: Mapping[str, Any]
     items: int = 0
+    inputs: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "rows": self.rows, "items": self.items, "source_state": self.source_state}
+        return {"epoch": self.epoch, "inputs": self.inputs, "rows": self.rows, "items": self.items,
+                "source_state": self.source_state}
 
     @classmethod
     def from_json(cls, lane: str, d: Any) -> "LaneCursor":
@@ -44,12 +52,14 @@ class LaneCursor:
         if missing:
             raise CheckpointError(f"checkpoint lane {lane}: missing field(s) {missing}; was it produced by "
                                   "Pipeline.checkpoint() of zephon_columnar?")
-        for k in ("epoch", "rows", "items"):
-            if not isinstance(d[k], int) or d[k] < 0:
-                raise CheckpointError(f"checkpoint lane {lane}: field {k!r} = {d[k]!r}, expected an int >= 0.")
+        for k in ("epoch", "inputs", "rows", "items"):
+            v = d.get(k, 0)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise CheckpointError(f"checkpoint lane {lane}: field {k!r} = {v!r}, expected an int >= 0.")
         if not isinstance(d["source_state"], Mapping):
             raise CheckpointError(f"checkpoint lane {lane}: field 'source_state' is not an object.")
-        return cls(epoch=d["epoch"], rows=d["rows"], items=d["items"], source_state=d["source_state"])
+        return cls(epoch=d["epoch"], inputs=d.get("inputs", 0), rows=d["rows"], items=d["items"],
+                   source_state=d["source_state"])
 
 
 def build_checkpoint(*, recipe: Mapping[str, Any], world: Mapping[str, Any],

@@ -4,11 +4,13 @@ Zephon's ``zephon.io`` names: :class:`Dataset`, :class:`InMemoryShard`, plus :cl
 (the per-shard metadata every reader works from).
 """
 
-# Arrow's compute and dataset layers (the latter pulls in pandas when installed) load lazily on
-# first use, ~0.2 s; pyarrow.parquet.read_table pays the same. Loading them here puts that cost
+# Arrow's compute, dataset (which pulls in pandas when installed), JSON and Parquet layers load
+# lazily on first use, ~0.3 s; pyarrow.parquet.read_table pays the same. Loading them here puts that cost
 # at import time instead of inside the first pass a training job times.
 import pyarrow.compute  # noqa: F401
 import pyarrow.dataset  # noqa: F401
+import pyarrow.json  # noqa: F401
+import pyarrow.parquet  # noqa: F401
 
 from zephon_columnar.io.base import ShardInfo
 from zephon_columnar.io.dataset import Dataset, InMemoryShard

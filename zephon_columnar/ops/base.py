@@ -82,6 +82,9 @@ class BaseOp:
     name: str = ""
     #: Built-in operators are tested with the library and skipped by ``Pipeline.validate``.
     builtin: bool = False
+    #: Whether one input row may become several output rows. False lets a checkpoint resume by
+    #: input position instead of replaying; the safe default for unknown operators is True.
+    fans_out: bool = True
 
     def __init__(self) -> None:
         self.stage_info: StageInfo | None = None

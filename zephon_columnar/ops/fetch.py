@@ -26,6 +26,7 @@ class FetchOp(BaseOp):
 
     name = "fetch"
     builtin = True
+    fans_out = False
 
     def __init__(self, parallelism: int | None = None, max_batch: int | None = None) -> None:
         super().__init__()

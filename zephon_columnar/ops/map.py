@@ -57,6 +57,7 @@ class MapOp(BaseOp):
 
     name = "map_transform"
     builtin = True
+    fans_out = False
 
     def __init__(self, fn: Any, *, parallelism: int | None = None, drop_none: bool = True) -> None:
         super().__init__()
@@ -99,6 +100,7 @@ class FilterOp(BaseOp):
 
     name = "filter"
     builtin = True
+    fans_out = False
 
     def __init__(self, predicate: Any, *, parallelism: int | None = None) -> None:
         super().__init__()
@@ -149,6 +151,7 @@ class MaterializeOp(BaseOp):
 
     name = "materialize"
     builtin = True
+    fans_out = False
 
     def __init__(self, parallelism: int | None = None) -> None:
         super().__init__()
