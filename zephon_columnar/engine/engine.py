@@ -79,7 +79,8 @@ class Engine:
         )
         if lane_subset is not None:
             # A torch DataLoader worker serves only its share of the rank's lanes.
-            self.lanes = [lane for lane in self.lanes if lane in set(lane_subset)]
+            subset = set(lane_subset)
+            self.lanes = [lane for lane in self.lanes if lane in subset]
         fetch = next((op for op in ops if isinstance(op, FetchOp)), None)
         self.rows_per_frame = fetch.max_batch if fetch else 1024
         self.prefetcher = prefetcher
@@ -121,9 +122,11 @@ class Engine:
             parts.append(f"Collect: batch({self.plan.batch.microbatch_size}, drop_last={self.plan.batch.drop_last})")
         else:
             parts.append("Collect: records")
+        ahead = (f"prefetch thread {self.options.resolved_prefetch_batches()} items ahead"
+                 if runner != "inline" and self.plan.stateful else "no prefetch thread")
         tail = (f"Tail: lanes {self.lanes} of canonical_replicas={self.canonical_replicas}, flush every "
-                f"{self.plan.flush_every} chunk(s), prefetch_batches="
-                f"{0 if runner == 'inline' else self.options.resolved_prefetch_batches()}")
+                f"{self.plan.flush_every} chunk(s), resume by {'input' if self.resume_by_input else 'replay'}, "
+                f"{ahead}")
         return "\n".join(parts + [tail])
 
     # ------------------------------------------------------------------ running
