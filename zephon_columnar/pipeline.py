@@ -267,8 +267,7 @@ class Pipeline:
             probe = self._ws.clone_for_lane(lane, engine.canonical_replicas)
             probe.load_state_dict(lanes[lane].source_state)  # raises if the source state is not ours
         # Every lane is kept: options may still change which lanes this rank owns before iterating.
-        cursors = lanes
-        self._pending = cursors
+        self._pending = lanes
         self._pending_recipe = recipe
         self._run = None
 
