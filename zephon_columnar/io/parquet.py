@@ -39,7 +39,7 @@ from zephon_columnar.io import fs
 from zephon_columnar.io.base import ShardInfo, check_columns, project
 from zephon_columnar.io.dataset import Dataset, _check_same_schema, take_rows
 
-DEFAULT_CACHE_BYTES = 256 << 20  # decoded row groups kept per reader
+DEFAULT_CACHE_BYTES = 32 << 20  # decoded row groups kept per reader: read-ahead + what is being sliced
 DEFAULT_MAX_OPEN_FILES = 16
 # Sequential read-ahead, in uncompressed bytes (footer sizes) per decode call: starts at 8 MiB
 # and doubles while the scan stays sequential, up to 64 MiB (and half the row-group cache).
