@@ -145,7 +145,10 @@ class Engine:
         ws = self.ws.clone_for_lane(lane, self.canonical_replicas)
         ws.load_state_dict(cursor.source_state)
         events: Iterator[Any] = self._source_events(lane, ws, cursor.epoch, cursor.inputs)
-        window = self.options.resolved_queue_capacity()
+        # The inline runner computes at submit time: anything it ran ahead would only delay the
+        # item being asked for.
+        inline = self.options.resolved_runner() == "inline"
+        window = 0 if inline else self.options.resolved_queue_capacity()
         parallel_index = 0
         for stage in self.plan.stages:
             if isinstance(stage, ParallelStage):

@@ -204,16 +204,24 @@ RUNNERS: dict[str, Callable[..., Any]] = {"inline": InlineRunner, "threads": Thr
 
 def ordered_map(events: Iterator[Any], runner: Any, stage: int, window: int) -> Iterator[Any]:
     """Run frames of ``events`` through ``stage`` on ``runner``, up to ``window`` ahead, and
-    yield results in input order. Non-frame events (markers) pass through in place."""
+    yield results in input order. Non-frame events (markers) pass through in place.
+
+    The look-ahead starts at one frame and doubles with every result, up to ``window``: the
+    first frame of a pass (or of a restore) gets the workers to itself instead of queueing
+    behind look-ahead reads, and the steady state keeps ``window`` frames in flight.
+    """
     pending: deque[tuple[bool, Any]] = deque()
+    ahead = min(1, window)
     try:
         for ev in events:
             if isinstance(ev, pa.Table):
                 pending.append((True, runner.submit(stage, ev)))
             else:
                 pending.append((False, ev))
-            while pending and (not pending[0][0] or len(pending) > window):
+            while pending and (not pending[0][0] or len(pending) > ahead):
                 is_frame, v = pending.popleft()
+                if is_frame:
+                    ahead = min(window, ahead * 2)
                 yield v.result() if is_frame else v
         while pending:
             is_frame, v = pending.popleft()

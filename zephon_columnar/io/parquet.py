@@ -13,7 +13,7 @@ dataset API (``ParquetFileFragment.subset(...).to_table()``) decodes several row
 1.7x faster than ``ParquetFile.read_row_groups`` (it pipelines I/O and decoding), and matches
 ``pq.read_table`` from 4 row groups per call on; for a single row group ``ParquetFile
 .read_row_group(use_threads=False)`` is ~0.3 ms faster. So the reader decodes one group with
-``ParquetFile`` and several with the fragment, and reads ahead on sequential access (8 MiB of
+``ParquetFile`` and several with the fragment, and reads ahead on sequential access (1 MiB of
 row groups per call, doubling to 64 MiB). A scan in 1024-row takes then runs at 80-90% of
 ``pq.read_table`` on the same file (18 MB list<int32>, 3 MB text, 8 x 0.4 MB text shards).
 
@@ -41,11 +41,11 @@ from zephon_columnar.io.dataset import Dataset, _check_same_schema, take_rows
 
 DEFAULT_CACHE_BYTES = 32 << 20  # decoded row groups kept per reader: read-ahead + what is being sliced
 DEFAULT_MAX_OPEN_FILES = 16
-# Sequential read-ahead, in uncompressed bytes (footer sizes) per decode call: starts at 8 MiB
+# Sequential read-ahead, in uncompressed bytes (footer sizes) per decode call: starts at 1 MiB
 # and doubles while the scan stays sequential, up to 64 MiB (and half the row-group cache).
 # Decoding ~4 row groups per call already reaches pq.read_table speed; a byte budget keeps that
 # true for tiny and for huge row groups alike.
-_READAHEAD_START_BYTES = 8 << 20
+_READAHEAD_START_BYTES = 1 << 20
 _READAHEAD_MAX_BYTES = 64 << 20
 _FOOTER_THREADS = 8
 
@@ -145,7 +145,7 @@ class ParquetReader:
           consecutive, ``Table.take`` otherwise.
         - Decoded row groups are kept in an LRU bounded by ``cache_bytes`` (decoded Arrow
           bytes); open files and footers in an LRU of ``max_open_files`` shards.
-        - Sequential access reads ahead (8 MiB of row groups per decode, doubling up to 64 MiB
+        - Sequential access reads ahead (1 MiB of row groups per decode, doubling up to 64 MiB
           or half the cache), so a scan in slices of any size decodes each row group exactly once.
         - Remote shards are read from their local copy in ``shard_cache``.
         - Not thread-safe: one reader per worker. ``stats`` counts decoded row groups
