@@ -38,7 +38,8 @@ from zephon_columnar.types import SampleBatch, records_of
 from zephon_columnar.work.base import WorkSource
 
 
-#: Rows of a lane's first frame; later frames grow 4x up to the fetch batch size.
+#: Rows of a lane's first frame when it cannot be one batch; frames grow 4x up to the fetch
+#: batch size.
 FIRST_FRAME_ROWS = 64
 
 
@@ -161,9 +162,13 @@ class Engine:
     def _source_events(self, lane: int, ws: WorkSource, epoch: int, skip_inputs: int = 0) -> Iterator[Any]:
         k = self.plan.flush_every
         comp_ids = ws.component_ids()
-        # The first frames of a pass are small and grow to rows_per_frame, so the first batch waits
-        # for one small read, not a whole frame. Frame sizes never change the data.
-        step = min(self.rows_per_frame, FIRST_FRAME_ROWS)
+        # The first frames of a pass (or after a restore) are small and grow 4x to rows_per_frame,
+        # so the first batch waits for the rows it needs, not a whole frame. Frame sizes never
+        # change the data.
+        first = FIRST_FRAME_ROWS
+        if self.plan.batch is not None and not self.plan.stateful:
+            first = self.plan.batch.microbatch_size
+        step = min(self.rows_per_frame, first)
         for chunk_id, state, chunk in self._chunks_ahead(ws, epoch * k):
             if state is not None:
                 yield EpochStart(chunk_id // k, state)
