@@ -120,6 +120,62 @@ class Pipeline:
         ``pyarrow.compute.Expression``, or ``fn(payload) -> bool``."""
         return self._add(FilterOp(predicate, parallelism=parallelism))
 
+    def decode_text(self, parallelism: int | None = None, **kwargs: Any) -> "Pipeline":
+        """Decode binary/string fields to text, vectorized: ``fields=("text",), encoding="utf-8",
+        errors="strict", normalize_newlines=True, lowercase=False``."""
+        from zephon_columnar.ops.decode import DecodeTextOp
+
+        return self._add(DecodeTextOp(parallelism=parallelism, **kwargs))
+
+    def tokenize(self, tokenizer: Any = None, tokenizer_id: str | None = None, *, field: str,
+                 missing_field: str = "error", add_attention_mask: bool = True, max_length: int | None = None,
+                 padding: bool | str = False, truncation: bool = False, return_tensors: str | None = None,
+                 split_long_samples: bool = False, use_fast: bool = True, preserve_upstream_payload: bool = False,
+                 special_tokens: str = "bos_eos", bos_token_id: int | None = None, eos_token_id: int | None = None,
+                 placement: str = "auto", parallelism: int | None = None) -> "Pipeline":
+        """Tokenize ``field`` into ``input_ids`` (and ``attention_mask``) list<int32> columns.
+
+        ``tokenizer`` may be a ``tokenizers.Tokenizer``, a ``transformers`` fast tokenizer or any
+        HF-like callable; ``tokenizer_id`` a ``tokenizer.json`` path or a folder saved by
+        ``save_pretrained`` (no ``transformers`` needed).
+
+        Example:
+            >>> pipe.tokenize(tokenizer_id="tok/", field="text", special_tokens="eos")  # doctest: +SKIP
+        """
+        from zephon_columnar.ops.tokenize import TokenizeOp
+
+        return self._add(TokenizeOp(
+            tokenizer, tokenizer_id, field=field, missing_field=missing_field, add_attention_mask=add_attention_mask,
+            max_length=max_length, padding=padding, truncation=truncation, return_tensors=return_tensors,
+            split_long_samples=split_long_samples, use_fast=use_fast,
+            preserve_upstream_payload=preserve_upstream_payload, special_tokens=special_tokens,
+            bos_token_id=bos_token_id, eos_token_id=eos_token_id, parallelism=parallelism))
+
+    def pack_flat(self, max_length: int, *, num_bins: int | None = None, max_sequences_per_bin: int | None = None,
+                  algorithm: str = "first_fit", tokens_field: str = "auto", pad_token_id: int | None = None,
+                  emit_positions: bool = True, drop_oversized: bool | None = None, min_sequence_length: int = 1,
+                  shuffle_strategy: str | None = None, shuffle_seed: int | None = None, flush_strategy: str = "fifo",
+                  candidate_pool_size: int | None = None, max_candidate_age: int | None = None,
+                  homogeneity: str = "none", groups: Any = None, placement: str = "auto",
+                  parallelism: int | None = None) -> "Pipeline":
+        """Pack each lane's token stream into rows of exactly ``max_length`` tokens.
+
+        Real tokens are conserved: at flush points and at the end the partial row is padded with
+        ``pad_token_id`` and masked, never dropped. ``positions`` restart at every document.
+
+        Example:
+            >>> pipe.tokenize(tokenizer=tok, field="text").pack_flat(2048, algorithm="wrap")  # doctest: +SKIP
+        """
+        from zephon_columnar.ops.pack import PackFlatOp
+
+        return self._add(PackFlatOp(
+            max_length, num_bins=num_bins, max_sequences_per_bin=max_sequences_per_bin, algorithm=algorithm,
+            tokens_field=tokens_field, pad_token_id=pad_token_id, emit_positions=emit_positions,
+            drop_oversized=drop_oversized, min_sequence_length=min_sequence_length,
+            shuffle_strategy=shuffle_strategy, shuffle_seed=shuffle_seed, flush_strategy=flush_strategy,
+            candidate_pool_size=candidate_pool_size, max_candidate_age=max_candidate_age,
+            homogeneity=homogeneity, groups=groups, parallelism=parallelism))
+
     def add_op(self, op: BaseOp | str, /, *, name: str | None = None, placement: str = "auto",
                process_many: Callable[[list[Any]], list[Any]] | None = None,
                preserves_cursor_order: bool | None = None, parallelism: int | None = None,

@@ -37,7 +37,6 @@ from zephon_columnar.options import RuntimeOptions
 from zephon_columnar.types import SampleBatch, records_of
 from zephon_columnar.work.base import WorkSource
 
-
 #: Rows of a lane's first frame when it cannot be one batch; frames grow 4x up to the fetch
 #: batch size.
 FIRST_FRAME_ROWS = 64

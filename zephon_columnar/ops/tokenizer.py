@@ -1,0 +1,470 @@
+"""Loading tokenizers offline: `load_tokenizer` -> `TokenizerHandle`.
+
+Accepted forms (nothing is ever downloaded, ``transformers`` is never imported):
+
+- a ``tokenizers.Tokenizer``;
+- ``tokenizer_id=`` (or ``tokenizer=``) a path to a ``tokenizer.json`` file;
+- ``tokenizer_id=`` a folder holding ``tokenizer.json`` and optionally ``tokenizer_config.json`` /
+  ``special_tokens_map.json`` (what ``save_pretrained`` writes);
+- a ``transformers`` fast tokenizer object, recognised by duck typing: it has a
+  ``backend_tokenizer`` attribute (a ``tokenizers.Tokenizer``) and ``bos_token_id`` /
+  ``eos_token_id`` / ``pad_token_id`` attributes;
+- any HF-like callable: ``tok(texts, add_special_tokens=...)`` returning a mapping with
+  ``"input_ids"`` (one list of ids per text).
+
+The handle is cheap to pickle (a Rust tokenizer travels as its JSON string and is rebuilt on
+first use after unpickling; a callable is pickled as it is), which is how each worker copy of an
+operator gets its own tokenizer, built once.
+
+Special tokens. BOS/EOS/PAD ids come, in this order of precedence, from
+
+1. the operator's explicit overrides (``bos_token_id=`` / ``eos_token_id=``, applied by the op);
+2. a transformers-like object's ``bos_token_id`` / ``eos_token_id`` / ``pad_token_id``;
+3. a folder's ``special_tokens_map.json``, then ``tokenizer_config.json`` (as in transformers:
+   the map wins); keys ``bos_token`` / ``eos_token`` / ``pad_token`` given as strings or
+   ``{"content": ...}`` dicts, resolved with ``token_to_id``. A key present with value null means
+   "this tokenizer has none" and stops the search;
+4. only for a bare ``tokenizer.json`` (or a key absent from the folder's files): the tokenizer's
+   added tokens, first match in ``BOS_CANDIDATES`` / ``EOS_CANDIDATES`` / ``PAD_CANDIDATES``;
+   for PAD, first the padding configured in ``tokenizer.json``.
+
+Example:
+    >>> h = load_tokenizer(tokenizer_id="my_tok/")                     # doctest: +SKIP
+    >>> ids, offsets = h.encode_ids(["hello world", "bye"])            # doctest: +SKIP
+    >>> h.eos_token_id                                                 # doctest: +SKIP
+    2
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import numpy as np
+
+from zephon_columnar.errors import ConfigError
+
+#: Added-token contents searched, in this order, for a bare tokenizer's BOS.
+BOS_CANDIDATES: tuple[str, ...] = ("<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>", "[CLS]",
+                                   "<|endoftext|>")
+#: Added-token contents searched, in this order, for a bare tokenizer's EOS.
+EOS_CANDIDATES: tuple[str, ...] = ("</s>", "<|end_of_text|>", "<eos>", "<|endoftext|>", "[SEP]")
+#: Added-token contents searched, in this order, for a bare tokenizer's PAD.
+PAD_CANDIDATES: tuple[str, ...] = ("<pad>", "[PAD]", "<|pad|>", "<|padding|>")
+
+TOKENIZER_FILE = "tokenizer.json"
+CONFIG_FILES = ("special_tokens_map.json", "tokenizer_config.json")  # precedence order
+
+Kind = Literal["tokenizers", "callable"]
+_SPECIALS = ("bos", "eos", "pad")
+
+
+def _build_tokenizer(json_str: str) -> Any:
+    """Every Rust tokenizer this module builds goes through here (tests count the loads)."""
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_str(json_str)
+
+
+def _is_rust_tokenizer(obj: Any) -> bool:
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:  # pragma: no cover - tokenizers is a dependency
+        return False
+    return isinstance(obj, Tokenizer)
+
+
+def _is_hf_fast(obj: Any) -> bool:
+    return _is_rust_tokenizer(getattr(obj, "backend_tokenizer", None))
+
+
+def _hub_id_error(name: str, arg: str) -> ConfigError:
+    return ConfigError(
+        f"{arg}={name!r} is not an existing tokenizer.json file or tokenizer folder. zephon_columnar loads "
+        "tokenizers offline only: it never downloads from the Hugging Face Hub or a bucket (no network "
+        "access, no retries). Download the files once (e.g. `huggingface-cli download "
+        f"{name} tokenizer.json tokenizer_config.json special_tokens_map.json --local-dir ./tok`) and "
+        "pass tokenizer_id='./tok' (the folder) or the path of its tokenizer.json; or pass a loaded "
+        "tokenizers.Tokenizer / transformers tokenizer object as tokenizer=."
+    )
+
+
+def resolve_tokenizer_path(path: str | os.PathLike[str], *, arg: str = "tokenizer_id") -> Path:
+    """The ``tokenizer.json`` behind a file or folder path; a ConfigError at once for anything else
+    (a hub id, a bucket URI, a missing path, a folder without ``tokenizer.json``)."""
+    name = os.fspath(path)
+    p = Path(name).expanduser()
+    if p.is_file():
+        return p
+    if p.is_dir():
+        f = p / TOKENIZER_FILE
+        if not f.is_file():
+            present = sorted(x.name for x in p.iterdir())[:12]
+            raise ConfigError(
+                f"{arg}={name!r}: the folder has no {TOKENIZER_FILE} (it holds {present}). Only fast "
+                "tokenizers saved as tokenizer.json load without transformers; convert it once with "
+                "transformers (AutoTokenizer.from_pretrained(path).save_pretrained(path)) or pass the "
+                "transformers tokenizer object as tokenizer=."
+            )
+        return f
+    raise _hub_id_error(name, arg)
+
+
+def check_tokenizer_args(tokenizer: Any = None, tokenizer_id: Any = None) -> None:
+    """Cheap up-front check of the arguments ``load_tokenizer`` takes (no loading): raises the
+    same ConfigError ``load_tokenizer`` would for a missing/unsupported argument or a hub id."""
+    if tokenizer is None and tokenizer_id is None:
+        raise ConfigError(
+            "tokenize: no tokenizer given. Pass tokenizer= (a tokenizers.Tokenizer, a transformers "
+            "tokenizer object or an HF-like callable) or tokenizer_id= (a path to a tokenizer.json or "
+            "to a folder saved by save_pretrained)."
+        )
+    if tokenizer is not None and tokenizer_id is not None:
+        raise ConfigError("tokenize: pass either tokenizer= or tokenizer_id=, not both.")
+    if tokenizer_id is not None:
+        if not isinstance(tokenizer_id, (str, os.PathLike)):
+            raise ConfigError(f"tokenizer_id= must be a path (str), got {type(tokenizer_id).__name__}; "
+                              "pass tokenizer objects as tokenizer=.")
+        resolve_tokenizer_path(tokenizer_id)
+        return
+    if isinstance(tokenizer, (str, os.PathLike)):
+        resolve_tokenizer_path(tokenizer, arg="tokenizer")
+        return
+    if not (_is_rust_tokenizer(tokenizer) or _is_hf_fast(tokenizer) or callable(tokenizer)):
+        raise ConfigError(
+            f"tokenizer= got a {type(tokenizer).__name__}; pass a tokenizers.Tokenizer, a transformers fast "
+            "tokenizer, a callable tok(texts, add_special_tokens=False) -> {'input_ids': [[...]]}, or a "
+            "tokenizer.json / folder path."
+        )
+
+
+# ---------------------------------------------------------------------------- special tokens
+def _token_content(value: Any) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _added_tokens(tok: Any) -> dict[str, int]:
+    try:
+        decoder = tok.get_added_tokens_decoder()
+    except AttributeError:  # very old tokenizers
+        return {}
+    return {t.content: int(i) for i, t in sorted(decoder.items())}
+
+
+def _heuristic_specials(tok: Any) -> dict[str, int | None]:
+    added = _added_tokens(tok)
+    out: dict[str, int | None] = {}
+    for key, cands in (("bos", BOS_CANDIDATES), ("eos", EOS_CANDIDATES), ("pad", PAD_CANDIDATES)):
+        out[key] = next((added[c] for c in cands if c in added), None)
+    padding = tok.padding
+    if padding and padding.get("pad_id") is not None:
+        out["pad"] = int(padding["pad_id"])
+    return out
+
+
+def _folder_specials(folder: Path, tok: Any) -> tuple[dict[str, int | None], dict[str, str]]:
+    """Ids named by the folder's config files (a key set to null counts as "none"), and notes
+    explaining ids that could not be resolved."""
+    ids: dict[str, int | None] = {}
+    notes: dict[str, str] = {}
+    for fname in CONFIG_FILES:
+        f = folder / fname
+        if not f.is_file():
+            continue
+        try:
+            cfg = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"{f}: not readable JSON ({err}); fix or remove the file.") from err
+        if not isinstance(cfg, dict):
+            continue
+        for key in _SPECIALS:
+            name = f"{key}_token"
+            if key in ids or name not in cfg:
+                continue
+            content = _token_content(cfg[name])
+            if content is None:
+                ids[key] = None
+                notes[key] = f"{fname} sets {name} to {json.dumps(cfg[name])}"
+                continue
+            tid = tok.token_to_id(content)
+            ids[key] = None if tid is None else int(tid)
+            if tid is None:
+                notes[key] = f"{fname} names {name} {content!r}, which is not in the vocabulary"
+    return ids, notes
+
+
+# ---------------------------------------------------------------------------- the handle
+class TokenizerHandle:
+    """A loaded tokenizer: ``encode_ids`` plus its BOS/EOS/PAD ids (None when unknown).
+
+    Pickles cheaply: a Rust tokenizer as its JSON string (rebuilt on first use), a callable as it
+    is. The handle never mutates a tokenizer it was given; it encodes with its own copy whenever
+    it needs to set truncation or clear padding.
+    """
+
+    def __init__(self, *, kind: Kind, source: str, tokenizer: Any = None, json_str: str | None = None,
+                 fn: Callable[..., Any] | None = None, bos_token_id: int | None = None,
+                 eos_token_id: int | None = None, pad_token_id: int | None = None,
+                 identity: str | None = None, notes: dict[str, str] | None = None) -> None:
+        self.kind = kind
+        self.source = source
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+        #: Why a special id is None, when a config file said something about it.
+        self.notes = dict(notes or {})
+        self._tok = tokenizer
+        self._owned = False  # whether self._tok is our own copy (ours to configure)
+        self._json = json_str
+        self._fn = fn
+        self._identity = identity
+        self._trunc: int | None = None
+
+    # pickling: the JSON string, never the Rust object
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if self.kind == "tokenizers":
+            state["_json"] = self.json_str()
+            state["_tok"] = None
+            state["_owned"] = False
+            state["_trunc"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        return (f"TokenizerHandle({self.kind}, {self.source}, bos={self.bos_token_id}, eos={self.eos_token_id}, "
+                f"pad={self.pad_token_id})")
+
+    def json_str(self) -> str:
+        if self.kind != "tokenizers":
+            raise TypeError("json_str(): this handle wraps a callable, not a tokenizers.Tokenizer")
+        if self._json is None:
+            self._json = self._tok.to_str()
+        return self._json
+
+    @property
+    def built(self) -> bool:
+        """Whether the tokenizer object exists in this copy (False right after unpickling)."""
+        return self.kind == "callable" or self._tok is not None
+
+    def materialize(self) -> TokenizerHandle:
+        """Build the tokenizer now (workers call this once in ``setup``)."""
+        if self.kind == "tokenizers":
+            self._own()
+        return self
+
+    def _own(self) -> Any:
+        if not self._owned:
+            tok = _build_tokenizer(self.json_str())
+            tok.no_padding()  # padding to the longest of a call would depend on the frame
+            tok.no_truncation()
+            self._tok, self._owned, self._trunc = tok, True, None
+        return self._tok
+
+    @property
+    def tokenizer(self) -> Any:
+        """The ``tokenizers.Tokenizer`` (None for a callable)."""
+        if self.kind != "tokenizers":
+            return None
+        return self._tok if self._tok is not None else self._own()
+
+    def identity(self) -> str:
+        """A content hash naming this tokenizer (for fingerprints)."""
+        if self._identity is None:
+            if self.kind == "tokenizers":
+                self._identity = "sha256:" + hashlib.sha256(self.json_str().encode()).hexdigest()
+            else:
+                self._identity = callable_identity(self._fn)
+        return self._identity
+
+    def token_to_id(self, token: str) -> int | None:
+        if self.kind == "tokenizers":
+            return self.tokenizer.token_to_id(token)
+        conv = getattr(self._fn, "convert_tokens_to_ids", None)
+        return None if conv is None else conv(token)
+
+    # ------------------------------------------------------------------ encoding
+    def encode_ids(self, texts: list[str], *, add_special_tokens: bool = False,
+                   truncate_to: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids of ``texts`` as one flat int32 array and int64 row offsets (len n+1).
+
+        ``truncate_to`` cuts every row to at most that many ids (for a Rust tokenizer its own
+        truncation, which keeps the post-processor's specials when ``add_special_tokens``).
+        """
+        if self.kind == "tokenizers":
+            return self._encode_rust(texts, add_special_tokens, truncate_to)
+        return self._encode_callable(texts, add_special_tokens, truncate_to)
+
+    def _encode_rust(self, texts: list[str], add_special_tokens: bool,
+                     truncate_to: int | None) -> tuple[np.ndarray, np.ndarray]:
+        tok = self._tok
+        if not self._owned and (truncate_to is not None or tok is None or tok.padding or tok.truncation):
+            tok = self._own()
+        if truncate_to != self._trunc:
+            if truncate_to is None:
+                tok.no_truncation()
+            else:
+                tok.enable_truncation(max_length=truncate_to)
+            self._trunc = truncate_to
+        encode = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
+        encodings = encode(texts, add_special_tokens=add_special_tokens)
+        # Lengths from len(encoding) (no list built), then one pass over the ids lists, each freed
+        # as soon as it is copied: measured ~1.5x faster than building the list of lists first,
+        # ~1.8x faster than pyarrow's list conversion, ~3x faster than Encoding.merge.
+        n = len(encodings)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, encodings), dtype=np.int64, count=n), out=offsets[1:])
+        flat = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int32,
+                           count=int(offsets[-1]))
+        return flat, offsets
+
+    def _encode_callable(self, texts: list[str], add_special_tokens: bool,
+                         truncate_to: int | None) -> tuple[np.ndarray, np.ndarray]:
+        out = self._fn(texts, add_special_tokens=add_special_tokens)
+        try:
+            rows = out["input_ids"]
+        except (KeyError, TypeError, IndexError) as err:
+            raise TypeError(f"tokenizer {self.source} returned {type(out).__name__} without 'input_ids'; an HF-like "
+                            "callable must return a mapping with 'input_ids' (one list of ids per text)") from err
+        if hasattr(rows, "tolist"):
+            rows = rows.tolist()
+        rows = list(rows)
+        if len(rows) != len(texts):
+            raise TypeError(f"tokenizer {self.source} returned {len(rows)} rows of input_ids for {len(texts)} texts")
+        rows = [r.tolist() if hasattr(r, "tolist") else r for r in rows]
+        flat, offsets = _flatten(rows)
+        if truncate_to is not None:
+            flat, offsets = truncate_rows(flat, offsets, truncate_to)
+        return flat, offsets
+
+
+def _flatten(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """One int32 buffer and int64 offsets from lists of ids, no per-token Python bytecode
+    (measured faster than pyarrow's list conversion or per-row numpy arrays)."""
+    n = len(rows)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, rows), dtype=np.int64, count=n), out=offsets[1:])
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32, count=int(offsets[-1]))
+    return flat, offsets
+
+
+def truncate_rows(flat: np.ndarray, offsets: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """Keep the first ``limit`` ids of every row (vectorized)."""
+    lens = np.diff(offsets)
+    if not len(lens) or int(lens.max()) <= limit:
+        return flat, offsets
+    keep_lens = np.minimum(lens, limit)
+    pos = np.arange(len(flat), dtype=np.int64) - np.repeat(offsets[:-1], lens)
+    new_off = np.zeros_like(offsets)
+    np.cumsum(keep_lens, out=new_off[1:])
+    return flat[pos < np.repeat(keep_lens, lens)], new_off
+
+
+def callable_identity(fn: Any) -> str:
+    """Best-effort stable identity of an HF-like callable: its class, ``name_or_path`` and a hash
+    of its vocabulary when it has ``get_vocab``."""
+    cls = type(fn)
+    parts = [f"{cls.__module__}.{cls.__qualname__}", str(getattr(fn, "name_or_path", ""))]
+    get_vocab = getattr(fn, "get_vocab", None)
+    if callable(get_vocab):
+        try:
+            vocab = json.dumps(sorted(get_vocab().items()))
+        except Exception:  # noqa: BLE001 - identity is best effort: class and name then
+            vocab = ""
+        parts.append(hashlib.sha256(vocab.encode()).hexdigest())
+    for key in _SPECIALS:
+        parts.append(f"{key}={getattr(fn, f'{key}_token_id', None)}")
+    return "callable:" + "|".join(parts)
+
+
+def path_identity(path: str | os.PathLike[str]) -> str:
+    """sha256 of the tokenizer.json and the config files beside it (for a folder)."""
+    f = resolve_tokenizer_path(path)
+    h = hashlib.sha256(f.read_bytes())
+    if Path(os.fspath(path)).expanduser().is_dir():
+        for name in CONFIG_FILES:
+            c = f.parent / name
+            if c.is_file():
+                h.update(name.encode() + b"\0" + c.read_bytes())
+    return "sha256:" + h.hexdigest()
+
+
+def tokenizer_identity(tokenizer: Any = None, tokenizer_id: Any = None) -> str:
+    """Content identity of a tokenizer argument without loading a path (hashes its files)."""
+    path = tokenizer_id if tokenizer_id is not None else tokenizer
+    if isinstance(path, (str, os.PathLike)):
+        return path_identity(path)
+    return load_tokenizer(tokenizer).identity()
+
+
+# ---------------------------------------------------------------------------- loading
+def load_tokenizer(tokenizer: Any = None, tokenizer_id: Any = None) -> TokenizerHandle:
+    """Wrap or load a tokenizer, offline. See the module docstring for the accepted forms and how
+    BOS/EOS/PAD are found.
+
+    Raises:
+        ConfigError: neither argument, both, an unsupported object, or a string that is not an
+            existing ``tokenizer.json`` file or folder (e.g. a hub id: raised at once, nothing is
+            downloaded).
+
+    Example:
+        >>> from tokenizers import Tokenizer                              # doctest: +SKIP
+        >>> load_tokenizer(Tokenizer.from_file("tok/tokenizer.json")).eos_token_id  # doctest: +SKIP
+    """
+    check_tokenizer_args(tokenizer, tokenizer_id)
+    path = tokenizer_id if tokenizer_id is not None else tokenizer
+    if isinstance(path, (str, os.PathLike)):
+        return _load_path(path, arg="tokenizer_id" if tokenizer_id is not None else "tokenizer")
+    if _is_rust_tokenizer(tokenizer):
+        sp = _heuristic_specials(tokenizer)
+        return TokenizerHandle(kind="tokenizers", source="tokenizers.Tokenizer object", tokenizer=tokenizer,
+                               bos_token_id=sp["bos"], eos_token_id=sp["eos"], pad_token_id=sp["pad"])
+    if _is_hf_fast(tokenizer):
+        # A transformers fast tokenizer: its Rust backend plus its own idea of the specials.
+        ids = {k: _int_or_none(getattr(tokenizer, f"{k}_token_id", None)) for k in _SPECIALS}
+        name = getattr(tokenizer, "name_or_path", "") or ""
+        return TokenizerHandle(kind="tokenizers", source=f"{type(tokenizer).__name__}({name!r})",
+                               tokenizer=tokenizer.backend_tokenizer, bos_token_id=ids["bos"],
+                               eos_token_id=ids["eos"], pad_token_id=ids["pad"])
+    ids = {k: _int_or_none(getattr(tokenizer, f"{k}_token_id", None)) for k in _SPECIALS}
+    if ids["pad"] is None and isinstance(getattr(tokenizer, "pad_token", None), str):
+        conv = getattr(tokenizer, "convert_tokens_to_ids", None)
+        if callable(conv):
+            ids["pad"] = _int_or_none(conv(tokenizer.pad_token))
+    return TokenizerHandle(kind="callable", source=f"callable {type(tokenizer).__name__}", fn=tokenizer,
+                           bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["pad"])
+
+
+def _int_or_none(v: Any) -> int | None:
+    return None if v is None else int(v)
+
+
+def _load_path(path: str | os.PathLike[str], *, arg: str) -> TokenizerHandle:
+    f = resolve_tokenizer_path(path, arg=arg)
+    try:
+        json_str = f.read_text(encoding="utf-8")
+        tok = _build_tokenizer(json_str)
+    except Exception as err:
+        raise ConfigError(f"{arg}={os.fspath(path)!r}: {f} is not a tokenizers JSON file "
+                          f"({type(err).__name__}: {err}).") from err
+    tok.no_padding()
+    tok.no_truncation()
+    sp = _heuristic_specials(tok)
+    notes: dict[str, str] = {}
+    is_folder = Path(os.fspath(path)).expanduser().is_dir()
+    if is_folder:
+        cfg, notes = _folder_specials(f.parent, tok)
+        sp.update(cfg)
+    handle = TokenizerHandle(kind="tokenizers", source=f"{arg}={os.fspath(path)!r}", tokenizer=tok,
+                             json_str=json_str, bos_token_id=sp["bos"], eos_token_id=sp["eos"],
+                             pad_token_id=sp["pad"], notes=notes, identity=path_identity(path))
+    handle._owned = True  # built here: ours to configure
+    return handle
