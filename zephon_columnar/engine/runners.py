@@ -206,12 +206,12 @@ def ordered_map(events: Iterator[Any], runner: Any, stage: int, window: int) -> 
     """Run frames of ``events`` through ``stage`` on ``runner``, up to ``window`` ahead, and
     yield results in input order. Non-frame events (markers) pass through in place.
 
-    The look-ahead starts at one frame and doubles with every result, up to ``window``: the
-    first frame of a pass (or of a restore) gets the workers to itself instead of queueing
-    behind look-ahead reads, and the steady state keeps ``window`` frames in flight.
+    The look-ahead starts at zero (the first frame of a pass, or of a restore, gets the workers
+    to itself instead of queueing behind look-ahead reads), then 1, 2, 4, ... up to ``window``
+    frames in flight.
     """
     pending: deque[tuple[bool, Any]] = deque()
-    ahead = min(1, window)
+    ahead = 0
     try:
         for ev in events:
             if isinstance(ev, pa.Table):
@@ -221,7 +221,7 @@ def ordered_map(events: Iterator[Any], runner: Any, stage: int, window: int) -> 
             while pending and (not pending[0][0] or len(pending) > ahead):
                 is_frame, v = pending.popleft()
                 if is_frame:
-                    ahead = min(window, ahead * 2)
+                    ahead = min(window, max(1, ahead * 2))
                 yield v.result() if is_frame else v
         while pending:
             is_frame, v = pending.popleft()
