@@ -1,5 +1,6 @@
-"""The demo: real text on disk -> mixture of two datasets -> filter -> tokenize -> batches of
-torch tensors, with a progress bar, rows/s, and a checkpoint/resume check.
+"""The demo: real text on disk -> mixture of two datasets -> filter -> tokenize -> pack into rows
+of 257 tokens -> batches of torch tensors, with a progress bar, rows/s and tokens/s, and a
+checkpoint/resume check.
 
     make demo            (or: python examples/demo.py [--docs N])
 """
@@ -15,36 +16,12 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 import torch  # noqa: F401 - a training loop has torch loaded; keeps its import out of the timing
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo_data import write_demo_data  # noqa: E402
 
 import zephon_columnar as zephon  # noqa: E402
-from zephon_columnar.ops import BaseOp, OpContext, OpTraits  # noqa: E402
-
-
-class TokenizeText(BaseOp):
-    """A columnar operator: one ``encode_batch_fast`` call per frame, ids built as Arrow lists."""
-
-    name = "tokenize_text"
-
-    def __init__(self, tokenizer_path: str) -> None:
-        super().__init__()
-        self.tokenizer_path = tokenizer_path
-        self._tok: Tokenizer | None = None
-
-    def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=2)
-
-    def setup(self, ctx: OpContext) -> None:
-        super().setup(ctx)
-        self._tok = Tokenizer.from_file(self.tokenizer_path)  # once per worker
-
-    def process_frame(self, frame: pa.Table) -> pa.Table:
-        encodings = self._tok.encode_batch_fast(frame.column("text").to_pylist())
-        ids = pa.array([e.ids for e in encodings], pa.list_(pa.int32()))
-        return frame.append_column("input_ids", ids).drop_columns(["text"])
 
 
 def train_tokenizer(texts_dir: Path, out: Path) -> str:
@@ -53,7 +30,8 @@ def train_tokenizer(texts_dir: Path, out: Path) -> str:
     texts = pa.concat_tables([pq.read_table(p) for p in sorted(texts_dir.glob("*.parquet"))]).column("text")
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel()
-    tok.train_from_iterator(texts.to_pylist(), trainers.BpeTrainer(vocab_size=4000, special_tokens=["[PAD]", "[UNK]"]))
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts.to_pylist(), trainers.BpeTrainer(vocab_size=4000, special_tokens=["[PAD]", "[EOS]", "[UNK]"]))
     tok.save(str(out))
     return str(out)
 
@@ -64,9 +42,11 @@ def build(parquet_dir: Path, jsonl_dir: Path, tok_path: str) -> zephon.Pipeline:
     ws = zephon.StaticMixtureWorkSource([docs, more], zephon.MixtureSpec({"docs": 0.7, "more_docs": 0.3}),
                                         chunk_size=512, seed=2026, shuffle_within_shard=True)
     return (zephon.Pipeline(ws)
-            .filter(pl.col("text").str.len_chars() >= 40)
+            .filter(pl.col("text").str.len_chars() >= 40)          # columnar, no Python per row
             .map_transform(pl.col("text").str.strip_chars())
-            .add_op(TokenizeText(tok_path))
+            .tokenize(tokenizer_id=tok_path, field="text", special_tokens="eos", eos_token_id=1,
+                      add_attention_mask=False)
+            .pack_flat(257, algorithm="wrap", pad_token_id=0)       # rows of exactly 257 tokens
             .batch(8))
 
 
