@@ -151,6 +151,29 @@ class Pipeline:
             preserve_upstream_payload=preserve_upstream_payload, special_tokens=special_tokens,
             bos_token_id=bos_token_id, eos_token_id=eos_token_id, parallelism=parallelism))
 
+    def tokenize_chat(self, tokenizer: Any = None, tokenizer_id: str | None = None, *, eos_token: str | None = None,
+                      field: str = "messages", max_length: int | None = None, chat_template: str | None = None,
+                      apply_chat_template: bool = True, span_source: str = "auto", loss_scope: str | None = None,
+                      loss_on_last_turn_only: bool | None = None, chat_template_kwargs: dict[str, Any] | None = None,
+                      tools_field: str = "tools", enable_thinking_field: str = "enable_thinking",
+                      mask_field_out: str = "loss_mask", preserve_upstream_payload: bool = False,
+                      placement: str = "auto", parallelism: int | None = None) -> "Pipeline":
+        """Tokenize ``messages`` conversations into ``input_ids`` plus a ``loss_mask`` that is 1 on
+        assistant tokens, with a Jinja chat template (text or file) or without one.
+
+        Example:
+            >>> pipe.tokenize_chat(tokenizer_id="tok/", chat_template="chat.jinja")  # doctest: +SKIP
+        """
+        from zephon_columnar.ops.chat import TokenizeChatOp
+
+        return self._add(TokenizeChatOp(
+            tokenizer, tokenizer_id, eos_token=eos_token, field=field, max_length=max_length,
+            chat_template=chat_template, apply_chat_template=apply_chat_template, span_source=span_source,
+            loss_scope=loss_scope, loss_on_last_turn_only=loss_on_last_turn_only,
+            chat_template_kwargs=chat_template_kwargs, tools_field=tools_field,
+            enable_thinking_field=enable_thinking_field, mask_field_out=mask_field_out,
+            preserve_upstream_payload=preserve_upstream_payload, parallelism=parallelism))
+
     def pack_flat(self, max_length: int, *, num_bins: int | None = None, max_sequences_per_bin: int | None = None,
                   algorithm: str = "first_fit", tokens_field: str = "auto", pad_token_id: int | None = None,
                   emit_positions: bool = True, drop_oversized: bool | None = None, min_sequence_length: int = 1,
