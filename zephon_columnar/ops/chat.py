@@ -100,10 +100,10 @@ from zephon_columnar.ops.base import BaseOp, OpContext, OpTraits
 from zephon_columnar.ops.rows import sample_of
 from zephon_columnar.ops.tokenizer import (
     TokenizerHandle,
-    check_tokenizer_args,
     load_tokenizer,
     resolve_tokenizer_path,
     tokenizer_identity,
+    tokenizer_source,
 )
 
 SpanSource = Literal["auto", "generation_tags", "prefix_diff"]
@@ -192,15 +192,7 @@ class TokenizeChatOp(BaseOp):
         self.preserve_upstream_payload = bool(preserve_upstream_payload)
         self.parallelism = parallelism
 
-        check_tokenizer_args(tokenizer, tokenizer_id)
-        path = tokenizer_id if tokenizer_id is not None else tokenizer
-        self._path: str | None = None
-        self._handle: TokenizerHandle | None = None
-        if isinstance(path, (str, os.PathLike)):
-            # Loaded in each worker's setup (or at preflight), not in the driver.
-            self._path = os.path.abspath(os.path.expanduser(os.fspath(path)))
-        else:
-            self._handle = load_tokenizer(tokenizer)  # wraps the object: nothing to load
+        self._path, self._handle = tokenizer_source(tokenizer, tokenizer_id)
 
         # The template is read (and compiled, to fail early) here; the compiled form is rebuilt in
         # each worker copy (it does not pickle).

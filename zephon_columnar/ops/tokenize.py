@@ -58,9 +58,9 @@ from zephon_columnar.ops.base import BaseOp, OpContext, OpTraits
 from zephon_columnar.ops.rows import sample_of
 from zephon_columnar.ops.tokenizer import (
     TokenizerHandle,
-    check_tokenizer_args,
     load_tokenizer,
     tokenizer_identity,
+    tokenizer_source,
     truncate_rows,
 )
 
@@ -134,16 +134,8 @@ class TokenizeOp(BaseOp):
                 raise ConfigError("tokenize: split_long_samples=True cuts long documents into pieces and "
                                   "truncation=True cuts them off; pick one.")
 
-        check_tokenizer_args(tokenizer, tokenizer_id)
-        path = tokenizer_id if tokenizer_id is not None else tokenizer
-        self._path: str | None = None
-        self._handle: TokenizerHandle | None = None
-        if isinstance(path, (str, os.PathLike)):
-            # Loaded in each worker's setup (or at preflight), not in the driver.
-            self._path = os.path.abspath(os.path.expanduser(os.fspath(path)))
-            self._path_arg = "tokenizer_id" if tokenizer_id is not None else "tokenizer"
-        else:
-            self._handle = load_tokenizer(tokenizer)  # wraps the object: nothing to load
+        self._path, self._handle = tokenizer_source(tokenizer, tokenizer_id)
+        self._path_arg = "tokenizer_id" if tokenizer_id is not None else "tokenizer"
         self._ids: tuple[int | None, int | None, int | None] | None = None
         self._identity: str | None = None
         if self._handle is not None:

@@ -468,3 +468,14 @@ def _load_path(path: str | os.PathLike[str], *, arg: str) -> TokenizerHandle:
                              pad_token_id=sp["pad"], notes=notes, identity=path_identity(path))
     handle._owned = True  # built here: ours to configure
     return handle
+
+
+def tokenizer_source(tokenizer: Any, tokenizer_id: Any) -> tuple[str | None, "TokenizerHandle | None"]:
+    """``(absolute path, None)`` for a tokenizer given by path (loaded later, in each worker's
+    setup or at preflight, never in the driver), or ``(None, handle)`` for a tokenizer object
+    (wrapped at once: there is nothing to load). Validates the pair of arguments first."""
+    check_tokenizer_args(tokenizer, tokenizer_id)
+    path = tokenizer_id if tokenizer_id is not None else tokenizer
+    if isinstance(path, (str, os.PathLike)):
+        return os.path.abspath(os.path.expanduser(os.fspath(path))), None
+    return None, load_tokenizer(tokenizer)
