@@ -218,7 +218,7 @@ class TokenizeChatOp(BaseOp):
 
     # ------------------------------------------------------------------ contract
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 2)
+        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1)
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)

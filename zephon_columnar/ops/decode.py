@@ -60,7 +60,7 @@ class DecodeTextOp(BaseOp):
         self.parallelism = parallelism
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 2)
+        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1)
 
     def fingerprint(self) -> dict[str, Any]:
         return {"op": self.name, "fields": list(self.fields), "encoding": self.encoding, "errors": self.errors,

@@ -18,7 +18,7 @@ from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io.base import ShardReader
 from zephon_columnar.ops.base import BaseOp, OpContext, OpTraits
 
-DEFAULT_FETCH_BATCH = 1024
+DEFAULT_FETCH_BATCH = 512
 
 
 class FetchOp(BaseOp):
@@ -38,7 +38,7 @@ class FetchOp(BaseOp):
         self._pool: Any = None
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 2)
+        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1)
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)

@@ -73,7 +73,7 @@ class MapOp(BaseOp):
         self.drop_none = drop_none
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 2)
+        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1)
 
     def fingerprint(self) -> dict[str, Any]:
         return {"op": self.name, "fn": _describe(self.fn)}
@@ -113,7 +113,7 @@ class FilterOp(BaseOp):
         self.parallelism = parallelism
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 2)
+        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1)
 
     def fingerprint(self) -> dict[str, Any]:
         return {"op": self.name, "predicate": _describe(self.predicate)}

@@ -144,7 +144,7 @@ class TokenizeOp(BaseOp):
     # ------------------------------------------------------------------ contract
     def traits(self) -> OpTraits:
         return OpTraits(preserves_cursor_order=True, indexable=not self.split_long_samples,
-                        parallelism=self.parallelism or 2)
+                        parallelism=self.parallelism or 1)
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)
