@@ -100,7 +100,7 @@ from zephon_columnar.ops.base import BaseOp, OpContext, OpTraits
 from zephon_columnar.ops.rows import sample_of
 from zephon_columnar.ops.tokenizer import (
     TokenizerHandle,
-    load_tokenizer,
+    TokenizerOwner,
     resolve_tokenizer_path,
     tokenizer_identity,
     tokenizer_source,
@@ -121,7 +121,7 @@ _CLOSE = "\x00zc-gen>\U000f0000\x00"
 _TRACK_VAR = "__zephon_columnar_track_generation"
 
 
-class TokenizeChatOp(BaseOp):
+class TokenizeChatOp(TokenizerOwner, BaseOp):
     """Tokenize conversations into ``input_ids`` plus a loss mask; see the module docstring.
 
     Stateless and columnar: one batched tokenizer call per frame; the template renders are the
@@ -264,12 +264,6 @@ class TokenizeChatOp(BaseOp):
         return state
 
     # ------------------------------------------------------------------ tokenizer, specials, template
-    def _ensure_handle(self) -> TokenizerHandle:
-        if self._handle is None:
-            assert self._path is not None
-            self._handle = load_tokenizer(tokenizer_id=self._path)
-        return self._handle
-
     def _resolve(self) -> tuple[int | None, str | None, str | None]:
         """(EOS id appended by the no-template path, BOS string, EOS string for the template)."""
         if self._specials is not None:

@@ -57,8 +57,7 @@ from zephon_columnar.errors import ConfigError, PipelineError
 from zephon_columnar.ops.base import BaseOp, OpContext, OpTraits
 from zephon_columnar.ops.rows import sample_of
 from zephon_columnar.ops.tokenizer import (
-    TokenizerHandle,
-    load_tokenizer,
+    TokenizerOwner,
     tokenizer_identity,
     tokenizer_source,
     truncate_rows,
@@ -70,7 +69,7 @@ OUTPUT_FIELDS = ("input_ids", "attention_mask")
 _INT32_MAX = 2**31 - 1
 
 
-class TokenizeOp(BaseOp):
+class TokenizeOp(TokenizerOwner, BaseOp):
     """Tokenize ``field`` into ``input_ids`` (+ ``attention_mask``); see the module docstring.
 
     The tokenizer is built once per worker copy (in ``setup``, or on the first frame when the op
@@ -178,12 +177,6 @@ class TokenizeOp(BaseOp):
     # ------------------------------------------------------------------ tokenizer and ids
     def _n_specials(self) -> int:
         return {"bos_eos": 2, "bos": 1, "eos": 1}.get(self.special_tokens, 0)
-
-    def _ensure_handle(self) -> TokenizerHandle:
-        if self._handle is None:
-            assert self._path is not None
-            self._handle = load_tokenizer(tokenizer_id=self._path)
-        return self._handle
 
     def _resolve_ids(self) -> tuple[int | None, int | None, int | None]:
         """(bos, eos, pad) this configuration splices; a needed one missing is a ConfigError."""

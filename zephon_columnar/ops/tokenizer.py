@@ -479,3 +479,17 @@ def tokenizer_source(tokenizer: Any, tokenizer_id: Any) -> tuple[str | None, "To
     if isinstance(path, (str, os.PathLike)):
         return os.path.abspath(os.path.expanduser(os.fspath(path))), None
     return None, load_tokenizer(tokenizer)
+
+
+class TokenizerOwner:
+    """Mixin of the tokenizing operators: ``self._path`` (a tokenizer to load per worker) or
+    ``self._handle`` (a wrapped object), as `tokenizer_source` returns them."""
+
+    _path: str | None
+    _handle: "TokenizerHandle | None"
+
+    def _ensure_handle(self) -> "TokenizerHandle":
+        if self._handle is None:
+            assert self._path is not None
+            self._handle = load_tokenizer(tokenizer_id=self._path)
+        return self._handle
