@@ -144,12 +144,25 @@ def _zephon_threads() -> set[str]:
     return {t.name for t in threading.enumerate() if t.name.startswith("zephon")}
 
 
-@pytest.mark.parametrize("runner", ["threads", "process"])
-def test_closing_early_leaves_no_threads_or_processes(web_dir, runner):
+@pytest.mark.parametrize("prefetch_batches", [None, 3])
+def test_prefetch_thread_runs_only_when_asked_for(web_dir, prefetch_batches):
+    pipe = (Pipeline(web_source(web_dir, chunk_size=4)).fetch(max_batch=2).batch(2)
+            .options(runner="threads", prefetch_batches=prefetch_batches))
+    it = iter(pipe)
+    next(it)
+    running = "zephon-prefetch" in _zephon_threads()
+    it.close()
+    assert running == (prefetch_batches is not None)
+    assert ("prefetch thread 3 items ahead" in pipe.explain()) == (prefetch_batches is not None)
+
+
+@pytest.mark.parametrize("runner,prefetch_batches", [("threads", None), ("threads", 2), ("process", None)])
+def test_closing_early_leaves_no_threads_or_processes(web_dir, runner, prefetch_batches):
     import multiprocessing
 
     before = _zephon_threads()
-    pipe = Pipeline(web_source(web_dir, chunk_size=4)).fetch(max_batch=2).batch(2).options(runner=runner)
+    pipe = (Pipeline(web_source(web_dir, chunk_size=4)).fetch(max_batch=2).batch(2)
+            .options(runner=runner, prefetch_batches=prefetch_batches))
     it = iter(pipe)
     next(it)
     it.close()
@@ -218,7 +231,8 @@ def test_fetch_parallelism_does_not_change_data(web_dir, code_dir, parallelism):
     assert collect(build(parallelism)) == collect(build(1).options(runner="inline"))
 
 
-def test_close_from_another_thread_stops_the_consumer(web_dir):
+@pytest.mark.parametrize("prefetch_batches", [None, 2])
+def test_close_from_another_thread_stops_the_consumer(web_dir, prefetch_batches):
     import time
 
     def slow(p):
@@ -226,7 +240,8 @@ def test_close_from_another_thread_stops_the_consumer(web_dir):
         return p
 
     before = _zephon_threads()
-    pipe = Pipeline(web_source(web_dir, chunk_size=4)).fetch(max_batch=2).map_transform(slow).batch(2)
+    pipe = (Pipeline(web_source(web_dir, chunk_size=4)).fetch(max_batch=2).map_transform(slow).batch(2)
+            .options(prefetch_batches=prefetch_batches))
     it = iter(pipe)
     got = []
 

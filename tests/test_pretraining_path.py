@@ -66,15 +66,17 @@ def test_every_token_once_in_lane_order(corpus):
     assert sorted(i for ids in order.values() for i in ids) == list(range(300))
 
 
-@pytest.mark.parametrize("runner", ["threads", "process"])
-def test_same_batches_on_every_runner(corpus, runner):
-    assert collect(build(corpus, runner=runner)) == collect(build(corpus, runner="inline"))
+@pytest.mark.parametrize("opts", [dict(runner="threads"), dict(runner="threads", prefetch_batches=2),
+                                  dict(runner="process")])
+def test_same_batches_on_every_runner(corpus, opts):
+    assert collect(build(corpus, **opts)) == collect(build(corpus, runner="inline"))
 
 
-def test_resume_mid_row(corpus):
-    full = collect(build(corpus))
+@pytest.mark.parametrize("opts", [{}, dict(prefetch_batches=2)])
+def test_resume_mid_row(corpus, opts):
+    full = collect(build(corpus, **opts))
     assert len(full) > 10
-    assert_resumes_exactly(lambda: build(corpus), ks=[0, 1, 3, 7, len(full) // 2, len(full) - 1])
+    assert_resumes_exactly(lambda: build(corpus, **opts), ks=[0, 1, 3, 7, len(full) // 2, len(full) - 1])
 
 
 def test_positions_restart_at_documents(corpus):

@@ -109,8 +109,7 @@ class SampleBatch:
     @property
     def ids(self) -> tuple[SampleId, ...]:
         t = self.table
-        d, s, r = (_column_numpy(t, c).tolist() for c in (F.DATASET, F.SHARD, F.ROW))
-        return tuple(zip(d, s, r))
+        return tuple(zip(*(t.column(c).to_pylist() for c in (F.DATASET, F.SHARD, F.ROW))))
 
     @property
     def lane_id(self) -> int:
@@ -181,7 +180,7 @@ class SampleBatch:
         field_name = _resolve_tokens_field(table, tokens_field)
         tokens, lengths = _stack_list_column(table.column(field_name), pad_token_id, field_name)
         b, s = tokens.shape
-        pad = _pad_mask(lengths, s, table)
+        pad = _pad_mask(lengths, b, s, table)
         schema = table.schema
         names = _Names(schema)
 
@@ -269,22 +268,12 @@ def _column_numpy(table: pa.Table, name: str) -> np.ndarray:
     return _numpy_view(col.chunk(0) if col.num_chunks == 1 else col.combine_chunks())
 
 
-_NUMPY_DTYPES: dict[pa.DataType, np.dtype] = {}
-
-
 def _numpy_view(arr: pa.Array) -> np.ndarray:
-    """Read-only numpy view of a null-free integer/float array, straight from its buffer."""
+    """Read-only numpy view of a null-free integer/float array (a copy otherwise)."""
     t = arr.type
-    dtype = _NUMPY_DTYPES.get(t)
-    if dtype is None:
-        if not (pa.types.is_integer(t) or pa.types.is_floating(t)):
-            return arr.to_numpy(zero_copy_only=False)
-        dtype = _NUMPY_DTYPES[t] = np.dtype(t.to_pandas_dtype())
-    if arr.null_count:
+    if arr.null_count or not (pa.types.is_integer(t) or pa.types.is_floating(t)):
         return arr.to_numpy(zero_copy_only=False)
-    view = np.frombuffer(arr.buffers()[1], dtype=dtype, count=arr.offset + len(arr))[arr.offset:]
-    view.flags.writeable = False
-    return view
+    return arr.to_numpy()  # zero-copy and read-only
 
 
 def _resolve_tokens_field(table: pa.Table, tokens_field: str) -> str:
@@ -315,7 +304,9 @@ def _list_array(col: pa.ChunkedArray, name: str) -> pa.Array:
 
 
 def _list_parts(arr: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """(values, offsets) of a list array as numpy views of its buffers, offsets starting at 0.
+    """(values, offsets) of a list array as numpy views of its buffers; ``values`` covers
+    exactly the array's rows and ``offsets`` index into the child array (they start at
+    ``offsets[0]``, not necessarily 0).
 
     Reading the buffers directly costs a few microseconds; ``ListArray.flatten`` goes through
     Arrow's compute layer and costs several times more per batch.
@@ -327,8 +318,8 @@ def _list_parts(arr: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray]:
         k = t.list_size
         offsets = np.arange(arr.offset, arr.offset + b + 1, dtype=np.int64) * k
     else:
-        width = np.int64 if pa.types.is_large_list(t) else np.int32
-        offsets = np.frombuffer(arr.buffers()[1], dtype=width, count=arr.offset + b + 1)[arr.offset:]
+        width = _LARGE_OFFSETS if pa.types.is_large_list(t) else _OFFSETS
+        offsets = np.frombuffer(arr.buffers()[1], dtype=width, count=b + 1, offset=arr.offset * width.itemsize)
     vtype = child.type
     if not (pa.types.is_integer(vtype) or pa.types.is_floating(vtype)) or child.null_count:
         # Booleans are bit-packed and nulls need a check: the general (slower) path.
@@ -338,38 +329,53 @@ def _list_parts(arr: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray]:
             row = int(np.searchsorted(offsets - offsets[0], first_null, side="right")) - 1
             raise ConfigError(f"to_training: field {name!r} has {flat.null_count} null element(s), the first in "
                               f"batch row {row}; fill or drop them before batching.")
-        return flat.to_numpy(zero_copy_only=False), offsets - offsets[0]
+        return flat.to_numpy(zero_copy_only=False), offsets
     # A read-only view of loader memory: to_training copies it unless zero_copy=True.
-    data = _numpy_view(child)
-    return data[int(offsets[0]):int(offsets[-1])], offsets - offsets[0]
+    return _numpy_view(child)[offsets[0]:offsets[-1]], offsets
 
 
-def _stack_list_column(col: pa.ChunkedArray, pad_value: int, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """(B, S) numpy array of a list column (a view when rows have equal length) and lengths."""
+_OFFSETS, _LARGE_OFFSETS = np.dtype(np.int32), np.dtype(np.int64)
+
+
+def _stack_list_column(col: pa.ChunkedArray, pad_value: int, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """(B, S) numpy array of a list column and the row lengths, or None for the lengths when
+    every row has length S (then the array is a view: a plain reshape of the values)."""
     arr = _list_array(col, name)
     b = len(arr)
     values, offsets = _list_parts(arr, name)
-    lengths = np.diff(offsets).astype(np.int64)
     if b == 0:
-        return values.reshape(0, 0), lengths
+        return values.reshape(0, 0), np.zeros(0, np.int64)
+    lengths = offsets[1:] - offsets[:-1]
     s = int(lengths.max())
-    if int(offsets[-1]) == b * s:  # every row has the maximum length: a plain reshape
-        return values.reshape(b, s), lengths
+    if len(values) == b * s:  # every row has the maximum length
+        return values.reshape(b, s), None
+    lengths = lengths.astype(np.int64)
     out = np.full((b, s), pad_value, dtype=values.dtype)
     rows = np.repeat(np.arange(b), lengths)
-    cols = np.arange(len(values)) - np.repeat(offsets[:-1], lengths)
+    cols = np.arange(len(values)) - np.repeat(offsets[:-1] - offsets[0], lengths)
     out[rows, cols] = values
     return out, lengths
 
 
-def _pad_mask(lengths: np.ndarray, s: int, table: pa.Table) -> np.ndarray | None:
-    """True where a position is padding: past a ragged row's end, or in a packed row's pad
-    tail. None when nothing is padding."""
-    real = lengths
-    if table.schema.get_field_index(PADDING_LENGTH) >= 0:
-        real = lengths - table.column(PADDING_LENGTH).to_numpy().astype(np.int64)
-    if len(real) == 0 or int(real.min()) >= s:
+def _pad_mask(lengths: np.ndarray | None, b: int, s: int, table: pa.Table) -> np.ndarray | None:
+    """True where a position is padding: past a ragged row's end (``lengths``; None when all
+    rows have length ``s``), or in a packed row's pad tail (``__padding_length``). None when
+    nothing is padding."""
+    if b == 0 or s == 0:
         return None
+    pad_tail = None
+    if table.schema.get_field_index(PADDING_LENGTH) >= 0:
+        pad_tail = _column_numpy(table, PADDING_LENGTH)
+        if not pad_tail.any():
+            pad_tail = None
+    if lengths is None:
+        if pad_tail is None:
+            return None
+        real = s - pad_tail.astype(np.int64)
+    else:
+        real = lengths if pad_tail is None else lengths - pad_tail.astype(np.int64)
+        if int(real.min()) >= s:
+            return None
     return np.arange(s)[None, :] >= real[:, None]
 
 

@@ -7,10 +7,10 @@ For every lane a data-parallel group owns, the engine builds one ordered stream:
       -> ordered stages (per-lane accumulators, flushed and reset at every epoch start)
       -> collector (cuts the lane's rows into batches, or single records)
 
-The tail serves lanes round robin (fewest items first) and, except with the inline runner, a
-prefetch thread runs it ahead of the caller into a bounded queue. Every delivered item
-carries its lane cursor; the caller-side iterator keeps the last one per lane, which is all a
-checkpoint needs (see `replay.py`).
+The tail serves lanes round robin (fewest items first), in the caller's thread unless
+``prefetch_batches`` is set (then a prefetch thread runs it ahead of the caller into a queue of
+that many items). Every delivered item carries its lane cursor; the caller-side iterator keeps
+the last one per lane, which is all a checkpoint needs (see `replay.py`).
 """
 
 from __future__ import annotations
@@ -122,12 +122,25 @@ class Engine:
             parts.append(f"Collect: batch({self.plan.batch.microbatch_size}, drop_last={self.plan.batch.drop_last})")
         else:
             parts.append("Collect: records")
-        ahead = (f"prefetch thread {self.options.resolved_prefetch_batches()} items ahead"
-                 if runner != "inline" and self.plan.stateful else "no prefetch thread")
+        ahead = (f"prefetch thread {self.options.prefetch_batches} items ahead"
+                 if self.uses_prefetch_thread() else "no prefetch thread")
         tail = (f"Tail: lanes {self.lanes} of canonical_replicas={self.canonical_replicas}, flush every "
                 f"{self.plan.flush_every} chunk(s), resume by {'input' if self.resume_by_input else 'replay'}, "
                 f"{ahead}")
         return "\n".join(parts + [tail])
+
+    def uses_prefetch_thread(self) -> bool:
+        """Whether a thread runs the tail ahead of the caller: only when asked for with
+        ``prefetch_batches`` (and a runner other than inline).
+
+        Ordered stages and the batch cut are Python work that holds the GIL: on a thread of
+        their own they compete with the caller for it. Measured (benchmarks/RESULTS.md) with
+        ``to_training`` as the consumer, the pre-tokenized pack job ran ~15% slower with the
+        thread and the tokenizing job the same; workers already read ahead
+        (``op_queue_capacity`` frames per lane). A consumer that releases the GIL for long
+        stretches (a training step) may still gain from it.
+        """
+        return self.options.prefetch_batches is not None and self.options.resolved_runner() != "inline"
 
     # ------------------------------------------------------------------ running
     def initial_cursor(self, lane: int) -> LaneCursor:
@@ -339,11 +352,7 @@ class EngineRun:
             self._readers.close()
             raise
         self._tail = _tail(streams, emitted)
-        if runner_kind != "inline" and engine.plan.stateful:
-            # Ordered stages (packing, shuffling) are Python work on one thread: run them ahead of
-            # the caller. Without them the caller only slices frames the workers already read
-            # ahead (op_queue_capacity frames per lane), and a hand-off thread would cost more
-            # than it hides.
+        if engine.uses_prefetch_thread():
             self._queue = Channel(engine.options.resolved_prefetch_batches())
             self._thread = threading.Thread(target=self._pump, name="zephon-prefetch", daemon=True)
             self._thread.start()

@@ -8,14 +8,14 @@ The reader decodes whole row groups (Parquet's unit of decoding) and keeps a sma
 decoded row groups, so a sequential scan in slices smaller than a row group decodes each row
 group once, and rows that fall in one row group come back as zero-copy slices.
 
-Measured on pyarrow 26 (2 vCPU, list<int32> and string columns, row groups of 512 rows): the
-dataset API (``ParquetFileFragment.subset(...).to_table()``) decodes several row groups about
-1.7x faster than ``ParquetFile.read_row_groups`` (it pipelines I/O and decoding), and matches
-``pq.read_table`` from 4 row groups per call on; for a single row group ``ParquetFile
-.read_row_group(use_threads=False)`` is ~0.3 ms faster. So the reader decodes one group with
-``ParquetFile`` and several with the fragment, and reads ahead on sequential access (1 MiB of
-row groups per call, doubling to 64 MiB). A scan in 1024-row takes then runs at 80-90% of
-``pq.read_table`` on the same file (18 MB list<int32>, 3 MB text, 8 x 0.4 MB text shards).
+Decoding uses ``ParquetFile.read_row_groups(use_threads=False)``, several row groups per call
+on sequential access (read-ahead: 4 MiB of row groups per call, doubling to 64 MiB). Measured
+on pyarrow 26 (2 vCPU VM, fresh processes, `benchmarks/RESULTS.md`): the dataset API
+(``ParquetFileFragment.subset(...).to_table()``, what ``pq.read_table`` uses) decodes a big scan
+up to 1.6x faster when a core is idle, but its scanner hands work between thread pools and
+its first calls in a process took 35-140 ms for what ``read_row_groups`` did in a steady 46 ms.
+In a pipeline the other cores are busy (tokenizer, packing, the training step), and the
+runner's workers are the parallelism, so the reader decodes in the calling thread.
 
 Example:
     >>> ds = discover_parquet("web", "data/web", ["data/web/a.parquet"])  # doctest: +SKIP
@@ -41,11 +41,11 @@ from zephon_columnar.io.dataset import Dataset, _check_same_schema, take_rows
 
 DEFAULT_CACHE_BYTES = 32 << 20  # decoded row groups kept per reader: read-ahead + what is being sliced
 DEFAULT_MAX_OPEN_FILES = 16
-# Sequential read-ahead, in uncompressed bytes (footer sizes) per decode call: starts at 1 MiB
+# Sequential read-ahead, in uncompressed bytes (footer sizes) per decode call: starts at 4 MiB
 # and doubles while the scan stays sequential, up to 64 MiB (and half the row-group cache).
-# Decoding ~4 row groups per call already reaches pq.read_table speed; a byte budget keeps that
-# true for tiny and for huge row groups alike.
-_READAHEAD_START_BYTES = 1 << 20
+# Fewer, larger calls amortize the per-call cost; a byte budget keeps that true for tiny and
+# for huge row groups alike.
+_READAHEAD_START_BYTES = 4 << 20
 _READAHEAD_MAX_BYTES = 64 << 20
 _FOOTER_THREADS = 8
 
@@ -108,15 +108,9 @@ class _OpenShard:
     """One shard's open file, footer and row-group layout (an entry of the handle LRU)."""
 
     def __init__(self, url: str, path: str, counts: Sequence[int]) -> None:
-        import pyarrow.dataset as pds
-        import pyarrow.fs as pafs
-
         self.url = url  # what error messages name (the local copy of a remote shard is a cache file)
-        self.fragment = pds.ParquetFileFormat().make_fragment(path, filesystem=pafs.LocalFileSystem())
-        self.fragment.ensure_complete_metadata()
-        # Reuse the fragment's footer instead of parsing it a second time.
-        self.file = pq.ParquetFile(path, metadata=self.fragment.metadata)
-        md = self.fragment.metadata
+        self.file = pq.ParquetFile(path)
+        md = self.file.metadata
         found = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
         if counts and list(counts) != found:
             raise DatasetFormatError(
@@ -293,10 +287,12 @@ class ParquetReader:
         self.stats["decode_calls"] += 1
         self.stats["decoded_groups"] += len(groups)
         try:
+            # One thread: Arrow's pool gains nothing on a column or two of one shard, and its
+            # start-up and hand-offs cost more than the decode on small hosts (measured in
+            # benchmarks/RESULTS.md); the runner's workers are the parallelism.
+            table = shard.file.read_row_groups(groups, columns=self._columns, use_threads=False)
             if len(groups) == 1:
-                return [shard.file.read_row_group(groups[0], columns=self._columns, use_threads=False)]
-            table = shard.fragment.subset(row_group_ids=groups).to_table(columns=self._columns,
-                                                                         use_threads=True)
+                return [table]
         except (pa.ArrowInvalid, OSError) as err:
             raise DatasetFormatError(
                 f"{shard.url}: row groups {groups} cannot be decoded ({err}). The file is corrupt; "

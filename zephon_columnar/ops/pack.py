@@ -521,30 +521,38 @@ class _RowEmitter:
             names.append(name)
 
         if spec.emit_positions:
-            positions = self._positions(run, row_lengths, total, mask)
+            positions = _positions(run.seg_starts, row_lengths, row_starts, L)
             cols.append(pa.ListArray.from_arrays(offsets, pa.array(positions)))
             names.append(POSITIONS)
         return pa.Table.from_arrays(cols, names=names)
 
-    def _positions(self, run: _Run, row_lengths: np.ndarray, total: int, mask: np.ndarray | None) -> np.ndarray:
-        """Index of each token in its segment; segments start at documents and at rows, and a
-        row's pad tail is one more segment.
 
-        Two passes over the tokens: tokens since the document (segment) start, then the minimum
-        with the column index, which restarts the count at every row start too (tokens since
-        max(document start, row start))."""
-        seg = run.seg_starts[: int(np.searchsorted(run.seg_starts, total))]
-        pos = np.arange(total, dtype=np.int32)
-        pos -= np.repeat(seg.astype(np.int32), np.diff(seg, append=total))
-        L = self.spec.max_length
-        cols = np.arange(L, dtype=np.int32)[None, :]
-        if mask is None:
-            grid = pos.reshape(len(row_lengths), L)
-        else:
-            grid = cols - row_lengths.astype(np.int32)[:, None]  # the pad tail: 0, 1, ...
-            grid[mask] = pos
-        np.minimum(grid, cols, out=grid)  # a row's real tokens sit at columns 0, 1, ...
-        return grid.reshape(-1)
+def _positions(seg_starts: np.ndarray, row_lengths: np.ndarray, row_starts: np.ndarray, L: int) -> np.ndarray:
+    """``positions`` of packed rows (int32, ``len(row_lengths) * L``): the index of each token
+    in its segment, where segments start at every document start, every row start and every
+    pad tail.
+
+    Built as a running count in one buffer: 1 everywhere, and at each segment start minus the
+    length of the segment before it, so that ``cumsum`` falls back to 0 there. That is two
+    passes over the tokens and no token-sized temporaries; the buffer comes from Arrow's
+    memory pool, which recycles pages instead of faulting fresh ones in every push.
+    """
+    rows = len(row_lengths)
+    total = int(row_lengths.sum())
+    seg = seg_starts[: int(np.searchsorted(seg_starts, total))]
+    # Document starts in padded coordinates (row r begins at r * L).
+    row_of = np.searchsorted(row_starts, seg, side="right") - 1
+    seg = seg - row_starts[row_of] + row_of * L
+    row_begin = np.arange(rows, dtype=np.int64) * L
+    padded = row_lengths < L
+    starts = np.union1d(np.union1d(seg, row_begin), (row_begin + row_lengths)[padded])
+    n = rows * L
+    pos = np.frombuffer(pa.allocate_buffer(n * 4), dtype=np.int32)
+    pos.fill(1)
+    pos[starts[1:]] = (starts[:-1] - starts[1:] + 1).astype(np.int32)
+    pos[0] = 0
+    np.cumsum(pos, out=pos)
+    return pos
 
 
 # ====================================================================== packers
