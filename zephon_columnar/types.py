@@ -366,7 +366,7 @@ def _pad_mask(lengths: np.ndarray | None, b: int, s: int, table: pa.Table) -> np
     pad_tail = None
     if table.schema.get_field_index(PADDING_LENGTH) >= 0:
         pad_tail = _column_numpy(table, PADDING_LENGTH)
-        if not pad_tail.any():
+        if not np.count_nonzero(pad_tail):  # cheaper than .any() on a handful of rows
             pad_tail = None
     if lengths is None:
         if pad_tail is None:
