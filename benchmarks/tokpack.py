@@ -47,6 +47,7 @@ comma list of
   r=N|unset  RAYON_NUM_THREADS (unset: not in env)    tp=true|false|unset  TOKENIZERS_PARALLELISM
   mb=N       fetch(max_batch=N) (rows per frame)      fp=N      fetch(parallelism=N)
   runner=threads|inline|process                       chunk=N   chunk_size (changes the data order)
+  pb=N       options(prefetch_batches=N) (a prefetch thread N items ahead)
 e.g. --ours ours:  --ours p1r2:p=1,r=2  --ours p2r1:p=2,r=1,w=2
 
 Prints progress to stderr and ONE JSON line to stdout. Usage (from the repo root):
@@ -95,7 +96,7 @@ def parse_knobs(spec: str) -> tuple[str, dict]:
     knobs: dict = {}
     for kv in filter(None, (x.strip() for x in rest.split(","))):
         k, _, v = kv.partition("=")
-        if k not in ("p", "w", "r", "tp", "mb", "fp", "runner", "chunk"):
+        if k not in ("p", "w", "r", "tp", "mb", "fp", "runner", "chunk", "pb"):
             raise SystemExit(f"--ours {spec!r}: unknown knob {k!r}")
         knobs[k] = v
     return name, knobs
@@ -124,6 +125,8 @@ def _build(Z, a):
         opts["max_workers"] = int(a.max_workers)
     if a.runner:
         opts["runner"] = a.runner
+    if _int_or_none(a.prefetch_batches):
+        opts["prefetch_batches"] = int(a.prefetch_batches)
     if opts:
         p = p.options(**opts)
     return p
@@ -418,6 +421,7 @@ def main() -> None:
     ap.add_argument("--fetch-max-batch", default="", help=argparse.SUPPRESS)
     ap.add_argument("--fetch-par", default="", help=argparse.SUPPRESS)
     ap.add_argument("--runner", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--prefetch-batches", default="", help=argparse.SUPPRESS)
     ap.add_argument("--preimport", default="", help=argparse.SUPPRESS)
     ap.add_argument("--explain", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -468,11 +472,11 @@ def main() -> None:
         cmd = [a.zc_python, me, "--child", "throughput", "--module", a.ours_module, *common,
                "--chunk-size", chunk, "--tok-par", kn.get("p", ""), "--max-workers", kn.get("w", ""),
                "--fetch-max-batch", kn.get("mb", ""), "--fetch-par", kn.get("fp", ""),
-               "--runner", kn.get("runner", ""), "--explain"]
+               "--runner", kn.get("runner", ""), "--prefetch-batches", kn.get("pb", ""), "--explain"]
         desc = {"tokenize_parallelism": kn.get("p", "default") if a.job == "text" else None,
                 "max_workers": kn.get("w", "default"), "fetch_max_batch": kn.get("mb", "default"),
                 "fetch_parallelism": kn.get("fp", "default"), "runner": kn.get("runner", "default"),
-                "chunk_size": int(chunk),
+                "prefetch_batches": kn.get("pb", "default"), "chunk_size": int(chunk),
                 "RAYON_NUM_THREADS": env.get("RAYON_NUM_THREADS", "unset"),
                 "TOKENIZERS_PARALLELISM": env.get("TOKENIZERS_PARALLELISM", "unset")}
         variants[name] = (cmd, env, desc)
