@@ -66,7 +66,7 @@ def main(path: str) -> None:
               f"incl. lazy import {_fmt(_med(f['floor_tokens_per_s_incl_lazy_import']))} tok/s; "
               f"lazy import s {f['floor_lazy_import_s']}")
     print()
-    print(f"| resume | K | checkpoint() s | state | build+restore+first batch s (per round) | cold build+first batch s (per round) | restore/cold | batch K+1 matches |")
+    print("| resume | K | checkpoint() s | state | build+restore+first batch s (per round) | cold build+first batch s (per round) | restore/cold | batch K+1 matches |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for k in ("ours", "zephon"):
         if f"{k}_restore_total_s" not in f:

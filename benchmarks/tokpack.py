@@ -361,9 +361,9 @@ def summarize(out: dict) -> None:
 
 def snapshot(rev: str) -> tuple[str, dict]:
     """(PYTHONPATH root holding zephon_columnar, source id) for the code ours runs."""
+    import io
     import subprocess
     import tarfile
-    import io
 
     if rev == "worktree":
         return str(REPO), dict(PP._source_id(), snapshot="worktree")
@@ -409,6 +409,8 @@ def main() -> None:
     ap.add_argument("--floor-reps", type=int, default=3)
     ap.add_argument("--no-warmup", action="store_true")
     ap.add_argument("--keep-bytecode-env", action="store_true")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="set in every child (ours, Zephon, the limit), e.g. ARROW_DEFAULT_MEMORY_POOL=jemalloc")
     ap.add_argument("--shared-bench", default=PP.SHARED_BENCH)
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--resummarize", metavar="FILE",
@@ -449,6 +451,8 @@ def main() -> None:
         base_env["PYTHONPYCACHEPREFIX"] = str(HERE / "data" / ".pycache")
     for k in LIMIT_ENV:
         base_env.pop(k, None)
+    child_env = dict(kv.split("=", 1) for kv in a.env)
+    base_env.update(child_env)
     env_limit = dict(base_env, **LIMIT_ENV)
     pp = [p for p in base_env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != str(REPO)]
     env_ours_base = dict(base_env, PYTHONPATH=os.pathsep.join([src_root] + pp))
@@ -511,6 +515,7 @@ def main() -> None:
                         "bytecode": ("inherited" if a.keep_bytecode_env else
                                      "PYTHONPYCACHEPREFIX=" + base_env["PYTHONPYCACHEPREFIX"]),
                         "zc_python": a.zc_python, "z_python": a.z_python if have_z else None,
+                        "child_env": child_env,
                         "variants": {k: v[2] for k, v in variants.items()}},
            "ours_source": src_id, "notes": notes, "rounds": []}
     print(f"[tokpack {a.job}] {a.corpus}: variants={keys}, rounds={a.rounds}", file=sys.stderr)

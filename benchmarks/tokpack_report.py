@@ -36,7 +36,8 @@ def main(path: str) -> None:
     n = len(d["rounds"])
     rounds = " | ".join(f"r{i}" for i in range(n))
     st = d["settings"]
-    print(f"{d['bench']}: date {d['date']}, corpus {st['corpus']}, {n} rounds; source {d.get('ours_source')}; "
+    print(f"{d['bench']}: date {d['date']}, corpus {st['corpus']}, {n} rounds, child env {st.get('child_env') or {}}; "
+          f"source {d.get('ours_source')}; "
           f"load {d['machine'].get('loadavg_start')} -> {d['machine'].get('loadavg_end')}; "
           f"round wall s {[r.get('round_s') for r in d['rounds']]}\n")
     print(f"| ratio (per round) | {rounds} | median | target |")

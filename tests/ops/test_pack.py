@@ -377,3 +377,23 @@ def test_pipeline_error_in_data_surfaces():
     pipe = Pipeline(ws).pack_flat(4, algorithm="wrap").batch(1).options(runner="inline")
     with pytest.raises((DatasetFormatError, PipelineError), match="loss_mask"):
         list(pipe)
+
+
+@pytest.mark.parametrize("chunks", [1, 3, 20])
+def test_columns_chunked_differently_pack_like_one_chunk(chunks):
+    """A frame whose columns have different chunk boundaries (or more chunks than the packer
+    keeps as separate runs) packs exactly like the same frame in one chunk."""
+    docs = [list(range(i * 10, i * 10 + 1 + (i * 7) % 9)) for i in range(20)]
+    whole = docs_table(docs)
+    cuts = np.linspace(0, len(docs), chunks + 1).astype(int)
+    pieces = [whole.slice(a, b - a) for a, b in zip(cuts, cuts[1:])]
+    frame = pa.concat_tables(pieces)
+    # Re-chunk the aligned field at other boundaries than the tokens.
+    mask = whole.column("loss_mask")
+    frame = frame.set_column(frame.schema.get_field_index("loss_mask"), "loss_mask",
+                             pa.chunked_array([mask.slice(0, 3).combine_chunks(), mask.slice(3).combine_chunks()]))
+    assert frame.column("input_ids").num_chunks == chunks and frame.column("loss_mask").num_chunks == 2
+    got = packed_rows(run(wrap(6), [frame]))
+    want = packed_rows(run(wrap(6), [whole]))
+    assert got == want
+    assert real_tokens(got) == [t for d in docs for t in d]

@@ -109,7 +109,9 @@ class _OpenShard:
 
     def __init__(self, url: str, path: str, counts: Sequence[int]) -> None:
         self.url = url  # what error messages name (the local copy of a remote shard is a cache file)
-        self.file = pq.ParquetFile(path)
+        # pre_buffer=False: the file is local (remote shards are read from their cached copy),
+        # so plain reads in this thread beat coalesced reads handed to Arrow's I/O pool.
+        self.file = pq.ParquetFile(path, pre_buffer=False)
         md = self.file.metadata
         found = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
         if counts and list(counts) != found:
