@@ -38,6 +38,7 @@ from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
 from zephon_columnar.io.base import ShardInfo, check_columns, project
 from zephon_columnar.io.dataset import Dataset, _check_same_schema, take_rows
+from zephon_columnar.memory import buffer_pool
 
 DEFAULT_CACHE_BYTES = 32 << 20  # decoded row groups kept per reader: read-ahead + what is being sliced
 DEFAULT_MAX_OPEN_FILES = 16
@@ -111,7 +112,7 @@ class _OpenShard:
         self.url = url  # what error messages name (the local copy of a remote shard is a cache file)
         # pre_buffer=False: the file is local (remote shards are read from their cached copy),
         # so plain reads in this thread beat coalesced reads handed to Arrow's I/O pool.
-        self.file = pq.ParquetFile(path, pre_buffer=False)
+        self.file = _open_file(path)
         md = self.file.metadata
         found = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
         if counts and list(counts) != found:
@@ -130,6 +131,25 @@ class _OpenShard:
 
     def close(self) -> None:
         self.file.close()
+
+
+def _open_file(path: str) -> pq.ParquetFile:
+    """``ParquetFile(path)`` whose reads allocate from `memory.buffer_pool` (``ParquetFile``
+    takes no pool: its reader is re-opened with one; any failure there keeps the default reader)."""
+    file = pq.ParquetFile(path, pre_buffer=False)
+    pool = buffer_pool()
+    if pool is not None:
+        try:
+            from pyarrow._parquet import ParquetReader as _LowLevelReader
+
+            reader = _LowLevelReader(memory_pool=pool)
+            reader.open(path, use_memory_map=False, pre_buffer=False, metadata=file.metadata,
+                        arrow_extensions_enabled=True)
+        except Exception:  # noqa: BLE001 - an optimization only; the default reader works
+            return file
+        file.reader.close()
+        file.reader = reader
+    return file
 
 
 class ParquetReader:

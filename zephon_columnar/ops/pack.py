@@ -73,6 +73,7 @@ import pyarrow as pa
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError, DatasetFormatError
+from zephon_columnar.memory import buffer_pool
 from zephon_columnar.ops.base import BaseOp, OpTraits
 from zephon_columnar.types import PADDING_LENGTH, TOKEN_FIELD_CANDIDATES
 
@@ -534,8 +535,8 @@ def _positions(seg_starts: np.ndarray, row_lengths: np.ndarray, row_starts: np.n
 
     Built as a running count in one buffer: 1 everywhere, and at each segment start minus the
     length of the segment before it, so that ``cumsum`` falls back to 0 there. That is two
-    passes over the tokens and no token-sized temporaries; the buffer comes from Arrow's
-    memory pool, which recycles pages instead of faulting fresh ones in every push.
+    passes over the tokens and no token-sized temporaries; the buffer comes from
+    `memory.buffer_pool`, which recycles pages instead of faulting fresh ones in every push.
     """
     rows = len(row_lengths)
     total = int(row_lengths.sum())
@@ -547,7 +548,7 @@ def _positions(seg_starts: np.ndarray, row_lengths: np.ndarray, row_starts: np.n
     padded = row_lengths < L
     starts = np.union1d(np.union1d(seg, row_begin), (row_begin + row_lengths)[padded])
     n = rows * L
-    pos = np.frombuffer(pa.allocate_buffer(n * 4), dtype=np.int32)
+    pos = np.frombuffer(pa.allocate_buffer(n * 4, memory_pool=buffer_pool()), dtype=np.int32)
     pos.fill(1)
     pos[starts[1:]] = (starts[:-1] - starts[1:] + 1).astype(np.int32)
     pos[0] = 0
