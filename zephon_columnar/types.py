@@ -303,6 +303,9 @@ def _list_array(col: pa.ChunkedArray, name: str) -> pa.Array:
     return arr
 
 
+_OFFSETS, _LARGE_OFFSETS = np.dtype(np.int32), np.dtype(np.int64)
+
+
 def _list_parts(arr: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray]:
     """(values, offsets) of a list array as numpy views of its buffers; ``values`` covers
     exactly the array's rows and ``offsets`` index into the child array (they start at
@@ -332,9 +335,6 @@ def _list_parts(arr: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray]:
         return flat.to_numpy(zero_copy_only=False), offsets
     # A read-only view of loader memory: to_training copies it unless zero_copy=True.
     return _numpy_view(child)[offsets[0]:offsets[-1]], offsets
-
-
-_OFFSETS, _LARGE_OFFSETS = np.dtype(np.int32), np.dtype(np.int64)
 
 
 def _stack_list_column(col: pa.ChunkedArray, pad_value: int, name: str) -> tuple[np.ndarray, np.ndarray | None]:

@@ -145,8 +145,8 @@ def _open_file(path: str) -> pq.ParquetFile:
             reader = _LowLevelReader(memory_pool=pool)
             reader.open(path, use_memory_map=False, pre_buffer=False, metadata=file.metadata,
                         arrow_extensions_enabled=True)
-        except Exception:  # noqa: BLE001 - an optimization only; the default reader works
-            return file
+        except (ImportError, AttributeError, TypeError, ValueError, OSError, pa.ArrowException):
+            return file  # a pyarrow without this (private) API: the default reader works
         file.reader.close()
         file.reader = reader
     return file
