@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from zephon_columnar.errors import CheckpointError
+from zephon_columnar.recipes import recipe_differences
 
 FORMAT = "zephon_columnar.checkpoint"
 VERSION = 1
@@ -100,30 +101,6 @@ def parse_checkpoint(ckpt: Any) -> tuple[dict[str, Any], dict[int, LaneCursor]]:
             raise CheckpointError(f"checkpoint lane key {k!r} is not an integer.") from err
         lanes[lane] = LaneCursor.from_json(str(k), v)
     return dict(ckpt["recipe"]), lanes
-
-
-def recipe_differences(saved: Any, current: Any, path: str = "") -> list[str]:
-    """Human-readable differences between two JSON-like recipes."""
-    saved, current = _normalize(saved), _normalize(current)
-    if isinstance(saved, dict) and isinstance(current, dict):
-        out = []
-        for key in sorted(set(saved) | set(current)):
-            sub = f"{path}.{key}" if path else str(key)
-            if key not in saved:
-                out.append(f"{sub}: not in the checkpoint, this pipeline has {current[key]!r}")
-            elif key not in current:
-                out.append(f"{sub}: checkpoint has {saved[key]!r}, this pipeline has none")
-            else:
-                out.extend(recipe_differences(saved[key], current[key], sub))
-        return out
-    if saved != current:
-        return [f"{path or 'recipe'}: checkpoint has {saved!r}, this pipeline has {current!r}"]
-    return []
-
-
-def _normalize(value: Any) -> Any:
-    # Compare through JSON so tuples/lists and int/str keys from a JSON round trip match.
-    return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
 def check_recipe(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:

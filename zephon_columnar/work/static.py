@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, Union
 import numpy as np
 
 from zephon_columnar.errors import CheckpointError, ConfigError
+from zephon_columnar.recipes import recipe_differences
 from zephon_columnar.work.base import WorkSource, check_lane
 from zephon_columnar.work.chunk import WorkChunk
 from zephon_columnar.work.mixture import MixtureSpec
@@ -496,7 +497,7 @@ class StaticMixtureWorkSource(WorkSource):
             )
         if not isinstance(state.get("recipe"), Mapping):
             raise CheckpointError(f"{where}: the state has no 'recipe'; pass a dict from state_dict().")
-        diffs = _diff(state["recipe"], self.recipe(), "")
+        diffs = recipe_differences(state["recipe"], self.recipe())
         if diffs:
             raise CheckpointError(
                 f"{where}: the checkpoint was taken with a different data recipe ("
@@ -693,23 +694,3 @@ def _resolve_block(option: ShuffleBlockSize, rows: int, largest_shard: int) -> i
         size = _check_int("StaticMixtureWorkSource: shuffle_block_size (None, an int, 'auto' or 'global')",
                           option, minimum=1)
     return min(size, rows)
-
-
-def _diff(saved: Any, ours: Any, path: str) -> list[str]:
-    """Human-readable differences between a saved recipe and ours, one per leaf field."""
-    if isinstance(saved, Mapping) and isinstance(ours, Mapping):
-        out = []
-        for key in [*ours, *(k for k in saved if k not in ours)]:
-            p = f"{path}.{key}" if path else str(key)
-            if key not in saved:
-                out.append(f"{p}: absent in the checkpoint, {ours[key]!r} here")
-            elif key not in ours:
-                out.append(f"{p}: {saved[key]!r} in the checkpoint, absent here")
-            else:
-                out.extend(_diff(saved[key], ours[key], p))
-        return out
-    if isinstance(saved, list) and isinstance(ours, list) and len(saved) == len(ours):
-        return [d for i, (a, b) in enumerate(zip(saved, ours)) for d in _diff(a, b, f"{path}[{i}]")]
-    if saved == ours and type(saved) is type(ours):
-        return []
-    return [f"{path or 'recipe'}: {saved!r} in the checkpoint, {ours!r} here"]
