@@ -102,7 +102,6 @@ from zephon_columnar.ops.tokenizer import (
     TokenizerHandle,
     TokenizerOwner,
     resolve_tokenizer_path,
-    tokenizer_identity,
     tokenizer_source,
 )
 
@@ -238,18 +237,11 @@ class TokenizeChatOp(TokenizerOwner, BaseOp):
             handle.encode_ids(["preflight probe"])
 
     def fingerprint(self) -> dict[str, Any]:
-        if self._identity is None:
-            if self._path is not None:
-                self._identity = tokenizer_identity(tokenizer_id=self._path)
-            else:
-                assert self._handle is not None
-                h = self._handle
-                self._identity = f"{h.identity()}|bos={h.bos_token_id}|eos={h.eos_token_id}|pad={h.pad_token_id}"
         template = None
         if self.template_text is not None:
             template = "sha256:" + hashlib.sha256(self.template_text.encode()).hexdigest()
         return {
-            "op": self.name, "tokenizer": self._identity, "field": self.field, "max_length": self.max_length,
+            "op": self.name, "tokenizer": self._tokenizer_fingerprint(), "field": self.field, "max_length": self.max_length,
             "apply_chat_template": self.apply_chat_template, "chat_template": template,
             "span_source": ("generation_tags" if self._use_tags else "prefix_diff") if template else None,
             "loss_scope": self.loss_scope, "eos_token": self.eos_token,

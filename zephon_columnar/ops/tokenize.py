@@ -58,7 +58,6 @@ from zephon_columnar.ops.base import BaseOp, OpContext, OpTraits
 from zephon_columnar.ops.rows import sample_of
 from zephon_columnar.ops.tokenizer import (
     TokenizerOwner,
-    tokenizer_identity,
     tokenizer_source,
     truncate_rows,
 )
@@ -158,15 +157,8 @@ class TokenizeOp(TokenizerOwner, BaseOp):
         handle.encode_ids(["preflight probe"], add_special_tokens=self.special_tokens == "tokenizer_default")
 
     def fingerprint(self) -> dict[str, Any]:
-        if self._identity is None:
-            if self._path is not None:
-                self._identity = tokenizer_identity(tokenizer_id=self._path)
-            else:
-                assert self._handle is not None
-                bos, eos, pad = self._handle.bos_token_id, self._handle.eos_token_id, self._handle.pad_token_id
-                self._identity = f"{self._handle.identity()}|bos={bos}|eos={eos}|pad={pad}"
         return {
-            "op": self.name, "tokenizer": self._identity, "field": self.field, "missing_field": self.missing_field,
+            "op": self.name, "tokenizer": self._tokenizer_fingerprint(), "field": self.field, "missing_field": self.missing_field,
             "special_tokens": self.special_tokens, "bos_token_id": self.bos_override,
             "eos_token_id": self.eos_override, "max_length": self.max_length, "truncation": self.truncation,
             "padding": self.padding, "split_long_samples": self.split_long_samples,

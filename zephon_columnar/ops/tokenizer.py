@@ -488,8 +488,22 @@ class TokenizerOwner:
     _path: str | None
     _handle: "TokenizerHandle | None"
 
+    _identity: str | None
+
     def _ensure_handle(self) -> "TokenizerHandle":
         if self._handle is None:
             assert self._path is not None
             self._handle = load_tokenizer(tokenizer_id=self._path)
         return self._handle
+
+    def _tokenizer_fingerprint(self) -> str:
+        """What the operator's fingerprint records of the tokenizer (computed once): the
+        path's identity, or the wrapped object's identity and special ids."""
+        if self._identity is None:
+            if self._path is not None:
+                self._identity = tokenizer_identity(tokenizer_id=self._path)
+            else:
+                assert self._handle is not None
+                h = self._handle
+                self._identity = f"{h.identity()}|bos={h.bos_token_id}|eos={h.eos_token_id}|pad={h.pad_token_id}"
+        return self._identity
