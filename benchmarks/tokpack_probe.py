@@ -135,6 +135,7 @@ def main() -> None:
     ap.add_argument("--fetch-max-batch", default="")
     ap.add_argument("--fetch-par", default="")
     ap.add_argument("--runner", default="")
+    ap.add_argument("--prefetch-batches", default="")
     ap.add_argument("--no-timers", action="store_true", help="per-thread CPU only")
     a = ap.parse_args()
     a.corpus, a.tokenizer = os.path.abspath(a.corpus), os.path.abspath(a.tokenizer)
