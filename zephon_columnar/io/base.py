@@ -63,3 +63,15 @@ def check_columns(name: str, schema: pa.Schema, columns: Sequence[str] | None) -
 def project(schema: pa.Schema, columns: Sequence[str] | None) -> pa.Schema:
     """``schema`` restricted to ``columns`` (in that order); the whole schema for None."""
     return schema if columns is None else pa.schema([schema.field(c) for c in columns])
+
+
+def shard_info(shards: Sequence[ShardInfo], shard_id: int) -> ShardInfo:
+    """The shard ``shard_id`` of a dataset; an IndexError naming the count otherwise.
+
+    Example:
+        >>> shard_info([ShardInfo(shard_id=0, path="a.parquet", num_rows=3)], 0).path
+        'a.parquet'
+    """
+    if not 0 <= shard_id < len(shards):
+        raise IndexError(f"shard {shard_id} does not exist; this dataset has {len(shards)} shards.")
+    return shards[shard_id]

@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from zephon_columnar.errors import ConfigError, DatasetFormatError
 from zephon_columnar.io import fs
-from zephon_columnar.io.base import ShardInfo, check_columns, project
+from zephon_columnar.io.base import ShardInfo, check_columns, project, shard_info
 from zephon_columnar.io.dataset import Dataset, _check_same_schema, take_rows
 
 ARROW_SUFFIXES = (".arrow", ".feather")
@@ -177,9 +177,7 @@ class ArrowReader:
         if table is not None:
             self._tables.move_to_end(shard_id)
             return table
-        if not 0 <= shard_id < len(self._shards):
-            raise IndexError(f"shard {shard_id} does not exist; this dataset has {len(self._shards)} shards.")
-        info = self._shards[shard_id]
+        info = shard_info(self._shards, shard_id)
         table = _map_table(info.path, self._shard_cache.ensure_local(info.path, info.num_bytes or None))
         if table.num_rows != info.num_rows:
             raise DatasetFormatError(

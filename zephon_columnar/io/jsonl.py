@@ -44,7 +44,7 @@ import pyarrow.json as pajson
 
 from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
-from zephon_columnar.io.base import ShardInfo, check_columns, project
+from zephon_columnar.io.base import ShardInfo, check_columns, project, shard_info
 from zephon_columnar.io.dataset import Dataset
 
 log = logging.getLogger(__name__)
@@ -545,9 +545,7 @@ class JsonlReader:
         if f is not None:
             self._open.move_to_end(shard_id)
             return f
-        if not 0 <= shard_id < len(self._shards):
-            raise IndexError(f"shard {shard_id} does not exist; this dataset has {len(self._shards)} shards.")
-        info = self._shards[shard_id]
+        info = shard_info(self._shards, shard_id)
         size, version = info.extra.get("size", info.num_bytes), info.extra.get("version", "")
         if fs.is_local(info.path):
             now = fs.file_info(info.path)

@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 
 from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
-from zephon_columnar.io.base import ShardInfo, check_columns, project
+from zephon_columnar.io.base import ShardInfo, check_columns, project, shard_info
 from zephon_columnar.io.dataset import Dataset, _check_same_schema, take_rows
 from zephon_columnar.memory import buffer_pool
 
@@ -245,9 +245,7 @@ class ParquetReader:
         if shard is not None:
             self._open.move_to_end(shard_id)
             return shard
-        if not 0 <= shard_id < len(self._shards):
-            raise IndexError(f"shard {shard_id} does not exist; this dataset has {len(self._shards)} shards.")
-        info = self._shards[shard_id]
+        info = shard_info(self._shards, shard_id)
         path = self._shard_cache.ensure_local(info.path, info.num_bytes or None)
         try:
             shard = _OpenShard(info.path, path, info.extra.get("row_groups", ()))
