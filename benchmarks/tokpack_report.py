@@ -8,26 +8,10 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
-
-def _fmt(v, nd=2):
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "NO"
-    if isinstance(v, (int, float)) and abs(v) >= 1000:
-        return f"{v:,.0f}"
-    if isinstance(v, float):
-        return f"{v:.{nd}f}"
-    return str(v)
-
-
-def _med(xs):
-    xs = sorted(x for x in xs if x is not None)
-    if not xs:
-        return None
-    n = len(xs)
-    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from prepacked_report import _fmt, _med  # noqa: E402  (the same table helpers)
 
 
 def main(path: str) -> None:
