@@ -65,7 +65,6 @@ import hashlib
 import json
 import os
 import resource
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -212,37 +211,7 @@ def child_limit_encode(a) -> dict:
 
 def child_floor(a) -> dict:
     """pyarrow read + flatten of <corpus>/pretok (prepacked.py's floor on the pretok files)."""
-    import numpy as np
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    files = sorted(glob.glob(os.path.join(a.corpus, "pretok", "*.parquet")))
-    c_imp, t_imp = PP._cpu_s(), time.perf_counter()
-    import pyarrow.dataset  # noqa: F401  (read_table's lazy import: timed apart, excluded)
-
-    lazy_import_s, lazy_import_cpu = time.perf_counter() - t_imp, PP._cpu_s() - c_imp
-    times, n_tok, cpu_first = [], 0, None
-    c0 = PP._cpu_s()
-    for _ in range(a.floor_reps):
-        t0 = time.perf_counter()
-        tables = [pq.read_table(f, columns=["input_ids"], use_threads=True) for f in files]
-        parts = [pc.list_flatten(ch).to_numpy(zero_copy_only=True)
-                 for t in tables for ch in t.column("input_ids").chunks]
-        buf = np.concatenate(parts)
-        assert buf.dtype == np.int32
-        times.append(time.perf_counter() - t0)
-        if cpu_first is None:
-            cpu_first = PP._cpu_s() - c0
-        n_tok = int(buf.size)
-        del tables, parts, buf
-    return {"tokens": n_tok, "seconds": times, "lazy_import_s": lazy_import_s,
-            "tokens_per_s": n_tok / times[0],
-            "tokens_per_s_incl_lazy_import": n_tok / (times[0] + lazy_import_s),
-            "tokens_per_s_warm_median": n_tok / statistics.median(times),
-            "cpu_s_per_mtok": cpu_first / (n_tok / 1e6),
-            "cpu_s_per_mtok_incl_lazy_import": (cpu_first + lazy_import_cpu) / (n_tok / 1e6),
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "versions": PP._versions()}
+    return PP.floor_of(sorted(glob.glob(os.path.join(a.corpus, "pretok", "*.parquet"))), a.floor_reps)
 
 
 def child_minimal(a) -> dict:
