@@ -114,7 +114,8 @@ _RESERVED_KWARGS = ("messages", "add_generation_prompt")
 _INT32_MAX = 2**31 - 1
 _GENERATION_TAG = re.compile(r"\{%[-+]?\s*generation\s*[-+]?%\}")
 # Markers the generation tag puts around its text while spans are being recorded (stripped before
-# tokenizing). NULs and a supplementary private-use code point: not found in real conversations.
+# tokenizing). NULs and a supplementary private-use code point: not found in real conversations;
+# a row whose text holds them anyway gets markers with a nonce it does not hold (`_markers_for`).
 _OPEN = "\x00\U000f0000<zc-gen\x00"
 _CLOSE = "\x00zc-gen>\U000f0000\x00"
 _TRACK_VAR = "__zephon_columnar_track_generation"
@@ -636,7 +637,7 @@ class _Renderer:
         kw["messages"] = msgs
         kw["add_generation_prompt"] = generation_prompt
         if track:
-            kw[_TRACK_VAR] = True
+            kw[_TRACK_VAR] = _markers_for(msgs, self.ctx)
         try:
             return self.template.render(**kw)
         except Exception as err:  # a template can raise anything; name the row
@@ -650,7 +651,7 @@ class _Renderer:
         """The full rendering and the character spans of its generation blocks."""
         raw = self.render(self.msgs, track=True)
         try:
-            return strip_generation_marks(raw)
+            return strip_generation_marks(raw, *_markers_for(self.msgs, self.ctx))
         except ValueError as err:
             raise PipelineError(f"tokenize_chat: {err} in the chat template ({self.origin}) rendering "
                                 f"{_where(self.frame, self.row)}; use one level of {{% generation %}} blocks.") from err
@@ -702,32 +703,58 @@ class _Renderer:
         return start, end
 
 
-def strip_generation_marks(raw: str) -> tuple[str, list[tuple[int, int]]]:
+def _markers_for(msgs: Any, ctx: Any) -> tuple[str, str]:
+    """Generation markers that occur nowhere in this row's conversation and context (the
+    plain markers, unless the row holds them; then ones with a nonce it does not hold)."""
+    strings: list[str] = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, str):
+            strings.append(x)
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                walk(k)
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+
+    walk((msgs, ctx))
+    text = "\x01".join(strings)
+    open_, close, nonce = _OPEN, _CLOSE, 0
+    while open_ in text or close in text:
+        nonce += 1
+        open_, close = f"{_OPEN}{nonce}\x00", f"\x00{nonce}{_CLOSE}"
+    return open_, close
+
+
+def strip_generation_marks(raw: str, open_mark: str = _OPEN,
+                           close_mark: str = _CLOSE) -> tuple[str, list[tuple[int, int]]]:
     """Remove the generation markers from a tracked rendering; returns the text and the spans
     the markers enclosed. Raises ValueError on nested or unbalanced markers."""
-    if _OPEN not in raw and _CLOSE not in raw:
+    if open_mark not in raw and close_mark not in raw:
         return raw, []
     out: list[str] = []
     spans: list[tuple[int, int]] = []
     pos = length = 0
     while True:
-        s = raw.find(_OPEN, pos)
+        s = raw.find(open_mark, pos)
         if s < 0:
             break
-        e = raw.find(_CLOSE, s + len(_OPEN))
-        before, inner = raw[pos:s], raw[s + len(_OPEN):e if e >= 0 else len(raw)]
-        if e < 0 or _CLOSE in before:
+        e = raw.find(close_mark, s + len(open_mark))
+        before, inner = raw[pos:s], raw[s + len(open_mark):e if e >= 0 else len(raw)]
+        if e < 0 or close_mark in before:
             raise ValueError("unbalanced generation blocks")
-        if _OPEN in inner:
+        if open_mark in inner:
             raise ValueError("nested generation blocks")
         out.append(before)
         length += len(before)
         out.append(inner)
         spans.append((length, length + len(inner)))
         length += len(inner)
-        pos = e + len(_CLOSE)
+        pos = e + len(close_mark)
     tail = raw[pos:]
-    if _CLOSE in tail:
+    if close_mark in tail:
         raise ValueError("unbalanced generation blocks")
     out.append(tail)
     return "".join(out), spans
@@ -754,7 +781,8 @@ def _environment() -> Any:
 
         def _generation(self, context: Any, caller: Any) -> str:
             text = caller()
-            return f"{_OPEN}{text}{_CLOSE}" if context.get(_TRACK_VAR) else text
+            markers = context.get(_TRACK_VAR)
+            return f"{markers[0]}{text}{markers[1]}" if markers else text
 
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
