@@ -21,7 +21,7 @@ demo: venv
 	$(PY) examples/demo.py
 
 test: venv
-	$(PY) -m pytest -p no:cacheprovider tests
+	$(PY) -m pytest -p no:cacheprovider --doctest-modules zephon_columnar tests
 
 bench: venv  # needs the one-time setup of benchmarks/README.md
 	PYTHONPATH=. $(PY) benchmarks/prepacked.py --corpus benchmarks/data/small --rounds 5

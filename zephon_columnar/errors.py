@@ -30,3 +30,53 @@ class CheckpointError(ZephonError, ValueError):
 
 class PipelineError(ZephonError, RuntimeError):
     """An operator or worker failed while the pipeline ran; the original error is ``__cause__``."""
+
+
+class MissingFieldError(ZephonError, KeyError):
+    """A field an operator needs is not in the rows (a ``KeyError``, as a dict lookup would be)."""
+
+    def __str__(self) -> str:  # KeyError's own str() would quote the whole message
+        return str(self.args[0]) if self.args else ""
+
+
+class WrongTypeError(ZephonError, TypeError):
+    """A field, value or operator output has the wrong type (a column of bytes where text is
+    needed, a user function returning a list instead of a dict, ...)."""
+
+
+_WRAPPED: dict[type, type] = {}
+
+
+def operator_failure(err: BaseException, message: str) -> BaseException:
+    """The error to raise in the caller when an operator raised ``err``: a `PipelineError` with
+    ``message`` (which names the operator and sample) that is also an instance of ``err``'s
+    class, so ``except ValueError`` catches a ValueError raised inside a worker as it would
+    inline. ``err`` becomes ``__cause__``. Errors of this library pass through unchanged.
+
+    Example:
+        >>> e = operator_failure(ValueError("bad row"), "operator 'clean' failed: bad row")
+        >>> isinstance(e, ValueError), isinstance(e, PipelineError), str(e)
+        (True, True, "operator 'clean' failed: bad row")
+    """
+    if isinstance(err, ZephonError) or not isinstance(err, Exception):
+        return err
+    cls = type(err)
+    wrapped = _WRAPPED.get(cls)
+    if isinstance(err, (StopIteration, StopAsyncIteration)):
+        wrapped = PipelineError  # raised from next(), these would end the caller's loop silently
+    if wrapped is None:
+        try:
+            wrapped = type(cls.__name__, (cls, PipelineError), {
+                "__module__": __name__, "__qualname__": f"PipelineError[{cls.__qualname__}]",
+                # The original class may want other constructor arguments (UnicodeDecodeError,
+                # OSError): build with the message only and print it as given.
+                "__new__": lambda klass, *args: cls.__new__(klass, *args),
+                "__init__": lambda self, *args: Exception.__init__(self, *args),
+                "__str__": lambda self: str(self.args[0]) if self.args else "",
+            })
+        except TypeError:  # a class that cannot be subclassed (layout conflict): plain PipelineError
+            wrapped = PipelineError
+        _WRAPPED[cls] = wrapped
+    out = wrapped(message)
+    out.__cause__ = err
+    return out

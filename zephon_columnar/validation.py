@@ -97,7 +97,7 @@ def _synthetic_frame(op: Any) -> Any:
 def validate_ops(ops: list[Any]) -> ValidationReport:
     """Smoke-test user operators: same input twice gives the same output, and an earlier call
     does not change a later one. Built-in operators are skipped."""
-    from zephon_columnar.errors import PipelineError
+    from zephon_columnar.errors import WrongTypeError
 
     report = ValidationReport()
     for op in ops:
@@ -117,7 +117,7 @@ def validate_ops(ops: list[Any]) -> ValidationReport:
             first = probe.process_frame(frame)
             other = probe.process_frame(frame.slice(0, max(1, frame.num_rows // 2)))
             second = probe.process_frame(frame)
-        except PipelineError as err:
+        except WrongTypeError as err:
             code = "OP_OUTPUT_NOT_STREAM_ITEM" if "SampleRecord" in str(err) else "OP_REJECTS_GENERIC_PAYLOAD"
             report.issues.append(Issue("error" if code == "OP_OUTPUT_NOT_STREAM_ITEM" else "warning", code, name, str(err)))
             continue

@@ -291,7 +291,7 @@ def test_prefix_diff_guard_names_the_row_and_suggests_tags(tok):
     convs = [[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
              [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
               {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}]]
-    with pytest.raises(PipelineError, match=r"not a prefix.*dataset 0, shard 1, row 1\).*generation"):
+    with pytest.raises(ValueError, match=r"not a prefix.*dataset 0, shard 1, row 1\).*generation"):
         run(TokenizeChatOp(tok, chat_template=HIDING_PLAIN), convs=convs)
     # last_span only diffs the last message, which the template renders faithfully
     assert run(TokenizeChatOp(tok, chat_template=HIDING_PLAIN, loss_scope="last_span"), convs=convs).num_rows == 2
@@ -301,7 +301,7 @@ def test_prefix_diff_guard_names_the_row_and_suggests_tags(tok):
     assert tok.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=False) == \
         "[earlier]<|im_end|>d<|im_end|>"
     nested = CHATML_TAGGED.replace("{% generation %}", "{% generation %}{% generation %}x{% endgeneration %}")
-    with pytest.raises(PipelineError, match="nested generation blocks.*row 0"):
+    with pytest.raises(ValueError, match="nested generation blocks.*row 0"):
         run(TokenizeChatOp(tok, chat_template=nested), convs=convs)
 
 
@@ -318,26 +318,26 @@ def test_template_failure_names_the_row(tok):
 def test_input_errors_name_the_sample(tok):
     op = TokenizeChatOp(tok, chat_template=CHATML_PLAIN)
     good = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
-    with pytest.raises(PipelineError, match=r"field 'messages' is missing from sample \(dataset 0, shard 1, row 0\)"):
+    with pytest.raises(KeyError, match=r"field 'messages' is missing from sample \(dataset 0, shard 1, row 0\)"):
         op.process_frame(chat_frame([good], field="conversation"))
-    with pytest.raises(PipelineError, match=r"field 'messages' is null in sample \(dataset 0, shard 1, row 2\)"):
+    with pytest.raises(ValueError, match=r"field 'messages' is null in sample \(dataset 0, shard 1, row 2\)"):
         run(op, convs=[good, good, None])
-    with pytest.raises(PipelineError, match=r"message 1 of field 'messages' in sample \(dataset 0, shard 1, row 1\).* "
+    with pytest.raises(ValueError, match=r"message 1 of field 'messages' in sample \(dataset 0, shard 1, row 1\).* "
                                             "has no content"):
         run(op, convs=[good, [good[0], {"role": "assistant", "content": None}]])
-    with pytest.raises(PipelineError, match=r"message 0 .*row 0\).* has no role"):
+    with pytest.raises(ValueError, match=r"message 0 .*row 0\).* has no role"):
         run(op, convs=[[{"role": None, "content": "x"}]])
-    with pytest.raises(PipelineError, match=r"message 1 .*row 0\).* is null"):
+    with pytest.raises(ValueError, match=r"message 1 .*row 0\).* is null"):
         run(op, convs=[[good[0], None]])
-    with pytest.raises(PipelineError, match=r"have no 'content' \(their keys: \['role', 'text'\]"):
+    with pytest.raises(KeyError, match=r"have no 'content' \(their keys: \['role', 'text'\]"):
         op.process_frame(chat_frame([[{"role": "user", "text": "a"}]]))
-    with pytest.raises(PipelineError, match="not a list of messages"):
+    with pytest.raises(TypeError, match="not a list of messages"):
         op.process_frame(chat_frame(["hello"]))
-    with pytest.raises(PipelineError, match="'content' .* not text"):
+    with pytest.raises(TypeError, match="'content' .* not text"):
         op.process_frame(chat_frame([[{"role": "user", "content": 3}]]))
     # an unknown role is context, not an error; the no-template path checks the same way
     assert run(op, convs=[[{"role": "narrator", "content": "a"}] + good]).num_rows == 1
-    with pytest.raises(PipelineError, match="row 1.*has no content"):
+    with pytest.raises(ValueError, match="row 1.*has no content"):
         run(TokenizeChatOp(tok, apply_chat_template=False), convs=[good, [{"role": "user", "content": None}]])
 
 

@@ -41,7 +41,7 @@ def test_large_binary_becomes_large_string():
 
 
 def test_bad_utf8_strict_names_field_and_sample():
-    with pytest.raises(PipelineError, match=r"field 'text' of sample \(dataset 0, shard 1, row 1\).*byte 2.*errors='replace'"):
+    with pytest.raises(ValueError, match=r"field 'text' of sample \(dataset 0, shard 1, row 1\).*byte 2.*errors='replace'"):
         DecodeTextOp().process_frame(frame([b"ok", b"ab\xff\xfecd"]))
 
 
@@ -56,7 +56,7 @@ def test_other_encodings():
     raw = ["café\r\n", "naïve"]
     out = DecodeTextOp(encoding="latin-1").process_frame(frame([s.encode("latin-1") for s in raw]))
     assert texts(out) == ["café\n", "naïve"]
-    with pytest.raises(PipelineError, match="not valid ascii"):
+    with pytest.raises(ValueError, match="not valid ascii"):
         DecodeTextOp(encoding="ascii").process_frame(frame([b"caf\xe9"]))
 
 

@@ -29,7 +29,7 @@ from zephon_columnar.engine.lanes import next_lane, owned_lanes
 from zephon_columnar.engine.plan import ParallelStage, Plan, compile_plan
 from zephon_columnar.engine.replay import LaneCursor
 from zephon_columnar.engine.runners import RUNNERS, ordered_map
-from zephon_columnar.errors import PipelineError, ZephonError
+from zephon_columnar.errors import PipelineError, ZephonError, operator_failure
 from zephon_columnar.io.readers import ReaderPool
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.fetch import FetchOp
@@ -268,7 +268,8 @@ def _ordered_stage(events: Iterator[Any], op: BaseOp) -> Iterator[Any]:
         except ZephonError:
             raise
         except Exception as err:
-            raise PipelineError(f"operator {op.op_name()!r} (ordered stage) failed: {type(err).__name__}: {err}") from err
+            raise operator_failure(err, f"operator {op.op_name()!r} (ordered stage) failed: "
+                                        f"{type(err).__name__}: {err}") from err
 
     for ev in events:
         if isinstance(ev, EpochStart):

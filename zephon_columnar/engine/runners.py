@@ -25,7 +25,7 @@ import cloudpickle
 import pyarrow as pa
 
 from zephon_columnar import frame as F
-from zephon_columnar.errors import PipelineError, ZephonError
+from zephon_columnar.errors import WrongTypeError, PipelineError, ZephonError, operator_failure
 from zephon_columnar.ops.base import BaseOp, OpContext, StageInfo
 
 
@@ -53,10 +53,10 @@ def _run_stage(ops: Sequence[BaseOp], frame: pa.Table) -> pa.Table:
             if frame.num_rows and F.LANE in frame.column_names:
                 where = (f" (lane {frame.column(F.LANE)[0].as_py()}, chunk {frame.column(F.CHUNK)[0].as_py()}, "
                          f"{frame.num_rows} rows)")
-            raise PipelineError(f"operator {op.op_name()!r} failed{where}: {type(err).__name__}: {err}") from err
+            raise operator_failure(err, f"operator {op.op_name()!r} failed{where}: {type(err).__name__}: {err}") from err
         if not isinstance(frame, pa.Table):
-            raise PipelineError(f"operator {op.op_name()!r}: process_frame returned {type(frame).__name__}, "
-                                "not a pyarrow.Table")
+            raise WrongTypeError(f"operator {op.op_name()!r}: process_frame returned {type(frame).__name__}, "
+                                      "not a pyarrow.Table")
     return frame
 
 
@@ -138,15 +138,30 @@ def _process_init(payload: bytes) -> None:
     _WORKER_OPS = _setup_stages(stages, services)
 
 
+class _WorkerFailure(Exception):
+    """What a worker process sends back when an operator fails: the caller's message, and the
+    original exception (cloudpickled, None if it cannot be) so the caller can re-raise it with
+    its type (a dynamically made subclass would not unpickle in the parent)."""
+
+    def __init__(self, message: str, original: bytes | None) -> None:
+        super().__init__(message, original)
+        self.message, self.original = message, original
+
+
 def _process_call(stage: int, ipc: bytes) -> bytes:
     assert _WORKER_OPS is not None
     try:
         out = _run_stage(_WORKER_OPS[stage], F.frame_from_ipc(ipc))
-    except ZephonError:
-        raise
     except BaseException as err:
+        cause = err.__cause__ if isinstance(err, PipelineError) and err.__cause__ is not None else err
+        if isinstance(err, ZephonError) and not isinstance(err, PipelineError):
+            raise  # this library's own errors pickle as they are
+        try:
+            original = cloudpickle.dumps(cause)
+        except Exception:
+            original = None
         # Tracebacks do not survive pickling; keep the worker's in the message.
-        raise PipelineError(f"worker process failed: {err}\n{traceback.format_exc()}") from None
+        raise _WorkerFailure(f"{err}\n(in a worker process)\n{traceback.format_exc()}", original) from None
     return F.frame_to_ipc(out).to_pybytes()
 
 
@@ -163,6 +178,16 @@ class _DecodedFuture(cf.Future):
         except cf.process.BrokenProcessPool as err:
             raise PipelineError("a worker process died (killed or crashed); see its stderr above. "
                                 "Rerun with options(runner='threads') to see the error in-process.") from err
+        except _WorkerFailure as failure:
+            original = None
+            if failure.original is not None:
+                try:
+                    original = cloudpickle.loads(failure.original)
+                except Exception:
+                    original = None
+            if original is None:
+                raise PipelineError(failure.message) from None
+            raise operator_failure(original, failure.message) from original
         return F.frame_from_ipc(data)
 
     def cancel(self) -> bool:

@@ -95,7 +95,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
-from zephon_columnar.errors import ConfigError, PipelineError
+from zephon_columnar.errors import (
+    ConfigError,
+    DatasetFormatError,
+    MissingFieldError,
+    WrongTypeError,
+    operator_failure,
+)
 from zephon_columnar.ops.base import BaseOp, OpContext, OpTraits
 from zephon_columnar.ops.rows import sample_of
 from zephon_columnar.ops.tokenizer import (
@@ -422,7 +428,7 @@ class TokenizeChatOp(TokenizerOwner, BaseOp):
         new_off = np.zeros(len(lens) + 1, np.int64)
         np.cumsum(lens, out=new_off[1:])
         if new_off[-1] > _INT32_MAX:
-            raise PipelineError(f"tokenize_chat: one frame produced {int(new_off[-1])} tokens, more than a list<int32> "
+            raise ConfigError(f"tokenize_chat: one frame produced {int(new_off[-1])} tokens, more than a list<int32> "
                                 "column holds; use smaller fetch batches (fetch(max_batch=...)).")
         off = pa.array(new_off.astype(np.int32))
         columns: list[Any] = []
@@ -458,17 +464,17 @@ class _Conversations:
                 empty = np.zeros(0, bool)
                 return cls(pa.array([], pa.list_(pa.struct([]))), np.zeros(1, np.int64), pa.array([], pa.string()),
                            empty, empty)
-            raise PipelineError(f"tokenize_chat: field {field!r} is missing from {_where(frame, 0)} (fields: "
+            raise MissingFieldError(f"tokenize_chat: field {field!r} is missing from {_where(frame, 0)} (fields: "
                                 f"{F.payload_names(frame)}). Pass field=<the column holding the conversations>.")
         col = frame.column(field)
         t = col.type
         if pa.types.is_null(t):
             if n == 0:
                 return cls.of(frame.drop_columns([field]), field)
-            raise PipelineError(f"tokenize_chat: field {field!r} is null in {_where(frame, 0)}; every row needs a "
+            raise DatasetFormatError(f"tokenize_chat: field {field!r} is null in {_where(frame, 0)}; every row needs a "
                                 "list of messages. Fix the data or filter such rows out.")
         if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not pa.types.is_struct(t.value_type):
-            raise PipelineError(
+            raise WrongTypeError(
                 f"tokenize_chat: field {field!r} has type {t} ({_where(frame, 0)}), not a list of messages: it must "
                 "be list<struct<role: string, content: string>> (in Python, a list of {'role': ..., 'content': ...} "
                 "dicts)."
@@ -477,16 +483,16 @@ class _Conversations:
         have = [st.field(i).name for i in range(st.num_fields)]
         for key in ("role", "content"):
             if key not in have:
-                raise PipelineError(f"tokenize_chat: the messages in field {field!r} have no {key!r} (their keys: "
+                raise MissingFieldError(f"tokenize_chat: the messages in field {field!r} have no {key!r} (their keys: "
                                     f"{have}; {_where(frame, 0)}). Every message needs 'role' and 'content'.")
             kt = st.field(key).type
             if not (pa.types.is_string(kt) or pa.types.is_large_string(kt) or pa.types.is_null(kt)):
-                raise PipelineError(f"tokenize_chat: message {key!r} in field {field!r} has type {kt}, not text "
+                raise WrongTypeError(f"tokenize_chat: message {key!r} in field {field!r} has type {kt}, not text "
                                     f"({_where(frame, 0)}); {key} must be a string.")
         arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         if arr.null_count:
             first = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
-            raise PipelineError(f"tokenize_chat: field {field!r} is null in {_where(frame, first)}; every row needs a "
+            raise DatasetFormatError(f"tokenize_chat: field {field!r} is null in {_where(frame, first)}; every row needs a "
                                 "list of messages. Fix the data or filter such rows out.")
         offsets = np.zeros(n + 1, np.int64)
         np.cumsum(pc.list_value_length(arr).to_numpy(zero_copy_only=False), out=offsets[1:])
@@ -497,7 +503,7 @@ class _Conversations:
             if len(hits):
                 j = int(hits[0])
                 r = int(np.searchsorted(offsets, j, side="right") - 1)
-                raise PipelineError(f"tokenize_chat: message {j - int(offsets[r])} of field {field!r} in "
+                raise DatasetFormatError(f"tokenize_chat: message {j - int(offsets[r])} of field {field!r} in "
                                     f"{_where(frame, r)} {what}. Every message needs a 'role' and a text "
                                     "'content'; fix the data or filter such rows out.")
 
@@ -641,7 +647,7 @@ class _Renderer:
         try:
             return self.template.render(**kw)
         except Exception as err:  # a template can raise anything; name the row
-            raise PipelineError(f"tokenize_chat: the chat template ({self.origin}) failed on "
+            raise operator_failure(err, f"tokenize_chat: the chat template ({self.origin}) failed on "
                                 f"{_where(self.frame, self.row)}: {type(err).__name__}: {err}") from err
 
     def full(self) -> str:
@@ -653,7 +659,7 @@ class _Renderer:
         try:
             return strip_generation_marks(raw, *_markers_for(self.msgs, self.ctx))
         except ValueError as err:
-            raise PipelineError(f"tokenize_chat: {err} in the chat template ({self.origin}) rendering "
+            raise ConfigError(f"tokenize_chat: {err} in the chat template ({self.origin}) rendering "
                                 f"{_where(self.frame, self.row)}; use one level of {{% generation %}} blocks.") from err
 
     def prefix(self, msgs: list[dict[str, Any]], text: str, *, what: str, generation_prompt: bool = False,
@@ -663,7 +669,7 @@ class _Renderer:
             self.render(msgs, generation_prompt=generation_prompt)
         if not text.startswith(p):
             at = next((i for i, (x, y) in enumerate(zip(p, text)) if x != y), min(len(p), len(text)))
-            raise PipelineError(
+            raise ConfigError(
                 f"tokenize_chat({why}): the chat template ({self.origin}) renders {what} "
                 f"(add_generation_prompt={generation_prompt}) as text that is not a prefix of the whole conversation's "
                 f"rendering in {_where(self.frame, self.row)} (they differ from character {at}: "
@@ -681,7 +687,7 @@ class _Renderer:
         upto = self.prefix(self.msgs[:i + 1], text, what=f"the messages up to assistant message {i}")
         s, e = len(head), len(upto)
         if e < s:
-            raise PipelineError(
+            raise ConfigError(
                 f"tokenize_chat(span_source='prefix_diff'): in {_where(self.frame, self.row)} the chat template "
                 f"({self.origin}) renders the generation prompt before assistant message {i} as longer text than "
                 "the message itself; the assistant span cannot be found. Use {% generation %} tags or "

@@ -10,7 +10,7 @@ field by name.
 UTF-8 is decoded by Arrow's validating cast (no per-value Python); other encodings, and UTF-8
 columns that fail validation with ``errors="replace"``/``"ignore"`` (or any registered Python
 error handler), go through ``bytes.decode`` per value, with Python's exact semantics.
-``errors="strict"`` raises PipelineError naming the field, the sample and the bad byte offset.
+``errors="strict"`` raises DatasetFormatError (a ValueError) naming the field, the sample and the bad byte offset.
 
 Example:
     >>> pipe.decode_text(fields=("text",), errors="replace", lowercase=True)  # doctest: +SKIP
@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
-from zephon_columnar.errors import ConfigError, PipelineError
+from zephon_columnar.errors import ConfigError, DatasetFormatError
 from zephon_columnar.ops.base import BaseOp, OpTraits
 from zephon_columnar.ops.rows import sample_of
 
@@ -101,7 +101,7 @@ class DecodeTextOp(BaseOp):
             try:
                 out.append(v.decode(self.encoding, self.errors))
             except UnicodeDecodeError as err:
-                raise PipelineError(
+                raise DatasetFormatError(
                     f"decode_text: field {name!r} of {_where(frame, i)} is not valid {self.encoding} "
                     f"(byte {err.start}: {err.reason}). Pass errors='replace' or 'ignore', or the right encoding=."
                 ) from err

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
-from zephon_columnar.errors import ConfigError, PipelineError
+from zephon_columnar.errors import ConfigError, WrongTypeError, ZephonError, operator_failure
 from zephon_columnar.ops.base import BaseOp, OpTraits
 from zephon_columnar.ops.rows import payload_rows, run_payload_fn, sample_of
 
@@ -86,11 +86,11 @@ class MapOp(BaseOp):
         try:
             out = _polars_frame(F.payload_of(frame)).with_columns(self.fn).to_arrow()
         except Exception as err:  # polars raises many types; name the expression
-            raise PipelineError(f"map_transform expression {_describe(self.fn)} failed: "
-                                f"{type(err).__name__}: {err}") from err
+            raise operator_failure(err, f"map_transform expression {_describe(self.fn)} failed: "
+                                        f"{type(err).__name__}: {err}") from err
         reserved = [c for c in out.column_names if F.is_bookkeeping(c)]
         if reserved:
-            raise PipelineError(f"map_transform expression {_describe(self.fn)} writes {reserved}; names "
+            raise ConfigError(f"map_transform expression {_describe(self.fn)} writes {reserved}; names "
                                 "starting with '__' are reserved for the engine, pick another name.")
         return F.with_payload(F.bookkeeping_of(frame), out)
 
@@ -129,12 +129,13 @@ class FilterOp(BaseOp):
             else:
                 mask = np.fromiter((_row_predicate(pred, frame, i, r) for i, r in enumerate(payload_rows(frame))),
                                    dtype=bool, count=frame.num_rows)
-        except PipelineError:
+        except ZephonError:
             raise
         except Exception as err:
-            raise PipelineError(f"filter predicate {_describe(pred)} failed: {type(err).__name__}: {err}") from err
+            raise operator_failure(err, f"filter predicate {_describe(pred)} failed: {type(err).__name__}: "
+                                        f"{err}") from err
         if mask.dtype != np.bool_:
-            raise PipelineError(f"filter predicate {_describe(pred)} gave {mask.dtype} values, not booleans.")
+            raise WrongTypeError(f"filter predicate {_describe(pred)} gave {mask.dtype} values, not booleans.")
         return frame.filter(pa.array(mask))
 
 
@@ -142,8 +143,8 @@ def _row_predicate(pred: Callable[[dict[str, Any]], Any], frame: pa.Table, i: in
     try:
         return bool(pred(row))
     except Exception as err:
-        raise PipelineError(f"filter predicate {_describe(pred)} failed on {sample_of(frame, i)}: "
-                            f"{type(err).__name__}: {err}") from err
+        raise operator_failure(err, f"filter predicate {_describe(pred)} failed on {sample_of(frame, i)}: "
+                                    f"{type(err).__name__}: {err}") from err
 
 
 class MaterializeOp(BaseOp):

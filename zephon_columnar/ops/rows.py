@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
-from zephon_columnar.errors import PipelineError
+from zephon_columnar.errors import WrongTypeError, operator_failure
 from zephon_columnar.types import SampleRecord, records_of
 
 
@@ -34,13 +34,13 @@ def payloads_to_table(payloads: list[dict[str, Any]], *, op_name: str) -> pa.Tab
         kinds = {type(v) for v in values if v is not None}
         if len(kinds) > 1:
             shown = ", ".join(sorted(k.__name__ for k in kinds))
-            raise PipelineError(f"operator {op_name!r} returned field {name!r} with mixed types ({shown}); "
+            raise WrongTypeError(f"operator {op_name!r} returned field {name!r} with mixed types ({shown}); "
                                 "return the same type for a field in every row (e.g. float(x)).")
         try:
             columns[name] = pa.array(values)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
-            raise PipelineError(f"operator {op_name!r} returned field {name!r} with values Arrow cannot hold "
-                                f"in one column ({err}); return the same type for it in every row.") from err
+            raise WrongTypeError(f"operator {op_name!r} returned field {name!r} with values Arrow cannot "
+                                      f"hold in one column ({err}); return the same type for it in every row.") from err
     return pa.table(columns) if columns else pa.table({})
 
 
@@ -73,12 +73,12 @@ def run_payload_fn(frame: pa.Table, fn: Callable[[dict[str, Any]], Any], *, op_n
         try:
             out = fn(row)
         except Exception as err:
-            raise PipelineError(f"map_transform function {op_name!r} failed on {sample_of(frame, i)}: "
-                                f"{type(err).__name__}: {err}") from err
+            raise operator_failure(err, f"map_transform function {op_name!r} failed on {sample_of(frame, i)}: "
+                                        f"{type(err).__name__}: {err}") from err
         if out is None:
             continue
         if not isinstance(out, dict):
-            raise PipelineError(
+            raise WrongTypeError(
                 f"map_transform function {op_name!r} returned a {type(out).__name__} for {sample_of(frame, i)}; "
                 "return a payload dict, or None to drop the row."
             )
@@ -92,7 +92,7 @@ def run_rows(frame: pa.Table, fn: Callable[[list[SampleRecord]], list[SampleReco
     records = records_of(frame)
     outs = fn(records)
     if not isinstance(outs, list) or any(not isinstance(r, SampleRecord) for r in outs):
-        raise PipelineError(
+        raise WrongTypeError(
             f"operator {op_name!r}: process_many must return a list of SampleRecord "
             "(rebuild record.payload and return the record that carried it), not dicts or tensors."
         )

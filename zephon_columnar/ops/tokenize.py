@@ -28,8 +28,9 @@ Semantics (Zephon 0.2.0, B.17, with the choices below):
   ``max(1, ceil((n + #specials) / max_length))`` pieces: BOS only on the first, EOS only on the
   last (the last piece can be just ``[EOS]``), every piece at most ``max_length``, and the pieces
   concatenate back to the document. Children repeat their parent's bookkeeping row, in order.
-- ``missing_field``: ``"error"`` raises PipelineError naming the field and the sample (dataset,
-  shard, row) when the column is absent or a value is null; ``"empty"`` tokenizes ``""``.
+- ``missing_field``: ``"error"`` raises naming the field and the sample (dataset, shard, row):
+  `MissingFieldError` (a ``KeyError``) when the column is absent, `DatasetFormatError` (a
+  ``ValueError``) when a value is null; ``"empty"`` tokenizes ``""``.
 - Output: ``input_ids`` list<int32> and, with ``add_attention_mask``, ``attention_mask``
   list<int8> (1 real token, 0 padding). The upstream payload is dropped unless
   ``preserve_upstream_payload=True`` keeps it (the text field included; repeated for every piece
@@ -53,7 +54,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
-from zephon_columnar.errors import ConfigError, PipelineError
+from zephon_columnar.errors import ConfigError, DatasetFormatError, MissingFieldError, WrongTypeError
 from zephon_columnar.ops.base import BaseOp, OpContext, OpTraits
 from zephon_columnar.ops.rows import sample_of
 from zephon_columnar.ops.tokenizer import (
@@ -230,7 +231,7 @@ class TokenizeOp(TokenizerOwner, BaseOp):
         if self.field not in frame.column_names:
             if self.missing_field == "empty" or n == 0:
                 return [""] * n
-            raise PipelineError(
+            raise MissingFieldError(
                 f"tokenize: field {self.field!r} is missing from {_where(frame, 0)} (fields: "
                 f"{F.payload_names(frame)}). Pass field=<one of them>, or missing_field='empty' to tokenize ''."
             )
@@ -239,15 +240,15 @@ class TokenizeOp(TokenizerOwner, BaseOp):
         if pa.types.is_null(t):
             col = pa.chunked_array([pa.nulls(n, pa.string())])
         elif pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
-            raise PipelineError(f"tokenize: field {self.field!r} holds bytes ({t}); add .decode_text(fields="
-                                f"({self.field!r},)) before tokenize.")
+            raise WrongTypeError(f"tokenize: field {self.field!r} holds bytes ({t}); add .decode_text(fields="
+                                 f"({self.field!r},)) before tokenize.")
         elif not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)):
-            raise PipelineError(f"tokenize: field {self.field!r} has type {t}, not text ({_where(frame, 0)}); "
-                                "tokenize a string column.")
+            raise WrongTypeError(f"tokenize: field {self.field!r} has type {t}, not text ({_where(frame, 0)}); "
+                                 "tokenize a string column.")
         if col.null_count:
             if self.missing_field == "error":
                 first = pc.index(pc.is_null(col), True).as_py()
-                raise PipelineError(
+                raise DatasetFormatError(
                     f"tokenize: field {self.field!r} is null in {_where(frame, first)}. Fix the data, filter "
                     "such rows out, or pass missing_field='empty' to tokenize ''."
                 )
@@ -257,7 +258,7 @@ class TokenizeOp(TokenizerOwner, BaseOp):
     def _assemble(self, frame: pa.Table, flat: np.ndarray, offsets: np.ndarray, mask: np.ndarray | None,
                   parent: np.ndarray | None) -> pa.Table:
         if offsets[-1] > _INT32_MAX:
-            raise PipelineError(f"tokenize: one frame produced {int(offsets[-1])} tokens, more than a list<int32> "
+            raise ConfigError(f"tokenize: one frame produced {int(offsets[-1])} tokens, more than a list<int32> "
                                 "column holds; use smaller fetch batches (fetch(max_batch=...)).")
         off = pa.array(offsets.astype(np.int32, copy=False))
         columns: list[pa.Array | pa.ChunkedArray] = []
