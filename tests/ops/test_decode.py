@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from tests.ops._tokenizers import make_tokenizer, reference_ids, text_frame
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon_columnar import frame as F
-from zephon_columnar.errors import ConfigError, PipelineError
+from zephon_columnar.errors import ConfigError
 from zephon_columnar.ops.decode import DecodeTextOp
 
 

@@ -19,7 +19,7 @@ from tests.ops._pack_helpers import (
 )
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon_columnar import frame as F
-from zephon_columnar.errors import ConfigError, DatasetFormatError, PipelineError
+from zephon_columnar.errors import ConfigError, DatasetFormatError
 from zephon_columnar.ops.pack import PackFlatOp, WrapPacker
 from zephon_columnar.testing import assert_resumes_exactly
 from zephon_columnar.types import PADDING_LENGTH, SampleBatch

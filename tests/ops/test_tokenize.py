@@ -20,7 +20,7 @@ from tests.ops._tokenizers import (
 )
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon_columnar import frame as F
-from zephon_columnar.errors import ConfigError, PipelineError
+from zephon_columnar.errors import ConfigError
 from zephon_columnar.ops import tokenizer as tokmod
 from zephon_columnar.ops.base import OpContext
 from zephon_columnar.ops.tokenize import TokenizeOp
