@@ -63,8 +63,24 @@ def test_kwargs_form_returning_dicts_is_reported():
     assert [i.code for i in p.validate().errors] == ["OP_OUTPUT_NOT_STREAM_ITEM"]
 
 
-def test_no_tokenizer_ops_preflight_is_clean():
-    assert pipe().preflight_tokenizers().ok
+def test_preflight_passes_a_loadable_tokenizer_and_reports_a_broken_one(tmp_path):
+    from tests.ops._tokenizers import make_tokenizer, save_folder
+
+    good = save_folder(tmp_path / "good", make_tokenizer())
+    for p in (pipe().tokenize(tokenizer=make_tokenizer(), field="text"),
+              pipe().add_op(Pure()).tokenize(tokenizer_id=str(good), field="text")):
+        report = p.preflight_tokenizers()
+        assert report.ok and report.issues == []
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "tokenizer.json").write_text("{ this is not a tokenizer")
+    p = pipe().add_op(Pure()).tokenize(tokenizer_id=str(broken), field="text")
+    report = p.preflight_tokenizers(strict=False)
+    assert not report.ok
+    assert [i.code for i in report.errors] == ["TOKENIZER_PREFLIGHT_FAILED"]  # the tokenizer only, not Pure
+    assert str(broken) in report.format()
+    with pytest.raises(ValidationError, match="TOKENIZER_PREFLIGHT_FAILED"):
+        p.preflight_tokenizers()
 
 
 def test_warn_mode_warns_and_runs():

@@ -89,18 +89,32 @@ def test_restore_with_missing_lanes_names_them():
         build(1, 0).restore(partial)
 
 
+def by_lane(sigs: list[tuple]) -> dict[int, list[tuple]]:
+    """Each lane's batches, in delivery order (sig[1] is the lane id)."""
+    out: dict[int, list[tuple]] = {}
+    for sig in sigs:
+        out.setdefault(sig[1], []).append(sig)
+    return out
+
+
 def test_iteration_needs_no_aggregation_directory():
-    assert len(collect(build(2, 1))) > 0
+    # Without aggregate_dir, rank 1 of 2 iterates on its own: exactly the batches of the lanes it
+    # owns (default mapping: contiguous), each lane in the order a single group delivers it.
+    owned = owned_lanes(canonical_replicas=LANES, dp_degree=2, dp_group_id=1, mapping="contiguous")
+    single = by_lane(collect(build(1, 0)))
+    assert sorted(single) == list(range(LANES))
+    assert by_lane(collect(build(2, 1))) == {lane: single[lane] for lane in owned}
 
 
 def test_checkpoint_merges_through_a_shared_directory(tmp_path):
     results: dict[int, dict] = {}
+    heads: dict[int, list[tuple]] = {}
     errors: list[BaseException] = []
 
     def rank(g):
         try:
             pipe = build(2, g, aggregate_dir=str(tmp_path), run_id="run-x", aggregate_timeout_s=30)
-            it, _ = take(pipe, 3)
+            it, heads[g] = take(pipe, 3)
             results[g] = pipe.checkpoint()
             it.close()
         except BaseException as err:  # pragma: no cover - surfaced below
@@ -116,7 +130,11 @@ def test_checkpoint_merges_through_a_shared_directory(tmp_path):
     assert sorted(results[0]["lanes"]) == ["0", "1", "2", "3"]
     resumed = build(1, 0)
     resumed.restore(results[0])
-    assert len(collect(resumed)) > 0
+    # The merged checkpoint resumes every lane right after what either rank delivered: per lane,
+    # the ranks' batches then the resumed ones are the uninterrupted single-group stream.
+    delivered, rest = by_lane(heads[0] + heads[1]), by_lane(collect(resumed))
+    single = by_lane(collect(build(1, 0)))
+    assert {lane: delivered.get(lane, []) + rest.get(lane, []) for lane in single} == single
 
 
 def test_directory_aggregation_times_out_with_a_clear_error(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 
 import datasets
 import numpy as np
@@ -154,3 +155,14 @@ def test_open_reader_dispatches_on_kind_and_refuses_unknown_ones(tmp_path):
     bogus = Dataset(name="b", backend={"kind": "vortex"}, path=None, shards=())
     with pytest.raises(ConfigError, match=r"backend kind 'vortex', which no reader handles"):
         bogus.open_reader()
+
+
+def test_an_unreadable_directory_is_a_permission_error_naming_dataset_and_path(tmp_path, deny_read):
+    d = tmp_path / "web"
+    d.mkdir()
+    pq.write_table(table(3), d / "a.parquet")
+    deny_read(d)
+    with pytest.raises(PermissionError, match=rf"^Dataset 'web': cannot list the directory {re.escape(str(d))} "
+                                              r"\(Permission denied\)\. Give this process read and execute") as e:
+        Dataset.from_path("web", str(d))
+    assert isinstance(e.value.__cause__, PermissionError)

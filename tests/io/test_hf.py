@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import datasets
 import numpy as np
 import pyarrow as pa
@@ -124,3 +126,22 @@ def test_a_file_that_is_not_arrow_is_named(tmp_path):
     (tmp_path / "x.arrow").write_bytes(b"FEA1 not arrow ipc at all")
     with pytest.raises(DatasetFormatError, match=r"x\.arrow: not an Arrow IPC file or stream"):
         Dataset.from_path("a", str(tmp_path))
+
+
+def test_an_unreadable_arrow_file_is_a_permission_error_naming_it(tmp_path, deny_read):
+    path = tmp_path / "part-0.arrow"
+    feather.write_feather(pa.table({"n": np.arange(10)}), str(path))
+    ds = Dataset.from_path("a", str(tmp_path))
+    deny_read(path)
+    for action in (lambda: ds.open_reader().take(0, np.array([1])), lambda: Dataset.from_path("a", str(tmp_path))):
+        with pytest.raises(PermissionError, match=rf"^{re.escape(str(path))}: cannot be read \(Permission denied\)") as e:
+            action()
+        assert not isinstance(e.value, ValueError)  # not "not an Arrow IPC file"
+
+
+def test_arrow_files_with_the_same_columns_in_another_order_read_in_the_first_files_order(tmp_path):
+    feather.write_feather(pa.table({"n": [0, 1], "text": ["a", "b"]}), str(tmp_path / "part-0.arrow"))
+    feather.write_feather(pa.table({"text": ["c"], "n": [2]}), str(tmp_path / "part-1.arrow"))
+    reader = Dataset.from_path("a", str(tmp_path)).open_reader()
+    assert reader.take(1, np.array([0])).to_pylist() == [{"n": 2, "text": "c"}]
+    assert reader.take(1, np.array([0])).column_names == ["n", "text"]

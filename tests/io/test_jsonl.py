@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import time
 
 import numpy as np
@@ -222,3 +223,64 @@ def test_column_projection_parses_only_those_fields(jl_dir):
     got = JsonlReader(ds, columns=["meta", "id"]).take(1, np.array([2, 0]))
     assert got.column_names == ["meta", "id"]
     assert got.to_pylist() == [{"meta": {"k": 1502 % 4}, "id": 1502}, {"meta": {"k": 0}, "id": 1500}]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_invalid_utf8_names_file_and_line(tmp_path, suffix):
+    bad = b'{"text": "ok\xff"}\n'
+    head = lines_of(rows_of(1002)).encode()
+    path = tmp_path / f"a{suffix}"
+
+    def write(data: bytes) -> None:
+        path.write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+
+    # After the schema sample: the reader names the line; the rows before it read fine.
+    write(head + bad + lines_of(rows_of(5, 1002)).encode())
+    reader = Dataset.from_path("x", str(path)).open_reader()
+    assert reader.take(0, np.arange(990, 1002)).column("id").to_pylist() == list(range(990, 1002))
+    for rows in (np.arange(995, 1006), np.array([1004, 1002, 3])):
+        with pytest.raises(DatasetFormatError, match=rf"^{path}:1003: field 'text' is not valid UTF-8 "
+                                                     r"\(byte 0xff at byte 13 of the line\).*re-encode") as e:
+            reader.take(0, rows)
+        assert isinstance(e.value.__cause__, UnicodeDecodeError)
+    # In the schema sample: discovery itself fails the same way.
+    write(b'{"text": "fine"}\n' + bad)
+    with pytest.raises(DatasetFormatError, match=rf"^{path}:2: field 'text' is not valid UTF-8"):
+        Dataset.from_path("x", str(path))
+
+
+def test_invalid_utf8_inside_a_list_is_found_and_outside_the_schema_is_ignored(tmp_path):
+    lines = lines_of(rows_of(1010)).encode().splitlines(keepends=True)
+    lines[1003] = b'{"id": 1003, "other": "\xfe ignored: not a column"}\n'
+    lines[1006] = b'{"id": 1006, "tags": ["a", "b\xc3"]}\n'  # a truncated 2-byte sequence
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b"".join(lines))
+    reader = Dataset.from_path("x", str(path)).open_reader()
+    assert reader.take(0, np.arange(1000, 1006)).column("id").to_pylist() == list(range(1000, 1006))
+    with pytest.raises(DatasetFormatError, match=rf"^{path}:1007: field 'tags' is not valid UTF-8 \(byte 0xc3"):
+        reader.take(0, np.arange(1000, 1010))
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_an_unreadable_file_is_a_permission_error_naming_it_not_a_corrupt_one(tmp_path, deny_read, suffix):
+    data = lines_of(rows_of(20)).encode()
+    paths = {}
+    for name in ("seen", "unseen"):
+        (tmp_path / name).mkdir()
+        paths[name] = tmp_path / name / f"a{suffix}"
+        paths[name].write_bytes(gzip.compress(data) if suffix.endswith(".gz") else data)
+    ds = Dataset.from_path("x", str(tmp_path / "seen"))  # indexed while readable
+    for path in paths.values():
+        deny_read(path)
+    jsonl.INDEX_CACHE.clear_memory()  # rediscovery below finds the index on disk, then samples the file
+    actions = [
+        (paths["seen"], lambda: ds.open_reader().take(0, np.array([1]))),
+        (paths["seen"], lambda: Dataset.from_path("x", str(tmp_path / "seen"))),
+        (paths["unseen"], lambda: Dataset.from_path("x", str(tmp_path / "unseen"))),  # no index yet
+    ]
+    for path, action in actions:
+        with pytest.raises(PermissionError, match=rf"^{re.escape(str(path))}: cannot be read \(Permission denied\)\. "
+                                                  "Give this process read permission") as e:
+            action()
+        assert not isinstance(e.value, ValueError)  # not "truncated or corrupt"
+        assert isinstance(e.value.__cause__, PermissionError)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -135,6 +136,35 @@ def test_a_shard_with_another_schema_is_named(pq_dir):
         Dataset.from_path("web", str(pq_dir))
 
 
+def test_shards_with_the_same_columns_in_another_order_read_in_the_first_shards_order(tmp_path):
+    from zephon_columnar import Pipeline, StaticMixtureWorkSource
+    from zephon_columnar import frame as F
+
+    a, b = make_table(30), make_table(20, 30)
+    pq.write_table(a, tmp_path / "part-0.parquet", row_group_size=8)
+    pq.write_table(b.select(["tokens", "text", "id"]), tmp_path / "part-1.parquet", row_group_size=8)
+    expected = pa.concat_tables([a, b]).to_pylist()  # row i is the row with id i
+    ds = Dataset.from_path("web", str(tmp_path))
+    assert ds.backend["schema"].names == ["id", "text", "tokens"]
+    reader = ds.open_reader()
+    for shard, start in ((0, 0), (1, 30)):
+        for rows in (np.array([7, 2, 19]), np.arange(3, 17)):  # random rows and a run across row groups
+            got = reader.take(shard, rows)
+            assert got.column_names == ["id", "text", "tokens"]
+            assert got.to_pylist() == [expected[i] for i in rows + start]
+    # Through a pipeline: batches mix rows of both shards (a concatenation needs one schema).
+    ws = StaticMixtureWorkSource([ds], {"web": 1.0}, chunk_size=8, seed=1, shuffle_within_shard=True)
+    batches = list(Pipeline(ws).batch(7, drop_last=False))  # 7 divides neither 30 nor 20: a batch spans both shards
+    ids = []
+    for b in batches:
+        payload = F.payload_of(b.table)
+        assert payload.column_names == ["id", "text", "tokens"]
+        assert payload.to_pylist() == [expected[i] for i in payload.column("id").to_pylist()]
+        ids += payload.column("id").to_pylist()
+    assert sorted(ids) == list(range(50))
+    assert any(len({i < 30 for i in F.payload_of(b.table).column("id").to_pylist()}) == 2 for b in batches)
+
+
 def test_a_file_rewritten_after_discovery_is_detected(pq_dir):
     ds = Dataset.from_path("web", str(pq_dir))
     pq.write_table(make_table(1000), pq_dir / "part-0.parquet", row_group_size=250)
@@ -147,3 +177,19 @@ def test_random_rows_decode_only_the_row_groups_they_touch(pq_dir):
     got = reader.take(0, np.array([950, 3, 960, 10]))  # row groups 9 and 0 of 10
     assert got.column("id").to_pylist() == [950, 3, 960, 10]
     assert reader.stats["decoded_groups"] == 2
+
+
+def unreadable(path) -> str:
+    """The start of the error for a file the OS refuses to read."""
+    return rf"^{re.escape(str(path))}: cannot be read \(Permission denied\)\. Give this process read permission"
+
+
+def test_an_unreadable_file_is_a_permission_error_naming_it_not_a_corrupt_one(pq_dir, deny_read):
+    path = pq_dir / "part-1.parquet"
+    ds = Dataset.from_path("web", str(pq_dir))  # discovered while readable
+    deny_read(path)
+    for action in (lambda: ds.open_reader().take(1, np.array([0])), lambda: Dataset.from_path("web", str(pq_dir))):
+        with pytest.raises(PermissionError, match=unreadable(path)) as e:
+            action()
+        assert not isinstance(e.value, ValueError)  # not reported as a corrupt file
+        assert isinstance(e.value.__cause__, PermissionError)

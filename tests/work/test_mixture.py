@@ -97,14 +97,8 @@ def test_interleave_rejects_negative_counts():
         interleave_order([2, -1])
 
 
-def test_interleave_is_vectorized_enough_for_large_chunks():
-    import time
-
+def test_interleave_of_a_full_size_chunk_matches_the_exact_definition():
+    # A default-size chunk (16384): float keys must still tie exactly where the fractions do.
+    # (Speed is measured in benchmarks/, not asserted here.)
     counts = [9000, 5000, 2000, 384]
-    best = math.inf
-    for _ in range(3):
-        t0 = time.perf_counter()
-        out = interleave_order(counts)
-        best = min(best, time.perf_counter() - t0)
-    assert best < 5e-3   # vectorized: ~0.3 ms; a per-sample Python sort takes tens of ms
-    assert len(out) == 16384
+    assert interleave_order(counts).tolist() == reference_interleave(counts)

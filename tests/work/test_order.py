@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -145,14 +143,12 @@ def test_cached_permutations_stay_within_block_plus_shards():
 
 
 @pytest.mark.parametrize("shards", [False, True])
-def test_consecutive_unshuffled_take_is_well_under_a_millisecond(shards):
-    order = make(counts=np.full(64, 5000), shards=shards)
-    order.take(0, 0, 16384)
-    best = min(_timed(lambda i=i: order.take(0, 100 * i, 16384)) for i in range(30))
-    assert best < 1e-3, f"take(16384) took {best * 1e3:.2f} ms"
-
-
-def _timed(fn):
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+def test_consecutive_unshuffled_takes_equal_the_materialized_pass(shards):
+    # The arithmetic fast path (no per-position search) against the pass written out: shards in
+    # their (permuted) order, rows ascending. Speed is measured in benchmarks/, not asserted here.
+    counts = np.full(64, 5000)
+    order = make(counts=counts, shards=shards)
+    visit = np.random.default_rng([5, 0, 0]).permutation(64) if shards else np.arange(64)
+    reference = np.concatenate([np.stack([np.full(n, s), np.arange(n)], axis=1) for s, n in zip(visit, counts[visit])])
+    for start in [100 * i for i in range(30)] + [4990, 5000, len(reference) - 16384]:
+        assert np.array_equal(order.take(0, start, 16384), reference[start:start + 16384]), start

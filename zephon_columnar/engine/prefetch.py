@@ -40,7 +40,7 @@ class ShardPrefetcher:
                 if (d, s) in self._seen:
                     continue
                 self._seen.add((d, s))
-            info = self._datasets[d].shards[s]
+            info = self._datasets[d].shard(s)
             if info.path is None or fs.is_local(info.path):
                 continue
             if self._pool is None:

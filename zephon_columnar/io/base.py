@@ -65,13 +65,41 @@ def project(schema: pa.Schema, columns: Sequence[str] | None) -> pa.Schema:
     return schema if columns is None else pa.schema([schema.field(c) for c in columns])
 
 
-def shard_info(shards: Sequence[ShardInfo], shard_id: int) -> ShardInfo:
-    """The shard ``shard_id`` of a dataset; an IndexError naming the count otherwise.
+def shard_info(shards: Sequence[ShardInfo], shard_id: int, *, dataset: str | None = None) -> ShardInfo:
+    """The shard whose id is ``shard_id`` (by id, never by position); an IndexError naming the
+    ids that exist otherwise.
+
+    Discovered datasets number their shards ``0..n-1`` in order, so the shard at position
+    ``shard_id`` is tried first (O(1)); other ids (in-memory datasets keep the ids they were
+    given) are searched for. ``dataset`` (a name) goes into the error message.
 
     Example:
         >>> shard_info([ShardInfo(shard_id=0, path="a.parquet", num_rows=3)], 0).path
         'a.parquet'
+        >>> shard_info([ShardInfo(shard_id=2, path="a", num_rows=1), ShardInfo(shard_id=5, path="b", num_rows=1)], 5).path
+        'b'
     """
-    if not 0 <= shard_id < len(shards):
-        raise IndexError(f"shard {shard_id} does not exist; this dataset has {len(shards)} shards.")
-    return shards[shard_id]
+    if 0 <= shard_id < len(shards) and shards[shard_id].shard_id == shard_id:
+        return shards[shard_id]
+    for info in shards:
+        if info.shard_id == shard_id:
+            return info
+    who = "this dataset" if dataset is None else f"dataset {dataset!r}"
+    raise IndexError(f"shard {shard_id} does not exist; {who} has {len(shards)} shards with ids "
+                     f"{describe_ids([s.shard_id for s in shards])}. Pass one of those ids.")
+
+
+def describe_ids(ids: Sequence[int], shown: int = 8) -> str:
+    """Shard ids for an error message: ``[2, 5]``, ``0..99`` for a contiguous run, or the first
+    ``shown`` ids and a count.
+
+    Example:
+        >>> describe_ids([2, 5]), describe_ids(list(range(100))), describe_ids(list(range(0, 40, 2)))
+        ('[2, 5]', '0..99', '[0, 2, 4, 6, 8, 10, 12, 14, ... 12 more]')
+    """
+    ids = [int(i) for i in ids]
+    if len(ids) > 2 and ids == list(range(ids[0], ids[0] + len(ids))):
+        return f"{ids[0]}..{ids[-1]}"
+    if len(ids) > shown:
+        return "[" + ", ".join(map(str, ids[:shown])) + f", ... {len(ids) - shown} more]"
+    return str(ids)

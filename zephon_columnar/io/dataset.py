@@ -13,6 +13,8 @@ Example:
 
 from __future__ import annotations
 
+import operator
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
@@ -20,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_columnar.errors import ConfigError
-from zephon_columnar.io.base import ShardInfo, ShardReader
+from zephon_columnar.io.base import ShardInfo, ShardReader, describe_ids, shard_info
 
 DatasetFormat = Literal["parquet", "jsonl", "hf", "arrow"]
 
@@ -61,13 +63,32 @@ class InMemoryShard:
 
 
 class TableReader:
-    """Reader over in-memory Arrow tables, one per shard (zero-copy slices where possible)."""
+    """Reader over in-memory Arrow tables, one per shard, looked up by shard id.
 
-    def __init__(self, tables: Sequence[pa.Table]) -> None:
-        self._tables = tables
+    ``shard_ids[i]`` is the id of ``tables[i]`` (default ``0..n-1``). ``take`` returns zero-copy
+    slices where possible; an id that is none of them raises IndexError naming the ids (it never
+    falls back to a position, so it cannot read another shard's rows).
+
+    Example:
+        >>> reader = TableReader([pa.table({"x": [1, 2]}), pa.table({"x": [3]})], shard_ids=[2, 5])
+        >>> reader.take(5, np.array([0])).column("x").to_pylist()
+        [3]
+    """
+
+    def __init__(self, tables: Sequence[pa.Table], shard_ids: Sequence[int] | None = None, *,
+                 dataset: str | None = None) -> None:
+        ids = list(range(len(tables))) if shard_ids is None else [int(i) for i in shard_ids]
+        if len(ids) != len(tables):
+            raise ConfigError(f"TableReader: {len(ids)} shard ids for {len(tables)} tables; pass one id per table.")
+        self._tables = dict(zip(ids, tables))
+        self._dataset = dataset
 
     def take(self, shard_id: int, rows: np.ndarray) -> pa.Table:
-        table = self._tables[shard_id]
+        table = self._tables.get(int(shard_id))
+        if table is None:
+            who = "this dataset" if self._dataset is None else f"dataset {self._dataset!r}"
+            raise IndexError(f"shard {shard_id} does not exist; {who} has {len(self._tables)} shards with ids "
+                             f"{describe_ids(list(self._tables))}. Pass one of those ids.")
         return take_rows(table, rows)
 
     def close(self) -> None:
@@ -85,13 +106,27 @@ def take_rows(table: pa.Table, rows: np.ndarray) -> pa.Table:
     return table.take(pa.array(rows, pa.int64()))
 
 
+def in_column_order(table: pa.Table, names: Sequence[str]) -> pa.Table:
+    """``table`` with its columns in the order ``names`` (zero-copy; as-is when already so).
+
+    Shards of one dataset may store the same columns in another order; readers return every
+    shard in the dataset schema's order (the first shard's), so shards concatenate.
+    """
+    if table.column_names == list(names):
+        return table
+    return table.select(list(names))
+
+
 @dataclass(frozen=True, eq=False)
 class Dataset:
     """A named dataset: shards with row counts, plus how to read them.
 
     ``backend`` is an opaque description of the storage (``{"kind": "parquet", ...}``);
-    ``path`` the root it was discovered under (None in memory). Shard ids are ``0..n-1``
-    in sorted file-name order.
+    ``path`` the root it was discovered under (None in memory). ``shards`` are sorted by id.
+    Discovered datasets number their shards ``0..n-1`` in sorted file-name order; in-memory
+    ones (:meth:`from_dict`, :meth:`from_tables` with ``shard_ids``) keep the ids they were
+    given. Readers and :meth:`shard` look shards up by id, and the work source's pointers
+    ``(dataset_id, shard_id, row)`` carry these ids.
     """
 
     name: str
@@ -116,18 +151,28 @@ class Dataset:
 
     @classmethod
     def from_dict(cls, name: str, shards: Mapping[int, InMemoryShard]) -> "Dataset":
-        """A dataset of in-memory shards, keyed by shard id (ids are renumbered 0..n-1 in
-        sorted key order)."""
+        """A dataset of in-memory shards keyed by shard id (an int >= 0).
+
+        The ids are kept: ``ids()`` lists them sorted, readers take rows by them and every
+        record's ``meta.sample_id`` is ``(dataset_id, shard_id, row)`` with the id given here.
+        A value may be an :class:`InMemoryShard` or what one accepts (row dicts, an Arrow table).
+        A negative, non-int or repeated id raises :class:`ConfigError` naming it.
+
+        Example:
+            >>> ds = Dataset.from_dict("m", {5: InMemoryShard([{"t": "a"}]), 2: InMemoryShard([{"t": "b"}])})
+            >>> ds.ids().tolist(), ds.open_reader().take(5, np.array([0])).column("t").to_pylist()
+            ([2, 5], ['a'])
+        """
         if not shards:
             raise ConfigError(f"Dataset {name!r}: from_dict got no shards; pass {{0: InMemoryShard(rows)}}.")
-        keys = sorted(shards)
-        tables = []
-        for k in keys:
-            shard = shards[k]
+        ids, tables = [], []
+        for key in shards:
+            ids.append(_check_shard_id(name, key))
+            shard = shards[key]
             if not isinstance(shard, InMemoryShard):
                 shard = InMemoryShard(shard)
             tables.append(shard.table)
-        return cls.from_tables(name, tables, kind="inmem")
+        return cls.from_tables(name, tables, kind="inmem", shard_ids=ids)
 
     @classmethod
     def from_hf(cls, name: str, hf_dataset: Any) -> "Dataset":
@@ -137,18 +182,46 @@ class Dataset:
         return dataset_from_hf(name, hf_dataset)
 
     @classmethod
-    def from_tables(cls, name: str, tables: Sequence[pa.Table], *, kind: str = "arrow") -> "Dataset":
-        """A dataset over in-memory Arrow tables, one shard each."""
-        _check_same_schema(name, [(f"shard {i}", t.schema) for i, t in enumerate(tables)])
+    def from_tables(cls, name: str, tables: Sequence[pa.Table], *, kind: str = "arrow",
+                    shard_ids: Sequence[int] | None = None) -> "Dataset":
+        """A dataset over in-memory Arrow tables, one shard each.
+
+        ``shard_ids[i]`` is the id of ``tables[i]`` (default ``0..n-1``; ints >= 0, no repeats,
+        else :class:`ConfigError`); shards are kept sorted by id. Every table must have the same
+        columns and types; the same columns in another order are read in the order of the
+        first shard (the one with the lowest id).
+        """
+        tables = list(tables)
+        if shard_ids is None:
+            ids = list(range(len(tables)))
+        else:
+            ids = [_check_shard_id(name, i) for i in shard_ids]
+            if len(ids) != len(tables):
+                raise ConfigError(f"Dataset {name!r}: {len(ids)} shard ids for {len(tables)} tables; "
+                                  "pass one id per table.")
+            dups = sorted(i for i, c in Counter(ids).items() if c > 1)
+            if dups:
+                raise ConfigError(f"Dataset {name!r}: duplicate shard ids {dups}; give every shard its own id.")
+            order = sorted(range(len(ids)), key=ids.__getitem__)
+            ids, tables = [ids[j] for j in order], [tables[j] for j in order]
+        _check_same_schema(name, [(f"shard {i}", t.schema) for i, t in zip(ids, tables)])
+        if tables:
+            tables = [in_column_order(t, tables[0].column_names) for t in tables]
         infos = tuple(
             ShardInfo(shard_id=i, path=None, num_rows=t.num_rows, num_bytes=t.nbytes)
-            for i, t in enumerate(tables)
+            for i, t in zip(ids, tables)
         )
         return cls(name=name, backend={"kind": kind, "tables": tuple(tables)}, path=None, shards=infos)
 
     # ---------------------------------------------------------------- metadata
     def ids(self) -> np.ndarray:
+        """Shard ids, in the order of ``shards`` (sorted); ``counts()[i]`` is shard ``ids()[i]``'s."""
         return np.array([s.shard_id for s in self.shards], dtype=np.int64)
+
+    def shard(self, shard_id: int) -> ShardInfo:
+        """The :class:`ShardInfo` of the shard with id ``shard_id`` (an IndexError naming the
+        ids otherwise)."""
+        return shard_info(self.shards, shard_id, dataset=self.name)
 
     def counts(self) -> np.ndarray:
         return np.array([s.num_rows for s in self.shards], dtype=np.int64)
@@ -180,7 +253,7 @@ class Dataset:
         """A fresh reader for this dataset's shards; one per worker."""
         kind = self.backend.get("kind")
         if kind in ("inmem", "arrow", "hf_memory"):
-            return TableReader(self.backend["tables"])
+            return TableReader(self.backend["tables"], [s.shard_id for s in self.shards], dataset=self.name)
         from zephon_columnar.io.readers import open_reader
 
         return open_reader(self)
@@ -190,20 +263,66 @@ class Dataset:
                 f"shards={len(self.shards)}, rows={self.total()})")
 
 
+def _check_shard_id(name: str, shard_id: Any) -> int:
+    """``shard_id`` as an int >= 0; a ConfigError naming it otherwise."""
+    try:
+        if isinstance(shard_id, (bool, np.bool_)):
+            raise TypeError
+        value = operator.index(shard_id)
+    except TypeError:
+        raise ConfigError(f"Dataset {name!r}: shard id {shard_id!r} is not an int; key the shards by "
+                          "int ids >= 0, e.g. {0: InMemoryShard(rows)}.") from None
+    if value < 0:
+        raise ConfigError(f"Dataset {name!r}: shard id {value} is negative; shard ids are ints >= 0.")
+    return value
+
+
+def same_columns(first: pa.Schema, other: pa.Schema) -> bool:
+    """Whether ``other`` has the columns and types of ``first``, in any order (metadata ignored)."""
+    if other.equals(first, check_metadata=False):
+        return True
+    names = first.names
+    if len(set(names)) != len(names) or sorted(names) != sorted(other.names):
+        return False
+    return pa.schema([other.field(n) for n in names]).equals(first, check_metadata=False)
+
+
 def _check_same_schema(name: str, schemas: Sequence[tuple[str, pa.Schema]]) -> None:
-    """Raise if the shards of one dataset disagree on column names or types."""
+    """Raise if the shards of one dataset disagree on column names or types.
+
+    The same columns in another order are accepted (readers put every shard in the first
+    shard's order, see :func:`in_column_order`); the error names each differing column.
+    """
     if not schemas:
         return
     first_where, first = schemas[0]
     for where, schema in schemas[1:]:
-        if not schema.equals(first, check_metadata=False):
-            ours = {f.name: str(f.type) for f in first}
-            theirs = {f.name: str(f.type) for f in schema}
-            diff = sorted(set(ours.items()) ^ set(theirs.items()))
+        if not same_columns(first, schema):
             from zephon_columnar.errors import DatasetFormatError
 
             raise DatasetFormatError(
                 f"Dataset {name!r}: {where} has a schema that differs from {first_where}: "
-                f"differing (column, type) pairs {diff}. Every shard of a dataset must have the "
-                "same columns and types; rewrite the odd shard or split it into its own dataset."
+                f"{_schema_differences(first, schema, first_where)}. Every shard of a dataset must have "
+                "the same columns and types (in any order); rewrite the odd shard or split it into its "
+                "own dataset."
             )
+
+
+def _schema_differences(first: pa.Schema, other: pa.Schema, first_where: str) -> str:
+    """``"column 'tokens' (list<int32>) is missing; column 'id' is string, not int64"``."""
+
+    def describe(f: pa.Field) -> str:
+        return str(f.type) + ("" if f.nullable else " not null")
+
+    ours = {f.name: f for f in first}
+    theirs = {f.name: f for f in other}
+    parts = []
+    for n, f in ours.items():
+        if n not in theirs:
+            parts.append(f"column {n!r} ({describe(f)}) is missing")
+        elif describe(theirs[n]) != describe(f):
+            parts.append(f"column {n!r} is {describe(theirs[n])}, not {describe(f)}")
+    parts += [f"column {n!r} ({describe(f)}) is not in {first_where}" for n, f in theirs.items() if n not in ours]
+    if not parts:  # e.g. a repeated column name: show both schemas whole
+        parts.append(f"columns {[(f.name, describe(f)) for f in other]}, not {[(f.name, describe(f)) for f in first]}")
+    return "; ".join(parts)

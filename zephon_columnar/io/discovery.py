@@ -1,7 +1,9 @@
 """`discover`: from a path or URL to a :class:`Dataset` (format detection and checks).
 
 Rules:
-    - A missing path raises DatasetNotFoundError naming it.
+    - A missing path raises DatasetNotFoundError naming it; a directory or file the OS will not
+      let this process read raises :class:`~zephon_columnar.io.fs.FilePermissionError` (a
+      PermissionError; other OS read failures an OSError) naming it, not a format error.
     - A directory is scanned non-recursively; hidden and ``_``-prefixed files (``_SUCCESS``)
       are skipped, shards are the data files sorted by name.
     - A single file is a one-shard dataset (its format from its suffix, or ``fmt``).
@@ -102,7 +104,12 @@ def _discover_dir(name: str, path: str, fmt: DatasetFormat | None) -> Dataset:
     refuse_dataset_dict(path)
     if fmt in (None, "hf") and fs.exists(fs.join(path, "state.json")):
         return discover_hf_folder(name, path)
-    files = fs.list_data_files(path)
+    try:
+        files = fs.list_data_files(path)
+    except OSError as err:
+        if fs.is_read_failure(err):
+            raise fs.unreadable_dir(name, path, err) from err
+        raise
     if fmt == "hf":
         raise DatasetFormatError(
             f"Dataset {name!r}: {path} is not a datasets save_to_disk folder (no state.json; found "

@@ -26,10 +26,71 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, Iterable
 
-from zephon_columnar.errors import DatasetNotFoundError
+from zephon_columnar.errors import DatasetNotFoundError, ZephonError
 
 _CACHE_ENV = "ZEPHON_COLUMNAR_CACHE"
 _COPY_BLOCK = 8 << 20  # bytes per read when downloading a shard
+
+
+# ---------------------------------------------------------------- unreadable files
+class UnreadableFileError(ZephonError, OSError):
+    """A data file or directory exists but the operating system refused or failed to read it
+    (an I/O error, ...). Not a content problem: the bytes were never seen."""
+
+
+class FilePermissionError(UnreadableFileError, PermissionError):
+    """A data file or directory exists but this process may not read it (``except
+    PermissionError`` catches it)."""
+
+
+def is_read_failure(err: BaseException) -> bool:
+    """Whether ``err`` is the OS refusing or failing a read rather than bad content.
+
+    That is a PermissionError, or an OSError that carries an errno (Arrow sets one too, e.g.
+    ``PermissionError(13, "Failed to open local file ...")``), except file-not-found (a missing
+    file keeps its own error). Content errors carry none: gzip's ``BadGzipFile``, Arrow's
+    "Parquet magic bytes not found", ...
+
+    Example:
+        >>> is_read_failure(PermissionError(13, "Permission denied")), is_read_failure(OSError("Not a gzipped file"))
+        (True, False)
+    """
+    if isinstance(err, FileNotFoundError) or not isinstance(err, OSError):
+        return False
+    return isinstance(err, PermissionError) or err.errno is not None
+
+
+def unreadable_file(url: str, err: OSError) -> UnreadableFileError:
+    """The error to raise (``from err``) when the OS refused or failed to read the file ``url``:
+    a :class:`FilePermissionError` when permission was refused, else an
+    :class:`UnreadableFileError`; the message names the file, says why it cannot be read and
+    what to do.
+
+    Example:
+        >>> str(unreadable_file("/data/a.parquet", PermissionError(13, "Permission denied")))
+        '/data/a.parquet: cannot be read (Permission denied). Give this process read permission on it (e.g. chmod a+r), or remove it from the dataset directory.'
+    """
+    if isinstance(err, PermissionError):
+        return FilePermissionError(f"{url}: cannot be read ({_reason(err)}). Give this process read permission "
+                                   "on it (e.g. chmod a+r), or remove it from the dataset directory.")
+    return UnreadableFileError(f"{url}: cannot be read ({_reason(err)}). The operating system failed the read; "
+                               "check the file and the storage it is on, or remove it from the dataset directory.")
+
+
+def unreadable_dir(dataset: str, url: str, err: OSError) -> UnreadableFileError:
+    """Like :func:`unreadable_file`, for the directory ``url`` of the dataset ``dataset``."""
+    where = f"Dataset {dataset!r}: cannot list the directory {url} ({_reason(err)})."
+    if isinstance(err, PermissionError):
+        return FilePermissionError(f"{where} Give this process read and execute permission on it "
+                                   "(e.g. chmod a+rx), or pass a directory it can read.")
+    return UnreadableFileError(f"{where} The operating system failed the read; check the directory and "
+                               "the storage it is on.")
+
+
+def _reason(err: OSError) -> str:
+    if err.errno is not None:
+        return os.strerror(err.errno)
+    return str(err) or type(err).__name__
 
 
 # ---------------------------------------------------------------- URL classification

@@ -31,7 +31,7 @@ import pyarrow as pa
 from zephon_columnar.errors import ConfigError, DatasetFormatError
 from zephon_columnar.io import fs
 from zephon_columnar.io.base import ShardInfo, check_columns, project, shard_info
-from zephon_columnar.io.dataset import Dataset, _check_same_schema, take_rows
+from zephon_columnar.io.dataset import Dataset, _check_same_schema, in_column_order, take_rows
 
 ARROW_SUFFIXES = (".arrow", ".feather")
 DEFAULT_MAX_OPEN_FILES = 64
@@ -59,7 +59,13 @@ def hf_data_files(path: str) -> list[str]:
     """The Arrow files of a ``save_to_disk`` folder, in ``state.json`` order."""
     state_path = fs.join(path, "state.json")
     try:
-        state = json.loads(fs.read_bytes(state_path))
+        raw = fs.read_bytes(state_path)
+    except OSError as err:
+        if fs.is_read_failure(err):
+            raise fs.unreadable_file(state_path, err) from err
+        raise
+    try:
+        state = json.loads(raw)
         names = [entry["filename"] for entry in state["_data_files"]]
     except (ValueError, KeyError, TypeError) as err:
         raise DatasetFormatError(
@@ -109,7 +115,10 @@ def discover_arrow(name: str, root: str, files: Sequence[str], *, kind: str = "a
 
 
 def _map_table(url: str, local: str) -> pa.Table:
-    """The whole table of an IPC file or stream at ``local``, memory-mapped (zero-copy)."""
+    """The whole table of an IPC file or stream at ``local``, memory-mapped (zero-copy).
+
+    Not Arrow IPC: a DatasetFormatError naming ``url``; refused or failed by the OS
+    (permissions, I/O error): an :class:`~zephon_columnar.io.fs.UnreadableFileError`."""
     try:
         source = pa.memory_map(local)
         if source.read(len(_FILE_MAGIC)) == _FILE_MAGIC:
@@ -120,6 +129,8 @@ def _map_table(url: str, local: str) -> pa.Table:
     except (pa.ArrowInvalid, OSError) as err:
         if isinstance(err, FileNotFoundError):
             raise
+        if fs.is_read_failure(err):
+            raise fs.unreadable_file(url, err) from err
         raise DatasetFormatError(
             f"{url}: not an Arrow IPC file or stream ({err}). Re-write it with "
             "pyarrow.feather.write_feather (Feather V2) or datasets' save_to_disk, or remove it "
@@ -132,7 +143,8 @@ class ArrowReader:
 
     Contract:
         - Each shard is memory-mapped once per reader (an LRU of ``max_open_files`` tables);
-          ``take`` returns a slice of it for consecutive rows and ``Table.take`` otherwise.
+          ``take`` returns a slice of it for consecutive rows and ``Table.take`` otherwise,
+          columns in the dataset schema's order (a file may store them in another order).
           Compressed IPC buffers (Feather's default lz4) are decompressed when mapped.
         - Remote shards are read from their local copy in ``shard_cache``.
         - Not thread-safe: one reader per worker.
@@ -153,6 +165,8 @@ class ArrowReader:
     ) -> None:
         self._columns = check_columns(dataset.name, dataset.backend["schema"], columns)
         self._schema = project(dataset.backend["schema"], self._columns)
+        self._names = self._schema.names  # every shard comes back in this column order
+        self._name = dataset.name
         self._shards = dataset.shards
         self._max_open = max(1, int(max_open_files))
         self._shard_cache = shard_cache or fs.default_shard_cache()
@@ -165,7 +179,8 @@ class ArrowReader:
         table = self._table(shard_id)
         lo, hi = int(rows.min()), int(rows.max())
         if lo < 0 or hi >= table.num_rows:
-            raise IndexError(f"{self._shards[shard_id].path}: row {lo if lo < 0 else hi} is out of range "
+            path = shard_info(self._shards, shard_id).path
+            raise IndexError(f"{path}: row {lo if lo < 0 else hi} is out of range "
                              f"for shard {shard_id} with {table.num_rows} rows.")
         return take_rows(table, rows)
 
@@ -177,15 +192,15 @@ class ArrowReader:
         if table is not None:
             self._tables.move_to_end(shard_id)
             return table
-        info = shard_info(self._shards, shard_id)
+        info = shard_info(self._shards, shard_id, dataset=self._name)
         table = _map_table(info.path, self._shard_cache.ensure_local(info.path, info.num_bytes or None))
         if table.num_rows != info.num_rows:
             raise DatasetFormatError(
                 f"{info.path}: has {table.num_rows} rows now, {info.num_rows} at discovery; it changed "
                 "since the dataset was discovered. Rediscover it with Dataset.from_path."
             )
-        if self._columns is not None:
-            table = table.select(self._columns)
+        # The projection, in the dataset schema's column order whatever the file's (zero-copy).
+        table = in_column_order(table, self._names)
         self._tables[shard_id] = table
         while len(self._tables) > self._max_open:
             self._tables.popitem(last=False)

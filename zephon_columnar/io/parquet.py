@@ -2,7 +2,8 @@
 
 Discovery reads only footers (``pq.read_metadata``): per file the row count, the row count of
 every row group (``ShardInfo.extra["row_groups"]``), the size in bytes and the Arrow schema.
-Every shard must have the same schema.
+Every shard must have the same columns and types; the same columns in another order are fine
+(the reader returns every shard in the first shard's column order).
 
 The reader decodes whole row groups (Parquet's unit of decoding) and keeps a small LRU of
 decoded row groups, so a sequential scan in slices smaller than a row group decodes each row
@@ -37,7 +38,7 @@ import pyarrow.parquet as pq
 from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
 from zephon_columnar.io.base import ShardInfo, check_columns, project, shard_info
-from zephon_columnar.io.dataset import Dataset, _check_same_schema, take_rows
+from zephon_columnar.io.dataset import Dataset, _check_same_schema, in_column_order, take_rows
 from zephon_columnar.memory import buffer_pool
 
 DEFAULT_CACHE_BYTES = 32 << 20  # decoded row groups kept per reader: read-ahead + what is being sliced
@@ -88,7 +89,8 @@ def discover_parquet(name: str, root: str, files: Sequence[str]) -> Dataset:
 
 
 def _read_footer(url: str) -> tuple[pq.FileMetaData, int]:
-    """``(footer, file size)``; a file that is not Parquet becomes a DatasetFormatError."""
+    """``(footer, file size)``; a file that is not Parquet becomes a DatasetFormatError, one the
+    OS cannot read (permissions, I/O error) an :class:`~zephon_columnar.io.fs.UnreadableFileError`."""
     try:
         if fs.is_local(url):
             path = fs.to_local(url)
@@ -98,6 +100,8 @@ def _read_footer(url: str) -> tuple[pq.FileMetaData, int]:
     except (pa.ArrowInvalid, OSError) as err:
         if isinstance(err, FileNotFoundError):
             raise
+        if fs.is_read_failure(err):
+            raise fs.unreadable_file(url, err) from err
         raise DatasetFormatError(
             f"{url}: not a readable Parquet file ({err}). Re-write it (e.g. with "
             "pyarrow.parquet.write_table) or remove it from the dataset directory."
@@ -157,7 +161,8 @@ class ParquetReader:
 
     Contract:
         - ``take(shard_id, rows)`` returns the payload columns (or ``columns``) of ``rows``
-          (int64 indices into the shard) in that order; a zero-copy slice when the rows are
+          (int64 indices into the shard) in that order, columns in the dataset schema's order
+          whatever the order in the shard's file; a zero-copy slice when the rows are
           consecutive, ``Table.take`` otherwise.
         - Decoded row groups are kept in an LRU bounded by ``cache_bytes`` (decoded Arrow
           bytes); open files and footers in an LRU of ``max_open_files`` shards.
@@ -184,6 +189,8 @@ class ParquetReader:
         schema: pa.Schema = dataset.backend["schema"]
         self._columns = check_columns(dataset.name, schema, columns)
         self._schema = project(schema, self._columns)
+        self._names = self._schema.names  # every shard comes back in this column order
+        self._name = dataset.name
         self._shards = dataset.shards
         self._cache_bytes = int(cache_bytes)
         self._max_open = max(1, int(max_open_files))
@@ -245,11 +252,13 @@ class ParquetReader:
         if shard is not None:
             self._open.move_to_end(shard_id)
             return shard
-        info = shard_info(self._shards, shard_id)
+        info = shard_info(self._shards, shard_id, dataset=self._name)
         path = self._shard_cache.ensure_local(info.path, info.num_bytes or None)
         try:
             shard = _OpenShard(info.path, path, info.extra.get("row_groups", ()))
         except (pa.ArrowInvalid, OSError) as err:
+            if fs.is_read_failure(err):
+                raise fs.unreadable_file(info.path, err) from err
             raise DatasetFormatError(
                 f"{info.path}: cannot open as Parquet ({err}). Re-write the file or remove it "
                 "from the dataset directory, then rediscover the dataset."
@@ -311,9 +320,13 @@ class ParquetReader:
             # start-up and hand-offs cost more than the decode on small hosts (measured in
             # benchmarks/RESULTS.md); the runner's workers are the parallelism.
             table = shard.file.read_row_groups(groups, columns=self._columns, use_threads=False)
+            # A shard may store the dataset's columns in another order: return the dataset's.
+            table = in_column_order(table, self._names)
             if len(groups) == 1:
                 return [table]
         except (pa.ArrowInvalid, OSError) as err:
+            if fs.is_read_failure(err):
+                raise fs.unreadable_file(shard.url, err) from err
             raise DatasetFormatError(
                 f"{shard.url}: row groups {groups} cannot be decoded ({err}). The file is corrupt; "
                 "re-write it or remove it from the dataset directory."

@@ -28,7 +28,8 @@ def open_reader(dataset: Dataset, *, columns: Sequence[str] | None = None) -> Sh
     """A fresh reader of ``dataset``'s shards (one per worker; not thread-safe).
 
     ``columns`` restricts file-backed readers to those payload columns (Parquet then decodes
-    only those); None reads all.
+    only those); None reads all. Every reader takes ``shard_id`` as the dataset's shard id
+    (``Dataset.ids()``), never as a position.
     """
     kind = dataset.backend.get("kind")
     if kind == "parquet":
@@ -48,7 +49,7 @@ def open_reader(dataset: Dataset, *, columns: Sequence[str] | None = None) -> Sh
         if columns is not None and tables:
             columns = check_columns(dataset.name, tables[0].schema, columns)
             tables = [t.select(columns) for t in tables]  # zero-copy
-        return TableReader(tables)
+        return TableReader(tables, [s.shard_id for s in dataset.shards], dataset=dataset.name)
     raise ConfigError(
         f"Dataset {dataset.name!r} has backend kind {kind!r}, which no reader handles; known kinds are "
         f"['parquet', 'jsonl', 'hf_arrow', 'arrow_ipc', {', '.join(repr(k) for k in _IN_MEMORY)}]. "

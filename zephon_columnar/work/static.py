@@ -3,7 +3,9 @@
 The source enumerates a *global chunk stream*. Chunk ``g`` holds ``chunk_size`` pointers
 (fewer only in the final chunk), split between the datasets by Bresenham-style accumulators so
 that the long-run ratios equal the mixture weights exactly. Each dataset is read in the order of
-its :class:`~zephon_columnar.work.order.DatasetOrder`, pass after pass.
+its :class:`~zephon_columnar.work.order.DatasetOrder`, pass after pass. Pointers are
+``(dataset_id, shard_id, row)`` with the dataset's own shard ids (``Dataset.ids()``; the order
+works on shard positions, mapped to ids when the two differ).
 
 Generating a chunk has two steps:
 
@@ -349,6 +351,8 @@ class StaticMixtureWorkSource(WorkSource):
             for n, c in zip(names, counts)
         ]
 
+        # DatasetOrder works on shard positions; pointers carry shard ids (None: ids == positions).
+        self._shard_ids = tuple(_shard_ids(ds, len(c)) for ds, c in zip(datasets, counts))
         self._datasets = tuple(datasets)
         self._seed = seed
         self._lane_assignment: LaneAssignment = lane_assignment
@@ -551,13 +555,20 @@ class StaticMixtureWorkSource(WorkSource):
         return int(self._perm[j])
 
     def _materialize(self, plan: _Plan) -> WorkChunk:
-        """The pointers of a planned chunk (the only O(chunk_size) work)."""
+        """The pointers of a planned chunk (the only O(chunk_size) work).
+
+        The order yields shard positions; a dataset whose shard ids are not ``0..n-1`` (e.g.
+        ``Dataset.from_dict({5: a, 2: b})``) gets them mapped to ``ds.ids()[position]``.
+        """
         names, rows = self._planner.cfg.names, self._planner.cfg.rows
         comps: dict[str, np.ndarray] = dict.fromkeys(names, _NO_POINTERS)
         for k, epoch, pos, n in plan.segments:
             out = np.empty((n, 3), dtype=np.int64)
             out[:, 0] = k
             _read(self._orders[k], rows[k], epoch, pos, out[:, 1:])
+            ids = self._shard_ids[k]
+            if ids is not None:
+                out[:, 1] = ids[out[:, 1]]
             comps[names[k]] = out
         return WorkChunk(comps, seed=self._seed, target_mixture=plan.target,
                          source_exhausted=plan.exhausted, global_index=plan.g)
@@ -609,6 +620,25 @@ def _check_datasets(datasets: Any) -> list["Dataset"]:
                 "remove it from datasets and the mixture."
             )
     return datasets
+
+
+def _shard_ids(ds: Dataset, n_shards: int) -> np.ndarray | None:
+    """``ds``'s shard ids by position, or None when they are the positions ``0..n-1`` (the
+    common case: pointers are then written without a lookup). A dataset without ``ids()``
+    numbers its shards by position."""
+    get = getattr(ds, "ids", None)
+    if get is None:
+        return None
+    ids = np.array(get(), dtype=np.int64).reshape(-1)  # a copy: frozen below, never the caller's array
+    if len(ids) != n_shards:
+        raise ConfigError(
+            f"StaticMixtureWorkSource: dataset {ds.name!r} has {len(ids)} shard ids but {n_shards} "
+            "shard row counts; ids() and counts() must list the same shards in the same order."
+        )
+    if np.array_equal(ids, np.arange(n_shards)):
+        return None
+    ids.setflags(write=False)
+    return ids
 
 
 def _check_int(what: str, v: Any, *, minimum: int) -> int:
