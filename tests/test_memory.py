@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.ops._pack_helpers import docs_table
+from tests.ops.pack._helpers import docs_table
 from zephon_columnar import memory
 from zephon_columnar.io import Dataset
 from zephon_columnar.io.parquet import ParquetReader

@@ -1,6 +1,7 @@
 """The standard pretraining job end to end: Parquet text -> tokenize -> pack_flat(wrap) -> batch.
 
-Conservation (every real token of every document delivered once, in each lane's order),
+Conservation (every real token of every document delivered once, in each lane's order, but the
+final partial row of each lane, which uncapped wrap drops; nothing lost at flush points),
 determinism across runners, and exact resume mid-row, on real files and a trained tokenizer.
 """
 
@@ -62,7 +63,8 @@ def test_every_token_once_in_lane_order(corpus):
         expected = []
         for i in ids:
             expected += tok.encode(texts[i], add_special_tokens=False).ids + [1]
-        assert lanes[lane] == expected
+        assert lanes[lane] == expected[: len(expected) // L * L]
+        assert len(expected) - len(lanes[lane]) < L
     assert sorted(i for ids in order.values() for i in ids) == list(range(300))
 
 

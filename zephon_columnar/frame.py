@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 LANE = "__lane"
 CHUNK = "__chunk"
@@ -26,6 +27,12 @@ DATASET = "__dataset"
 SHARD = "__shard"
 ROW = "__row"
 COMPONENT = "__component"
+#: Fan-out path of a row (list<int32>): the child index at each fan-out it went through, e.g.
+#: ``[2]`` for the third piece of a document that ``tokenize(split_long_samples=True)`` cut.
+#: Absent or null means ``()``: the row is its source sample itself.
+LINEAGE = "__lineage"
+#: Trailing pad tokens of a packed row (int32), where packing made the row.
+PADDING_LENGTH = "__padding_length"
 
 BOOKKEEPING: tuple[str, ...] = (LANE, CHUNK, OFFSET, DATASET, SHARD, ROW, COMPONENT)
 BOOKKEEPING_SCHEMA = pa.schema(
@@ -43,6 +50,83 @@ BOOKKEEPING_SCHEMA = pa.schema(
 
 def is_bookkeeping(name: str) -> bool:
     return name.startswith("__")
+
+
+def lineage_paths(frame: pa.Table) -> list[tuple[int, ...]]:
+    """Each row's lineage path as a tuple (``()`` where the column is absent or null)."""
+    if LINEAGE not in frame.column_names:
+        return [()] * frame.num_rows
+    return [tuple(p) if p else () for p in frame.column(LINEAGE).to_pylist()]
+
+
+def lineage_parts(frame: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets int64 (n + 1), flat int32 values) of the rows' lineage paths; rows without one
+    have an empty path."""
+    n = frame.num_rows
+    if LINEAGE not in frame.column_names:
+        return np.zeros(n + 1, np.int64), np.zeros(0, np.int32)
+    arr = frame.column(LINEAGE).combine_chunks()
+    lens = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    values = pc.list_flatten(arr).to_numpy(zero_copy_only=False).astype(np.int32) if offsets[-1] else \
+        np.zeros(0, np.int32)
+    return offsets, values
+
+
+def with_children(book: pa.Table, parent: np.ndarray, child: np.ndarray) -> pa.Table:
+    """Bookkeeping of fan-out children: row ``parent[i]`` of ``book`` for output row i, whose
+    lineage is its parent's extended by ``child[i]`` (its index among the parent's children),
+    or left as the parent's where ``child[i] < 0`` (a parent that did not fan out)."""
+    offsets, values = lineage_parts(book)
+    taken = book.take(pa.array(parent))
+    extend = (child >= 0).astype(np.int64)
+    if not extend.any() and LINEAGE not in book.column_names:
+        return taken
+    plens = np.diff(offsets)[parent]
+    new_off = np.zeros(len(parent) + 1, np.int64)
+    np.cumsum(plens + extend, out=new_off[1:])
+    flat = np.empty(int(new_off[-1]), np.int32)
+    own = new_off[1:][extend == 1] - 1
+    flat[own] = child[extend == 1]
+    if len(values):
+        inherited = np.ones(len(flat), bool)
+        inherited[own] = False
+        starts = np.repeat(offsets[:-1][parent], plens)
+        within = np.arange(int(plens.sum())) - np.repeat(np.cumsum(plens) - plens, plens)
+        flat[inherited] = values[starts + within]
+    column = pa.ListArray.from_arrays(pa.array(new_off.astype(np.int32)), pa.array(flat, pa.int32()))
+    if LINEAGE in taken.column_names:
+        return taken.set_column(taken.column_names.index(LINEAGE), LINEAGE, column)
+    return taken.append_column(LINEAGE, column)
+
+
+def row_keys(frame: pa.Table) -> np.ndarray:
+    """A 64-bit identity per row from (chunk, offset, lineage): equal for the same row
+    however frames are cut, different (but for hash collisions) for different rows. What
+    seeded randomness (shuffle) is derived from."""
+    chunk = frame.column(CHUNK).to_numpy().astype(np.uint64)
+    offset = frame.column(OFFSET).to_numpy().astype(np.uint64)
+    key = mix64(chunk * np.uint64(0x9E3779B97F4A7C15) ^ offset)
+    offsets, values = lineage_parts(frame)
+    if len(values):
+        # Fold each path into the key: h = mix(h * P + (v + 1)) per element, segment-wise.
+        lens = np.diff(offsets)
+        depth = int(lens.max())
+        for d in range(depth):
+            has = lens > d
+            idx = offsets[:-1][has] + d
+            key[has] = mix64(key[has] * np.uint64(0xBF58476D1CE4E5B9) + values[idx].astype(np.uint64) + np.uint64(1))
+    return key
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer, vectorized: a bijection of uint64 that scrambles every bit."""
+    with np.errstate(over="ignore"):
+        x = np.asarray(x, dtype=np.uint64)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
 
 
 def pointer_frame(
@@ -63,6 +147,24 @@ def pointer_frame(
         pa.array(np.asarray(components, np.int32)),
     ]
     return pa.Table.from_arrays(arrays, schema=BOOKKEEPING_SCHEMA)
+
+
+def frame_of(payload: dict | pa.Table, *, lane: int = 0, chunk_id: int = 0, first_row: int = 0) -> pa.Table:
+    """A frame of the given payload columns whose rows are samples ``first_row, first_row + 1,
+    ...`` of dataset 0, shard 0, at offsets ``first_row...`` of chunk ``chunk_id`` (for examples
+    and tests).
+
+    Example:
+        >>> frame_of({"input_ids": [[1, 2], [3]]}).column_names[-1]
+        'input_ids'
+    """
+    table = payload if isinstance(payload, pa.Table) else pa.table(payload)
+    n = table.num_rows
+    rows = np.arange(first_row, first_row + n)
+    pointers = np.stack([np.zeros(n, np.int64), np.zeros(n, np.int64), rows], axis=1)
+    book = pointer_frame(lane=lane, chunk_id=chunk_id, offsets=rows, pointers=pointers,
+                         components=np.zeros(n, np.int32))
+    return with_payload(book, table)
 
 
 def payload_names(frame: pa.Table) -> list[str]:
@@ -121,3 +223,26 @@ def frame_to_ipc(frame: pa.Table) -> pa.Buffer:
 
 def frame_from_ipc(buf: pa.Buffer | bytes) -> pa.Table:
     return pa.ipc.open_stream(buf).read_all()
+
+
+def frame_to_text(frame: pa.Table) -> str:
+    """A frame as compact JSON-safe text (zstd-compressed Arrow IPC, base64): how a checkpoint
+    holds the few rows it must keep by value."""
+    import base64
+
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(sink, frame.schema, options=options) as writer:
+        writer.write_table(frame)
+    return base64.b64encode(sink.getvalue().to_pybytes()).decode("ascii")
+
+
+def frame_from_text(text: str) -> pa.Table:
+    """Inverse of `frame_to_text`; ValueError if ``text`` is not such a frame."""
+    import base64
+    import binascii
+
+    try:
+        return frame_from_ipc(base64.b64decode(text.encode("ascii"), validate=True))
+    except (binascii.Error, UnicodeEncodeError, AttributeError, pa.ArrowInvalid) as err:
+        raise ValueError(f"not an encoded frame ({type(err).__name__}: {err})") from err

@@ -181,13 +181,19 @@ class Pipeline:
                   candidate_pool_size: int | None = None, max_candidate_age: int | None = None,
                   homogeneity: str = "none", groups: Any = None, placement: str = "auto",
                   parallelism: int | None = None) -> "Pipeline":
-        """Pack each lane's token stream into rows of exactly ``max_length`` tokens.
+        """Pack each lane's documents into flat rows of exactly ``max_length`` tokens, ready for
+        ``SampleBatch.to_training`` (token column, aligned fields, ``positions`` restarting at
+        every document).
 
-        Real tokens are conserved: at flush points and at the end the partial row is padded with
-        ``pad_token_id`` and masked, never dropped. ``positions`` restart at every document.
+        ``algorithm``: ``"wrap"`` (cut the token stream; uncapped wrap never pads and carries
+        its partial row across flush points, so it loses only the stream's final partial row),
+        ``"first_fit"`` / ``"best_fit"`` (whole documents into ``num_bins`` open bins, padded),
+        ``"best_fit_wrap"`` (a candidate pool, at most one split per row). Leftover non-token
+        fields (``text``, scalar ids) are dropped by rule, never an error.
 
         Example:
             >>> pipe.tokenize(tokenizer=tok, field="text").pack_flat(2048, algorithm="wrap")  # doctest: +SKIP
+            >>> pipe.pack_flat(2048, algorithm="first_fit", num_bins=16, pad_token_id=0)  # doctest: +SKIP
         """
         from zephon_columnar.ops.pack import PackFlatOp
 
@@ -209,7 +215,7 @@ class Pipeline:
             if process_many is not None or preserves_cursor_order is not None or kwargs:
                 raise ConfigError("add_op(op_instance, ...): traits and callables come from the instance; "
                                   "pass only name= and placement=.")
-            if op.lane_accumulator() is not None or op.accumulator(deterministic=True, ctx={}) is not None:
+            if op.is_ordered() or op.accumulator(deterministic=True, ctx={}) is not None:
                 raise ConfigError(f"add_op({op.op_name()}): operators with accumulators are not supported in "
                                   "this version; keep add_op operators stateless.")
             if name:

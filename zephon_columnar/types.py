@@ -25,7 +25,10 @@ from zephon_columnar.errors import ConfigError
 SampleId = tuple[int, int, int]
 PositionMode = Literal["preserve", "sequence"]
 TOKEN_FIELD_CANDIDATES = ("input_ids", "tokens", "token_ids", "ids")
-PADDING_LENGTH = "__padding_length"  # trailing pad count of a packed row, when packing made it
+PADDING_LENGTH = F.PADDING_LENGTH  # trailing pad count of a packed row, when packing made it
+#: ``{dataset_id: the payload fields its rows have}``: how row views leave out the null-filled
+#: columns that a frame mixing several datasets holds for the other datasets' fields.
+FieldsByDataset = Mapping[int, frozenset[str]]
 
 
 @dataclass(kw_only=True)
@@ -58,25 +61,39 @@ class SampleRecord:
     payload: dict[str, Any]
 
 
-def records_of(table: pa.Table) -> list[SampleRecord]:
-    """Row views of a frame (one conversion per column, not per cell)."""
+def records_of(table: pa.Table, fields: FieldsByDataset | None = None) -> list[SampleRecord]:
+    """Row views of a frame (one conversion per column, not per cell).
+
+    With ``fields``, a row's payload leaves out a null field that its own dataset does not
+    have: a frame mixing datasets holds the union of their columns, but a record holds only
+    what its sample has (plus what operators added to it).
+    """
     names = F.payload_names(table)
     cols = {n: table.column(n).to_pylist() for n in names}
     book = {n: table.column(n).to_numpy() for n in F.BOOKKEEPING if n in table.column_names}
     pad = table.column(PADDING_LENGTH).to_numpy() if PADDING_LENGTH in table.column_names else None
+    lineage = F.lineage_paths(table)
+    # Per dataset, the fields to leave out where null (columns only other datasets have).
+    foreign = {d: [n for n in names if n not in own] for d, own in (fields or {}).items()}
     out = []
     for i in range(table.num_rows):
         comp = int(book[F.COMPONENT][i])
+        dataset = int(book[F.DATASET][i])
         tags = {} if pad is None else {"padding_length": int(pad[i])}
         meta = SampleMeta(
-            sample_id=(int(book[F.DATASET][i]), int(book[F.SHARD][i]), int(book[F.ROW][i])),
+            sample_id=(dataset, int(book[F.SHARD][i]), int(book[F.ROW][i])),
             lane_id=int(book[F.LANE][i]),
             chunk_id=int(book[F.CHUNK][i]),
             chunk_offset=int(book[F.OFFSET][i]),
             component_sample_counts={comp: 1},
+            lineage=lineage[i],
             tags=tags,
         )
-        out.append(SampleRecord(meta=meta, payload={n: cols[n][i] for n in names}))
+        payload = {n: cols[n][i] for n in names}
+        for n in foreign.get(dataset, ()):
+            if payload[n] is None:
+                del payload[n]
+        out.append(SampleRecord(meta=meta, payload=payload))
     return out
 
 
@@ -86,13 +103,14 @@ class SampleBatch:
     ``records`` gives row views; ``to_training`` gives torch tensors.
     """
 
-    __slots__ = ("table", "_records")
+    __slots__ = ("table", "_records", "_fields")
 
-    def __init__(self, table: pa.Table | Sequence[SampleRecord]) -> None:
+    def __init__(self, table: pa.Table | Sequence[SampleRecord], *, fields: FieldsByDataset | None = None) -> None:
         if not isinstance(table, pa.Table):
             table = _table_from_records(list(table))
         self.table = table
         self._records: tuple[SampleRecord, ...] | None = None
+        self._fields = fields
 
     def __len__(self) -> int:
         return self.table.num_rows
@@ -103,7 +121,7 @@ class SampleBatch:
     @property
     def records(self) -> tuple[SampleRecord, ...]:
         if self._records is None:
-            self._records = tuple(records_of(self.table))
+            self._records = tuple(records_of(self.table, self._fields))
         return self._records
 
     @property
@@ -117,13 +135,14 @@ class SampleBatch:
 
     @property
     def lineage_paths(self) -> tuple[tuple[int, ...], ...]:
-        return tuple(() for _ in range(self.table.num_rows))
+        return tuple(F.lineage_paths(self.table))
 
     def column(self, name: str) -> pa.ChunkedArray:
         return self.table.column(name)
 
     def to_pydict(self) -> dict[str, list[Any]]:
-        """Payload columns as Python lists."""
+        """Payload columns as Python lists (the batch's columns: a field that only some rows'
+        datasets have is None in the others; ``records`` leaves it out there)."""
         return F.payload_of(self.table).to_pydict()
 
     # ------------------------------------------------------------------ training tensors
@@ -448,18 +467,24 @@ def _owned(value: np.ndarray, dtype: np.dtype, zero_copy: bool) -> np.ndarray:
 
 
 def _table_from_records(records: list[SampleRecord]) -> pa.Table:
+    """A frame of records: their payloads and their meta as bookkeeping (lane, chunk, offset,
+    sample id, component, lineage, pad length)."""
     from zephon_columnar.ops.rows import payloads_to_table
 
     payload = payloads_to_table([r.payload for r in records], op_name="records")
-    ptrs = np.array([r.meta.sample_id for r in records], dtype=np.int64).reshape(-1, 3)
+    metas = [r.meta for r in records]
     book = F.pointer_frame(
-        lane=records[0].meta.lane_id if records else 0,
+        lane=0,
         chunk_id=0,
-        offsets=np.array([r.meta.chunk_offset for r in records], np.int32),
-        pointers=ptrs,
-        components=np.array([next(iter(r.meta.component_sample_counts), 0) for r in records], np.int32),
+        offsets=np.array([m.chunk_offset for m in metas], np.int32),
+        pointers=np.array([m.sample_id for m in metas], dtype=np.int64).reshape(-1, 3),
+        components=np.array([next(iter(m.component_sample_counts), 0) for m in metas], np.int32),
     )
-    pads = [r.meta.padding_length for r in records]
+    book = book.set_column(0, F.LANE, pa.array(np.array([m.lane_id for m in metas], np.int32)))
+    book = book.set_column(1, F.CHUNK, pa.array(np.array([m.chunk_id for m in metas], np.int64)))
+    if any(m.lineage for m in metas):
+        book = book.append_column(F.LINEAGE, pa.array([list(m.lineage) for m in metas], pa.list_(pa.int32())))
+    pads = [m.padding_length for m in metas]
     if any(p is not None for p in pads):  # a packed row's pad tail stays masked downstream
         book = book.append_column(PADDING_LENGTH, pa.array([p or 0 for p in pads], pa.int32()))
     return F.with_payload(book, payload)

@@ -160,7 +160,7 @@ class _ReverseEachEpoch(BaseOp):
     def traits(self):
         return OpTraits(preserves_cursor_order=False)
 
-    def lane_accumulator(self):
+    def lane_accumulator(self, ctx=None):
         return _ReverseAcc()
 
 
@@ -172,7 +172,10 @@ class _ReverseAcc:
         self.frames.append(frame)
         return []
 
-    def flush(self, *, reset):
+    def carry(self):
+        return None
+
+    def flush(self, *, reset, end=False):
         frames, self.frames = self.frames, []
         if not frames:
             return []

@@ -31,6 +31,7 @@ from zephon_columnar.engine.replay import LaneCursor
 from zephon_columnar.engine.runners import RUNNERS, ordered_map
 from zephon_columnar.errors import PipelineError, ZephonError, operator_failure
 from zephon_columnar.io.readers import ReaderPool
+from zephon_columnar.ops.accumulators import LaneContext
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.fetch import FetchOp
 from zephon_columnar.options import RuntimeOptions
@@ -59,6 +60,32 @@ class LaneItem:
     inputs: int
     rows: int
     source_state: Mapping[str, Any]
+    carries: Mapping[int, pa.Table]
+
+
+class _Lane:
+    """Per-lane bookkeeping shared by a lane's source, ordered stages and collector: its
+    `LaneContext`, the chunks' target mixtures, and the rows each ordered stage carried across
+    each flush point (``carries[epoch][stage]``), kept until the collector is past that epoch."""
+
+    def __init__(self, lane: int, ws: WorkSource, restore: LaneCursor) -> None:
+        recipe = ws.recipe()
+        self.targets: dict[int, Mapping[str, float] | None] = {}
+        names = {cid: name for name, cid in ws.component_ids().items()}
+        seed = recipe.get("seed", 0) if isinstance(recipe.get("seed", 0), int) else 0
+        self.ctx = LaneContext(lane=lane, seed=seed, component_names=names, chunk_target=self.targets.get)
+        self.carries: dict[int, dict[int, pa.Table]] = {restore.epoch: dict(restore.carries)}
+        self.restore = restore
+
+    def note_chunk(self, chunk_id: int, target: Mapping[str, float] | None, keep: int) -> None:
+        self.targets[chunk_id] = target
+        self.targets.pop(chunk_id - keep, None)
+
+    def epoch_reached(self, epoch: int) -> Mapping[int, pa.Table]:
+        """The collector is in ``epoch``: drop older carries; those of ``epoch``."""
+        for e in [e for e in self.carries if e < epoch]:
+            del self.carries[e]
+        return self.carries.get(epoch, {})
 
 
 class Engine:
@@ -88,6 +115,7 @@ class Engine:
         # in its chunk says where to resume: restore then reads nothing it already delivered.
         self.resume_by_input = not self.plan.stateful and not any(
             getattr(op, "fans_out", True) for stage in self.plan.parallel_stages() for op in stage.ops)
+        self.fields = _fields_by_dataset(work_source.datasets_by_id)
 
     # ------------------------------------------------------------------ description
     def recipe(self) -> dict[str, Any]:
@@ -157,21 +185,23 @@ class Engine:
     def lane_stream(self, lane: int, cursor: LaneCursor, runner: Any) -> Iterator[LaneItem]:
         ws = self.ws.clone_for_lane(lane, self.canonical_replicas)
         ws.load_state_dict(cursor.source_state)
-        events: Iterator[Any] = self._source_events(lane, ws, cursor.epoch, cursor.inputs)
+        state = _Lane(lane, ws, cursor)
+        events: Iterator[Any] = self._source_events(state, ws, cursor.epoch, cursor.inputs)
         # The inline runner computes at submit time: anything it ran ahead would only delay the
         # item being asked for.
         inline = self.options.resolved_runner() == "inline"
         window = 0 if inline else self.options.resolved_queue_capacity()
         parallel_index = 0
-        for stage in self.plan.stages:
+        for index, stage in enumerate(self.plan.stages):
             if isinstance(stage, ParallelStage):
                 events = ordered_map(events, runner, parallel_index, window)
                 parallel_index += 1
             else:
-                events = _ordered_stage(events, stage.op)
-        return self._collect(lane, events, cursor.epoch, cursor.rows)
+                events = _ordered_stage(events, stage.op, index, state)
+        return self._collect(state, events, cursor.epoch, cursor.rows)
 
-    def _source_events(self, lane: int, ws: WorkSource, epoch: int, skip_inputs: int = 0) -> Iterator[Any]:
+    def _source_events(self, state: _Lane, ws: WorkSource, epoch: int, skip_inputs: int = 0) -> Iterator[Any]:
+        lane = state.ctx.lane
         k = self.plan.flush_every
         comp_ids = ws.component_ids()
         # The first frames of a pass (or after a restore) are small and grow 4x to rows_per_frame,
@@ -181,9 +211,10 @@ class Engine:
         if self.plan.batch is not None and not self.plan.stateful:
             first = self.plan.batch.microbatch_size
         step = min(self.rows_per_frame, first)
-        for chunk_id, state, chunk in self._chunks_ahead(ws, epoch * k):
-            if state is not None:
-                yield EpochStart(chunk_id // k, state)
+        for chunk_id, source_state, chunk in self._chunks_ahead(ws, epoch * k):
+            if source_state is not None:
+                yield EpochStart(chunk_id // k, source_state)
+            state.note_chunk(chunk_id, chunk.target_mixture, keep=4 * k)
             pointers, comp_index = chunk.ordered()
             comp_map = np.array([comp_ids[name] for name in chunk.component_names], dtype=np.int32)
             components = comp_map[comp_index] if len(comp_index) else np.zeros(0, np.int32)
@@ -222,17 +253,21 @@ class Engine:
             samples -= len(item[2])
             yield item
 
-    def _collect(self, lane: int, events: Iterator[Any], epoch: int, skip: int) -> Iterator[LaneItem]:
+    def _collect(self, lane_state: _Lane, events: Iterator[Any], epoch: int, skip: int) -> Iterator[LaneItem]:
+        lane = lane_state.ctx.lane
         batch = self.plan.batch
         size = batch.microbatch_size if batch else 1
-        # pending: [frame, epoch, source_state, index in epoch of the frame's first row]
+        fields = self.fields
+        # pending: [frame, epoch, source_state, index in epoch of the frame's first row, carries]
         pending: deque[list[Any]] = deque()
         pending_rows = 0
-        state: Mapping[str, Any] = {}
+        state: Mapping[str, Any] = lane_state.restore.source_state
+        carries = lane_state.epoch_reached(epoch)
         rows_in_epoch = 0
         for ev in events:
             if isinstance(ev, EpochStart):
                 epoch, state, rows_in_epoch = ev.epoch, ev.source_state, 0
+                carries = lane_state.epoch_reached(epoch)
                 continue
             frame: pa.Table = ev
             if skip:
@@ -243,23 +278,41 @@ class Engine:
                 rows_in_epoch += dropped
             if frame.num_rows == 0:
                 continue
-            pending.append([frame, epoch, state, rows_in_epoch])
+            pending.append([frame, epoch, state, rows_in_epoch, carries])
             rows_in_epoch += frame.num_rows
             pending_rows += frame.num_rows
             if batch is None:
-                for entry in _drain_records(lane, pending, self.resume_by_input):
+                for entry in _drain_records(lane, pending, self.resume_by_input, fields):
                     yield entry
                 pending_rows = 0
                 continue
             while pending_rows >= size:
-                yield _take_batch(lane, pending, size, self.resume_by_input)
+                yield _take_batch(lane, pending, size, self.resume_by_input, fields)
                 pending_rows -= size
         if batch is not None and pending_rows and not batch.drop_last:
-            yield _take_batch(lane, pending, pending_rows, self.resume_by_input)
+            yield _take_batch(lane, pending, pending_rows, self.resume_by_input, fields)
 
 
-def _ordered_stage(events: Iterator[Any], op: BaseOp) -> Iterator[Any]:
-    acc = op.lane_accumulator()
+def _fields_by_dataset(datasets: Mapping[int, Any]) -> dict[int, frozenset[str]]:
+    """``{dataset_id: payload field names}`` of datasets whose schema is known, when they differ
+    (a frame then holds the union, and row views leave out the others' fields)."""
+    out = {}
+    for did, ds in datasets.items():
+        backend = getattr(ds, "backend", {}) or {}
+        schema = backend.get("schema")
+        if schema is None and backend.get("tables"):
+            schema = backend["tables"][0].schema
+        if isinstance(schema, pa.Schema):
+            out[did] = frozenset(schema.names)
+    if len(set(out.values())) <= 1:
+        return {}
+    return out
+
+
+def _ordered_stage(events: Iterator[Any], op: BaseOp, index: int, lane: _Lane) -> Iterator[Any]:
+    """One lane's ordered stage: its accumulator sees the lane's frames in order, flushes at
+    every epoch start (recording what it carries across) and at the end."""
+    acc = op.lane_accumulator(lane.ctx)
     assert acc is not None
 
     def call(fn: Any, *args: Any, **kw: Any) -> list[pa.Table]:
@@ -274,13 +327,22 @@ def _ordered_stage(events: Iterator[Any], op: BaseOp) -> Iterator[Any]:
     for ev in events:
         if isinstance(ev, EpochStart):
             yield from call(acc.flush, reset=True)
+            if ev.epoch == lane.restore.epoch and index in lane.restore.carries:
+                # Restore: the rows this stage carried into the epoch being replayed.
+                if call(acc.push, lane.restore.carries[index]):
+                    raise PipelineError(f"operator {op.op_name()!r}: its carried rows produced output when "
+                                        "pushed into a fresh accumulator; carry() must return only rows that "
+                                        "stay buffered.")
+            carried = acc.carry()
+            if carried is not None and carried.num_rows:
+                lane.carries.setdefault(ev.epoch, {})[index] = carried
             yield ev
         else:
             yield from call(acc.push, ev)
-    yield from call(acc.flush, reset=True)
+    yield from call(acc.flush, reset=True, end=True)
 
 
-def _take_batch(lane: int, pending: deque, size: int, by_input: bool) -> LaneItem:
+def _take_batch(lane: int, pending: deque, size: int, by_input: bool, fields: Any) -> LaneItem:
     parts = []
     need = size
     while need:
@@ -290,29 +352,31 @@ def _take_batch(lane: int, pending: deque, size: int, by_input: bool) -> LaneIte
             parts.append(frame)
             need -= frame.num_rows
             pending.popleft()
-            last_epoch, last_state, last_rows = entry[1], entry[2], entry[3] + frame.num_rows
+            last = entry[1], entry[2], entry[3] + frame.num_rows, entry[4]
         else:
             parts.append(frame.slice(0, need))
             entry[0] = frame.slice(need)
             entry[3] += need
-            last_epoch, last_state, last_rows = entry[1], entry[2], entry[3]
+            last = entry[1], entry[2], entry[3], entry[4]
             need = 0
     table = parts[0] if len(parts) == 1 else F.concat_frames(parts)
+    epoch, state, rows, carries = last
+    batch = SampleBatch(table, fields=fields or None)
     if by_input:
         offsets = parts[-1].column(F.OFFSET)
         inputs = offsets.chunk(offsets.num_chunks - 1)[-1].as_py() + 1
-        return LaneItem(lane, SampleBatch(table), last_epoch, inputs, 0, last_state)
-    return LaneItem(lane, SampleBatch(table), last_epoch, 0, last_rows, last_state)
+        return LaneItem(lane, batch, epoch, inputs, 0, state, carries)
+    return LaneItem(lane, batch, epoch, 0, rows, state, carries)
 
 
-def _drain_records(lane: int, pending: deque, by_input: bool) -> Iterator[LaneItem]:
+def _drain_records(lane: int, pending: deque, by_input: bool, fields: Any) -> Iterator[LaneItem]:
     while pending:
-        frame, epoch, state, first = pending.popleft()
-        for i, rec in enumerate(records_of(frame)):
+        frame, epoch, state, first, carries = pending.popleft()
+        for i, rec in enumerate(records_of(frame, fields or None)):
             if by_input:
-                yield LaneItem(lane, rec, epoch, rec.meta.chunk_offset + 1, 0, state)
+                yield LaneItem(lane, rec, epoch, rec.meta.chunk_offset + 1, 0, state, carries)
             else:
-                yield LaneItem(lane, rec, epoch, 0, first + i + 1, state)
+                yield LaneItem(lane, rec, epoch, 0, first + i + 1, state, carries)
 
 
 class _Failure:
@@ -394,7 +458,8 @@ class EngineRun:
             raise StopIteration
         prev = self.delivered[item.lane]
         self.delivered[item.lane] = LaneCursor(epoch=item.epoch, inputs=item.inputs, rows=item.rows,
-                                               items=prev.items + 1, source_state=item.source_state)
+                                               items=prev.items + 1, source_state=item.source_state,
+                                               carries=item.carries)
         return item.value
 
     def _get(self) -> LaneItem:

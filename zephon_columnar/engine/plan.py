@@ -72,7 +72,7 @@ def compile_plan(ops: Sequence[BaseOp], *, flush_every_k_chunks: int | None) -> 
         if isinstance(op, BatchOp):
             batch = op
             continue
-        if op.lane_accumulator() is None:
+        if not op.is_ordered():
             run.append(op)
             continue
         if run:

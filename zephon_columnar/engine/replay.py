@@ -14,9 +14,12 @@ operators); restoring into a pipeline with another recipe raises, naming each di
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+import pyarrow as pa
+
+from zephon_columnar import frame as F
 from zephon_columnar.errors import CheckpointError
 from zephon_columnar.recipes import recipe_differences
 
@@ -40,10 +43,16 @@ class LaneCursor:
     source_state: Mapping[str, Any]
     items: int = 0
     inputs: int = 0
+    #: Rows ordered stages kept across the epoch's flush point (uncapped wrap's partial row):
+    #: ``{stage index: frame}``; restore primes the fresh stages with them.
+    carries: Mapping[int, pa.Table] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "inputs": self.inputs, "rows": self.rows, "items": self.items,
-                "source_state": self.source_state}
+        out = {"epoch": self.epoch, "inputs": self.inputs, "rows": self.rows, "items": self.items,
+               "source_state": self.source_state}
+        if self.carries:
+            out["carries"] = {str(k): F.frame_to_text(v) for k, v in sorted(self.carries.items())}
+        return out
 
     @classmethod
     def from_json(cls, lane: str, d: Any) -> "LaneCursor":
@@ -59,8 +68,18 @@ class LaneCursor:
                 raise CheckpointError(f"checkpoint lane {lane}: field {k!r} = {v!r}, expected an int >= 0.")
         if not isinstance(d["source_state"], Mapping):
             raise CheckpointError(f"checkpoint lane {lane}: field 'source_state' is not an object.")
+        carries = {}
+        raw = d.get("carries", {})
+        if not isinstance(raw, Mapping):
+            raise CheckpointError(f"checkpoint lane {lane}: field 'carries' is not an object.")
+        for k, v in raw.items():
+            try:
+                carries[int(k)] = F.frame_from_text(v)
+            except (TypeError, ValueError) as err:
+                raise CheckpointError(f"checkpoint lane {lane}: carries[{k!r}] is not an encoded frame "
+                                      f"({err}).") from err
         return cls(epoch=d["epoch"], inputs=d.get("inputs", 0), rows=d["rows"], items=d["items"],
-                   source_state=d["source_state"])
+                   source_state=d["source_state"], carries=carries)
 
 
 def build_checkpoint(*, recipe: Mapping[str, Any], world: Mapping[str, Any],

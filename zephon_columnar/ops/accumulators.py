@@ -2,12 +2,25 @@
 
 Two shapes live here:
 
-- `LaneAccumulator`, the engine's own: one instance per lane, fed that lane's frames in order
-  on one thread. ``push(frame)`` returns the frames ready to go on; ``flush()`` returns what
-  is buffered; after ``flush(reset=True)`` it behaves exactly like a fresh one (what makes
-  replay from a flush point exact).
+- `LaneAccumulator`, the engine's own: one instance per lane and ordered stage, fed that
+  lane's frames in order on one thread, with a `LaneContext` saying which lane it serves.
+  Every built-in ordered stage (shuffle, packing, ensure_mixture, stateful_transform) is one.
 - `Accumulator` / `CountingAccumulator` / `PassthroughAccumulator`, Zephon's public API for
   grouping records into calls of a custom operator (``ReadyBatch = (records, lane_id)``).
+
+The contract every `LaneAccumulator` keeps (what makes runners, frame sizes and restarts
+invisible in the data; `zephon_columnar.testing.assert_frame_split_invariant` checks it):
+
+1. *Frame-split invariance*: the sequence of output rows depends only on the sequence of input
+   rows, never on how they were cut into frames (nor on how its output is cut).
+   Randomness is a pure function of the lane's seed, the lane and the rows' identity
+   (`zephon_columnar.frame.row_keys`), never of counters of frames.
+2. *Reset is fresh*: after ``flush(reset=True)`` the accumulator behaves exactly like a new one,
+   except for ``carry()``: rows it deliberately keeps across the flush point because dropping
+   or padding them would lose data (uncapped wrap packing's partial row). A fresh accumulator
+   primed with those rows (``push`` of ``carry()``, which emits nothing) is the same state.
+3. ``flush(reset=True, end=True)`` is the end of the lane: emit or drop everything; nothing is
+   carried.
 
 Example:
     >>> acc = CountingAccumulator(max_batch=2)
@@ -19,7 +32,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import defaultdict
-from typing import Any, Generic, Protocol, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -27,12 +41,40 @@ T = TypeVar("T")
 ReadyBatch = tuple[list[Any], int]
 
 
+@dataclass(frozen=True, kw_only=True)
+class LaneContext:
+    """What an ordered stage is told about the lane it serves.
+
+    ``seed``: the data recipe's seed (the work source's), which stage randomness mixes with its
+    own seed argument. ``component_names``: mixture component id -> name.
+    ``chunk_target(chunk_id)``: the target mixture ``{name: weight}`` of one of this lane's
+    chunks (None when the source does not say), for stages that enforce the mixture.
+    ``stats``: counters the stage may add to (reported by ``Pipeline.metrics_snapshot``).
+    """
+
+    lane: int = 0
+    seed: int = 0
+    component_names: Mapping[int, str] = field(default_factory=dict)
+    chunk_target: Callable[[int], Mapping[str, float] | None] = lambda chunk_id: None
+    stats: dict[str, int] = field(default_factory=dict)
+
+
 class LaneAccumulator(Protocol):
-    """Per-lane ordered state of a stateful operator (see module docstring)."""
+    """Per-lane ordered state of an operator (see the module docstring for the contract)."""
 
-    def push(self, frame: pa.Table) -> list[pa.Table]: ...
+    def push(self, frame: pa.Table) -> list[pa.Table]:
+        """Rows in (one frame of this lane, in stream order); the frames now ready out."""
+        ...
 
-    def flush(self, *, reset: bool) -> list[pa.Table]: ...
+    def flush(self, *, reset: bool, end: bool = False) -> list[pa.Table]:
+        """Everything ready or buffered, at a flush point (``reset=True``: then be fresh but
+        for ``carry()``) or at the end of the lane (``end=True``)."""
+        ...
+
+    def carry(self) -> pa.Table | None:
+        """Rows held across the last flush point (None: nothing), as a frame of this stage's
+        input rows; pushing them into a fresh accumulator rebuilds this state."""
+        ...
 
 
 class Accumulator(ABC, Generic[T]):

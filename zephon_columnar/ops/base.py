@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 if TYPE_CHECKING:
-    from zephon_columnar.ops.accumulators import Accumulator, LaneAccumulator
+    from zephon_columnar.ops.accumulators import Accumulator, LaneAccumulator, LaneContext
     from zephon_columnar.types import SampleRecord
 
 
@@ -118,13 +118,18 @@ class BaseOp:
         """Zephon-style accumulator factory; None (the default) means stateless."""
         return None
 
-    def lane_accumulator(self) -> "LaneAccumulator | None":
+    def lane_accumulator(self, ctx: "LaneContext | None" = None) -> "LaneAccumulator | None":
         """Per-lane state for ordered work, or None for a stateless operator.
 
-        Built-in stateful operators return a fresh `LaneAccumulator` here; the engine makes
-        one per lane and resets it at every flush point.
+        Stateful operators return a fresh `LaneAccumulator` for the lane ``ctx`` describes
+        (a default context when None: lane 0, seed 0); the engine makes one per lane and
+        flushes it at every flush point. An operator that overrides this is an ordered stage.
         """
         return None
+
+    def is_ordered(self) -> bool:
+        """Whether this operator keeps per-lane state (it overrides ``lane_accumulator``)."""
+        return type(self).lane_accumulator is not BaseOp.lane_accumulator
 
     def validation_samples(self) -> list["SampleRecord"] | None:
         return None

@@ -100,9 +100,4 @@ def run_rows(frame: pa.Table, fn: Callable[[list[SampleRecord]], list[SampleReco
 
     if not outs:
         return frame.slice(0, 0).select(F.bookkeeping_of(frame).column_names)
-    table = _table_from_records(outs)
-    # Restore the per-row lane and chunk ids the records carry.
-    lanes = pa.array(np.array([r.meta.lane_id for r in outs], np.int32))
-    chunks = pa.array(np.array([r.meta.chunk_id for r in outs], np.int64))
-    table = table.set_column(table.column_names.index(F.LANE), F.LANE, lanes)
-    return table.set_column(table.column_names.index(F.CHUNK), F.CHUNK, chunks)
+    return _table_from_records(outs)

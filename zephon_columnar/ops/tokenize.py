@@ -27,7 +27,9 @@ Semantics (Zephon 0.2.0, B.17, with the choices below):
   cut into consecutive pieces of ``max_length`` ids, i.e.
   ``max(1, ceil((n + #specials) / max_length))`` pieces: BOS only on the first, EOS only on the
   last (the last piece can be just ``[EOS]``), every piece at most ``max_length``, and the pieces
-  concatenate back to the document. Children repeat their parent's bookkeeping row, in order.
+  concatenate back to the document. Children repeat their parent's bookkeeping row, in order,
+  each with its own lineage: the parent's extended by the piece's index (``(0,)``, ``(1,)``, ...;
+  a document that needs no cut keeps its lineage).
 - ``missing_field``: ``"error"`` raises naming the field and the sample (dataset, shard, row):
   `MissingFieldError` (a ``KeyError``) when the column is absent, `DatasetFormatError` (a
   ``ValueError``) when a value is null; ``"empty"`` tokenizes ``""``.
@@ -269,10 +271,14 @@ class TokenizeOp(TokenizerOwner, BaseOp):
             upstream = F.payload_of(frame)
             upstream = upstream.drop_columns([c for c in OUTPUT_FIELDS if c in upstream.column_names])
         if parent is not None:
-            take = pa.array(parent)
-            book = book.take(take)
+            # Each piece of a cut document is a child of it: lineage extended by the piece's index.
+            # A document that needed no cut keeps its lineage, whatever else is in the frame.
+            first = np.searchsorted(parent, parent, side="left")
+            last = np.searchsorted(parent, parent, side="right")
+            child = np.where(last - first > 1, np.arange(len(parent)) - first, -1).astype(np.int32)
+            book = F.with_children(book, parent, child)
             if upstream is not None:
-                upstream = upstream.take(take)
+                upstream = upstream.take(pa.array(parent))
         if upstream is not None:
             columns.extend(upstream.columns)
             names.extend(upstream.column_names)

@@ -43,22 +43,25 @@ def docs_table(docs: Sequence[Sequence[int]], *, first_row: int = 0, lane: int =
 def reference_pack(epochs: Sequence[Sequence[Sequence[int]]], max_length: int, pad: int,
                    cap: int | None) -> list[dict[str, Any]]:
     """Wrap packing token by token (the specification, slow and obvious). ``epochs`` are the
-    documents between flushes, as (global doc index offset implied by order). Each row:
-    tokens, positions, first-token doc index, pad count."""
+    documents between flush points. Each row: tokens, positions, first-token doc index, pad count.
+
+    Uncapped (``cap=None``): flush points change nothing (the partial row is carried across
+    them); the final partial row is dropped. Capped: a row also closes after its ``cap``-th
+    segment, and the partial row is emitted padded at every flush point and at the end."""
     rows: list[dict[str, Any]] = []
     doc_index = 0
+    cur: list[tuple[int, int, int]] = []  # (token, doc index, position)
+    segs = 0
+
+    def close() -> None:
+        nonlocal cur, segs
+        padn = max_length - len(cur)
+        rows.append({"tokens": [t for t, _, _ in cur] + [pad] * padn,
+                     "positions": [p for _, _, p in cur] + list(range(padn)),
+                     "doc": cur[0][1], "pad": padn})
+        cur, segs = [], 0
+
     for docs in epochs:
-        cur: list[tuple[int, int, int]] = []  # (token, doc index, position)
-        segs = 0
-
-        def close() -> None:
-            nonlocal cur, segs
-            padn = max_length - len(cur)
-            rows.append({"tokens": [t for t, _, _ in cur] + [pad] * padn,
-                         "positions": [p for _, _, p in cur] + list(range(padn)),
-                         "doc": cur[0][1], "pad": padn})
-            cur, segs = [], 0
-
         for doc in docs:
             if doc:
                 segs += 1
@@ -72,9 +75,14 @@ def reference_pack(epochs: Sequence[Sequence[Sequence[int]]], max_length: int, p
                 if len(cur) == max_length or (cap is not None and segs == cap):
                     close()
             doc_index += 1
-        if cur:
+        if cur and cap is not None:
             close()
     return rows
+
+
+def wrap_kept(tokens: Sequence[int], max_length: int) -> list[int]:
+    """What uncapped wrap keeps of a stream: everything but the final partial row."""
+    return list(tokens[: len(tokens) // max_length * max_length])
 
 
 def packed_rows(tables: Sequence[pa.Table], field: str = "input_ids") -> dict[str, list]:

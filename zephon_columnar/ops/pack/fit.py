@@ -1,0 +1,127 @@
+"""``algorithm="first_fit"`` / ``"best_fit"``: whole documents into at most ``num_bins`` open bins.
+
+Per stream, documents arrive in order and are never split:
+
+- a document longer than ``max_length`` is dropped (``drop_oversized=True``, the default;
+  counted in the lane's stats as ``pack_oversized_docs`` / ``pack_oversized_tokens``) or is an
+  error naming the sample (``drop_oversized=False``);
+- otherwise it goes into an open bin with room for it: the oldest such bin (``first_fit``) or
+  the one it leaves with the least room (``best_fit``; ties to the oldest);
+- if no open bin has room, a new bin opens; when ``num_bins`` bins are already open, one is
+  emitted first: the oldest (``flush_strategy="fifo"``) or the one with the least room
+  (``"fullest"``; ties to the oldest);
+- a bin is emitted as soon as its room falls below ``min_sequence_length`` or it holds
+  ``max_sequences_per_bin`` documents;
+- a flush point (and the end) emits every open bin, oldest first, padded.
+
+Every emitted row is padded to ``max_length`` with ``pad_token_id`` (``__padding_length`` says
+how much). The per-document placement loop is Python over at most ``num_bins`` bins; tokens are
+only touched once, when emitted rows are gathered (one vectorized copy per push).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from zephon_columnar.errors import DatasetFormatError
+from zephon_columnar.ops.pack.packer import Emission, Packer
+from zephon_columnar.ops.pack.stream import Run, gather, where
+
+
+@dataclass
+class _Bin:
+    """One open bin: its documents as (run id, segment) in order, and the tokens they use."""
+
+    opened: int
+    used: int = 0
+    docs: list[tuple[int, int, int]] = field(default_factory=list)  # (run id, segment, length)
+
+
+class FitPacker(Packer):
+    """``first_fit`` / ``best_fit`` for one stream (see the module docstring)."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self._open: list[_Bin] = []  # in opening order
+        self._opened = 0
+        self._runs: dict[int, Run] = {}
+        self._refs: dict[int, int] = {}
+        self._next_run = 0
+
+    def push(self, run: Run) -> list[Emission]:
+        spec = self.spec
+        L, num_bins, cap = spec.max_length, spec.num_bins or 1, spec.max_sequences_per_bin
+        best = spec.algorithm == "best_fit"
+        fullest = spec.flush_strategy == "fullest"
+        room_floor = spec.min_sequence_length
+        rid = self._next_run
+        self._next_run += 1
+        self._runs[rid] = run
+        self._refs[rid] = 0
+        closed: list[tuple[_Bin, int]] = []
+        lengths = run.seg_lengths().tolist()
+        for i, n in enumerate(lengths):
+            if n > L:
+                if not spec.drop_oversized:
+                    book_row = int(run.seg_book[i])
+                    raise DatasetFormatError(
+                        f"{spec.algorithm}: a document of {n} tokens, longer than max_length={L}, in "
+                        f"{where(run.book, book_row)}; pass drop_oversized=True to drop such documents, split "
+                        "them upstream (tokenize(split_long_samples=True)), or use algorithm='wrap'.")
+                self.count("pack_oversized_docs", 1)
+                self.count("pack_oversized_tokens", n)
+                continue
+            target = None
+            if best:
+                for b in self._open:
+                    if L - b.used >= n and (target is None or b.used > target.used):
+                        target = b
+            else:
+                target = next((b for b in self._open if L - b.used >= n), None)
+            if target is None:
+                if len(self._open) >= num_bins:
+                    victim = max(self._open, key=lambda b: (b.used, -b.opened)) if fullest else self._open[0]
+                    self._open.remove(victim)
+                    closed.append((victim, i))
+                target = _Bin(opened=self._opened)
+                self._opened += 1
+                self._open.append(target)
+            target.docs.append((rid, i, n))
+            target.used += n
+            self._refs[rid] += 1
+            if L - target.used < room_floor or (cap is not None and len(target.docs) >= cap):
+                self._open.remove(target)
+                closed.append((target, i))
+        if not closed:
+            self._release()
+            return []
+        frame = self._emit_bins([b for b, _ in closed])
+        return [Emission(frame, np.array([t for _, t in closed], np.int64))]
+
+    def _emit_bins(self, bins: list[_Bin]):  # -> pa.Table
+        ids = sorted({rid for b in bins for rid, _, _ in b.docs})
+        position = {rid: k for k, rid in enumerate(ids)}
+        run_index = np.array([position[rid] for b in bins for rid, _, _ in b.docs], np.int64)
+        seg_index = np.array([s for b in bins for _, s, _ in b.docs], np.int64)
+        length = np.array([n for b in bins for _, _, n in b.docs], np.int64)
+        run = gather([self._runs[rid] for rid in ids], run_index, seg_index, np.zeros(len(length), np.int64), length)
+        for b in bins:
+            for rid, _, _ in b.docs:
+                self._refs[rid] -= 1
+        self._release()
+        return self.emit(run, np.array([b.used for b in bins], np.int64))
+
+    def _release(self) -> None:
+        """Forget runs no open bin uses any more."""
+        for rid in [r for r, n in self._refs.items() if n == 0]:
+            del self._refs[rid]
+            del self._runs[rid]
+
+    def flush(self, *, end: bool) -> list:
+        bins, self._open = self._open, []
+        self._opened = 0
+        if not bins:
+            return []
+        return [self._emit_bins(bins)]

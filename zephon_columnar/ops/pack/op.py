@@ -1,0 +1,100 @@
+"""The packing operators: `PackFlatOp` (``pack_flat``) and `PackSequencesOp`
+(``pack_sequences``). Both are ordered stages whose per-lane state is a `LanePacker`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zephon_columnar.ops.accumulators import LaneContext
+from zephon_columnar.ops.base import BaseOp, OpTraits
+from zephon_columnar.ops.pack.packer import LanePacker, Packer
+from zephon_columnar.ops.pack.spec import PackAlgorithm, resolve_spec
+
+
+def packer_class(algorithm: str) -> type[Packer]:
+    """The `Packer` of one algorithm (imported on use: one module per algorithm)."""
+    if algorithm == "wrap":
+        from zephon_columnar.ops.pack.wrap import WrapPacker
+
+        return WrapPacker
+    if algorithm == "best_fit_wrap":
+        from zephon_columnar.errors import ConfigError
+
+        raise ConfigError("pack_flat(algorithm='best_fit_wrap') is not available yet; use 'wrap' or 'first_fit'.")
+    from zephon_columnar.ops.pack.fit import FitPacker
+
+    return FitPacker
+
+
+class PackFlatOp(BaseOp):
+    """``pack_flat``: pack each lane's documents into rows of exactly ``max_length`` tokens,
+    flat and tensor-ready (see `zephon_columnar.ops.pack.emit` for the output columns and
+    `zephon_columnar.ops.pack.stream` for which input columns are packed).
+
+    Algorithms: ``"wrap"`` (`zephon_columnar.ops.pack.wrap`), ``"first_fit"`` / ``"best_fit"``
+    (`zephon_columnar.ops.pack.fit`), ``"best_fit_wrap"``
+    (`zephon_columnar.ops.pack.best_fit_wrap`). ``pad_token_id`` defaults to 0 (the pad tail is
+    masked by ``__padding_length``, never by id). ``parallelism`` is accepted and has no effect:
+    placement is serial per lane and the rows are built vectorized in the same step.
+
+    Example:
+        >>> pipe.pack_flat(2048, algorithm="first_fit", num_bins=16).batch(8)  # doctest: +SKIP
+    """
+
+    name = "pack_flat"
+    builtin = True
+
+    def __init__(self, max_length: int, *, algorithm: PackAlgorithm = "first_fit", parallelism: int | None = None,
+                 **options: Any) -> None:
+        super().__init__()
+        self.spec = resolve_spec(self.name, max_length, algorithm=algorithm, **options)
+        self.algorithm = algorithm
+        self.max_length = self.spec.max_length
+        self.parallelism = parallelism
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=False, indexable=False)
+
+    def lane_accumulator(self, ctx: LaneContext | None = None) -> LanePacker:
+        ctx = ctx or LaneContext()
+        cls = packer_class(self.spec.algorithm)
+        return LanePacker(self.spec, ctx, lambda spec, c, emit: cls(spec, c, emit), op=self.name)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"op": self.name, **self.spec.fingerprint()}
+
+
+class PackSequencesOp(PackFlatOp):
+    """``pack_sequences``: the same algorithms, but each packed row keeps its segments apart as
+    ``packed_samples`` (see `zephon_columnar.ops.pack.sequences`)."""
+
+    name = "pack_sequences"
+
+    def __init__(self, max_length: int, *, algorithm: PackAlgorithm = "first_fit", length_fn: Any = None,
+                 pack_payloads: Any = "keep_list", parallelism: int | None = None, **options: Any) -> None:
+        from zephon_columnar.ops.pack.sequences import check_pack_payloads
+
+        super().__init__(max_length, algorithm=algorithm, parallelism=parallelism, emit_positions=False,
+                         **options)
+        if length_fn is not None and algorithm not in ("first_fit", "best_fit"):
+            from zephon_columnar.errors import ConfigError
+
+            raise ConfigError(f"pack_sequences(length_fn=..., algorithm={algorithm!r}): wrapping algorithms slice "
+                              "the token field, so its length is the length; length_fn is for first_fit/best_fit.")
+        self.length_fn = length_fn
+        self.pack_payloads = check_pack_payloads(pack_payloads)
+
+    def lane_accumulator(self, ctx: LaneContext | None = None) -> LanePacker:
+        from zephon_columnar.ops.pack.sequences import SequencesEmitter
+
+        ctx = ctx or LaneContext()
+        cls = packer_class(self.spec.algorithm)
+        emitter = SequencesEmitter(self.spec, self.pack_payloads)
+        return LanePacker(self.spec, ctx, lambda spec, c, emit: cls(spec, c, emit), op=self.name, emit=emitter)
+
+    def fingerprint(self) -> dict[str, Any]:
+        out = super().fingerprint()
+        out["pack_payloads"] = self.pack_payloads if isinstance(self.pack_payloads, str) else \
+            getattr(self.pack_payloads, "__qualname__", repr(self.pack_payloads))
+        out["length_fn"] = None if self.length_fn is None else getattr(self.length_fn, "__qualname__", "fn")
+        return out

@@ -1,0 +1,190 @@
+"""Packing options: `PackSpec` (every argument of ``pack_flat`` / ``pack_sequences``, checked
+and resolved once) and `DomainGroups`.
+
+Example:
+    >>> spec = resolve_spec("pack_flat", 2048, algorithm="first_fit", num_bins=16)
+    >>> spec.algorithm, spec.num_bins, spec.drop_oversized, spec.pad_token_id
+    ('first_fit', 16, True, 0)
+    >>> resolve_spec("pack_flat", 2048, algorithm="first_fit")
+    Traceback (most recent call last):
+    ...
+    zephon_columnar.errors.ConfigError: pack_flat(algorithm='first_fit') needs num_bins=<open bins per lane>, e.g. num_bins=16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, Sequence
+
+import numpy as np
+
+from zephon_columnar import frame as F
+from zephon_columnar.errors import ConfigError
+from zephon_columnar.types import TOKEN_FIELD_CANDIDATES
+
+PackAlgorithm = Literal["first_fit", "best_fit", "wrap", "best_fit_wrap"]
+ShuffleStrategy = Literal["random", "length"]
+FlushStrategy = Literal["fifo", "fullest"]
+Homogeneity = Literal["none", "group", "full"]
+
+ALGORITHMS: tuple[str, ...] = ("first_fit", "best_fit", "wrap", "best_fit_wrap")
+FIT_ALGORITHMS: tuple[str, ...] = ("first_fit", "best_fit")
+POSITIONS = "positions"
+DEFAULT_CANDIDATE_POOL = 1024
+
+
+class DomainGroups:
+    """Which mixture components may share a packed row: ``{group: [component, ...]}``.
+
+    A component belongs to at most one group; components no group names are groups of their own.
+
+    Example:
+        >>> g = DomainGroups({"prose": ["web", "books"]})
+        >>> g.to_member_map()
+        {'web': 'prose', 'books': 'prose'}
+        >>> g.group_of("code")
+        'code'
+    """
+
+    def __init__(self, groups: Mapping[str, Sequence[str]]) -> None:
+        if not isinstance(groups, Mapping) or not groups:
+            raise ConfigError(f"DomainGroups: pass a non-empty {{group: [component, ...]}} mapping, got {groups!r}.")
+        members: dict[str, str] = {}
+        for group, comps in groups.items():
+            if isinstance(comps, str) or not isinstance(comps, Sequence) or not comps:
+                raise ConfigError(f"DomainGroups: group {group!r} must list its components, got {comps!r}.")
+            for comp in comps:
+                if comp in members:
+                    raise ConfigError(f"DomainGroups: component {comp!r} is in groups {members[comp]!r} and "
+                                      f"{group!r}; a component belongs to at most one group.")
+                members[str(comp)] = str(group)
+        self.groups = {str(g): tuple(str(c) for c in cs) for g, cs in groups.items()}
+        self._members = members
+
+    def to_member_map(self) -> dict[str, str]:
+        return dict(self._members)
+
+    def group_of(self, component: str) -> str:
+        return self._members.get(component, component)
+
+    def validate_against(self, names: Sequence[str]) -> None:
+        unknown = sorted(set(self._members) - set(names))
+        if unknown:
+            raise ConfigError(f"DomainGroups: components {unknown} are not in the mixture (its components: "
+                              f"{sorted(names)}); name mixture components.")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DomainGroups) and other.groups == self.groups
+
+    def __repr__(self) -> str:
+        return f"DomainGroups({self.groups!r})"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackSpec:
+    """Resolved packing options (see ``Pipeline.pack_flat`` for each one's meaning)."""
+
+    max_length: int
+    algorithm: PackAlgorithm = "wrap"
+    tokens_field: str = "auto"
+    pad_token_id: int = 0
+    emit_positions: bool = True
+    max_sequences_per_bin: int | None = None
+    num_bins: int | None = None
+    drop_oversized: bool = False
+    min_sequence_length: int = 1
+    flush_strategy: FlushStrategy = "fifo"
+    candidate_pool_size: int = DEFAULT_CANDIDATE_POOL
+    max_candidate_age: int = 8 * DEFAULT_CANDIDATE_POOL
+    shuffle_strategy: ShuffleStrategy | None = None
+    shuffle_seed: int = 0
+    homogeneity: Homogeneity = "none"
+    groups: DomainGroups | None = field(default=None, compare=False)
+
+    def fingerprint(self) -> dict[str, Any]:
+        """The options that decide the packed rows (part of a checkpoint's recipe)."""
+        out = {k: getattr(self, k) for k in (
+            "algorithm", "max_length", "tokens_field", "pad_token_id", "emit_positions", "max_sequences_per_bin",
+            "num_bins", "drop_oversized", "min_sequence_length", "flush_strategy", "candidate_pool_size",
+            "max_candidate_age", "shuffle_strategy", "shuffle_seed", "homogeneity")}
+        out["groups"] = None if self.groups is None else self.groups.groups
+        return out
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def resolve_spec(op: str, max_length: Any, *, num_bins: Any = None, max_sequences_per_bin: Any = None,
+                 algorithm: Any = "first_fit", tokens_field: Any = "auto", pad_token_id: Any = None,
+                 emit_positions: Any = True, drop_oversized: Any = None, min_sequence_length: Any = 1,
+                 shuffle_strategy: Any = None, shuffle_seed: Any = None, flush_strategy: Any = "fifo",
+                 candidate_pool_size: Any = None, max_candidate_age: Any = None, homogeneity: Any = "none",
+                 groups: Any = None) -> PackSpec:
+    """Check every argument (errors name the option and say what to pass) and resolve defaults
+    that depend on the algorithm (``drop_oversized``, ``max_candidate_age``)."""
+
+    def positive(name: str, value: Any) -> int | None:
+        if value is not None and (not _is_int(value) or value < 1):
+            raise ConfigError(f"{op}({name}={value!r}): pass a positive int or None.")
+        return None if value is None else int(value)
+
+    def literal(name: str, value: Any, allowed: tuple[Any, ...]) -> Any:
+        if value not in allowed:
+            raise ConfigError(f"{op}({name}={value!r}): unknown value; use one of {list(allowed)}.")
+        return value
+
+    if not _is_int(max_length) or max_length < 1:
+        raise ConfigError(f"{op}(max_length={max_length!r}): pass the packed row length, a positive int.")
+    literal("algorithm", algorithm, ALGORITHMS)
+    num_bins = positive("num_bins", num_bins)
+    cap = positive("max_sequences_per_bin", max_sequences_per_bin)
+    pool = positive("candidate_pool_size", candidate_pool_size)
+    age = positive("max_candidate_age", max_candidate_age)
+    if not isinstance(tokens_field, str) or not tokens_field or F.is_bookkeeping(tokens_field):
+        raise ConfigError(f"{op}(tokens_field={tokens_field!r}): pass 'auto' (first of "
+                          f"{list(TOKEN_FIELD_CANDIDATES)}) or the name of a payload column.")
+    if pad_token_id is not None and not _is_int(pad_token_id):
+        raise ConfigError(f"{op}(pad_token_id={pad_token_id!r}): pass an int token id or None (0).")
+    if not isinstance(emit_positions, bool):
+        raise ConfigError(f"{op}(emit_positions={emit_positions!r}): pass True or False.")
+    if drop_oversized is not None and not isinstance(drop_oversized, bool):
+        raise ConfigError(f"{op}(drop_oversized={drop_oversized!r}): pass True, False or None.")
+    if not _is_int(min_sequence_length) or not 1 <= min_sequence_length <= max_length:
+        raise ConfigError(f"{op}(min_sequence_length={min_sequence_length!r}): pass an int in "
+                          f"[1, max_length={max_length}].")
+    literal("shuffle_strategy", shuffle_strategy, (None, "random", "length"))
+    if shuffle_seed is not None and not _is_int(shuffle_seed):
+        raise ConfigError(f"{op}(shuffle_seed={shuffle_seed!r}): pass an int or None.")
+    literal("flush_strategy", flush_strategy, ("fifo", "fullest"))
+    literal("homogeneity", homogeneity, ("none", "group", "full"))
+
+    fit = algorithm in FIT_ALGORITHMS
+    if fit and num_bins is None:
+        raise ConfigError(f"{op}(algorithm={algorithm!r}) needs num_bins=<open bins per lane>, e.g. num_bins=16.")
+    if not fit and num_bins is not None:
+        raise ConfigError(f"{op}(num_bins={num_bins}, algorithm={algorithm!r}): {algorithm} keeps no fixed set of "
+                          "open bins and takes no num_bins; remove num_bins (it is for first_fit/best_fit).")
+    if algorithm != "best_fit_wrap" and (pool is not None or age is not None):
+        which = "candidate_pool_size" if pool is not None else "max_candidate_age"
+        raise ConfigError(f"{op}({which}=...) is an option of algorithm='best_fit_wrap'; remove it or use "
+                          "that algorithm.")
+    if groups is not None and homogeneity != "group":
+        raise ConfigError(f"{op}(groups=...) goes with homogeneity='group' (got homogeneity={homogeneity!r}); "
+                          "remove groups or pass homogeneity='group'.")
+    if homogeneity == "group":
+        if groups is None:
+            raise ConfigError(f"{op}(homogeneity='group') needs groups=DomainGroups({{group: [component, ...]}}) "
+                              "or a {group: [component, ...]} mapping.")
+        if not isinstance(groups, DomainGroups):
+            groups = DomainGroups(groups)
+    pool = pool or DEFAULT_CANDIDATE_POOL
+    return PackSpec(
+        max_length=int(max_length), algorithm=algorithm, tokens_field=tokens_field,
+        pad_token_id=0 if pad_token_id is None else int(pad_token_id), emit_positions=emit_positions,
+        max_sequences_per_bin=cap, num_bins=num_bins,
+        drop_oversized=fit if drop_oversized is None else drop_oversized,
+        min_sequence_length=int(min_sequence_length), flush_strategy=flush_strategy, candidate_pool_size=pool,
+        max_candidate_age=age or 8 * pool, shuffle_strategy=shuffle_strategy,
+        shuffle_seed=0 if shuffle_seed is None else int(shuffle_seed), homogeneity=homogeneity, groups=groups,
+    )
