@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
@@ -290,3 +292,44 @@ def test_restore_keeps_every_lane_until_iteration(web_dir):
 
     delivered = [signature(b) for b in head] + rest
     assert set(delivered) == full and len(delivered) == len(full)  # nothing skipped or repeated
+
+
+@pytest.fixture(scope="module")
+def parquet_and_jsonl(tmp_path_factory):
+    """A Parquet dataset (uid, text, n, vec) and a JSONL dataset (uid, text, n, meta)."""
+    import pyarrow.parquet as pq
+
+    root = tmp_path_factory.mktemp("mix")
+    (root / "p").mkdir()
+    (root / "j").mkdir()
+    for s in range(2):
+        pq.write_table(pa.table({"uid": list(range(s * 30, s * 30 + 30)), "text": ["p"] * 30, "n": [1] * 30,
+                                 "vec": [[0.5, 1.5]] * 30}), root / "p" / f"{s}.parquet", row_group_size=7)
+        with open(root / "j" / f"{s}.jsonl", "w") as f:
+            for i in range(25):
+                f.write(json.dumps({"uid": 1000 + s * 25 + i, "text": "j", "n": 2, "meta": {"src": "j"}}) + "\n")
+    return (Dataset.from_path("p", str(root / "p")), Dataset.from_path("j", str(root / "j")))
+
+
+def test_records_hold_their_own_datasets_fields_only(parquet_and_jsonl):
+    ws = StaticMixtureWorkSource(list(parquet_and_jsonl), {"p": 0.5, "j": 0.5}, chunk_size=16)
+    seen = set()
+    for batch in Pipeline(ws).batch(4):
+        for rec in batch.records:
+            keys = sorted(rec.payload)
+            want = ["n", "text", "uid", "vec"] if rec.meta.sample_id[0] == 0 else ["meta", "n", "text", "uid"]
+            assert keys == want, (rec.meta.sample_id, keys)
+            seen.add(rec.meta.sample_id[0])
+    assert seen == {0, 1}  # batches really mixed both datasets
+    for rec in Pipeline(ws):  # records without batch(): the same rule
+        assert ("meta" in rec.payload) == (rec.meta.sample_id[0] == 1)
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads", "process"])
+def test_arrow_filter_over_a_mixture_flows_through_empty_chunks(parquet_and_jsonl, runner):
+    ws = StaticMixtureWorkSource(list(parquet_and_jsonl), {"p": 0.5, "j": 0.5}, chunk_size=16)
+    everything = collect(Pipeline(ws).batch(1).options(runner="inline"))
+    for expr, keep in ((pc.field("n") == 2, 2), (pc.field("n") == 1, 1), (pc.field("uid") < 0, None)):
+        got = collect(Pipeline(ws).filter(expr).batch(1).options(runner=runner))
+        want = [s for s in everything if keep is not None and json.loads(s[3])["n"] == [keep]]
+        assert got == want

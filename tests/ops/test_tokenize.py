@@ -194,6 +194,20 @@ def test_split_pieces_reassemble_and_obey_the_rules(tok, texts, max_length, mode
         assert mine == ([full[k:k + max_length] for k in range(0, len(full), max_length)] or [[]])
         assert sum(mine, []) == full and all(len(p) <= max_length for p in mine)
         assert mine[0][:len(pre)] == pre and (not post or mine[-1][-1:] == post)
+    # Each piece of a cut document is its own child: distinct, ordered lineage; uncut ones keep ().
+    lineage = F.lineage_paths(out)
+    for i in set(parents):
+        mine = [lin for lin, parent in zip(lineage, parents) if parent == i]
+        assert mine == ([()] if len(mine) == 1 else [(k,) for k in range(len(mine))])
+
+
+def test_split_lineage_does_not_depend_on_the_frame(tok):
+    texts = ["a " * 30, "b", "c " * 12]
+    op = TokenizeOp(tok, field="text", max_length=8, split_long_samples=True)
+    whole = op.process_frame(text_frame(texts))
+    alone = [op.process_frame(text_frame([t])) for t in texts]
+    assert [p for f in alone for p in F.lineage_paths(f)] == F.lineage_paths(whole)
+    assert F.lineage_paths(whole)[-1] != ()
 
 
 def test_split_is_marked_as_fanning_out(tok):
@@ -311,6 +325,18 @@ def test_resumes_exactly(split):
     full = assert_resumes_exactly(lambda: _build(split=split), ks=[0, 1, 4, 9, 15])
     rows = sum(len(b[2]) for b in full)
     assert (rows > len(DOCS)) == split
+
+
+def test_split_children_are_distinguishable_records():
+    pipe = (Pipeline(_source(DOCS)).fetch(max_batch=4)
+            .tokenize(make_tokenizer(), field="text", max_length=16, split_long_samples=True))
+    records = list(pipe)
+    keys = [(r.meta.sample_id, r.meta.lineage) for r in records]
+    assert len(set(keys)) == len(keys) > len(DOCS)
+    by_doc: dict = {}
+    for r in records:
+        by_doc.setdefault(r.meta.sample_id, []).append(r.meta.lineage)
+    assert all(lins == [()] or lins == [(k,) for k in range(len(lins))] for lins in by_doc.values())
 
 
 def test_same_output_whatever_the_runner(folder):

@@ -363,8 +363,8 @@ def _take_batch(lane: int, pending: deque, size: int, by_input: bool, fields: An
     epoch, state, rows, carries = last
     batch = SampleBatch(table, fields=fields or None)
     if by_input:
-        offsets = parts[-1].column(F.OFFSET)
-        inputs = offsets.chunk(offsets.num_chunks - 1)[-1].as_py() + 1
+        # The last row's offset (ChunkedArray indexing: a filter may leave empty chunks).
+        inputs = parts[-1].column(F.OFFSET)[-1].as_py() + 1
         return LaneItem(lane, batch, epoch, inputs, 0, state, carries)
     return LaneItem(lane, batch, epoch, 0, rows, state, carries)
 
