@@ -9,9 +9,11 @@ Per stream, documents arrive in order and are never split:
   the one it leaves with the least room (``best_fit``; ties to the oldest);
 - if no open bin has room, a new bin opens; when ``num_bins`` bins are already open, one is
   emitted first: the oldest (``flush_strategy="fifo"``) or the one with the least room
-  (``"fullest"``; ties to the oldest);
+  (``"fullest"``; ties to the oldest), unless the new bin is full at once (then it is emitted
+  and no other bin is);
 - a bin is emitted as soon as its room falls below ``min_sequence_length`` or it holds
   ``max_sequences_per_bin`` documents;
+- empty documents have no tokens to pack and are skipped;
 - a flush point (and the end) emits every open bin, oldest first, padded.
 
 Every emitted row is padded to ``max_length`` with ``pad_token_id`` (``__padding_length`` says
@@ -80,19 +82,24 @@ class FitPacker(Packer):
                         target = b
             else:
                 target = next((b for b in self._open if L - b.used >= n), None)
-            if target is None:
-                if len(self._open) >= num_bins:
-                    victim = max(self._open, key=lambda b: (b.used, -b.opened)) if fullest else self._open[0]
-                    self._open.remove(victim)
-                    closed.append((victim, i))
+            fresh = target is None
+            if fresh:
                 target = _Bin(opened=self._opened)
                 self._opened += 1
-                self._open.append(target)
             target.docs.append((rid, i, n))
             target.used += n
             self._refs[rid] += 1
-            if L - target.used < room_floor or (cap is not None and len(target.docs) >= cap):
-                self._open.remove(target)
+            full = L - target.used < room_floor or (cap is not None and len(target.docs) >= cap)
+            if fresh and not full:
+                # Make room for the new bin: emit the oldest (fifo) or the fullest open bin.
+                while len(self._open) >= num_bins:
+                    victim = max(self._open, key=lambda b: (b.used, -b.opened)) if fullest else self._open[0]
+                    self._open.remove(victim)
+                    closed.append((victim, i))
+                self._open.append(target)
+            elif full:
+                if not fresh:
+                    self._open.remove(target)
                 closed.append((target, i))
         if not closed:
             self._release()

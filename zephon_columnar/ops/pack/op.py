@@ -18,9 +18,9 @@ def packer_class(algorithm: str) -> type[Packer]:
 
         return WrapPacker
     if algorithm == "best_fit_wrap":
-        from zephon_columnar.errors import ConfigError
+        from zephon_columnar.ops.pack.best_fit_wrap import BestFitWrapPacker
 
-        raise ConfigError("pack_flat(algorithm='best_fit_wrap') is not available yet; use 'wrap' or 'first_fit'.")
+        return BestFitWrapPacker
     from zephon_columnar.ops.pack.fit import FitPacker
 
     return FitPacker
