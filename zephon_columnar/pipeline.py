@@ -174,6 +174,21 @@ class Pipeline:
             enable_thinking_field=enable_thinking_field, mask_field_out=mask_field_out,
             preserve_upstream_payload=preserve_upstream_payload, parallelism=parallelism))
 
+    def shuffle(self, buffer_size: int | None = None, *, seed: int = 0, algorithm: str = "streaming",
+                warmup_growth: float = 1.5, placement: str = "auto", parallelism: int | None = None) -> "Pipeline":
+        """Shuffle each lane's rows through a deterministic buffer of ``buffer_size`` rows (8192
+        when None): ``"streaming"`` (a reservoir), ``"block"`` or ``"block_warmup"`` (tumbling
+        blocks). The order is a pure function of (seed, lane, the rows' identities): the same
+        after a restart and on every runner; every flush point drains the buffer.
+
+        Example:
+            >>> pipe.tokenize(tokenizer=tok, field="text").shuffle(8192, seed=7)  # doctest: +SKIP
+        """
+        from zephon_columnar.ops.shuffle import ShuffleOp
+
+        return self._add(ShuffleOp(buffer_size, seed=seed, algorithm=algorithm,  # type: ignore[arg-type]
+                                   warmup_growth=warmup_growth, parallelism=parallelism))
+
     def pack_flat(self, max_length: int, *, num_bins: int | None = None, max_sequences_per_bin: int | None = None,
                   algorithm: str = "first_fit", tokens_field: str = "auto", pad_token_id: int | None = None,
                   emit_positions: bool = True, drop_oversized: bool | None = None, min_sequence_length: int = 1,

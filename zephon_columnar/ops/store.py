@@ -1,0 +1,121 @@
+"""`RowStore`: the rows an ordered stage holds, by integer handle.
+
+Shuffle buffers and mixture buffers keep rows for a while and let them go in another order. A
+store keeps the frames they arrived in (no copy), hands out one handle per row, gathers any
+handles back into one frame (one Arrow ``take``), and compacts itself when most of what it
+holds has been let go, so memory follows the rows held rather than the frames they came in.
+
+Example:
+    >>> from zephon_columnar.frame import frame_of
+    >>> store = RowStore()
+    >>> h = store.add(frame_of({"x": [10, 11, 12]}))
+    >>> store.take(h[[2, 0]]).column("x").to_pylist()
+    [12, 10]
+    >>> store.release(h[[2, 0]]); len(store)
+    1
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from zephon_columnar import frame as F
+
+#: Compact when at least this many released rows are still held in memory (and they outnumber
+#: the live ones).
+COMPACT_MIN_DEAD = 4096
+
+
+class RowStore:
+    """Rows by handle: ``add`` frames, ``take`` / ``release`` handles (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        self._tables: list[pa.Table | None] = []
+        self._live_per_table: list[int] = []
+        self._table_of = np.zeros(0, np.int32)  # handle -> table index
+        self._row_of = np.zeros(0, np.int64)    # handle -> row in that table
+        self._alive = np.zeros(0, bool)
+        self._next = 0
+        self._live = 0
+        self._dead_held = 0
+
+    def __len__(self) -> int:
+        return self._live
+
+    def _grow(self, n: int) -> None:
+        need = self._next + n
+        if need > len(self._alive):
+            size = max(need, 2 * len(self._alive), 1024)
+            for name, fill in (("_table_of", 0), ("_row_of", 0), ("_alive", False)):
+                old = getattr(self, name)
+                new = np.full(size, fill, dtype=old.dtype)
+                new[:len(old)] = old
+                setattr(self, name, new)
+
+    def add(self, frame: pa.Table) -> np.ndarray:
+        """Hold ``frame``'s rows; their handles (int64, consecutive)."""
+        n = frame.num_rows
+        self._grow(n)
+        handles = np.arange(self._next, self._next + n, dtype=np.int64)
+        if n:
+            self._table_of[handles] = len(self._tables)
+            self._row_of[handles] = np.arange(n)
+            self._alive[handles] = True
+            self._tables.append(frame)
+            self._live_per_table.append(n)
+            self._live += n
+        self._next += n
+        return handles
+
+    def take(self, handles: np.ndarray) -> pa.Table:
+        """The rows of ``handles`` in that order, as one frame."""
+        handles = np.asarray(handles, np.int64)
+        tables = self._table_of[handles]
+        used = np.unique(tables)
+        if len(used) == 1:
+            return self._tables[int(used[0])].take(pa.array(self._row_of[handles]))  # type: ignore[union-attr]
+        starts = np.zeros(int(used.max()) + 1, np.int64)
+        parts = []
+        offset = 0
+        for t in used.tolist():
+            table = self._tables[t]
+            assert table is not None
+            starts[t] = offset
+            offset += table.num_rows
+            parts.append(table)
+        return F.concat_frames(parts).take(pa.array(starts[tables] + self._row_of[handles]))
+
+    def release(self, handles: np.ndarray) -> None:
+        """Let ``handles`` go (each once)."""
+        handles = np.asarray(handles, np.int64)
+        if not len(handles):
+            return
+        self._alive[handles] = False
+        self._live -= len(handles)
+        self._dead_held += len(handles)
+        counts = np.bincount(self._table_of[handles], minlength=len(self._tables))
+        for t in np.flatnonzero(counts).tolist():
+            self._live_per_table[t] -= int(counts[t])
+            table = self._tables[t]
+            if self._live_per_table[t] == 0 and table is not None:
+                self._dead_held -= table.num_rows  # all of them dead: the frame is freed
+                self._tables[t] = None
+        if self._dead_held >= COMPACT_MIN_DEAD and self._dead_held > self._live:
+            self._compact()
+
+    def live_handles(self) -> np.ndarray:
+        return np.flatnonzero(self._alive[:self._next]).astype(np.int64)
+
+    def _compact(self) -> None:
+        """Gather the live rows into one frame; handles stay valid."""
+        live = self.live_handles()
+        table = self.take(live) if len(live) else None
+        self._tables = [table] if table is not None else []
+        self._live_per_table = [len(live)] if table is not None else []
+        self._table_of[live] = 0
+        self._row_of[live] = np.arange(len(live))
+        self._dead_held = 0
