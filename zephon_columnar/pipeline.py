@@ -189,6 +189,47 @@ class Pipeline:
         return self._add(ShuffleOp(buffer_size, seed=seed, algorithm=algorithm,  # type: ignore[arg-type]
                                    warmup_growth=warmup_growth, parallelism=parallelism))
 
+    def ensure_mixture(self, *, max_buffer_size: int | None = 1000, drain_target_ratio: float = 0.8,
+                       obsolete_drain_rate: float = 0.1, weight_by: Any = "auto", warn_tolerance: float | None = None,
+                       mixture: Mapping[str, float] | None = None, placement: str = "auto",
+                       parallelism: int | None = None) -> "Pipeline":
+        """Hold each lane's output mixture on target (by tokens by default) with smooth weighted
+        round robin: rows of a component the target owes go out at once, others wait (up to
+        ``max_buffer_size``). See `zephon_columnar.ops.ensure_mixture` for the exact rule.
+
+        Example:
+            >>> pipe.tokenize(tokenizer=tok, field="text").ensure_mixture(weight_by="input_ids")  # doctest: +SKIP
+        """
+        from zephon_columnar.ops.ensure_mixture import EnsureMixtureOp
+
+        return self._add(EnsureMixtureOp(max_buffer_size=max_buffer_size, drain_target_ratio=drain_target_ratio,
+                                         obsolete_drain_rate=obsolete_drain_rate, weight_by=weight_by,
+                                         warn_tolerance=warn_tolerance, mixture=mixture, parallelism=parallelism))
+
+    def stateful_transform(self, name: str, *, init_state: Callable[[], Any], push: Callable[[Any, list], Any],
+                           flush: Callable[[Any], list] | None = None,
+                           should_flush: Callable[[Any], bool] | None = None,
+                           transform: Callable[[list], list] | None = None, placement: str = "auto",
+                           parallelism: int = 1, indexable: bool = False,
+                           preserves_cursor_order: bool = True) -> "Pipeline":
+        """Per-lane state in your own callbacks: ``push(state, records) -> (state, outputs)`` in
+        windows of 64 records, ``flush(state) -> outputs`` at flush points and the end,
+        ``should_flush(state)`` for an early flush; ``transform(records) -> records`` runs on the
+        workers. See `zephon_columnar.ops.stateful`.
+
+        Example:
+            >>> pipe.stateful_transform("dedupe", init_state=set, push=dedupe)  # doctest: +SKIP
+        """
+        from zephon_columnar.ops.stateful import RecordsTransformOp, StatefulTransformOp
+
+        self._add(StatefulTransformOp(name, init_state=init_state, push=push, flush=flush, should_flush=should_flush,
+                                      indexable=indexable, preserves_cursor_order=preserves_cursor_order))
+        if transform is not None:
+            if not isinstance(parallelism, int) or parallelism < 1:
+                raise ConfigError(f"stateful_transform(parallelism={parallelism!r}): pass a positive int.")
+            self._add(RecordsTransformOp(name, transform, parallelism))
+        return self
+
     def pack_flat(self, max_length: int, *, num_bins: int | None = None, max_sequences_per_bin: int | None = None,
                   algorithm: str = "first_fit", tokens_field: str = "auto", pad_token_id: int | None = None,
                   emit_positions: bool = True, drop_oversized: bool | None = None, min_sequence_length: int = 1,

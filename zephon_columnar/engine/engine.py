@@ -214,7 +214,8 @@ class Engine:
         for chunk_id, source_state, chunk in self._chunks_ahead(ws, epoch * k):
             if source_state is not None:
                 yield EpochStart(chunk_id // k, source_state)
-            state.note_chunk(chunk_id, chunk.target_mixture, keep=4 * k)
+            # What the source aimed for, else what the chunk holds (ensure_mixture's target).
+            state.note_chunk(chunk_id, chunk.target_mixture or chunk.mixture, keep=4 * k)
             pointers, comp_index = chunk.ordered()
             comp_map = np.array([comp_ids[name] for name in chunk.component_names], dtype=np.int32)
             components = comp_map[comp_index] if len(comp_index) else np.zeros(0, np.int32)
