@@ -44,7 +44,6 @@ def emit_rows(spec: PackSpec, run: Run, row_lengths: np.ndarray, *, op: str = "p
     row_starts = ends - row_lengths
     pads = L - row_lengths
     padded = bool(pads.any())
-    mask = np.arange(L)[None, :] < row_lengths[:, None] if padded else None
     offsets = pa.array(np.arange(0, (rows + 1) * L, L, dtype=np.int32))
 
     cols: list[pa.Array] = []
@@ -69,7 +68,9 @@ def emit_rows(spec: PackSpec, run: Run, row_lengths: np.ndarray, *, op: str = "p
             except OverflowError as err:
                 raise ConfigError(f"{op}(pad_token_id={fill}) does not fit the token column {name!r} "
                                   f"({values.dtype}); pass a pad id in range.") from err
-            flat.reshape(rows, L)[mask] = real
+            grid = flat.reshape(rows, L)
+            for r, (a, n) in enumerate(zip(row_starts.tolist(), row_lengths.tolist())):  # rows are long
+                grid[r, :n] = real[a:a + n]
         else:
             flat = real
         cols.append(pa.ListArray.from_arrays(offsets, pa.array(flat)))

@@ -76,12 +76,16 @@ class FitPacker(Packer):
                 self.count("pack_oversized_tokens", n)
                 continue
             target = None
+            room = L - n  # a bin fits the document if it uses at most this much
             if best:
                 for b in self._open:
-                    if L - b.used >= n and (target is None or b.used > target.used):
+                    if b.used <= room and (target is None or b.used > target.used):
                         target = b
             else:
-                target = next((b for b in self._open if L - b.used >= n), None)
+                for b in self._open:
+                    if b.used <= room:
+                        target = b
+                        break
             fresh = target is None
             if fresh:
                 target = _Bin(opened=self._opened)
