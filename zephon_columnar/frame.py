@@ -175,6 +175,13 @@ def bookkeeping_of(frame: pa.Table) -> pa.Table:
     return frame.select([n for n in frame.column_names if is_bookkeeping(n)])
 
 
+def refs_of(frame: pa.Table) -> pa.Table:
+    """A row's *reference*: its bookkeeping columns (source sample, lane, chunk, offset,
+    component, lineage; for a packed row its ``__segments``). Enough to compute the row again
+    through the operators that made it, which is how checkpoints hold rows without their data."""
+    return bookkeeping_of(frame)
+
+
 def payload_of(frame: pa.Table) -> pa.Table:
     return frame.select(payload_names(frame))
 

@@ -350,9 +350,9 @@ class Pipeline:
         return _RunIterator(self._run)
 
     # ------------------------------------------------------------------ checkpoints
-    def _delivered(self) -> dict[int, LaneCursor]:
+    def _delivered(self) -> dict[int, Any]:
         if self._run is not None:
-            return dict(self._run.delivered)
+            return self._run.snapshot()
         if self._pending is not None:
             return dict(self._pending)
         engine = self._engine()
@@ -406,7 +406,9 @@ class Pipeline:
         check_recipe(recipe, engine.recipe())
         for lane in self._owned_cursors(engine, lanes):
             probe = self._ws.clone_for_lane(lane, engine.canonical_replicas)
-            probe.load_state_dict(lanes[lane].source_state)  # raises if the source state is not ours
+            cur = lanes[lane]
+            # Raises if the source state is not ours.
+            probe.load_state_dict(cur.source_state if isinstance(cur, LaneCursor) else cur.resume["source_state"])
         # Every lane is kept: options may still change which lanes this rank owns before iterating.
         self._pending = lanes
         self._pending_recipe = recipe

@@ -2,10 +2,16 @@
 
 `assert_resumes_exactly` is the invariant every operator keeps: checkpoint after k items,
 JSON round trip, restore into a freshly built pipeline, continue: the concatenation equals
-the uninterrupted stream.
+the uninterrupted stream. `assert_frame_split_invariant` is the contract of every ordered
+stage (`zephon_columnar.ops.accumulators`): the rows it emits do not depend on how its input
+was cut into frames.
 
 Example:
     >>> assert_resumes_exactly(lambda: Pipeline(make_ws()).batch(4), ks=[0, 1, 7])  # doctest: +SKIP
+    >>> from zephon_columnar.frame import frame_of
+    >>> from zephon_columnar.ops.shuffle import ShuffleOp
+    >>> rows = frame_of({"x": list(range(50))})
+    >>> assert_frame_split_invariant(lambda: ShuffleOp(8).lane_accumulator(), rows, cuts=[[10, 11], [1, 2, 3]])
 """
 
 from __future__ import annotations
@@ -47,6 +53,46 @@ def take_and_checkpoint(pipeline: Any, k: int) -> tuple[list[tuple], dict[str, A
     ckpt = json.loads(json.dumps(pipeline.checkpoint()))
     it.close()
     return head, ckpt
+
+
+def _drive(acc: Any, frames: Sequence[Any], flush_after: set[int]) -> list[Any]:
+    out: list[Any] = []
+    for i, f in enumerate(frames):
+        out += acc.push(f)
+        if i in flush_after:
+            out += acc.flush(reset=True)
+    return out + acc.flush(reset=True, end=True)
+
+
+def assert_frame_split_invariant(make_accumulator: Callable[[], Any], rows: Any, *, cuts: Sequence[Sequence[int]],
+                                 flush_at: Sequence[int] = ()) -> None:
+    """Push ``rows`` (a frame) into fresh accumulators cut into frames at each list of ``cuts``
+    (row indices where a new frame starts), with flush points after the rows ``flush_at``: every
+    cut must give the same output rows (payload and bookkeeping), in the same order, as one
+    frame per flush epoch does.
+
+    A `LaneAccumulator` that fails this makes runners, fetch sizes or restarts visible in the
+    data (see the contract in `zephon_columnar.ops.accumulators`).
+    """
+    n = rows.num_rows
+
+    def frames_for(starts: Sequence[int]) -> tuple[list[Any], set[int]]:
+        bounds = sorted({0, n, *(c for c in starts if 0 < c < n), *(f for f in flush_at if 0 < f < n)})
+        frames = [rows.slice(a, b - a) for a, b in zip(bounds, bounds[1:])]
+        flush_after = {i for i, b in enumerate(bounds[1:]) if b in set(flush_at)}
+        return frames, flush_after
+
+    def rows_of(out: list[Any]) -> list[dict]:
+        tables = [t for t in out if t.num_rows]
+        return [r for t in tables for r in t.to_pylist()]
+
+    reference = rows_of(_drive(make_accumulator(), *frames_for([])))
+    for starts in cuts:
+        got = rows_of(_drive(make_accumulator(), *frames_for(starts)))
+        if got != reference:
+            first = next((i for i, (a, b) in enumerate(zip(got, reference)) if a != b), min(len(got), len(reference)))
+            raise AssertionError(f"frames cut at {list(starts)}: output row {first} differs from one frame per "
+                                 f"epoch ({len(got)} rows against {len(reference)})")
 
 
 def assert_resumes_exactly(make_pipeline: Callable[[], Any], ks: Sequence[int]) -> list[tuple]:

@@ -131,13 +131,19 @@ def test_malformed_checkpoints_raise(bad, needle):
 
 def test_checkpoint_with_broken_lane_fields_raises():
     _, ckpt = take_and_checkpoint(build(), 3)
-    ckpt["lanes"]["0"]["rows"] = -1
-    with pytest.raises(CheckpointError, match="rows"):
+    assert ckpt["lanes"]["0"]["mode"] == "reference"
+    ckpt["lanes"]["0"]["resume"]["offset"] = -1
+    with pytest.raises(CheckpointError, match="resume.offset"):
         build().restore(ckpt)
     _, ckpt = take_and_checkpoint(build(), 3)
-    del ckpt["lanes"]["0"]["source_state"]
+    del ckpt["lanes"]["0"]["resume"]["source_state"]
     with pytest.raises(CheckpointError, match="source_state"):
         build().restore(ckpt)
+    _, ckpt = take_and_checkpoint(replay_build(), 3)
+    assert ckpt["lanes"]["0"]["mode"] == "replay"
+    ckpt["lanes"]["0"]["rows"] = -1
+    with pytest.raises(CheckpointError, match="rows"):
+        replay_build().restore(ckpt)
 
 
 class _AddOne(BaseOp):
@@ -189,13 +195,18 @@ def test_resume_with_a_fanning_out_user_op(runner):
                            ks=[0, 1, 5, 9, 20])
 
 
+def replay_build(runner="inline", lanes=1, flush_every=2):
+    """A plan with an ordered stage whose state only a replay rebuilds."""
+    pipe = build(runner=runner, batch=None, lanes=lanes)
+    pipe._ops.append(_ReverseEachEpoch())  # noqa: SLF001 - an accumulator without ReferenceState
+    return pipe.batch(3, drop_last=False).options(flush_every_k_chunks=flush_every)
+
+
 @pytest.mark.parametrize("flush_every", [1, 2, 3])
 @pytest.mark.parametrize("runner", ["inline", "threads"])
 def test_resume_with_a_stateful_operator(flush_every, runner):
     def make():
-        pipe = build(runner=runner, batch=None, lanes=2)
-        pipe._ops.append(_ReverseEachEpoch())  # noqa: SLF001 - no public stateful op yet
-        return pipe.batch(3, drop_last=False).options(flush_every_k_chunks=flush_every)
+        return replay_build(runner=runner, lanes=2, flush_every=flush_every)
 
     full = collect(make())
     assert_resumes_exactly(make, ks=[0, 1, 2, 5, 8, len(full) - 1])

@@ -61,6 +61,10 @@ class Channel:
                 self._cond.notify()
         return item
 
+    def snapshot(self) -> list[Any]:
+        """The items queued now, oldest first (a copy; the producer may append meanwhile)."""
+        return list(self._items)
+
     def clear(self) -> None:
         self._items.clear()
         with self._cond:

@@ -1,91 +1,41 @@
 """The engine: lanes -> stages -> tail, on a runner, with exact checkpoints.
 
-For every lane a data-parallel group owns, the engine builds one ordered stream:
+For every lane a data-parallel group owns, the engine builds one `lane.LaneChain`:
 
     source events (pointer frames, epoch starts every K chunks)
-      -> parallel stages (fetch, maps, ...; on the runner, re-sequenced by `ordered_map`)
-      -> ordered stages (per-lane accumulators, flushed and reset at every epoch start)
+      -> parallel stages (fetch, maps, ...; on the runner, re-sequenced)
+      -> ordered stages (per-lane accumulators, flushed at every epoch start)
       -> collector (cuts the lane's rows into batches, or single records)
 
 The tail serves lanes round robin (fewest items first), in the caller's thread unless
 ``prefetch_batches`` is set (then a prefetch thread runs it ahead of the caller into a queue of
-that many items). Every delivered item carries its lane cursor; the caller-side iterator keeps
-the last one per lane, which is all a checkpoint needs (see `replay.py`).
+that many items). A checkpoint is taken *by reference* (a snapshot of every lane's chain, see
+`lane.py`) when every ordered stage supports it, else *by replay* from the per-lane cursor of
+the last delivered item (see `replay.py`).
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
-from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
-import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
 from zephon_columnar.engine.channel import Channel
+from zephon_columnar.engine.lane import LaneChain, LaneItem
 from zephon_columnar.engine.lanes import next_lane, owned_lanes
-from zephon_columnar.engine.plan import ParallelStage, Plan, compile_plan
-from zephon_columnar.engine.replay import LaneCursor
-from zephon_columnar.engine.runners import RUNNERS, ordered_map
-from zephon_columnar.errors import PipelineError, ZephonError, operator_failure
+from zephon_columnar.engine.plan import OrderedStage, ParallelStage, Plan, compile_plan
+from zephon_columnar.engine.replay import LaneCursor, LaneSnapshot
+from zephon_columnar.engine.runners import RUNNERS
+from zephon_columnar.errors import PipelineError
 from zephon_columnar.io.readers import ReaderPool
-from zephon_columnar.ops.accumulators import LaneContext
+from zephon_columnar.ops.accumulators import restorable_by_reference
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.fetch import FetchOp
+from zephon_columnar.ops.pack import PackFlatOp
 from zephon_columnar.options import RuntimeOptions
-from zephon_columnar.types import SampleBatch, records_of
 from zephon_columnar.work.base import WorkSource
-
-#: Rows of a lane's first frame when it cannot be one batch; frames grow 4x up to the fetch
-#: batch size.
-FIRST_FRAME_ROWS = 64
-
-
-@dataclass(frozen=True)
-class EpochStart:
-    """Marker: the lane's flush epoch ``epoch`` starts here; the work source was in
-    ``source_state`` before its first chunk. Accumulators flush and reset on it."""
-
-    epoch: int
-    source_state: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class LaneItem:
-    lane: int
-    value: Any
-    epoch: int
-    inputs: int
-    rows: int
-    source_state: Mapping[str, Any]
-    carries: Mapping[int, pa.Table]
-
-
-class _Lane:
-    """Per-lane bookkeeping shared by a lane's source, ordered stages and collector: its
-    `LaneContext`, the chunks' target mixtures, and the rows each ordered stage carried across
-    each flush point (``carries[epoch][stage]``), kept until the collector is past that epoch."""
-
-    def __init__(self, lane: int, ws: WorkSource, restore: LaneCursor) -> None:
-        recipe = ws.recipe()
-        self.targets: dict[int, Mapping[str, float] | None] = {}
-        names = {cid: name for name, cid in ws.component_ids().items()}
-        seed = recipe.get("seed", 0) if isinstance(recipe.get("seed", 0), int) else 0
-        self.ctx = LaneContext(lane=lane, seed=seed, component_names=names, chunk_target=self.targets.get)
-        self.carries: dict[int, dict[int, pa.Table]] = {restore.epoch: dict(restore.carries)}
-        self.restore = restore
-
-    def note_chunk(self, chunk_id: int, target: Mapping[str, float] | None, keep: int) -> None:
-        self.targets[chunk_id] = target
-        self.targets.pop(chunk_id - keep, None)
-
-    def epoch_reached(self, epoch: int) -> Mapping[int, pa.Table]:
-        """The collector is in ``epoch``: drop older carries; those of ``epoch``."""
-        for e in [e for e in self.carries if e < epoch]:
-            del self.carries[e]
-        return self.carries.get(epoch, {})
 
 
 class Engine:
@@ -116,6 +66,25 @@ class Engine:
         self.resume_by_input = not self.plan.stateful and not any(
             getattr(op, "fans_out", True) for stage in self.plan.parallel_stages() for op in stage.ops)
         self.fields = _fields_by_dataset(work_source.datasets_by_id)
+        self.mode, self.mode_reason = self._checkpoint_mode()
+
+    def _checkpoint_mode(self) -> tuple[str, str]:
+        """``("reference", why)`` when every ordered stage can describe its state by reference,
+        nothing after the first one fans out (rows in transit are then named by their
+        bookkeeping) and at most one packer composes rows; else ``("replay", why)``."""
+        seen_ordered = packers = 0
+        for stage in self.plan.stages:
+            if isinstance(stage, OrderedStage):
+                seen_ordered = True
+                if not restorable_by_reference(stage.op.lane_accumulator()):
+                    return "replay", f"{stage.op.op_name()!r} keeps state that only a replay rebuilds"
+                packers += isinstance(stage.op, PackFlatOp)
+                if packers > 1:
+                    return "replay", "a packer packs rows another packer made"
+            elif seen_ordered and any(getattr(op, "fans_out", True) for op in stage.ops):
+                names = [op.op_name() for op in stage.ops if getattr(op, "fans_out", True)]
+                return "replay", f"{names} may make several rows of one after an ordered stage"
+        return "reference", "every ordered stage describes its state by reference"
 
     # ------------------------------------------------------------------ description
     def recipe(self) -> dict[str, Any]:
@@ -153,9 +122,9 @@ class Engine:
         ahead = (f"prefetch thread {self.options.prefetch_batches} items ahead"
                  if self.uses_prefetch_thread() else "no prefetch thread")
         tail = (f"Tail: lanes {self.lanes} of canonical_replicas={self.canonical_replicas}, flush every "
-                f"{self.plan.flush_every} chunk(s), resume by {'input' if self.resume_by_input else 'replay'}, "
-                f"{ahead}")
-        return "\n".join(parts + [tail])
+                f"{self.plan.flush_every} chunk(s), {ahead}")
+        resume = f"Checkpoints: by {self.mode} ({self.mode_reason})"
+        return "\n".join(parts + [tail, resume])
 
     def uses_prefetch_thread(self) -> bool:
         """Whether a thread runs the tail ahead of the caller: only when asked for with
@@ -175,124 +144,12 @@ class Engine:
         ws = self.ws.clone_for_lane(lane, self.canonical_replicas)
         return LaneCursor(epoch=0, rows=0, items=0, source_state=ws.state_dict())
 
-    def start(self, cursors: Mapping[int, LaneCursor] | None = None) -> "EngineRun":
+    def start(self, cursors: Mapping[int, LaneCursor | LaneSnapshot] | None = None) -> "EngineRun":
         cursors = dict(cursors or {})
         for lane in self.lanes:
             if lane not in cursors:
                 cursors[lane] = self.initial_cursor(lane)
         return EngineRun(self, cursors)
-
-    def lane_stream(self, lane: int, cursor: LaneCursor, runner: Any) -> Iterator[LaneItem]:
-        ws = self.ws.clone_for_lane(lane, self.canonical_replicas)
-        ws.load_state_dict(cursor.source_state)
-        state = _Lane(lane, ws, cursor)
-        events: Iterator[Any] = self._source_events(state, ws, cursor.epoch, cursor.inputs)
-        # The inline runner computes at submit time: anything it ran ahead would only delay the
-        # item being asked for.
-        inline = self.options.resolved_runner() == "inline"
-        window = 0 if inline else self.options.resolved_queue_capacity()
-        parallel_index = 0
-        for index, stage in enumerate(self.plan.stages):
-            if isinstance(stage, ParallelStage):
-                events = ordered_map(events, runner, parallel_index, window)
-                parallel_index += 1
-            else:
-                events = _ordered_stage(events, stage.op, index, state)
-        return self._collect(state, events, cursor.epoch, cursor.rows)
-
-    def _source_events(self, state: _Lane, ws: WorkSource, epoch: int, skip_inputs: int = 0) -> Iterator[Any]:
-        lane = state.ctx.lane
-        k = self.plan.flush_every
-        comp_ids = ws.component_ids()
-        # The first frames of a pass (or after a restore) are small and grow 4x to rows_per_frame,
-        # so the first batch waits for the rows it needs, not a whole frame. Frame sizes never
-        # change the data.
-        first = FIRST_FRAME_ROWS
-        if self.plan.batch is not None and not self.plan.stateful:
-            first = self.plan.batch.microbatch_size
-        step = min(self.rows_per_frame, first)
-        for chunk_id, source_state, chunk in self._chunks_ahead(ws, epoch * k):
-            if source_state is not None:
-                yield EpochStart(chunk_id // k, source_state)
-            # What the source aimed for, else what the chunk holds (ensure_mixture's target).
-            state.note_chunk(chunk_id, chunk.target_mixture or chunk.mixture, keep=4 * k)
-            pointers, comp_index = chunk.ordered()
-            comp_map = np.array([comp_ids[name] for name in chunk.component_names], dtype=np.int32)
-            components = comp_map[comp_index] if len(comp_index) else np.zeros(0, np.int32)
-            n = len(pointers)
-            start, skip_inputs = min(skip_inputs, n), 0  # restore: pointers already delivered
-            while start < n:
-                end = min(n, start + step)
-                yield F.pointer_frame(lane=lane, chunk_id=chunk_id, offsets=np.arange(start, end),
-                                      pointers=pointers[start:end], components=components[start:end])
-                start = end
-                step = min(self.rows_per_frame, step * 4)
-
-    def _chunks_ahead(self, ws: WorkSource, chunk_id: int) -> Iterator[tuple[int, Any, Any]]:
-        """(chunk_id, source state if the chunk starts an epoch else None, chunk), pulled up to
-        the prefetcher's ``buffer_size`` samples ahead so remote shards download early."""
-        k = self.plan.flush_every
-        ahead = self.prefetcher.buffer_size if self.prefetcher is not None else 0
-        buffered: deque[tuple[int, Any, Any]] = deque()
-        samples = 0
-        exhausted = False
-        while True:
-            while not exhausted and (not buffered or samples < ahead):
-                state = ws.state_dict() if chunk_id % k == 0 else None
-                chunk = ws.next_chunk()
-                if chunk is None:
-                    exhausted = True
-                    break
-                if self.prefetcher is not None:
-                    self.prefetcher.warm(np.concatenate([np.asarray(v).reshape(-1, 3) for v in chunk.components.values()]))
-                buffered.append((chunk_id, state, chunk))
-                samples += len(chunk)
-                chunk_id += 1
-            if not buffered:
-                return
-            item = buffered.popleft()
-            samples -= len(item[2])
-            yield item
-
-    def _collect(self, lane_state: _Lane, events: Iterator[Any], epoch: int, skip: int) -> Iterator[LaneItem]:
-        lane = lane_state.ctx.lane
-        batch = self.plan.batch
-        size = batch.microbatch_size if batch else 1
-        fields = self.fields
-        # pending: [frame, epoch, source_state, index in epoch of the frame's first row, carries]
-        pending: deque[list[Any]] = deque()
-        pending_rows = 0
-        state: Mapping[str, Any] = lane_state.restore.source_state
-        carries = lane_state.epoch_reached(epoch)
-        rows_in_epoch = 0
-        for ev in events:
-            if isinstance(ev, EpochStart):
-                epoch, state, rows_in_epoch = ev.epoch, ev.source_state, 0
-                carries = lane_state.epoch_reached(epoch)
-                continue
-            frame: pa.Table = ev
-            if skip:
-                # Restore: drop the rows of the replayed epoch that were already delivered.
-                dropped = min(skip, frame.num_rows)
-                frame = frame.slice(dropped)
-                skip -= dropped
-                rows_in_epoch += dropped
-            if frame.num_rows == 0:
-                continue
-            pending.append([frame, epoch, state, rows_in_epoch, carries])
-            rows_in_epoch += frame.num_rows
-            pending_rows += frame.num_rows
-            if batch is None:
-                for entry in _drain_records(lane, pending, self.resume_by_input, fields):
-                    yield entry
-                pending_rows = 0
-                continue
-            while pending_rows >= size:
-                yield _take_batch(lane, pending, size, self.resume_by_input, fields)
-                pending_rows -= size
-        if batch is not None and pending_rows and not batch.drop_last:
-            yield _take_batch(lane, pending, pending_rows, self.resume_by_input, fields)
-
 
 def _fields_by_dataset(datasets: Mapping[int, Any]) -> dict[int, frozenset[str]]:
     """``{dataset_id: payload field names}`` of datasets whose schema is known, when they differ
@@ -310,76 +167,6 @@ def _fields_by_dataset(datasets: Mapping[int, Any]) -> dict[int, frozenset[str]]
     return out
 
 
-def _ordered_stage(events: Iterator[Any], op: BaseOp, index: int, lane: _Lane) -> Iterator[Any]:
-    """One lane's ordered stage: its accumulator sees the lane's frames in order, flushes at
-    every epoch start (recording what it carries across) and at the end."""
-    acc = op.lane_accumulator(lane.ctx)
-    assert acc is not None
-
-    def call(fn: Any, *args: Any, **kw: Any) -> list[pa.Table]:
-        try:
-            return fn(*args, **kw)
-        except ZephonError:
-            raise
-        except Exception as err:
-            raise operator_failure(err, f"operator {op.op_name()!r} (ordered stage) failed: "
-                                        f"{type(err).__name__}: {err}") from err
-
-    for ev in events:
-        if isinstance(ev, EpochStart):
-            yield from call(acc.flush, reset=True)
-            if ev.epoch == lane.restore.epoch and index in lane.restore.carries:
-                # Restore: the rows this stage carried into the epoch being replayed.
-                if call(acc.push, lane.restore.carries[index]):
-                    raise PipelineError(f"operator {op.op_name()!r}: its carried rows produced output when "
-                                        "pushed into a fresh accumulator; carry() must return only rows that "
-                                        "stay buffered.")
-            carried = acc.carry()
-            if carried is not None and carried.num_rows:
-                lane.carries.setdefault(ev.epoch, {})[index] = carried
-            yield ev
-        else:
-            yield from call(acc.push, ev)
-    yield from call(acc.flush, reset=True, end=True)
-
-
-def _take_batch(lane: int, pending: deque, size: int, by_input: bool, fields: Any) -> LaneItem:
-    parts = []
-    need = size
-    while need:
-        entry = pending[0]
-        frame = entry[0]
-        if frame.num_rows <= need:
-            parts.append(frame)
-            need -= frame.num_rows
-            pending.popleft()
-            last = entry[1], entry[2], entry[3] + frame.num_rows, entry[4]
-        else:
-            parts.append(frame.slice(0, need))
-            entry[0] = frame.slice(need)
-            entry[3] += need
-            last = entry[1], entry[2], entry[3], entry[4]
-            need = 0
-    table = parts[0] if len(parts) == 1 else F.concat_frames(parts)
-    epoch, state, rows, carries = last
-    batch = SampleBatch(table, fields=fields or None)
-    if by_input:
-        # The last row's offset (ChunkedArray indexing: a filter may leave empty chunks).
-        inputs = parts[-1].column(F.OFFSET)[-1].as_py() + 1
-        return LaneItem(lane, batch, epoch, inputs, 0, state, carries)
-    return LaneItem(lane, batch, epoch, 0, rows, state, carries)
-
-
-def _drain_records(lane: int, pending: deque, by_input: bool, fields: Any) -> Iterator[LaneItem]:
-    while pending:
-        frame, epoch, state, first, carries = pending.popleft()
-        for i, rec in enumerate(records_of(frame, fields or None)):
-            if by_input:
-                yield LaneItem(lane, rec, epoch, rec.meta.chunk_offset + 1, 0, state, carries)
-            else:
-                yield LaneItem(lane, rec, epoch, 0, first + i + 1, state, carries)
-
-
 class _Failure:
     def __init__(self, err: BaseException) -> None:
         self.err = err
@@ -389,35 +176,42 @@ _END = object()
 
 
 class EngineRun:
-    """One pass over the stream: an iterator of items with per-lane delivered cursors.
+    """One pass over the stream: an iterator of items, and the per-lane state a checkpoint needs.
 
     ``close()`` stops the prefetch thread and the workers promptly; it is called on
     exhaustion, on error and by ``__del__``, and may be called from any thread (a close from
     another thread while the caller is inside ``next()`` is finished by that ``next()``).
     """
 
-    def __init__(self, engine: Engine, cursors: dict[int, LaneCursor]) -> None:
+    def __init__(self, engine: Engine, cursors: dict[int, LaneCursor | LaneSnapshot]) -> None:
         self.engine = engine
-        self.delivered: dict[int, LaneCursor] = dict(cursors)
+        # Replay mode: the cursor of the last item delivered per lane. Reference mode: items
+        # delivered per lane (the state itself is read from the chains when asked for).
+        self.delivered: dict[int, LaneCursor | LaneSnapshot] = dict(cursors)
+        self.items = {lane: cursors[lane].items for lane in engine.lanes}
         self._closed = False  # no more items: asked to stop, finished, or failed
         self._finished = False  # resources released
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._queue: Channel | None = None
         self._thread: threading.Thread | None = None
+        self._advance = threading.Lock()  # held while the prefetch thread moves the chains
+        self._in_hand: LaneItem | None = None  # an item the prefetch thread has not queued yet
+        self._final: dict[int, LaneSnapshot] | None = None
+        self._in_next = False  # the caller's thread is advancing the chains
         runner_kind = engine.options.resolved_runner()
         stages = [s.ops for s in engine.plan.parallel_stages()]
         self._readers = ReaderPool()
         services = {"datasets_by_id": engine.ws.datasets_by_id, "reader_pool": self._readers}
         self._runner = RUNNERS[runner_kind](stages, services, engine.workers())
         try:
-            emitted = {lane: cursors[lane].items for lane in engine.lanes}
-            streams = {lane: engine.lane_stream(lane, cursors[lane], self._runner) for lane in engine.lanes}
+            self.chains = {lane: LaneChain(engine, lane, cursors[lane], self._runner) for lane in engine.lanes}
+            streams = {lane: iter(chain) for lane, chain in self.chains.items()}
         except BaseException:
             self._runner.close()
             self._readers.close()
             raise
-        self._tail = _tail(streams, emitted)
+        self._tail = _tail(streams, dict(self.items))
         if engine.uses_prefetch_thread():
             self._queue = Channel(engine.options.resolved_prefetch_batches())
             self._thread = threading.Thread(target=self._pump, name="zephon-prefetch", daemon=True)
@@ -429,15 +223,55 @@ class EngineRun:
         assert q is not None
         stopped = self._stop.is_set
         try:
-            for item in self._tail:
+            while True:
+                with self._advance:
+                    item = self._in_hand = next(self._tail, None)
+                if item is None:
+                    break
                 if not q.put(item, stopped):
                     return
+                with self._advance:
+                    self._in_hand = None
             q.put(_END, stopped)
         except BaseException as err:  # surfaces in the caller's next()
             if not stopped():
                 q.put(_Failure(err), stopped)
         finally:
             self._tail.close()
+
+    # ------------------------------------------------------------------ checkpoints
+    def snapshot(self) -> dict[int, LaneCursor | LaneSnapshot]:
+        """Every lane's state after the last item delivered to the caller."""
+        if self.engine.mode == "replay":
+            return dict(self.delivered)
+        if self._final is not None:
+            return dict(self._final)
+        with self._advance:  # the prefetch thread, if any, waits between two items
+            ahead = self._undelivered()
+            out = {}
+            for lane, chain in self.chains.items():
+                snap = chain.snapshot(self.items[lane])
+                made = ahead.get(lane)
+                if made:
+                    # Items made but not delivered go back in front of the collector's rows.
+                    refs = [F.refs_of(t) for t in made] + ([snap.pending[0]] if snap.pending else [])
+                    pending = (F.concat_frames(refs), F.payload_of(F.concat_frames(made)).schema)
+                    snap = LaneSnapshot(items=snap.items, resume=snap.resume, stages=snap.stages,
+                                        queues=snap.queues, pending=pending)
+                out[lane] = snap
+            return out
+
+    def _undelivered(self) -> dict[int, list[pa.Table]]:
+        """Rows of items the prefetch thread made that the caller has not received, per lane."""
+        if self._queue is None:
+            return {}
+        made = [x for x in self._queue.snapshot() if isinstance(x, LaneItem)]
+        if self._in_hand is not None and not any(x is self._in_hand for x in made):
+            made.append(self._in_hand)
+        out: dict[int, list[pa.Table]] = {}
+        for item in made:
+            out.setdefault(item.lane, []).append(item.table)
+        return out
 
     # ------------------------------------------------------------------ iterator
     def __iter__(self) -> "EngineRun":
@@ -447,20 +281,24 @@ class EngineRun:
         if self._closed:
             raise StopIteration
         try:
+            self._in_next = True
             item = next(self._tail) if self._queue is None else self._get()
         except BaseException:
+            self._in_next = False
             stopped = self._stop.is_set()
             self.close()
             if stopped:  # closed from another thread: a cancelled wait is not an error
                 raise StopIteration from None
             raise
+        self._in_next = False
         if self._stop.is_set():
             self.close()
             raise StopIteration
-        prev = self.delivered[item.lane]
-        self.delivered[item.lane] = LaneCursor(epoch=item.epoch, inputs=item.inputs, rows=item.rows,
-                                               items=prev.items + 1, source_state=item.source_state,
-                                               carries=item.carries)
+        self.items[item.lane] += 1
+        if self.engine.mode == "replay":
+            self.delivered[item.lane] = LaneCursor(epoch=item.epoch, inputs=item.inputs, rows=item.rows,
+                                                   items=self.items[item.lane], source_state=item.source_state,
+                                                   carries=item.carries)
         return item.value
 
     def _get(self) -> LaneItem:
@@ -482,6 +320,11 @@ class EngineRun:
         with self._lock:
             if self._finished:
                 return
+            if self.engine.mode == "reference" and self._final is None and not self._in_next:
+                try:  # what checkpoint() reports once the run is over
+                    self._final = self.snapshot()
+                except Exception:  # noqa: BLE001 - a failed run has no state worth keeping
+                    self._final = None
             self._closed = True
             self._stop.set()
             if self._thread is not None:

@@ -1,11 +1,19 @@
-"""Checkpoint state and restore by replay.
+"""Checkpoint state: per lane, by reference (`LaneSnapshot`) or by replay (`LaneCursor`).
 
-Per lane, a checkpoint holds the position of the last item handed to the caller as
-``(epoch, rows)``: the flush epoch it belongs to, the work-source state at that epoch's
-start, and how many of the epoch's rows were already delivered. Restore loads that source
-state, replays the epoch (a few chunks at most) and skips the delivered rows; since every
-accumulator is fresh at an epoch start, the continuation equals the uninterrupted stream.
-The state is O(lanes x components): it does not grow with the samples consumed.
+*By reference* (every built-in operator): a snapshot of the lane's chain between two
+deliveries (`engine.lane`): where the source resumes (a chunk, an offset in it, and the
+work-source state before that chunk), each ordered stage's state (small scalars and the rows
+it holds as references), and the rows in transit as references. Restore recomputes only the
+rows that are needed, when they are needed; nothing delivered is read again.
+
+*By replay* (plans with user state that cannot be described): the position of the last item
+handed to the caller as ``(epoch, rows)``: the flush epoch it belongs to, the work-source
+state at that epoch's start, and how many of the epoch's rows were already delivered. Restore
+loads that source state, replays the epoch (a few chunks at most) and skips the delivered
+rows; since every accumulator is fresh at an epoch start (but for what it carries across, kept
+in the checkpoint), the continuation equals the uninterrupted stream.
+
+Both are O(lanes x (components + rows held)): they do not grow with the samples consumed.
 
 A checkpoint also records the data recipe (work-source identity, lanes, flush cadence,
 operators); restoring into a pipeline with another recipe raises, naming each difference.
@@ -24,7 +32,7 @@ from zephon_columnar.errors import CheckpointError
 from zephon_columnar.recipes import recipe_differences
 
 FORMAT = "zephon_columnar.checkpoint"
-VERSION = 1
+VERSION = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,8 +56,8 @@ class LaneCursor:
     carries: Mapping[int, pa.Table] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        out = {"epoch": self.epoch, "inputs": self.inputs, "rows": self.rows, "items": self.items,
-               "source_state": self.source_state}
+        out = {"mode": "replay", "epoch": self.epoch, "inputs": self.inputs, "rows": self.rows,
+               "items": self.items, "source_state": self.source_state}
         if self.carries:
             out["carries"] = {str(k): F.frame_to_text(v) for k, v in sorted(self.carries.items())}
         return out
@@ -82,18 +90,128 @@ class LaneCursor:
                    source_state=d["source_state"], carries=carries)
 
 
+def _rows_text(table: pa.Table | None) -> str | None:
+    return None if table is None else F.frame_to_text(table)
+
+
+def _schema_text(schema: pa.Schema | None) -> str | None:
+    return None if schema is None else F.frame_to_text(schema.empty_table())
+
+
+def _rows_from(lane: str, where: str, text: Any) -> pa.Table | None:
+    if text is None:
+        return None
+    try:
+        return F.frame_from_text(text)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"checkpoint lane {lane}: {where} is not an encoded frame ({err}).") from err
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaneSnapshot:
+    """A lane's state by reference (see the module docstring).
+
+    ``resume``: ``{"chunk", "offset", "marker", "source_state"}``: continue with that chunk's
+    pointers from ``offset`` (after its epoch marker, unless ``marker``), the work source
+    being in ``source_state`` before the chunk. ``stages``: per ordered stage, ``(state,
+    rows)``. ``queues``: per ordered stage, what it emitted that the next one has not consumed:
+    ``("epoch", e, None)`` markers and ``("rows", refs, payload schema)``. ``pending``: the
+    collector's rows not yet in a batch, ``(refs, payload schema)`` or None.
+    """
+
+    items: int
+    resume: Mapping[str, Any]
+    stages: tuple[tuple[dict[str, Any], pa.Table | None], ...]
+    queues: tuple[list[tuple[str, Any, Any]], ...]
+    pending: tuple[pa.Table, pa.Schema] | None
+
+    def to_json(self) -> dict[str, Any]:
+        def item(it: tuple[str, Any, Any]) -> dict[str, Any]:
+            if it[0] == "epoch":
+                return {"epoch": it[1]}
+            return {"rows": _rows_text(it[1]), "schema": _schema_text(it[2])}
+
+        return {
+            "mode": "reference", "items": self.items, "resume": dict(self.resume),
+            "stages": [{"state": state, "rows": _rows_text(rows)} for state, rows in self.stages],
+            "queues": [[item(it) for it in q] for q in self.queues],
+            "pending": None if self.pending is None else {"rows": _rows_text(self.pending[0]),
+                                                          "schema": _schema_text(self.pending[1])},
+        }
+
+    @classmethod
+    def from_json(cls, lane: str, d: Mapping[str, Any]) -> "LaneSnapshot":
+        try:
+            items, resume = d["items"], d["resume"]
+            if not isinstance(items, int) or isinstance(items, bool) or items < 0:
+                raise CheckpointError(f"checkpoint lane {lane}: field 'items' = {items!r}, expected an int >= 0.")
+            for k in ("chunk", "offset"):
+                v = resume[k]
+                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                    raise CheckpointError(f"checkpoint lane {lane}: resume.{k} = {v!r}, expected an int >= 0.")
+            if not isinstance(resume["marker"], bool) or not isinstance(resume["source_state"], Mapping):
+                raise CheckpointError(f"checkpoint lane {lane}: resume.marker must be a bool and "
+                                      "resume.source_state an object.")
+            stages = tuple((dict(st["state"]), _rows_from(lane, f"stages[{i}].rows", st["rows"]))
+                           for i, st in enumerate(d["stages"]))
+            queues = []
+            for i, q in enumerate(d["queues"]):
+                items_i = []
+                for it in q:
+                    if "epoch" in it:
+                        items_i.append(("epoch", int(it["epoch"]), None))
+                    else:
+                        schema = _rows_from(lane, f"queues[{i}].schema", it["schema"])
+                        items_i.append(("rows", _rows_from(lane, f"queues[{i}].rows", it["rows"]),
+                                        None if schema is None else schema.schema))
+                queues.append(items_i)
+            pending = d["pending"]
+            if pending is not None:
+                schema = _rows_from(lane, "pending.schema", pending["schema"])
+                pending = (_rows_from(lane, "pending.rows", pending["rows"]), None if schema is None else schema.schema)
+        except CheckpointError:
+            raise
+        except (KeyError, TypeError, AttributeError) as err:
+            raise CheckpointError(f"checkpoint lane {lane}: malformed by-reference state ({type(err).__name__}: "
+                                  f"{err}); was it produced by Pipeline.checkpoint() of zephon_columnar?") from err
+        return cls(items=items, resume=dict(resume), stages=stages, queues=tuple(queues), pending=pending)
+
+
+def lane_from_json(lane: str, d: Any) -> "LaneCursor | LaneSnapshot":
+    if isinstance(d, Mapping) and d.get("mode") == "reference":
+        return LaneSnapshot.from_json(lane, d)
+    return LaneCursor.from_json(lane, d)
+
+
+#: Stands for the checkpoint's ``recipe.work_source`` in a lane's work-source state (the same
+#: dict in every lane: kept once).
+_SAME_RECIPE = "<recipe.work_source>"
+
+
+def _source_state_of(lane: Mapping[str, Any]) -> Any:
+    if lane.get("mode") == "reference":
+        resume = lane.get("resume")
+        return resume.get("source_state") if isinstance(resume, Mapping) else None
+    return lane.get("source_state")
+
+
 def build_checkpoint(*, recipe: Mapping[str, Any], world: Mapping[str, Any],
-                     lanes: Mapping[int, LaneCursor]) -> dict[str, Any]:
-    return {
-        "format": FORMAT,
-        "version": VERSION,
-        "recipe": dict(recipe),
-        "world": dict(world),
-        "lanes": {str(lane): cur.to_json() for lane, cur in sorted(lanes.items())},
-    }
+                     lanes: Mapping[int, "LaneCursor | LaneSnapshot"]) -> dict[str, Any]:
+    out = {}
+    for lane, cur in sorted(lanes.items()):
+        d = cur.to_json()
+        state = _source_state_of(d)
+        if isinstance(state, Mapping) and state.get("recipe") == recipe.get("work_source"):
+            state = dict(state, recipe=_SAME_RECIPE)
+            if d.get("mode") == "reference":
+                d["resume"] = dict(d["resume"], source_state=state)
+            else:
+                d["source_state"] = state
+        out[str(lane)] = d
+    return {"format": FORMAT, "version": VERSION, "recipe": dict(recipe), "world": dict(world), "lanes": out}
 
 
-def parse_checkpoint(ckpt: Any) -> tuple[dict[str, Any], dict[int, LaneCursor]]:
+def parse_checkpoint(ckpt: Any) -> tuple[dict[str, Any], dict[int, "LaneCursor | LaneSnapshot"]]:
     """Validate a checkpoint's shape; return (recipe, {lane: cursor})."""
     if isinstance(ckpt, (str, bytes)):
         try:
@@ -118,7 +236,16 @@ def parse_checkpoint(ckpt: Any) -> tuple[dict[str, Any], dict[int, LaneCursor]]:
             lane = int(k)
         except (TypeError, ValueError) as err:
             raise CheckpointError(f"checkpoint lane key {k!r} is not an integer.") from err
-        lanes[lane] = LaneCursor.from_json(str(k), v)
+        if isinstance(v, Mapping):
+            state = _source_state_of(v)
+            if isinstance(state, Mapping) and state.get("recipe") == _SAME_RECIPE:
+                state = dict(state, recipe=ckpt["recipe"].get("work_source"))
+                v = dict(v)
+                if v.get("mode") == "reference":
+                    v["resume"] = dict(v["resume"], source_state=state)
+                else:
+                    v["source_state"] = state
+        lanes[lane] = lane_from_json(str(k), v)
     return dict(ckpt["recipe"]), lanes
 
 
@@ -141,12 +268,13 @@ def merge_checkpoints(ckpts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     if not ckpts:
         raise CheckpointError("merge_checkpoints: no checkpoints given.")
     recipe, _ = parse_checkpoint(ckpts[0])
-    lanes: dict[int, LaneCursor] = {}
+    lanes: dict[int, Any] = {}
     for i, ck in enumerate(ckpts):
         r, ls = parse_checkpoint(ck)
         check_recipe(recipe, r)
         for lane, cur in ls.items():
-            if lane in lanes and lanes[lane] != cur:
+            if lane in lanes and json.dumps(lanes[lane].to_json(), sort_keys=True) != json.dumps(
+                    cur.to_json(), sort_keys=True):
                 raise CheckpointError(f"merge_checkpoints: checkpoint {i} disagrees with an earlier one on lane "
                                       f"{lane}; were they taken at the same step?")
             lanes[lane] = cur

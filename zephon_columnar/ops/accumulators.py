@@ -59,6 +59,11 @@ class LaneContext:
     stats: dict[str, int] = field(default_factory=dict)
 
 
+#: Computes rows again from their references (`frame.refs_of`), in the references' order: what
+#: the engine gives an ordered stage on restore, built from the stateless operators before it.
+RowSource = Callable[[pa.Table], pa.Table]
+
+
 class LaneAccumulator(Protocol):
     """Per-lane ordered state of an operator (see the module docstring for the contract)."""
 
@@ -75,6 +80,32 @@ class LaneAccumulator(Protocol):
         """Rows held across the last flush point (None: nothing), as a frame of this stage's
         input rows; pushing them into a fresh accumulator rebuilds this state."""
         ...
+
+
+class ReferenceState(Protocol):
+    """What a `LaneAccumulator` implements to be checkpointed *by reference* (every built-in
+    reordering stage does): its state is a small JSON-able dict plus the rows it holds as
+    references, and restore recomputes rows only when they are emitted. Accumulators without
+    these methods are restored by replaying the flush epoch.
+
+    snapshot()                        -> (state, references of the rows held, or None)
+    restore(state, rows, source)      on a fresh accumulator: the state `snapshot` returned;
+                                      ``source(refs)`` computes held rows when needed
+    rebuild(refs, schema, source)     rows this stage emitted, from their references (rows in
+                                      transit downstream at the checkpoint); ``schema`` is
+                                      their payload schema
+    """
+
+    def snapshot(self) -> tuple[dict[str, Any], pa.Table | None]: ...
+
+    def restore(self, state: dict[str, Any], rows: pa.Table | None, source: RowSource) -> None: ...
+
+    def rebuild(self, refs: pa.Table, schema: pa.Schema | None, source: RowSource) -> pa.Table: ...
+
+
+def restorable_by_reference(acc: Any) -> bool:
+    """Whether ``acc`` implements `ReferenceState`."""
+    return all(callable(getattr(acc, m, None)) for m in ("snapshot", "restore", "rebuild"))
 
 
 class Accumulator(ABC, Generic[T]):

@@ -322,3 +322,52 @@ class MixtureBuffer:
 
     def carry(self) -> pa.Table | None:
         return None
+
+    # ------------------------------------------------------------------ checkpoints (by reference)
+    def _queued(self) -> list[tuple[str, int, deque]]:
+        """Every waiting row's queue, in a fixed order: components ascending, packs, obsolete."""
+        return ([("q", c, self.queues[c]) for c in sorted(self.queues)] + [("p", -1, self.packs)] +
+                [("o", -1, self.obsolete)])
+
+    def snapshot(self) -> tuple[dict[str, Any], pa.Table | None]:
+        """The round robin's scalars, and the waiting rows by reference with their weights."""
+        layout, weights, handles = [], [], []
+        for kind, comp, queue in self._queued():
+            if queue:
+                layout.append([kind, comp, len(queue)])
+                for h, w in queue:
+                    handles.append(h)
+                    weights.append([[c, v] for c, v in w.items()])
+        state = {"emitted": [[c, v] for c, v in self.emitted.items()],
+                 "target": [[c, v] for c, v in self.target.items()], "target_chunk": self.target_chunk,
+                 "since_obsolete": self.since_obsolete, "total_emitted": self.total_emitted, "warned": self.warned,
+                 "layout": layout, "weights": weights}
+        return state, self.store.refs(np.array(handles, np.int64)) if handles else None
+
+    def restore(self, state: dict[str, Any], rows: pa.Table | None, source: Any) -> None:
+        self.store.source = source
+        self.emitted = {int(c): float(v) for c, v in state["emitted"]}
+        self.target = {int(c): float(v) for c, v in state["target"]}
+        self.target_chunk = int(state["target_chunk"])
+        self.since_obsolete = int(state["since_obsolete"])
+        self.total_emitted = int(state["total_emitted"])
+        self.warned = bool(state["warned"])
+        handles = self.store.add_refs(rows).tolist() if rows is not None else []
+        weights = [{int(c): float(v) for c, v in w} for w in state["weights"]]
+        if len(weights) != len(handles):
+            raise ValueError(f"ensure_mixture state holds {len(weights)} weights for {len(handles)} rows")
+        i = 0
+        for kind, comp, count in state["layout"]:
+            items = deque(zip(handles[i:i + count], weights[i:i + count]))
+            i += count
+            if kind == "q":
+                self.queues[int(comp)] = items
+            elif kind == "p":
+                self.packs = items
+            else:
+                self.obsolete = items
+        self.buffered = len(handles)
+
+    def rebuild(self, refs: pa.Table, schema: pa.Schema | None, source: Any) -> pa.Table:
+        """Rows this stage emitted, from their references: it only reorders rows."""
+        return source(refs)

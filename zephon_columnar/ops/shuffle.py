@@ -37,7 +37,7 @@ import pyarrow as pa
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
-from zephon_columnar.ops.accumulators import LaneContext
+from zephon_columnar.ops.accumulators import LaneContext, RowSource
 from zephon_columnar.ops.base import BaseOp, OpTraits
 from zephon_columnar.ops.store import RowStore
 
@@ -129,6 +129,11 @@ class ShuffleBuffer:
     def carry(self) -> pa.Table | None:
         return None
 
+    # ------------------------------------------------------------------ checkpoints (by reference)
+    def rebuild(self, refs: pa.Table, schema: pa.Schema | None, source: RowSource) -> pa.Table:
+        """Rows this stage emitted, from their references: shuffling does not change rows."""
+        return source(refs)
+
 
 class StreamingShuffle(ShuffleBuffer):
     """``algorithm="streaming"`` (see the module docstring)."""
@@ -199,6 +204,15 @@ class StreamingShuffle(ShuffleBuffer):
         self._reset()
         return out
 
+    def snapshot(self) -> tuple[dict[str, Any], pa.Table | None]:
+        """``arrivals`` and the rows in the slots (by reference, in slot order)."""
+        return {"arrivals": self.arrivals}, self.store.refs(self.slots) if len(self.slots) else None
+
+    def restore(self, state: dict[str, Any], rows: pa.Table | None, source: RowSource) -> None:
+        self.store.source = source
+        self.arrivals = int(state["arrivals"])
+        self.slots = self.store.add_refs(rows) if rows is not None else np.zeros(0, np.int64)
+
 
 class BlockShuffle(ShuffleBuffer):
     """``algorithm="block"`` and ``"block_warmup"`` (see the module docstring)."""
@@ -233,3 +247,12 @@ class BlockShuffle(ShuffleBuffer):
         out = self._permuted(self.held) if len(self.held) else []
         self._reset()
         return out
+
+    def snapshot(self) -> tuple[dict[str, Any], pa.Table | None]:
+        """The current block size and the rows of the open block (by reference)."""
+        return {"target": self.target}, self.store.refs(self.held) if len(self.held) else None
+
+    def restore(self, state: dict[str, Any], rows: pa.Table | None, source: RowSource) -> None:
+        self.store.source = source
+        self.target = int(state["target"])
+        self.held = self.store.add_refs(rows) if rows is not None else np.zeros(0, np.int64)

@@ -5,6 +5,11 @@ store keeps the frames they arrived in (no copy), hands out one handle per row, 
 handles back into one frame (one Arrow ``take``), and compacts itself when most of what it
 holds has been let go, so memory follows the rows held rather than the frames they came in.
 
+After a restore, rows can be held *by reference* only (``add_refs``: their bookkeeping, see
+`frame.refs_of`): ``take`` then recomputes them through the stage's row source, once, when
+they are needed. That is what makes restore cost follow the rows a stage emits next, not the
+rows it holds.
+
 Example:
     >>> from zephon_columnar.frame import frame_of
     >>> store = RowStore()
@@ -16,6 +21,8 @@ Example:
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -30,11 +37,13 @@ COMPACT_MIN_DEAD = 4096
 class RowStore:
     """Rows by handle: ``add`` frames, ``take`` / ``release`` handles (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, source: Callable[[pa.Table], pa.Table] | None = None) -> None:
+        self.source = source
         self.clear()
 
     def clear(self) -> None:
         self._tables: list[pa.Table | None] = []
+        self._lazy: list[bool] = []  # per table: holds references (bookkeeping) only
         self._live_per_table: list[int] = []
         self._table_of = np.zeros(0, np.int32)  # handle -> table index
         self._row_of = np.zeros(0, np.int64)    # handle -> row in that table
@@ -56,8 +65,9 @@ class RowStore:
                 new[:len(old)] = old
                 setattr(self, name, new)
 
-    def add(self, frame: pa.Table) -> np.ndarray:
-        """Hold ``frame``'s rows; their handles (int64, consecutive)."""
+    def add(self, frame: pa.Table, *, lazy: bool = False) -> np.ndarray:
+        """Hold ``frame``'s rows (with ``lazy``: references to rows, recomputed on ``take``);
+        their handles (int64, consecutive)."""
         n = frame.num_rows
         self._grow(n)
         handles = np.arange(self._next, self._next + n, dtype=np.int64)
@@ -66,16 +76,53 @@ class RowStore:
             self._row_of[handles] = np.arange(n)
             self._alive[handles] = True
             self._tables.append(frame)
+            self._lazy.append(lazy)
             self._live_per_table.append(n)
             self._live += n
         self._next += n
         return handles
+
+    def add_refs(self, refs: pa.Table) -> np.ndarray:
+        """Hold rows by reference (their bookkeeping); see the module docstring."""
+        return self.add(refs, lazy=True)
+
+    def refs(self, handles: np.ndarray) -> pa.Table:
+        """The references (bookkeeping) of ``handles``, in that order, without computing rows."""
+        handles = np.asarray(handles, np.int64)
+        parts, index = [], np.empty(len(handles), np.int64)
+        base = 0
+        tables = self._table_of[handles]
+        for t in np.unique(tables).tolist():
+            table = self._tables[t]
+            assert table is not None
+            mine = np.flatnonzero(tables == t)
+            parts.append(F.refs_of(table).take(pa.array(self._row_of[handles[mine]])))
+            index[mine] = base + np.arange(len(mine))
+            base += len(mine)
+        if not parts:
+            return pa.table({})
+        return F.concat_frames(parts).take(pa.array(index))
+
+    def _materialize(self, used: np.ndarray) -> None:
+        """Recompute the rows of lazy tables among ``used`` (one call of the source each)."""
+        for t in used.tolist():
+            if self._lazy[t]:
+                if self.source is None:
+                    raise RuntimeError("RowStore: rows held by reference but no row source to recompute them")
+                refs = self._tables[t]
+                assert refs is not None
+                rows = self.source(refs)
+                if rows.num_rows != refs.num_rows:
+                    raise RuntimeError(f"RowStore: recomputing {refs.num_rows} rows gave {rows.num_rows}")
+                self._tables[t] = rows
+                self._lazy[t] = False
 
     def take(self, handles: np.ndarray) -> pa.Table:
         """The rows of ``handles`` in that order, as one frame."""
         handles = np.asarray(handles, np.int64)
         tables = self._table_of[handles]
         used = np.unique(tables)
+        self._materialize(used)
         if len(used) == 1:
             return self._tables[int(used[0])].take(pa.array(self._row_of[handles]))  # type: ignore[union-attr]
         starts = np.zeros(int(used.max()) + 1, np.int64)
@@ -113,8 +160,11 @@ class RowStore:
     def _compact(self) -> None:
         """Gather the live rows into one frame; handles stay valid."""
         live = self.live_handles()
+        if any(self._lazy[int(t)] for t in np.unique(self._table_of[live]).tolist()):
+            return  # rows held by reference are small; compact once they are computed
         table = self.take(live) if len(live) else None
         self._tables = [table] if table is not None else []
+        self._lazy = [False] if table is not None else []
         self._live_per_table = [len(live)] if table is not None else []
         self._table_of[live] = 0
         self._row_of[live] = np.arange(len(live))

@@ -25,10 +25,12 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
+import pyarrow as pa
 
-from zephon_columnar.ops.pack.packer import Emission, Packer
+from zephon_columnar.ops.pack.packer import Emission, LazyRun, Packer, doc_refs
 from zephon_columnar.ops.pack.stream import Run, gather
 
 
@@ -61,7 +63,7 @@ class BestFitWrapPacker(Packer):
         self._taken: set[int] = set()           # arrivals gone from the pool (lazy in _by_arrival)
         self._arrivals = 0
         self._tokens = 0
-        self._runs: dict[int, Run] = {}
+        self._runs: dict[int, Run | LazyRun] = {}
         self._refs: dict[int, int] = {}
         self._next_run = 0
 
@@ -161,7 +163,9 @@ class BestFitWrapPacker(Packer):
         ids = sorted({p[0] for row in rows for p in row})
         position = {rid: k for k, rid in enumerate(ids)}
         pieces = [p for row in rows for p in row]
-        run = gather([self._runs[rid] for rid in ids], np.array([position[p[0]] for p in pieces], np.int64),
+        runs = [self._runs[rid] for rid in ids]
+        run = gather([r.get() if isinstance(r, LazyRun) else r for r in runs],
+                     np.array([position[p[0]] for p in pieces], np.int64),
                      np.array([p[1] for p in pieces], np.int64), np.array([p[2] for p in pieces], np.int64),
                      np.array([p[3] for p in pieces], np.int64))
         return self.emit(run, np.array([sum(p[3] for p in row) for row in rows], np.int64))
@@ -182,3 +186,25 @@ class BestFitWrapPacker(Packer):
         out = [self._emit_rows(rows)] if rows else []
         self._reset()
         return out
+
+    def _live(self) -> list[_Candidate]:
+        return [c for c in self._by_arrival if c.arrival not in self._taken]
+
+    def snapshot(self) -> tuple[dict[str, Any], pa.Table | None]:
+        """The arrival counter and the candidates in arrival order (documents by reference)."""
+        live = self._live()
+        cands = [[c.arrival, c.start, c.length] for c in live]
+        return {"arrivals": self._arrivals, "cands": cands}, doc_refs(self._runs, [(c.run, c.seg) for c in live])
+
+    def restore(self, state: dict[str, Any], refs: pa.Table | None, materialize: Callable[[pa.Table], Run]) -> None:
+        self._arrivals = int(state["arrivals"])
+        if refs is None:
+            return
+        rid = self._next_run
+        self._next_run += 1
+        self._runs[rid] = LazyRun(refs, materialize)  # computed when a row takes from them
+        for i, (arrival, start, length) in enumerate(state["cands"]):
+            cand = _Candidate(length=int(length), arrival=int(arrival), run=rid, seg=i, start=int(start))
+            self._add(cand)
+            self._by_arrival.append(cand)
+        self._refs[rid] = len(state["cands"])

@@ -24,11 +24,13 @@ only touched once, when emitted rows are gathered (one vectorized copy per push)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
+import pyarrow as pa
 
 from zephon_columnar.errors import DatasetFormatError
-from zephon_columnar.ops.pack.packer import Emission, Packer
+from zephon_columnar.ops.pack.packer import Emission, LazyRun, Packer, doc_refs
 from zephon_columnar.ops.pack.stream import Run, gather, where
 
 
@@ -48,7 +50,7 @@ class FitPacker(Packer):
         super().__init__(*args)  # type: ignore[arg-type]
         self._open: list[_Bin] = []  # in opening order
         self._opened = 0
-        self._runs: dict[int, Run] = {}
+        self._runs: dict[int, Run | LazyRun] = {}
         self._refs: dict[int, int] = {}
         self._next_run = 0
 
@@ -117,7 +119,9 @@ class FitPacker(Packer):
         run_index = np.array([position[rid] for b in bins for rid, _, _ in b.docs], np.int64)
         seg_index = np.array([s for b in bins for _, s, _ in b.docs], np.int64)
         length = np.array([n for b in bins for _, _, n in b.docs], np.int64)
-        run = gather([self._runs[rid] for rid in ids], run_index, seg_index, np.zeros(len(length), np.int64), length)
+        runs = [self._runs[rid] for rid in ids]
+        run = gather([r.get() if isinstance(r, LazyRun) else r for r in runs], run_index, seg_index,
+                     np.zeros(len(length), np.int64), length)
         for b in bins:
             for rid, _, _ in b.docs:
                 self._refs[rid] -= 1
@@ -136,3 +140,26 @@ class FitPacker(Packer):
         if not bins:
             return []
         return [self._emit_bins(bins)]
+
+    def snapshot(self) -> tuple[dict[str, Any], pa.Table | None]:
+        """The open bins (opening number and document lengths) and their documents by reference."""
+        bins = [[b.opened, [n for _, _, n in b.docs]] for b in self._open]
+        refs = doc_refs(self._runs, [(rid, seg) for b in self._open for rid, seg, _ in b.docs])
+        return {"opened": self._opened, "bins": bins}, refs
+
+    def restore(self, state: dict[str, Any], refs: pa.Table | None, materialize: Callable[[pa.Table], Run]) -> None:
+        self._opened = int(state["opened"])
+        if refs is None:
+            return
+        rid = self._next_run
+        self._next_run += 1
+        self._runs[rid] = LazyRun(refs, materialize)  # computed when a bin is emitted
+        i = 0
+        for opened, lengths in state["bins"]:
+            b = _Bin(opened=int(opened))
+            for n in lengths:
+                b.docs.append((rid, i, int(n)))
+                b.used += int(n)
+                i += 1
+            self._open.append(b)
+        self._refs[rid] = i

@@ -20,8 +20,14 @@ import pyarrow as pa
 from zephon_columnar import frame as F
 from zephon_columnar.ops.accumulators import LaneContext
 from zephon_columnar.ops.pack.emit import emit_rows
-from zephon_columnar.ops.pack.spec import PackSpec
+from zephon_columnar.ops.pack.spec import POSITIONS, PackSpec
 from zephon_columnar.ops.pack.stream import FrameReader, Run, gather
+
+
+def _arrow_type(name: str) -> pa.DataType:
+    """An Arrow value type from its string form (``"int32"``, ``"bool"``, ``"float"``...)."""
+    aliases = {"bool": "bool", "float": "float32", "double": "float64", "halffloat": "float16"}
+    return pa.type_for_alias(aliases.get(name, name))
 
 
 @dataclass
@@ -33,9 +39,38 @@ class Emission:
     triggers: np.ndarray
 
 
+class LazyRun:
+    """Documents a restored packer holds by reference: computed (one call) when first needed."""
+
+    def __init__(self, refs: pa.Table, materialize: Callable[[pa.Table], Run]) -> None:
+        self.refs = refs
+        self._materialize = materialize
+        self._run: Run | None = None
+
+    def get(self) -> Run:
+        if self._run is None:
+            self._run = self._materialize(self.refs)
+        return self._run
+
+
+def doc_refs(runs: dict[int, "Run | LazyRun"], docs: list[tuple[int, int]]) -> pa.Table | None:
+    """References of documents ``(run id, segment)``, in that order (no data computed)."""
+    if not docs:
+        return None
+    parts = []
+    for rid, seg in docs:
+        held = runs[rid]
+        if isinstance(held, LazyRun):
+            parts.append(held.refs.slice(seg, 1))
+        else:
+            parts.append(held.book.slice(int(held.seg_book[seg]), 1))
+    return F.concat_frames(parts).combine_chunks()
+
+
 class Packer:
     """One stream's packing state. Subclasses implement `push` and `flush`; ``carry`` when
-    they keep rows across a flush point."""
+    they keep rows across a flush point; ``snapshot`` / ``restore`` for checkpoints by
+    reference (``restore`` gets ``materialize(refs) -> Run``, which computes documents again)."""
 
     def __init__(self, spec: PackSpec, ctx: LaneContext, emit: Callable[[Run, np.ndarray], pa.Table]) -> None:
         self.spec = spec
@@ -51,6 +86,12 @@ class Packer:
 
     def carry(self) -> Run | None:
         return None
+
+    def snapshot(self) -> tuple[dict[str, Any], pa.Table | None]:
+        raise NotImplementedError
+
+    def restore(self, state: dict[str, Any], refs: pa.Table | None, materialize: Callable[[pa.Table], Run]) -> None:
+        raise NotImplementedError
 
     def count(self, stat: str, n: int) -> None:
         self.ctx.stats[stat] = self.ctx.stats.get(stat, 0) + int(n)
@@ -146,6 +187,95 @@ class LanePacker:
                               f"({dropped} tokens, fewer than max_length={self.spec.max_length}): uncapped wrap "
                               "emits only full rows.", stacklevel=2)
         return out
+
+    # ------------------------------------------------------------------ checkpoints (by reference)
+    def snapshot(self) -> tuple[dict[str, Any], pa.Table | None]:
+        """The reader's decisions, each group's packer state, and the documents they hold (by
+        reference, groups in order)."""
+        r = self.reader
+        reader = None if r.dtypes is None else {
+            "tokens": r.tokens, "fields": [[n, str(r.value_types[n])] for n in r.dtypes]}
+        groups, parts = [], []
+        for key in sorted(self._packers, key=repr):
+            state, refs = self._packers[key].snapshot()
+            groups.append([key, state, 0 if refs is None else refs.num_rows])
+            if refs is not None:
+                parts.append(refs)
+        window = None
+        if self._window is not None and self._window._count:
+            held = Run.concat(self._window._held)
+            parts.append(held.book.take(pa.array(held.seg_book)))
+            window = len(held.seg_starts)
+        state = {"reader": reader, "groups": groups, "window": window}
+        return state, F.concat_frames(parts).combine_chunks() if parts else None
+
+    def restore(self, state: dict[str, Any], rows: pa.Table | None, source: Any) -> None:
+        if state["reader"] is not None:
+            self._force_decisions(self.reader, state["reader"]["tokens"], state["reader"]["fields"])
+        offset = 0
+        for key, pstate, n in state["groups"]:
+            refs = rows.slice(offset, n) if n else None
+            offset += n
+            self._packer(key).restore(pstate, refs, lambda r: self._read_docs(source(r)))
+        if state["window"]:
+            assert self._window is not None and rows is not None
+            docs = self._read_docs(source(rows.slice(offset, state["window"])))
+            self._window._held, self._window._count = [docs], len(docs.seg_starts)
+
+    @staticmethod
+    def _force_decisions(reader: FrameReader, tokens: str, fields: list) -> None:
+        from zephon_columnar.ops.pack.stream import np_dtype
+
+        types = {name: _arrow_type(t) for name, t in fields}
+        reader.tokens = tokens
+        reader.value_types = types
+        reader.dtypes = {name: np_dtype(t) for name, t in types.items()}
+
+    def _read_docs(self, frame: pa.Table, reader: FrameReader | None = None) -> Run:
+        """Whole documents, one segment each, read with this lane's decisions."""
+        run = (reader or self.reader).read(frame)
+        if run is None or len(run.seg_starts) != frame.num_rows:
+            raise RuntimeError(f"{self.op}: {frame.num_rows} documents computed again from a checkpoint gave "
+                               f"{0 if run is None else len(run.seg_starts)} non-empty ones; the operators before "
+                               "packing are not deterministic, or the data changed since the checkpoint.")
+        return run
+
+    def rebuild(self, refs: pa.Table, schema: pa.Schema | None, source: Any) -> pa.Table:
+        """Packed rows from their references: their documents are computed again and cut by the
+        rows' ``__segments``; ``schema`` names the packed columns."""
+        assert schema is not None
+        segs = refs.column("__segments").to_pylist()
+        lanes = refs.column(F.LANE).to_pylist()
+        docs: dict[tuple, int] = {}
+        cols: dict[str, list] = {n: [] for n in (F.LANE, F.CHUNK, F.OFFSET, F.DATASET, F.SHARD, F.ROW, F.COMPONENT,
+                                                  F.LINEAGE)}
+        pieces: list[tuple[int, int, int]] = []
+        row_lengths = []
+        for lane, row in zip(lanes, segs):
+            for seg in row:
+                key = (seg["chunk"], seg["offset"], tuple(seg["lineage"]))
+                if key not in docs:
+                    docs[key] = len(docs)
+                    for col, name in ((F.CHUNK, "chunk"), (F.OFFSET, "offset"), (F.DATASET, "dataset"),
+                                      (F.SHARD, "shard"), (F.ROW, "row"), (F.COMPONENT, "component"),
+                                      (F.LINEAGE, "lineage")):
+                        cols[col].append(seg[name])
+                    cols[F.LANE].append(lane)
+                pieces.append((docs[key], seg["start"], seg["length"]))
+            row_lengths.append(sum(seg["length"] for seg in row))
+        book = pa.table({
+            F.LANE: pa.array(cols[F.LANE], pa.int32()), F.CHUNK: pa.array(cols[F.CHUNK], pa.int64()),
+            F.OFFSET: pa.array(cols[F.OFFSET], pa.int32()), F.DATASET: pa.array(cols[F.DATASET], pa.int32()),
+            F.SHARD: pa.array(cols[F.SHARD], pa.int32()), F.ROW: pa.array(cols[F.ROW], pa.int64()),
+            F.COMPONENT: pa.array(cols[F.COMPONENT], pa.int32()),
+            F.LINEAGE: pa.array(cols[F.LINEAGE], pa.list_(pa.int32()))})
+        packed = [f for f in schema if f.name != POSITIONS]
+        reader = FrameReader(self.spec, op=self.op)
+        self._force_decisions(reader, packed[0].name, [[f.name, str(f.type.value_type)] for f in packed])
+        run = self._read_docs(source(book), reader)
+        p = np.array(pieces, np.int64).reshape(-1, 3)
+        cut = gather([run], np.zeros(len(p), np.int64), p[:, 0], p[:, 1], p[:, 2])
+        return self._emit(cut, np.array(row_lengths, np.int64))
 
     def carry(self) -> pa.Table | None:
         runs = [(k, p.carry()) for k, p in sorted(self._packers.items(), key=lambda kv: repr(kv[0]))]

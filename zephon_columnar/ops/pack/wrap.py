@@ -16,11 +16,13 @@ document is split where a cut falls and its remainder starts the next row.
 from __future__ import annotations
 
 import bisect
+from typing import Any, Callable
 
 import numpy as np
+import pyarrow as pa
 
 from zephon_columnar.ops.pack.packer import Emission, Packer
-from zephon_columnar.ops.pack.stream import Run
+from zephon_columnar.ops.pack.stream import Run, gather
 
 
 class WrapPacker(Packer):
@@ -130,3 +132,20 @@ class WrapPacker(Packer):
         run = Run.concat(self._pending)
         self._pending = [run]
         return run
+
+    def snapshot(self) -> tuple[dict[str, Any], pa.Table | None]:
+        """The partial row: its pieces' documents by reference, and where each piece starts in
+        its document and how long it is."""
+        if not self._pending_tokens:
+            return {"skips": [], "lengths": []}, None
+        run = Run.concat(self._pending)
+        refs = run.book.take(pa.array(run.seg_book))
+        return {"skips": run.seg_skip.tolist(), "lengths": run.seg_lengths().tolist()}, refs
+
+    def restore(self, state: dict[str, Any], refs: pa.Table | None, materialize: Callable[[pa.Table], Run]) -> None:
+        if refs is None:
+            return
+        docs = materialize(refs)  # a few documents at most: computed now
+        n = len(docs.seg_starts)
+        self._set_pending(gather([docs], np.zeros(n, np.int64), np.arange(n), np.array(state["skips"], np.int64),
+                                 np.array(state["lengths"], np.int64)))

@@ -1,0 +1,557 @@
+"""One lane's stream as objects a checkpoint can read: source -> steps -> collector.
+
+    Source          pointer frames of the lane's chunks, and an `EpochStart` every K chunks
+    ParallelStep    a stateless stage on the runner, re-sequenced (`pending`: what it was given
+                    and has not passed on)
+    OrderedStep     an accumulator (`out`: what it emitted and has not passed on)
+    Collector       cuts the rows into batches (`pending`: rows not yet in a batch)
+
+Every buffer is an attribute, so a checkpoint is a *snapshot* of the chain taken between two
+deliveries (`LaneChain.snapshot`): where the source resumes, each ordered stage's own state
+(`ops.accumulators.ReferenceState`: scalars and the rows it holds, by reference), and the rows
+in transit, by reference. Restore builds the same chain again: stages get their state back and
+compute held rows only when they emit them (through a `Regenerator`, which runs references
+through the stateless operators in front of a stage), rows in transit are computed again, and
+the source continues from its position. Nothing already delivered is read again.
+
+Plans with an ordered stage that cannot be described that way (user state) keep the older
+mode: a checkpoint names the flush epoch and how many of its rows were delivered; restore
+replays the epoch (`engine.replay`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from zephon_columnar import frame as F
+from zephon_columnar.engine.plan import ParallelStage
+from zephon_columnar.engine.replay import LaneCursor, LaneSnapshot
+from zephon_columnar.errors import CheckpointError, PipelineError, ZephonError, operator_failure
+from zephon_columnar.ops.accumulators import LaneContext
+from zephon_columnar.ops.base import BaseOp
+from zephon_columnar.types import SampleBatch, records_of
+from zephon_columnar.work.base import WorkSource
+
+if TYPE_CHECKING:
+    from zephon_columnar.engine.engine import Engine
+
+#: Rows of a lane's first frame when it cannot be one batch; frames grow 4x up to the fetch
+#: batch size.
+FIRST_FRAME_ROWS = 64
+#: Work-source states kept per lane for resume points (chunks still in flight).
+_KEEP_STATES = 256
+
+
+@dataclass(frozen=True)
+class EpochStart:
+    """Marker: the lane's flush epoch ``epoch`` starts here; the work source was in
+    ``source_state`` before its first chunk. Accumulators flush and reset on it."""
+
+    epoch: int
+    source_state: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class LaneItem:
+    """A delivered item (a `SampleBatch` or `SampleRecord`), its rows as a frame, and where it
+    ends in its lane (what a replay checkpoint records)."""
+
+    lane: int
+    value: Any
+    table: pa.Table
+    epoch: int
+    inputs: int
+    rows: int
+    source_state: Mapping[str, Any]
+    carries: Mapping[int, pa.Table]
+
+
+class LaneShared:
+    """Per-lane bookkeeping shared by a lane's source, ordered stages and collector: its
+    `LaneContext`, the chunks' target mixtures, and (replay mode) the rows each ordered stage
+    carried across each flush point (``carries[epoch][stage]``)."""
+
+    def __init__(self, lane: int, ws: WorkSource, restore: LaneCursor | None) -> None:
+        recipe = ws.recipe()
+        self.targets: dict[int, Mapping[str, float] | None] = {}
+        names = {cid: name for name, cid in ws.component_ids().items()}
+        seed = recipe.get("seed", 0) if isinstance(recipe.get("seed", 0), int) else 0
+        self.ctx = LaneContext(lane=lane, seed=seed, component_names=names, chunk_target=self.targets.get)
+        self.restore = restore
+        self.carries: dict[int, dict[int, pa.Table]] = {} if restore is None else \
+            {restore.epoch: dict(restore.carries)}
+
+    def note_chunk(self, chunk_id: int, target: Mapping[str, float] | None, keep: int) -> None:
+        self.targets[chunk_id] = target
+        self.targets.pop(chunk_id - keep, None)
+
+    def epoch_reached(self, epoch: int) -> Mapping[int, pa.Table]:
+        """The collector is in ``epoch``: drop older carries; those of ``epoch``."""
+        for e in [e for e in self.carries if e < epoch]:
+            del self.carries[e]
+        return self.carries.get(epoch, {})
+
+
+# ---------------------------------------------------------------------- the source
+class Source:
+    """A lane's source events from a position ``(chunk, offset, marker)``: chunk ``chunk``'s
+    pointers from ``offset`` on, preceded by its `EpochStart` when it starts an epoch and
+    ``marker`` is true (the marker has not gone out yet)."""
+
+    def __init__(self, engine: "Engine", shared: LaneShared, ws: WorkSource, chunk: int, offset: int,
+                 marker: bool) -> None:
+        self.engine = engine
+        self.shared = shared
+        self.ws = ws
+        self.k = engine.plan.flush_every
+        self.states: dict[int, Mapping[str, Any]] = {}
+        self._next_pull = chunk  # the chunk ``ws.next_chunk()`` returns next
+        self.start = (chunk, offset, marker)
+        self.next_position = (chunk, offset, marker)
+
+    def state_before(self, chunk: int) -> Mapping[str, Any]:
+        """The work-source state before chunk ``chunk`` (one in flight, or the next to pull)."""
+        if chunk in self.states:
+            return self.states[chunk]
+        if chunk == self._next_pull:
+            return self.ws.state_dict()
+        raise PipelineError(f"lane {self.shared.ctx.lane}: no work-source state for chunk {chunk}; this is a bug, "
+                            "please report it with the pipeline's explain()")
+
+    def position_of(self, event: Any) -> tuple[int, int, bool]:
+        """Where ``event`` (emitted by this source) starts."""
+        if isinstance(event, EpochStart):
+            return (event.epoch * self.k, 0, True)
+        return (int(event.column(F.CHUNK)[0].as_py()), int(event.column(F.OFFSET)[0].as_py()), False)
+
+    def __iter__(self) -> Iterator[Any]:
+        engine, shared, k = self.engine, self.shared, self.k
+        lane = shared.ctx.lane
+        comp_ids = self.ws.component_ids()
+        # The first frames of a pass (or after a restore) are small and grow 4x to rows_per_frame,
+        # so the first batch waits for the rows it needs, not a whole frame. Frame sizes never
+        # change the data.
+        first = FIRST_FRAME_ROWS
+        if engine.plan.batch is not None and not engine.plan.stateful:
+            first = engine.plan.batch.microbatch_size
+        step = min(engine.rows_per_frame, first)
+        chunk0, skip, marker = self.start
+        for chunk_id, chunk in self._chunks_ahead(chunk0):
+            pointers, comp_index = chunk.ordered()
+            n = len(pointers)
+            start = min(skip, n) if chunk_id == chunk0 else 0  # restore: pointers already consumed
+            if chunk_id % k == 0 and (chunk_id != chunk0 or marker):
+                self.next_position = (chunk_id, start, False)  # once handed over, the marker is out
+                yield EpochStart(chunk_id // k, self.states[chunk_id])
+            self.next_position = (chunk_id, start, False)
+            # What the source aimed for, else what the chunk holds (ensure_mixture's target).
+            shared.note_chunk(chunk_id, chunk.target_mixture or chunk.mixture, keep=4 * k)
+            comp_map = np.array([comp_ids[name] for name in chunk.component_names], dtype=np.int32)
+            components = comp_map[comp_index] if len(comp_index) else np.zeros(0, np.int32)
+            while start < n:
+                end = min(n, start + step)
+                frame = F.pointer_frame(lane=lane, chunk_id=chunk_id, offsets=np.arange(start, end),
+                                        pointers=pointers[start:end], components=components[start:end])
+                self.next_position = (chunk_id, end, False) if end < n else \
+                    (chunk_id + 1, 0, (chunk_id + 1) % k == 0)
+                yield frame
+                start = end
+                step = min(engine.rows_per_frame, step * 4)
+            if n == 0:
+                self.next_position = (chunk_id + 1, 0, (chunk_id + 1) % k == 0)
+
+    def _chunks_ahead(self, chunk_id: int) -> Iterator[tuple[int, Any]]:
+        """(chunk_id, chunk), pulled up to the prefetcher's ``buffer_size`` samples ahead so
+        remote shards download early; the work-source state before each chunk is kept."""
+        prefetcher = self.engine.prefetcher
+        ahead = prefetcher.buffer_size if prefetcher is not None else 0
+        buffered: deque[tuple[int, Any]] = deque()
+        samples = 0
+        exhausted = False
+        ws = self.ws
+        while True:
+            while not exhausted and (not buffered or samples < ahead):
+                self.states[chunk_id] = ws.state_dict()
+                self.states.pop(chunk_id - _KEEP_STATES, None)
+                chunk = ws.next_chunk()
+                if chunk is None:
+                    exhausted = True
+                    break
+                self._next_pull = chunk_id + 1
+                if prefetcher is not None:
+                    prefetcher.warm(np.concatenate([np.asarray(v).reshape(-1, 3) for v in chunk.components.values()]))
+                buffered.append((chunk_id, chunk))
+                samples += len(chunk)
+                chunk_id += 1
+            if not buffered:
+                return
+            item = buffered.popleft()
+            samples -= len(item[1])
+            yield item
+
+
+# ---------------------------------------------------------------------- steps
+class ParallelStep:
+    """A stateless stage on the runner, up to ``window`` frames ahead, results in input order.
+    Markers pass through in place. ``pending``: (input, future or None) not yet passed on.
+
+    The look-ahead starts at zero (the first frame of a pass, or of a restore, gets the workers
+    to itself instead of queueing behind look-ahead reads), then 1, 2, 4, ... up to ``window``.
+    """
+
+    def __init__(self, upstream: Iterator[Any], runner: Any, stage: int, window: int) -> None:
+        self.upstream = upstream
+        self.runner = runner
+        self.stage = stage
+        self.window = window
+        self.pending: deque[tuple[Any, Any]] = deque()
+
+    def __iter__(self) -> Iterator[Any]:
+        pending = self.pending
+        ahead = 0
+        try:
+            for ev in self.upstream:
+                pending.append((ev, self.runner.submit(self.stage, ev) if isinstance(ev, pa.Table) else None))
+                while pending and (pending[0][1] is None or len(pending) > ahead):
+                    ev0, fut = pending[0]
+                    if fut is not None:
+                        ahead = min(self.window, max(1, ahead * 2))
+                        out = fut.result()
+                    else:
+                        out = ev0
+                    pending.popleft()
+                    yield out
+            while pending:
+                ev0, fut = pending[0]
+                out = fut.result() if fut is not None else ev0
+                pending.popleft()
+                yield out
+        finally:
+            for _, fut in pending:
+                if fut is not None:
+                    fut.cancel()
+
+    def in_transit(self) -> list[Any]:
+        return [ev for ev, _ in self.pending]
+
+
+class OrderedStep:
+    """One lane's ordered stage: its accumulator sees the lane's frames in order, flushes at
+    every epoch start and at the end. ``out``: what it emitted and has not passed on."""
+
+    def __init__(self, upstream: Iterator[Any], op: BaseOp, index: int, shared: LaneShared, acc: Any,
+                 queued: list[Any] | None = None) -> None:
+        self.upstream = upstream
+        self.op = op
+        self.index = index
+        self.shared = shared
+        self.acc = acc
+        self.out: deque[Any] = deque(queued or ())
+
+    def _call(self, fn: Any, *args: Any, **kw: Any) -> list[pa.Table]:
+        try:
+            return fn(*args, **kw)
+        except ZephonError:
+            raise
+        except Exception as err:
+            raise operator_failure(err, f"operator {self.op.op_name()!r} (ordered stage) failed: "
+                                        f"{type(err).__name__}: {err}") from err
+
+    def __iter__(self) -> Iterator[Any]:
+        acc, out, shared = self.acc, self.out, self.shared
+        while out:
+            yield out.popleft()
+        for ev in self.upstream:
+            if isinstance(ev, EpochStart):
+                out.extend(self._call(acc.flush, reset=True))
+                restore = shared.restore
+                if restore is not None and ev.epoch == restore.epoch and self.index in restore.carries:
+                    # Replay restore: the rows this stage carried into the epoch being replayed.
+                    if self._call(acc.push, restore.carries[self.index]):
+                        raise PipelineError(f"operator {self.op.op_name()!r}: its carried rows produced output "
+                                            "when pushed into a fresh accumulator; carry() must return only rows "
+                                            "that stay buffered.")
+                carried = acc.carry()
+                if carried is not None and carried.num_rows:
+                    shared.carries.setdefault(ev.epoch, {})[self.index] = carried
+                out.append(ev)
+            else:
+                out.extend(self._call(acc.push, ev))
+            while out:
+                yield out.popleft()
+        out.extend(self._call(acc.flush, reset=True, end=True))
+        while out:
+            yield out.popleft()
+
+
+class Collector:
+    """Cuts a lane's rows into batches (or single records). ``pending``: entries
+    ``[frame, epoch, source_state, index in the epoch of the frame's first row, carries]``."""
+
+    def __init__(self, engine: "Engine", shared: LaneShared, upstream: Iterator[Any], epoch: int, skip: int,
+                 source_state: Mapping[str, Any], pending: pa.Table | None = None) -> None:
+        self.engine = engine
+        self.shared = shared
+        self.upstream = upstream
+        self.epoch = epoch
+        self.skip = skip
+        self.state = source_state
+        self.pending: deque[list[Any]] = deque()
+        if pending is not None and pending.num_rows:
+            self.pending.append([pending, epoch, source_state, 0, shared.epoch_reached(epoch)])
+
+    def pending_rows(self) -> list[pa.Table]:
+        return [entry[0] for entry in self.pending]
+
+    def __iter__(self) -> Iterator[LaneItem]:
+        engine = self.engine
+        lane = self.shared.ctx.lane
+        batch = engine.plan.batch
+        size = batch.microbatch_size if batch else 1
+        fields = engine.fields
+        by_input = engine.resume_by_input
+        pending = self.pending
+        pending_rows = sum(e[0].num_rows for e in pending)
+        epoch, state, skip = self.epoch, self.state, self.skip
+        carries = self.shared.epoch_reached(epoch)
+        rows_in_epoch = 0
+        while batch is not None and pending_rows >= size:
+            yield _take_batch(lane, pending, size, by_input, fields)
+            pending_rows -= size
+        for ev in self.upstream:
+            if isinstance(ev, EpochStart):
+                epoch, state, rows_in_epoch = ev.epoch, ev.source_state, 0
+                carries = self.shared.epoch_reached(epoch)
+                continue
+            frame: pa.Table = ev
+            if skip:
+                # Replay restore: drop the rows of the replayed epoch that were already delivered.
+                dropped = min(skip, frame.num_rows)
+                frame = frame.slice(dropped)
+                skip -= dropped
+                rows_in_epoch += dropped
+            if frame.num_rows == 0:
+                continue
+            pending.append([frame, epoch, state, rows_in_epoch, carries])
+            rows_in_epoch += frame.num_rows
+            pending_rows += frame.num_rows
+            if batch is None:
+                yield from _drain_records(lane, pending, by_input, fields)
+                pending_rows = 0
+                continue
+            while pending_rows >= size:
+                yield _take_batch(lane, pending, size, by_input, fields)
+                pending_rows -= size
+        if batch is None:
+            yield from _drain_records(lane, pending, by_input, fields)
+        elif pending_rows and not batch.drop_last:
+            yield _take_batch(lane, pending, pending_rows, by_input, fields)
+
+
+def _take_batch(lane: int, pending: deque, size: int, by_input: bool, fields: Any) -> LaneItem:
+    parts = []
+    need = size
+    while need:
+        entry = pending[0]
+        frame = entry[0]
+        if frame.num_rows <= need:
+            parts.append(frame)
+            need -= frame.num_rows
+            pending.popleft()
+            last = entry[1], entry[2], entry[3] + frame.num_rows, entry[4]
+        else:
+            parts.append(frame.slice(0, need))
+            entry[0] = frame.slice(need)
+            entry[3] += need
+            last = entry[1], entry[2], entry[3], entry[4]
+            need = 0
+    table = parts[0] if len(parts) == 1 else F.concat_frames(parts)
+    epoch, state, rows, carries = last
+    batch = SampleBatch(table, fields=fields or None)
+    if by_input:
+        # The last row's offset (ChunkedArray indexing: a filter may leave empty chunks).
+        inputs = parts[-1].column(F.OFFSET)[-1].as_py() + 1
+        return LaneItem(lane, batch, table, epoch, inputs, 0, state, carries)
+    return LaneItem(lane, batch, table, epoch, 0, rows, state, carries)
+
+
+def _drain_records(lane: int, pending: deque, by_input: bool, fields: Any) -> Iterator[LaneItem]:
+    """Every pending row as a record. The entry keeps what is left of its frame, so a checkpoint
+    taken between two records sees the rows not yet delivered."""
+    while pending:
+        entry = pending[0]
+        frame, epoch, state, first, carries = entry
+        for i, rec in enumerate(records_of(frame, fields or None)):
+            entry[0], entry[3] = frame.slice(i + 1), first + i + 1
+            inputs, rows = (rec.meta.chunk_offset + 1, 0) if by_input else (0, first + i + 1)
+            yield LaneItem(lane, rec, frame.slice(i, 1), epoch, inputs, rows, state, carries)
+        pending.popleft()
+
+
+# ---------------------------------------------------------------------- the chain
+class LaneChain:
+    """A lane's source, steps (aligned with the plan's stages) and collector."""
+
+    def __init__(self, engine: "Engine", lane: int, start: LaneCursor | LaneSnapshot, runner: Any) -> None:
+        self.engine = engine
+        self.lane = lane
+        self.runner = runner
+        ws = engine.ws.clone_for_lane(lane, engine.canonical_replicas)
+        k = engine.plan.flush_every
+        if isinstance(start, LaneSnapshot):
+            resume = start.resume
+            ws.load_state_dict(resume["source_state"])
+            self.shared = LaneShared(lane, ws, None)
+            self.source = Source(engine, self.shared, ws, resume["chunk"], resume["offset"], resume["marker"])
+            epoch, skip, state = resume["chunk"] // k, 0, resume["source_state"]
+        else:
+            ws.load_state_dict(start.source_state)
+            self.shared = LaneShared(lane, ws, start)
+            self.source = Source(engine, self.shared, ws, start.epoch * k, start.inputs, True)
+            epoch, skip, state = start.epoch, start.rows, start.source_state
+        self.items = start.items
+        self.regen = Regenerator(self)
+        # The inline runner computes at submit time: anything it ran ahead would only delay the
+        # item being asked for.
+        window = 0 if engine.options.resolved_runner() == "inline" else engine.options.resolved_queue_capacity()
+        events: Iterator[Any] = iter(self.source)
+        self.steps: list[ParallelStep | OrderedStep] = []
+        parallel_index = 0
+        ordered_index = 0
+        for pos, stage in enumerate(engine.plan.stages):
+            if isinstance(stage, ParallelStage):
+                step: ParallelStep | OrderedStep = ParallelStep(events, runner, parallel_index, window)
+                parallel_index += 1
+            else:
+                acc = stage.op.lane_accumulator(self.shared.ctx)
+                queued = None
+                if isinstance(start, LaneSnapshot):
+                    state_j, rows_j = start.stages[ordered_index]
+                    acc.restore(state_j, rows_j, self.regen.source_for(pos))
+                    queued = [self.regen.outputs_of(pos, item[1], item[2]) if item[0] == "rows" else
+                              EpochStart(item[1], {}) for item in start.queues[ordered_index]]
+                step = OrderedStep(events, stage.op, pos, self.shared, acc, queued)
+                ordered_index += 1
+            self.steps.append(step)
+            events = iter(step)
+        pending = None
+        if isinstance(start, LaneSnapshot) and start.pending is not None:
+            pending = self.regen.outputs_of(len(engine.plan.stages) - 1, start.pending[0], start.pending[1])
+        self.collector = Collector(engine, self.shared, events, epoch, skip, state, pending)
+
+    def __iter__(self) -> Iterator[LaneItem]:
+        return iter(self.collector)
+
+    # ------------------------------------------------------------------ snapshot
+    def snapshot(self, items: int) -> LaneSnapshot:
+        """This lane's state between two deliveries (see the module docstring)."""
+        steps = self.steps
+        first = steps[0]
+        assert isinstance(first, ParallelStep)  # fetch is always first
+        inflight = first.in_transit()
+        rows = [f for f in self.collector.pending_rows() if f.num_rows]
+        if self.engine.resume_by_input and rows:
+            # No state and at most one row per input: the first row not yet in a batch says where
+            # to resume, and nothing needs to be held by reference.
+            chunk, offset, marker = self.source.position_of(rows[0])
+            rows = []
+        elif inflight:
+            chunk, offset, marker = self.source.position_of(inflight[0])
+        else:
+            chunk, offset, marker = self.source.next_position
+        resume = {"chunk": chunk, "offset": offset, "marker": marker,
+                  "source_state": self.source.state_before(chunk)}
+        stages, queues = [], []
+        for pos, step in enumerate(steps):
+            if not isinstance(step, OrderedStep):
+                continue
+            stages.append(step.acc.snapshot())
+            transit = list(step.out)
+            following = steps[pos + 1] if pos + 1 < len(steps) else None
+            if isinstance(following, ParallelStep):
+                transit = following.in_transit() + transit
+            queues.append([("epoch", ev.epoch, None) if isinstance(ev, EpochStart) else
+                           ("rows", F.refs_of(ev), F.payload_of(ev).schema) for ev in transit
+                           if not isinstance(ev, pa.Table) or ev.num_rows])
+        pending = None
+        if rows:
+            table = F.concat_frames(rows)
+            pending = (F.refs_of(table), F.payload_of(table).schema)
+        return LaneSnapshot(items=items, resume=resume, stages=tuple(stages), queues=tuple(queues), pending=pending)
+
+
+class Regenerator:
+    """Computes rows again from their references, through the plan's operators: what restore
+    uses for rows in transit and for the rows ordered stages hold."""
+
+    def __init__(self, chain: LaneChain) -> None:
+        self.chain = chain
+        self.plan = chain.engine.plan
+        index, self.parallel_index = 0, {}
+        for pos, stage in enumerate(self.plan.stages):
+            if isinstance(stage, ParallelStage):
+                self.parallel_index[pos] = index
+                index += 1
+
+    def source_for(self, pos: int) -> Callable[[pa.Table], pa.Table]:
+        """Rows at the input of the stage at plan position ``pos``, from their references."""
+        return lambda refs: self.outputs_of(pos - 1, refs)
+
+    def outputs_of(self, pos: int, refs: pa.Table, schema: pa.Schema | None = None) -> pa.Table:
+        """Rows at the output of the stage at plan position ``pos`` (-1: the source's pointer
+        frames), in the order of ``refs``."""
+        if pos < 0:
+            return _pointer_rows(refs, self.chain.lane)
+        stage = self.plan.stages[pos]
+        if isinstance(stage, ParallelStage):
+            rows = self.chain.runner.submit(self.parallel_index[pos], self.outputs_of(pos - 1, refs)).result()
+            return _select(rows, refs, what=", ".join(op.op_name() for op in stage.ops))
+        step = self.chain.steps[pos] if pos < len(self.chain.steps) else None
+        acc = step.acc if isinstance(step, OrderedStep) else stage.op.lane_accumulator(self.chain.shared.ctx)
+        return acc.rebuild(refs, schema, self.source_for(pos))
+
+
+def _pointer_rows(refs: pa.Table, lane: int) -> pa.Table:
+    """Pointer frames of the source samples ``refs`` come from (each sample once)."""
+    chunk = refs.column(F.CHUNK).to_numpy().astype(np.int64)
+    offset = refs.column(F.OFFSET).to_numpy().astype(np.int64)
+    key = chunk << 32 | offset
+    _, first = np.unique(key, return_index=True)
+    first = np.sort(first)
+    base = refs.select([c for c in F.BOOKKEEPING if c in refs.column_names]).take(pa.array(first))
+    if F.LANE not in base.column_names:
+        base = base.append_column(F.LANE, pa.array(np.full(base.num_rows, lane, np.int32)))
+    return base.select(list(F.BOOKKEEPING)).cast(F.BOOKKEEPING_SCHEMA)
+
+
+def _keys(frame: pa.Table) -> list[tuple]:
+    """Exact identities of rows: (chunk, offset, lineage, first segment's start)."""
+    chunk = frame.column(F.CHUNK).to_pylist()
+    offset = frame.column(F.OFFSET).to_pylist()
+    lineage = F.lineage_paths(frame)
+    if "__segments" in frame.column_names:
+        first = [s[0]["start"] if s else -1 for s in frame.column("__segments").to_pylist()]
+    else:
+        first = [-1] * frame.num_rows
+    return list(zip(chunk, offset, lineage, first))
+
+
+def _select(rows: pa.Table, refs: pa.Table, *, what: str) -> pa.Table:
+    """The rows of ``rows`` that ``refs`` name, in the order of ``refs``."""
+    if rows.num_rows == refs.num_rows and F.LINEAGE not in rows.column_names and F.LINEAGE not in refs.column_names \
+            and rows.column(F.CHUNK).equals(refs.column(F.CHUNK)) and rows.column(F.OFFSET).equals(refs.column(F.OFFSET)):
+        return rows
+    index = {k: i for i, k in enumerate(_keys(rows))}
+    try:
+        take = [index[k] for k in _keys(refs)]
+    except KeyError as err:
+        raise CheckpointError(
+            f"restore: a row the checkpoint holds by reference (chunk, offset, lineage = {err.args[0][:3]}) did "
+            f"not come out of {what} again; these operators are not deterministic, or the data changed since "
+            "the checkpoint was taken.") from None
+    return rows.take(pa.array(np.array(take, np.int64)))
