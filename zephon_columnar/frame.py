@@ -33,6 +33,15 @@ COMPONENT = "__component"
 LINEAGE = "__lineage"
 #: Trailing pad tokens of a packed row (int32), where packing made the row.
 PADDING_LENGTH = "__padding_length"
+#: A packed row's pieces, in order (see `zephon_columnar.ops.pack.emit`).
+SEGMENTS = "__segments"
+SEGMENT_STRUCT = pa.struct([
+    ("dataset", pa.int32()), ("shard", pa.int32()), ("row", pa.int64()), ("chunk", pa.int64()),
+    ("offset", pa.int32()), ("component", pa.int32()), ("lineage", pa.list_(pa.int32())),
+    ("start", pa.int64()), ("length", pa.int32()), ("closes", pa.bool_()),
+])
+#: Carried rows (pieces of documents) say how many tokens of their document came before them.
+TOKEN_SKIP = "__token_skip"
 
 BOOKKEEPING: tuple[str, ...] = (LANE, CHUNK, OFFSET, DATASET, SHARD, ROW, COMPONENT)
 BOOKKEEPING_SCHEMA = pa.schema(

@@ -197,8 +197,6 @@ class EngineRun:
         self._thread: threading.Thread | None = None
         self._advance = threading.Lock()  # held while the prefetch thread moves the chains
         self._in_hand: LaneItem | None = None  # an item the prefetch thread has not queued yet
-        self._final: dict[int, LaneSnapshot] | None = None
-        self._in_next = False  # the caller's thread is advancing the chains
         runner_kind = engine.options.resolved_runner()
         stages = [s.ops for s in engine.plan.parallel_stages()]
         self._readers = ReaderPool()
@@ -244,8 +242,7 @@ class EngineRun:
         """Every lane's state after the last item delivered to the caller."""
         if self.engine.mode == "replay":
             return dict(self.delivered)
-        if self._final is not None:
-            return dict(self._final)
+        # After close() the chains are still there, stopped between two deliveries.
         with self._advance:  # the prefetch thread, if any, waits between two items
             ahead = self._undelivered()
             out = {}
@@ -257,7 +254,7 @@ class EngineRun:
                     refs = [F.refs_of(t) for t in made] + ([snap.pending[0]] if snap.pending else [])
                     pending = (F.concat_frames(refs), F.payload_of(F.concat_frames(made)).schema)
                     snap = LaneSnapshot(items=snap.items, resume=snap.resume, stages=snap.stages,
-                                        queues=snap.queues, pending=pending)
+                                        queues=snap.queues, inboxes=snap.inboxes, pending=pending)
                 out[lane] = snap
             return out
 
@@ -281,16 +278,13 @@ class EngineRun:
         if self._closed:
             raise StopIteration
         try:
-            self._in_next = True
             item = next(self._tail) if self._queue is None else self._get()
         except BaseException:
-            self._in_next = False
             stopped = self._stop.is_set()
             self.close()
             if stopped:  # closed from another thread: a cancelled wait is not an error
                 raise StopIteration from None
             raise
-        self._in_next = False
         if self._stop.is_set():
             self.close()
             raise StopIteration
@@ -320,11 +314,6 @@ class EngineRun:
         with self._lock:
             if self._finished:
                 return
-            if self.engine.mode == "reference" and self._final is None and not self._in_next:
-                try:  # what checkpoint() reports once the run is over
-                    self._final = self.snapshot()
-                except Exception:  # noqa: BLE001 - a failed run has no state worth keeping
-                    self._final = None
             self._closed = True
             self._stop.set()
             if self._thread is not None:

@@ -76,12 +76,13 @@ class LaneShared:
     `LaneContext`, the chunks' target mixtures, and (replay mode) the rows each ordered stage
     carried across each flush point (``carries[epoch][stage]``)."""
 
-    def __init__(self, lane: int, ws: WorkSource, restore: LaneCursor | None) -> None:
+    def __init__(self, lane: int, ws: WorkSource, restore: LaneCursor | None, rows_per_item: int) -> None:
         recipe = ws.recipe()
         self.targets: dict[int, Mapping[str, float] | None] = {}
         names = {cid: name for name, cid in ws.component_ids().items()}
         seed = recipe.get("seed", 0) if isinstance(recipe.get("seed", 0), int) else 0
-        self.ctx = LaneContext(lane=lane, seed=seed, component_names=names, chunk_target=self.targets.get)
+        self.ctx = LaneContext(lane=lane, seed=seed, component_names=names, chunk_target=self.targets.get,
+                               rows_per_item=rows_per_item)
         self.restore = restore
         self.carries: dict[int, dict[int, pa.Table]] = {} if restore is None else \
             {restore.epoch: dict(restore.carries)}
@@ -240,18 +241,41 @@ class ParallelStep:
         return [ev for ev, _ in self.pending]
 
 
+class _LazyRows:
+    """Input rows of a restored ordered stage, held by reference until the stage takes them."""
+
+    def __init__(self, refs: pa.Table, source: Callable[[pa.Table], pa.Table]) -> None:
+        self.refs = refs
+        self.source = source
+
+    @property
+    def num_rows(self) -> int:
+        return self.refs.num_rows
+
+
 class OrderedStep:
     """One lane's ordered stage: its accumulator sees the lane's frames in order, flushes at
-    every epoch start and at the end. ``out``: what it emitted and has not passed on."""
+    every epoch start and at the end.
+
+    Each input frame is pushed in slices (`slices`; what the accumulator asks for with
+    ``split_input``, else `INPUT_SLICE` rows), outputs going on between slices. Frame-split
+    invariance makes that invisible in the data; what it buys is that a checkpoint finds little
+    computed output waiting downstream and, instead, the rest of the frame as cheap input
+    references (``inbox``), recomputed after a restore only when the stage takes it.
+    ``out``: what the stage emitted and has not passed on.
+    """
+
+    INPUT_SLICE = 64
 
     def __init__(self, upstream: Iterator[Any], op: BaseOp, index: int, shared: LaneShared, acc: Any,
-                 queued: list[Any] | None = None) -> None:
+                 queued: list[Any] | None = None, inbox: list[Any] | None = None) -> None:
         self.upstream = upstream
         self.op = op
         self.index = index
         self.shared = shared
         self.acc = acc
         self.out: deque[Any] = deque(queued or ())
+        self.inbox: deque[Any] = deque(inbox or ())
 
     def _call(self, fn: Any, *args: Any, **kw: Any) -> list[pa.Table]:
         try:
@@ -262,31 +286,59 @@ class OrderedStep:
             raise operator_failure(err, f"operator {self.op.op_name()!r} (ordered stage) failed: "
                                         f"{type(err).__name__}: {err}") from err
 
+    def slices(self, frame: pa.Table) -> list[pa.Table]:
+        split = getattr(self.acc, "split_input", None)
+        if split is not None:
+            return split(frame)
+        n, k = frame.num_rows, self.INPUT_SLICE
+        return [frame] if n <= k else [frame.slice(i, k) for i in range(0, n, k)]
+
+    def _epoch_start(self, ev: EpochStart) -> None:
+        acc, shared = self.acc, self.shared
+        self.out.extend(self._call(acc.flush, reset=True))
+        restore = shared.restore
+        if restore is not None and ev.epoch == restore.epoch and self.index in restore.carries:
+            # Replay restore: the rows this stage carried into the epoch being replayed.
+            if self._call(acc.push, restore.carries[self.index]):
+                raise PipelineError(f"operator {self.op.op_name()!r}: its carried rows produced output when pushed "
+                                    "into a fresh accumulator; carry() must return only rows that stay buffered.")
+        carried = acc.carry()
+        if carried is not None and carried.num_rows:
+            shared.carries.setdefault(ev.epoch, {})[self.index] = carried
+        self.out.append(ev)
+
     def __iter__(self) -> Iterator[Any]:
-        acc, out, shared = self.acc, self.out, self.shared
+        acc, out, inbox = self.acc, self.out, self.inbox
         while out:
             yield out.popleft()
-        for ev in self.upstream:
-            if isinstance(ev, EpochStart):
-                out.extend(self._call(acc.flush, reset=True))
-                restore = shared.restore
-                if restore is not None and ev.epoch == restore.epoch and self.index in restore.carries:
-                    # Replay restore: the rows this stage carried into the epoch being replayed.
-                    if self._call(acc.push, restore.carries[self.index]):
-                        raise PipelineError(f"operator {self.op.op_name()!r}: its carried rows produced output "
-                                            "when pushed into a fresh accumulator; carry() must return only rows "
-                                            "that stay buffered.")
-                carried = acc.carry()
-                if carried is not None and carried.num_rows:
-                    shared.carries.setdefault(ev.epoch, {})[self.index] = carried
-                out.append(ev)
-            else:
-                out.extend(self._call(acc.push, ev))
+        upstream = iter(self.upstream)
+        while True:
+            if not inbox:
+                ev = next(upstream, _END)
+                if ev is _END:
+                    break
+                if isinstance(ev, EpochStart):
+                    self._epoch_start(ev)
+                else:
+                    inbox.extend(self.slices(ev))
+            if inbox:
+                piece = inbox[0]
+                if isinstance(piece, _LazyRows):
+                    piece = piece.source(piece.refs)
+                out.extend(self._call(acc.push, piece))
+                inbox.popleft()
             while out:
                 yield out.popleft()
         out.extend(self._call(acc.flush, reset=True, end=True))
         while out:
             yield out.popleft()
+
+    def inbox_refs(self) -> pa.Table | None:
+        parts = [p.refs if isinstance(p, _LazyRows) else F.refs_of(p) for p in self.inbox if p.num_rows]
+        return F.concat_frames(parts) if parts else None
+
+
+_END = object()
 
 
 class Collector:
@@ -403,15 +455,16 @@ class LaneChain:
         self.runner = runner
         ws = engine.ws.clone_for_lane(lane, engine.canonical_replicas)
         k = engine.plan.flush_every
+        per_item = engine.plan.batch.microbatch_size if engine.plan.batch is not None else 1
         if isinstance(start, LaneSnapshot):
             resume = start.resume
             ws.load_state_dict(resume["source_state"])
-            self.shared = LaneShared(lane, ws, None)
+            self.shared = LaneShared(lane, ws, None, per_item)
             self.source = Source(engine, self.shared, ws, resume["chunk"], resume["offset"], resume["marker"])
             epoch, skip, state = resume["chunk"] // k, 0, resume["source_state"]
         else:
             ws.load_state_dict(start.source_state)
-            self.shared = LaneShared(lane, ws, start)
+            self.shared = LaneShared(lane, ws, start, per_item)
             self.source = Source(engine, self.shared, ws, start.epoch * k, start.inputs, True)
             epoch, skip, state = start.epoch, start.rows, start.source_state
         self.items = start.items
@@ -429,13 +482,18 @@ class LaneChain:
                 parallel_index += 1
             else:
                 acc = stage.op.lane_accumulator(self.shared.ctx)
-                queued = None
+                queued = inbox = None
                 if isinstance(start, LaneSnapshot):
                     state_j, rows_j = start.stages[ordered_index]
-                    acc.restore(state_j, rows_j, self.regen.source_for(pos))
+                    source = self.regen.source_for(pos)
+                    acc.restore(state_j, rows_j, source)
                     queued = [self.regen.outputs_of(pos, item[1], item[2]) if item[0] == "rows" else
                               EpochStart(item[1], {}) for item in start.queues[ordered_index]]
-                step = OrderedStep(events, stage.op, pos, self.shared, acc, queued)
+                    refs = start.inboxes[ordered_index]
+                    if refs is not None:
+                        k = OrderedStep.INPUT_SLICE
+                        inbox = [_LazyRows(refs.slice(i, k), source) for i in range(0, refs.num_rows, k)]
+                step = OrderedStep(events, stage.op, pos, self.shared, acc, queued, inbox)
                 ordered_index += 1
             self.steps.append(step)
             events = iter(step)
@@ -455,22 +513,31 @@ class LaneChain:
         assert isinstance(first, ParallelStep)  # fetch is always first
         inflight = first.in_transit()
         rows = [f for f in self.collector.pending_rows() if f.num_rows]
+        head = steps[1] if len(steps) > 1 and isinstance(steps[1], OrderedStep) else None
+        inbox = [p for p in head.inbox if p.num_rows] if head is not None else []
+        one_to_one = not any(getattr(op, "fans_out", True) for op in self.engine.plan.stages[0].ops)
         if self.engine.resume_by_input and rows:
             # No state and at most one row per input: the first row not yet in a batch says where
             # to resume, and nothing needs to be held by reference.
             chunk, offset, marker = self.source.position_of(rows[0])
             rows = []
+        elif one_to_one and inbox:
+            # The first ordered stage's unpushed input maps to source positions: resume there.
+            chunk, offset, marker = self.source.position_of(inbox[0].refs if isinstance(inbox[0], _LazyRows)
+                                                            else inbox[0])
+            head = None
         elif inflight:
             chunk, offset, marker = self.source.position_of(inflight[0])
         else:
             chunk, offset, marker = self.source.next_position
         resume = {"chunk": chunk, "offset": offset, "marker": marker,
                   "source_state": self.source.state_before(chunk)}
-        stages, queues = [], []
+        stages, queues, inboxes = [], [], []
         for pos, step in enumerate(steps):
             if not isinstance(step, OrderedStep):
                 continue
             stages.append(step.acc.snapshot())
+            inboxes.append(None if step is steps[1] and head is None else step.inbox_refs())
             transit = list(step.out)
             following = steps[pos + 1] if pos + 1 < len(steps) else None
             if isinstance(following, ParallelStep):
@@ -482,7 +549,8 @@ class LaneChain:
         if rows:
             table = F.concat_frames(rows)
             pending = (F.refs_of(table), F.payload_of(table).schema)
-        return LaneSnapshot(items=items, resume=resume, stages=tuple(stages), queues=tuple(queues), pending=pending)
+        return LaneSnapshot(items=items, resume=resume, stages=tuple(stages), queues=tuple(queues),
+                            inboxes=tuple(inboxes), pending=pending)
 
 
 class Regenerator:

@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping
 import pyarrow as pa
 
 from zephon_columnar import frame as F
+from zephon_columnar import references as codec
 from zephon_columnar.errors import CheckpointError
 from zephon_columnar.recipes import recipe_differences
 
@@ -90,21 +91,19 @@ class LaneCursor:
                    source_state=d["source_state"], carries=carries)
 
 
-def _rows_text(table: pa.Table | None) -> str | None:
-    return None if table is None else F.frame_to_text(table)
-
-
-def _schema_text(schema: pa.Schema | None) -> str | None:
-    return None if schema is None else F.frame_to_text(schema.empty_table())
-
-
-def _rows_from(lane: str, where: str, text: Any) -> pa.Table | None:
-    if text is None:
-        return None
+def _rows_from(lane: str, where: str, value: Any) -> pa.Table | None:
     try:
-        return F.frame_from_text(text)
-    except (TypeError, ValueError) as err:
-        raise CheckpointError(f"checkpoint lane {lane}: {where} is not an encoded frame ({err}).") from err
+        return codec.rows_from_json(value)
+    except (TypeError, ValueError, pa.ArrowInvalid) as err:
+        raise CheckpointError(f"checkpoint lane {lane}: {where} is not an encoded table of references ({err}).") \
+            from err
+
+
+def _schema_from(lane: str, where: str, value: Any) -> pa.Schema | None:
+    try:
+        return codec.schema_from_json(value)
+    except (TypeError, ValueError, KeyError, pa.ArrowInvalid) as err:
+        raise CheckpointError(f"checkpoint lane {lane}: {where} is not an encoded schema ({err}).") from err
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,28 +114,35 @@ class LaneSnapshot:
     pointers from ``offset`` (after its epoch marker, unless ``marker``), the work source
     being in ``source_state`` before the chunk. ``stages``: per ordered stage, ``(state,
     rows)``. ``queues``: per ordered stage, what it emitted that the next one has not consumed:
-    ``("epoch", e, None)`` markers and ``("rows", refs, payload schema)``. ``pending``: the
-    collector's rows not yet in a batch, ``(refs, payload schema)`` or None.
+    ``("epoch", e, None)`` markers and ``("rows", refs, payload schema)``. ``inboxes``: per
+    ordered stage, the references of input rows it has taken from upstream and not pushed yet.
+    ``pending``: the collector's rows not yet in a batch, ``(refs, payload schema)`` or None.
     """
 
     items: int
     resume: Mapping[str, Any]
     stages: tuple[tuple[dict[str, Any], pa.Table | None], ...]
     queues: tuple[list[tuple[str, Any, Any]], ...]
+    inboxes: tuple[pa.Table | None, ...]
     pending: tuple[pa.Table, pa.Schema] | None
 
     def to_json(self) -> dict[str, Any]:
         def item(it: tuple[str, Any, Any]) -> dict[str, Any]:
             if it[0] == "epoch":
                 return {"epoch": it[1]}
-            return {"rows": _rows_text(it[1]), "schema": _schema_text(it[2])}
+            return {"rows": codec.rows_to_json(it[1]), "schema": codec.schema_to_json(it[2])}
 
+        stages = []
+        for (state, rows), inbox in zip(self.stages, self.inboxes):
+            entry = {"state": state, "rows": codec.rows_to_json(rows)}
+            if inbox is not None:
+                entry["inbox"] = codec.rows_to_json(inbox)
+            stages.append(entry)
         return {
-            "mode": "reference", "items": self.items, "resume": dict(self.resume),
-            "stages": [{"state": state, "rows": _rows_text(rows)} for state, rows in self.stages],
+            "mode": "reference", "items": self.items, "resume": dict(self.resume), "stages": stages,
             "queues": [[item(it) for it in q] for q in self.queues],
-            "pending": None if self.pending is None else {"rows": _rows_text(self.pending[0]),
-                                                          "schema": _schema_text(self.pending[1])},
+            "pending": None if self.pending is None else {"rows": codec.rows_to_json(self.pending[0]),
+                                                          "schema": codec.schema_to_json(self.pending[1])},
         }
 
     @classmethod
@@ -154,6 +160,8 @@ class LaneSnapshot:
                                       "resume.source_state an object.")
             stages = tuple((dict(st["state"]), _rows_from(lane, f"stages[{i}].rows", st["rows"]))
                            for i, st in enumerate(d["stages"]))
+            inboxes = tuple(_rows_from(lane, f"stages[{i}].inbox", st.get("inbox"))
+                            for i, st in enumerate(d["stages"]))
             queues = []
             for i, q in enumerate(d["queues"]):
                 items_i = []
@@ -161,20 +169,20 @@ class LaneSnapshot:
                     if "epoch" in it:
                         items_i.append(("epoch", int(it["epoch"]), None))
                     else:
-                        schema = _rows_from(lane, f"queues[{i}].schema", it["schema"])
                         items_i.append(("rows", _rows_from(lane, f"queues[{i}].rows", it["rows"]),
-                                        None if schema is None else schema.schema))
+                                        _schema_from(lane, f"queues[{i}].schema", it["schema"])))
                 queues.append(items_i)
             pending = d["pending"]
             if pending is not None:
-                schema = _rows_from(lane, "pending.schema", pending["schema"])
-                pending = (_rows_from(lane, "pending.rows", pending["rows"]), None if schema is None else schema.schema)
+                pending = (_rows_from(lane, "pending.rows", pending["rows"]),
+                           _schema_from(lane, "pending.schema", pending["schema"]))
         except CheckpointError:
             raise
         except (KeyError, TypeError, AttributeError) as err:
             raise CheckpointError(f"checkpoint lane {lane}: malformed by-reference state ({type(err).__name__}: "
                                   f"{err}); was it produced by Pipeline.checkpoint() of zephon_columnar?") from err
-        return cls(items=items, resume=dict(resume), stages=stages, queues=tuple(queues), pending=pending)
+        return cls(items=items, resume=dict(resume), stages=stages, queues=tuple(queues), inboxes=inboxes,
+                   pending=pending)
 
 
 def lane_from_json(lane: str, d: Any) -> "LaneCursor | LaneSnapshot":

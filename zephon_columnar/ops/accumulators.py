@@ -50,6 +50,8 @@ class LaneContext:
     ``chunk_target(chunk_id)``: the target mixture ``{name: weight}`` of one of this lane's
     chunks (None when the source does not say), for stages that enforce the mixture.
     ``stats``: counters the stage may add to (reported by ``Pipeline.metrics_snapshot``).
+    ``rows_per_item``: rows in each item the lane delivers (the batch size; 1 for records), for
+    stages that size their work by it.
     """
 
     lane: int = 0
@@ -57,6 +59,7 @@ class LaneContext:
     component_names: Mapping[int, str] = field(default_factory=dict)
     chunk_target: Callable[[int], Mapping[str, float] | None] = lambda chunk_id: None
     stats: dict[str, int] = field(default_factory=dict)
+    rows_per_item: int = 1
 
 
 #: Computes rows again from their references (`frame.refs_of`), in the references' order: what

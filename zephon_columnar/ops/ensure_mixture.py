@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
+from zephon_columnar.references import state_column, with_state
 from zephon_columnar.errors import ConfigError, MissingFieldError, operator_failure
 from zephon_columnar.ops.accumulators import LaneContext
 from zephon_columnar.ops.base import BaseOp, OpTraits
@@ -331,18 +332,24 @@ class MixtureBuffer:
 
     def snapshot(self) -> tuple[dict[str, Any], pa.Table | None]:
         """The round robin's scalars, and the waiting rows by reference with their weights."""
-        layout, weights, handles = [], [], []
+        layout, handles, single, multi = [], [], [], {}
         for kind, comp, queue in self._queued():
             if queue:
                 layout.append([kind, comp, len(queue)])
                 for h, w in queue:
+                    if len(w) == 1 and next(iter(w)) == comp:
+                        single.append(next(iter(w.values())))
+                    else:  # a packed row, or an obsolete one: its weights per component
+                        multi[str(len(handles))] = [[c, v] for c, v in w.items()]
+                        single.append(0.0)
                     handles.append(h)
-                    weights.append([[c, v] for c, v in w.items()])
         state = {"emitted": [[c, v] for c, v in self.emitted.items()],
                  "target": [[c, v] for c, v in self.target.items()], "target_chunk": self.target_chunk,
                  "since_obsolete": self.since_obsolete, "total_emitted": self.total_emitted, "warned": self.warned,
-                 "layout": layout, "weights": weights}
-        return state, self.store.refs(np.array(handles, np.int64)) if handles else None
+                 "layout": layout, "multi": multi}
+        if not handles:
+            return state, None
+        return state, with_state(self.store.refs(np.array(handles, np.int64)), f_weight=single)
 
     def restore(self, state: dict[str, Any], rows: pa.Table | None, source: Any) -> None:
         self.store.source = source
@@ -353,9 +360,14 @@ class MixtureBuffer:
         self.total_emitted = int(state["total_emitted"])
         self.warned = bool(state["warned"])
         handles = self.store.add_refs(rows).tolist() if rows is not None else []
-        weights = [{int(c): float(v) for c, v in w} for w in state["weights"]]
-        if len(weights) != len(handles):
-            raise ValueError(f"ensure_mixture state holds {len(weights)} weights for {len(handles)} rows")
+        single = state_column(rows, "f_weight") if rows is not None else []
+        weights = []
+        i = 0
+        for kind, comp, count in state["layout"]:
+            for j in range(i, i + count):
+                w = state["multi"].get(str(j))
+                weights.append({int(c): float(v) for c, v in w} if w is not None else {int(comp): float(single[j])})
+            i += count
         i = 0
         for kind, comp, count in state["layout"]:
             items = deque(zip(handles[i:i + count], weights[i:i + count]))

@@ -30,8 +30,9 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
-from zephon_columnar.ops.pack.packer import Emission, LazyRun, Packer, doc_refs
-from zephon_columnar.ops.pack.stream import Run, gather
+from zephon_columnar.references import state_column, with_state
+from zephon_columnar.ops.pack.packer import Emission, LazyRun, Packer, doc_refs, gather_pieces
+from zephon_columnar.ops.pack.stream import Run
 
 
 @dataclass
@@ -160,14 +161,7 @@ class BestFitWrapPacker(Packer):
         return out
 
     def _emit_rows(self, rows: list[list[tuple[int, int, int, int]]]):  # -> pa.Table
-        ids = sorted({p[0] for row in rows for p in row})
-        position = {rid: k for k, rid in enumerate(ids)}
-        pieces = [p for row in rows for p in row]
-        runs = [self._runs[rid] for rid in ids]
-        run = gather([r.get() if isinstance(r, LazyRun) else r for r in runs],
-                     np.array([position[p[0]] for p in pieces], np.int64),
-                     np.array([p[1] for p in pieces], np.int64), np.array([p[2] for p in pieces], np.int64),
-                     np.array([p[3] for p in pieces], np.int64))
+        run = gather_pieces(self._runs, [p for row in rows for p in row])
         return self.emit(run, np.array([sum(p[3] for p in row) for row in rows], np.int64))
 
     def _release(self) -> None:
@@ -193,8 +187,11 @@ class BestFitWrapPacker(Packer):
     def snapshot(self) -> tuple[dict[str, Any], pa.Table | None]:
         """The arrival counter and the candidates in arrival order (documents by reference)."""
         live = self._live()
-        cands = [[c.arrival, c.start, c.length] for c in live]
-        return {"arrivals": self._arrivals, "cands": cands}, doc_refs(self._runs, [(c.run, c.seg) for c in live])
+        refs = doc_refs(self._runs, [(c.run, c.seg) for c in live])
+        if refs is not None:
+            refs = with_state(refs, arrival=[c.arrival for c in live], start=[c.start for c in live],
+                              length=[c.length for c in live])
+        return {"arrivals": self._arrivals}, refs
 
     def restore(self, state: dict[str, Any], refs: pa.Table | None, materialize: Callable[[pa.Table], Run]) -> None:
         self._arrivals = int(state["arrivals"])
@@ -203,8 +200,9 @@ class BestFitWrapPacker(Packer):
         rid = self._next_run
         self._next_run += 1
         self._runs[rid] = LazyRun(refs, materialize)  # computed when a row takes from them
-        for i, (arrival, start, length) in enumerate(state["cands"]):
+        cands = zip(state_column(refs, "arrival"), state_column(refs, "start"), state_column(refs, "length"))
+        for i, (arrival, start, length) in enumerate(cands):
             cand = _Candidate(length=int(length), arrival=int(arrival), run=rid, seg=i, start=int(start))
             self._add(cand)
             self._by_arrival.append(cand)
-        self._refs[rid] = len(state["cands"])
+        self._refs[rid] = refs.num_rows

@@ -28,7 +28,7 @@ from zephon_columnar.memory import buffer_pool
 from zephon_columnar.ops.pack.spec import POSITIONS, PackSpec
 from zephon_columnar.ops.pack.stream import Run
 
-SEGMENTS = "__segments"
+SEGMENTS = F.SEGMENTS
 _SEGMENT_FIELDS = ((F.DATASET, "dataset"), (F.SHARD, "shard"), (F.ROW, "row"), (F.CHUNK, "chunk"),
                    (F.OFFSET, "offset"), (F.COMPONENT, "component"))
 
@@ -105,8 +105,7 @@ def segments_column(run: Run, row_starts: np.ndarray, total: int) -> pa.Array:
     children.append(pa.array(run.seg_skip[seg] + (starts - run.seg_starts[seg]), pa.int64()))
     children.append(pa.array(lengths.astype(np.int32)))
     children.append(pa.array(run.seg_closes[seg] & (starts + lengths == seg_ends)))
-    struct = pa.StructArray.from_arrays(
-        children, names=[n for _, n in _SEGMENT_FIELDS] + ["lineage", "start", "length", "closes"])
+    struct = pa.StructArray.from_arrays(children, fields=list(F.SEGMENT_STRUCT))
     counts = np.bincount(row, minlength=len(row_starts))
     list_offsets = np.zeros(len(row_starts) + 1, np.int32)
     np.cumsum(counts, out=list_offsets[1:])

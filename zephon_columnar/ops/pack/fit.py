@@ -29,9 +29,10 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
+from zephon_columnar.references import state_column, with_state
 from zephon_columnar.errors import DatasetFormatError
-from zephon_columnar.ops.pack.packer import Emission, LazyRun, Packer, doc_refs
-from zephon_columnar.ops.pack.stream import Run, gather, where
+from zephon_columnar.ops.pack.packer import Emission, LazyRun, Packer, doc_refs, gather_pieces
+from zephon_columnar.ops.pack.stream import Run, where
 
 
 @dataclass
@@ -114,14 +115,7 @@ class FitPacker(Packer):
         return [Emission(frame, np.array([t for _, t in closed], np.int64))]
 
     def _emit_bins(self, bins: list[_Bin]):  # -> pa.Table
-        ids = sorted({rid for b in bins for rid, _, _ in b.docs})
-        position = {rid: k for k, rid in enumerate(ids)}
-        run_index = np.array([position[rid] for b in bins for rid, _, _ in b.docs], np.int64)
-        seg_index = np.array([s for b in bins for _, s, _ in b.docs], np.int64)
-        length = np.array([n for b in bins for _, _, n in b.docs], np.int64)
-        runs = [self._runs[rid] for rid in ids]
-        run = gather([r.get() if isinstance(r, LazyRun) else r for r in runs], run_index, seg_index,
-                     np.zeros(len(length), np.int64), length)
+        run = gather_pieces(self._runs, [(rid, seg, 0, n) for b in bins for rid, seg, n in b.docs])
         for b in bins:
             for rid, _, _ in b.docs:
                 self._refs[rid] -= 1
@@ -143,8 +137,10 @@ class FitPacker(Packer):
 
     def snapshot(self) -> tuple[dict[str, Any], pa.Table | None]:
         """The open bins (opening number and document lengths) and their documents by reference."""
-        bins = [[b.opened, [n for _, _, n in b.docs]] for b in self._open]
+        bins = [[b.opened, len(b.docs)] for b in self._open]
         refs = doc_refs(self._runs, [(rid, seg) for b in self._open for rid, seg, _ in b.docs])
+        if refs is not None:
+            refs = with_state(refs, length=[n for b in self._open for _, _, n in b.docs])
         return {"opened": self._opened, "bins": bins}, refs
 
     def restore(self, state: dict[str, Any], refs: pa.Table | None, materialize: Callable[[pa.Table], Run]) -> None:
@@ -154,10 +150,11 @@ class FitPacker(Packer):
         rid = self._next_run
         self._next_run += 1
         self._runs[rid] = LazyRun(refs, materialize)  # computed when a bin is emitted
+        lengths = state_column(refs, "length")
         i = 0
-        for opened, lengths in state["bins"]:
+        for opened, count in state["bins"]:
             b = _Bin(opened=int(opened))
-            for n in lengths:
+            for n in lengths[i:i + int(count)]:
                 b.docs.append((rid, i, int(n)))
                 b.used += int(n)
                 i += 1

@@ -16,12 +16,14 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
 from zephon_columnar.ops.accumulators import LaneContext
 from zephon_columnar.ops.pack.emit import emit_rows
 from zephon_columnar.ops.pack.spec import POSITIONS, PackSpec
-from zephon_columnar.ops.pack.stream import FrameReader, Run, gather
+from zephon_columnar.errors import ZephonError
+from zephon_columnar.ops.pack.stream import FrameReader, Run, gather, token_field
 
 
 def _arrow_type(name: str) -> pa.DataType:
@@ -40,17 +42,45 @@ class Emission:
 
 
 class LazyRun:
-    """Documents a restored packer holds by reference: computed (one call) when first needed."""
+    """Documents a restored packer holds by reference, computed when a row first takes from
+    them: only those documents, in one call (``materialize(refs) -> Run``)."""
 
     def __init__(self, refs: pa.Table, materialize: Callable[[pa.Table], Run]) -> None:
         self.refs = refs
         self._materialize = materialize
-        self._run: Run | None = None
+        self._done: dict[int, tuple[Run, int]] = {}  # document -> (run holding it, its segment there)
 
-    def get(self) -> Run:
-        if self._run is None:
-            self._run = self._materialize(self.refs)
-        return self._run
+    def resolve(self, segs: list[int]) -> list[tuple[Run, int]]:
+        missing = sorted({s for s in segs if s not in self._done})
+        if missing:
+            run = self._materialize(self.refs.take(pa.array(missing)))
+            for k, s in enumerate(missing):
+                self._done[s] = (run, k)
+        return [self._done[s] for s in segs]
+
+
+def gather_pieces(runs: "dict[int, Run | LazyRun]", pieces: list[tuple[int, int, int, int]]) -> Run:
+    """One run of ``pieces`` ``(run id, segment, start, length)``, in order; documents held by
+    reference are computed here (only those the pieces need)."""
+    resolved: dict[tuple[int, int], tuple[Run, int]] = {}
+    for rid in {p[0] for p in pieces}:
+        held = runs[rid]
+        if isinstance(held, LazyRun):
+            segs = sorted({p[1] for p in pieces if p[0] == rid})
+            for seg, where in zip(segs, held.resolve(segs)):
+                resolved[(rid, seg)] = where
+    objects: list[Run] = []
+    position: dict[int, int] = {}
+    run_index, seg_index = [], []
+    for rid, seg, _, _ in pieces:
+        run, local = resolved.get((rid, seg)) or (runs[rid], seg)  # type: ignore[assignment]
+        k = position.setdefault(id(run), len(objects))
+        if k == len(objects):
+            objects.append(run)  # type: ignore[arg-type]
+        run_index.append(k)
+        seg_index.append(local)
+    return gather(objects, np.array(run_index, np.int64), np.array(seg_index, np.int64),
+                  np.array([p[2] for p in pieces], np.int64), np.array([p[3] for p in pieces], np.int64))
 
 
 def doc_refs(runs: dict[int, "Run | LazyRun"], docs: list[tuple[int, int]]) -> pa.Table | None:
@@ -130,6 +160,23 @@ class LanePacker:
         return packer
 
     # ------------------------------------------------------------------ LaneAccumulator
+    def split_input(self, frame: pa.Table) -> list[pa.Table]:
+        """Slices of about one delivered item's worth of tokens (``rows_per_item`` rows of
+        ``max_length``): the engine pushes them one at a time (see `engine.lane.OrderedStep`)."""
+        n = frame.num_rows
+        if n <= 1:
+            return [frame]
+        try:
+            col = frame.column(token_field(frame, self.spec.tokens_field, self.op))
+            lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy()
+        except (ZephonError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return [frame]  # push() reports what is wrong with it
+        budget = max(1, self.ctx.rows_per_item) * self.spec.max_length
+        ends = np.cumsum(lengths)
+        cuts = np.searchsorted(ends, np.arange(budget, int(ends[-1]) if len(ends) else 0, budget), side="left") + 1
+        bounds = [0, *sorted(set(int(c) for c in cuts if 0 < c < n)), n]
+        return [frame.slice(a, b - a) for a, b in zip(bounds, bounds[1:])]
+
     def push(self, frame: pa.Table) -> list[pa.Table]:
         run = self.reader.read(frame)
         if run is None:

@@ -41,9 +41,7 @@ from zephon_columnar.errors import ConfigError, DatasetFormatError, MissingField
 from zephon_columnar.ops.pack.spec import POSITIONS, PackSpec
 from zephon_columnar.types import TOKEN_FIELD_CANDIDATES
 
-#: Carried rows (pieces of documents) say how many tokens of their document came before them.
-TOKEN_SKIP = "__token_skip"
-
+TOKEN_SKIP = F.TOKEN_SKIP
 
 @dataclass
 class Run:

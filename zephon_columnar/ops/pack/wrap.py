@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
+from zephon_columnar.references import state_column, with_state
 from zephon_columnar.ops.pack.packer import Emission, Packer
 from zephon_columnar.ops.pack.stream import Run, gather
 
@@ -137,15 +138,16 @@ class WrapPacker(Packer):
         """The partial row: its pieces' documents by reference, and where each piece starts in
         its document and how long it is."""
         if not self._pending_tokens:
-            return {"skips": [], "lengths": []}, None
+            return {}, None
         run = Run.concat(self._pending)
         refs = run.book.take(pa.array(run.seg_book))
-        return {"skips": run.seg_skip.tolist(), "lengths": run.seg_lengths().tolist()}, refs
+        return {}, with_state(refs, skip=run.seg_skip, length=run.seg_lengths())
 
     def restore(self, state: dict[str, Any], refs: pa.Table | None, materialize: Callable[[pa.Table], Run]) -> None:
         if refs is None:
             return
         docs = materialize(refs)  # a few documents at most: computed now
         n = len(docs.seg_starts)
-        self._set_pending(gather([docs], np.zeros(n, np.int64), np.arange(n), np.array(state["skips"], np.int64),
-                                 np.array(state["lengths"], np.int64)))
+        self._set_pending(gather([docs], np.zeros(n, np.int64), np.arange(n),
+                                 np.array(state_column(refs, "skip"), np.int64),
+                                 np.array(state_column(refs, "length"), np.int64)))
