@@ -187,8 +187,9 @@ def bookkeeping_of(frame: pa.Table) -> pa.Table:
 def refs_of(frame: pa.Table) -> pa.Table:
     """A row's *reference*: its bookkeeping columns (source sample, lane, chunk, offset,
     component, lineage; for a packed row its ``__segments``). Enough to compute the row again
-    through the operators that made it, which is how checkpoints hold rows without their data."""
-    return bookkeeping_of(frame)
+    through the operators that made it, which is how checkpoints hold rows without their data.
+    (Per-row state a stage stored beside a reference, ``__s_*`` columns, is not part of it.)"""
+    return frame.select([n for n in frame.column_names if is_bookkeeping(n) and not n.startswith(("__s_", "__sf_"))])
 
 
 def payload_of(frame: pa.Table) -> pa.Table:

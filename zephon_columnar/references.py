@@ -112,7 +112,7 @@ def schema_to_json(schema: pa.Schema | None) -> Any:
     if schema is None:
         return None
     if all(pa.types.is_list(f.type) and (pa.types.is_integer(f.type.value_type) or pa.types.is_floating(
-            f.type.value_type) or pa.types.is_boolean(f.type.value_type)) for f in schema):
+            f.type.value_type) or pa.types.is_boolean(f.type.value_type)) for f in schema):  # list<...> only
         return [[f.name, str(f.type.value_type)] for f in schema]
     return F.frame_to_text(schema.empty_table())
 

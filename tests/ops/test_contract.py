@@ -86,7 +86,7 @@ def test_state_by_reference_rebuilds_the_same_accumulator(name):
         by_key = {(r["__chunk"], r["__offset"]): i for i, r in enumerate(docs.select(["__chunk", "__offset"]).to_pylist())}
         calls = []
 
-        def source(r):  # the rows again, from their references, as the engine would compute them
+        def source(r, schema=None):  # the rows again, from their references, as the engine would compute them
             calls.append(r.num_rows)
             keys = [(c, o) for c, o in zip(r.column("__chunk").to_pylist(), r.column("__offset").to_pylist())]
             return docs.take(pa.array([by_key[k] for k in keys]))

@@ -566,9 +566,10 @@ class Regenerator:
                 self.parallel_index[pos] = index
                 index += 1
 
-    def source_for(self, pos: int) -> Callable[[pa.Table], pa.Table]:
-        """Rows at the input of the stage at plan position ``pos``, from their references."""
-        return lambda refs: self.outputs_of(pos - 1, refs)
+    def source_for(self, pos: int) -> Callable[..., pa.Table]:
+        """Rows at the input of the stage at plan position ``pos``, from their references (and,
+        for packed rows, their payload schema)."""
+        return lambda refs, schema=None: self.outputs_of(pos - 1, refs, schema)
 
     def outputs_of(self, pos: int, refs: pa.Table, schema: pa.Schema | None = None) -> pa.Table:
         """Rows at the output of the stage at plan position ``pos`` (-1: the source's pointer
@@ -577,7 +578,8 @@ class Regenerator:
             return _pointer_rows(refs, self.chain.lane)
         stage = self.plan.stages[pos]
         if isinstance(stage, ParallelStage):
-            rows = self.chain.runner.submit(self.parallel_index[pos], self.outputs_of(pos - 1, refs)).result()
+            before = self.outputs_of(pos - 1, refs, schema)
+            rows = self.chain.runner.submit(self.parallel_index[pos], before).result()
             return _select(rows, refs, what=", ".join(op.op_name() for op in stage.ops))
         step = self.chain.steps[pos] if pos < len(self.chain.steps) else None
         acc = step.acc if isinstance(step, OrderedStep) else stage.op.lane_accumulator(self.chain.shared.ctx)

@@ -62,9 +62,11 @@ class LaneContext:
     rows_per_item: int = 1
 
 
-#: Computes rows again from their references (`frame.refs_of`), in the references' order: what
-#: the engine gives an ordered stage on restore, built from the stateless operators before it.
-RowSource = Callable[[pa.Table], pa.Table]
+#: Computes rows again from their references (`frame.refs_of`), in the references' order:
+#: ``source(refs, schema=None)``, what the engine gives an ordered stage on restore, built from
+#: the stateless operators before it. ``schema``: the payload schema of the rows, which rows a
+#: packer made need (the columns it packed).
+RowSource = Callable[..., pa.Table]
 
 
 class LaneAccumulator(Protocol):

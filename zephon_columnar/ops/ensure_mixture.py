@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
-from zephon_columnar.references import state_column, with_state
+from zephon_columnar.references import schema_from_json, schema_to_json, state_column, with_state
 from zephon_columnar.errors import ConfigError, MissingFieldError, operator_failure
 from zephon_columnar.ops.accumulators import LaneContext
 from zephon_columnar.ops.base import BaseOp, OpTraits
@@ -346,20 +346,19 @@ class MixtureBuffer:
         state = {"emitted": [[c, v] for c, v in self.emitted.items()],
                  "target": [[c, v] for c, v in self.target.items()], "target_chunk": self.target_chunk,
                  "since_obsolete": self.since_obsolete, "total_emitted": self.total_emitted, "warned": self.warned,
-                 "layout": layout, "multi": multi}
+                 "layout": layout, "multi": multi, "schema": schema_to_json(self.store.payload_schema())}
         if not handles:
             return state, None
         return state, with_state(self.store.refs(np.array(handles, np.int64)), f_weight=single)
 
     def restore(self, state: dict[str, Any], rows: pa.Table | None, source: Any) -> None:
-        self.store.source = source
         self.emitted = {int(c): float(v) for c, v in state["emitted"]}
         self.target = {int(c): float(v) for c, v in state["target"]}
         self.target_chunk = int(state["target_chunk"])
         self.since_obsolete = int(state["since_obsolete"])
         self.total_emitted = int(state["total_emitted"])
         self.warned = bool(state["warned"])
-        handles = self.store.add_refs(rows).tolist() if rows is not None else []
+        handles = self.store.restore(rows, schema_from_json(state.get("schema")), source).tolist()
         single = state_column(rows, "f_weight") if rows is not None else []
         weights = []
         i = 0
@@ -382,4 +381,4 @@ class MixtureBuffer:
 
     def rebuild(self, refs: pa.Table, schema: pa.Schema | None, source: Any) -> pa.Table:
         """Rows this stage emitted, from their references: it only reorders rows."""
-        return source(refs)
+        return source(refs, schema)

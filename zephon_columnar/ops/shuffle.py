@@ -40,6 +40,7 @@ from zephon_columnar.errors import ConfigError
 from zephon_columnar.ops.accumulators import LaneContext, RowSource
 from zephon_columnar.ops.base import BaseOp, OpTraits
 from zephon_columnar.ops.store import RowStore
+from zephon_columnar.references import schema_from_json, schema_to_json
 
 ShuffleAlgorithm = Literal["streaming", "block", "block_warmup"]
 DEFAULT_BUFFER = 8192
@@ -132,7 +133,7 @@ class ShuffleBuffer:
     # ------------------------------------------------------------------ checkpoints (by reference)
     def rebuild(self, refs: pa.Table, schema: pa.Schema | None, source: RowSource) -> pa.Table:
         """Rows this stage emitted, from their references: shuffling does not change rows."""
-        return source(refs)
+        return source(refs, schema)
 
 
 class StreamingShuffle(ShuffleBuffer):
@@ -206,12 +207,14 @@ class StreamingShuffle(ShuffleBuffer):
 
     def snapshot(self) -> tuple[dict[str, Any], pa.Table | None]:
         """``arrivals`` and the rows in the slots (by reference, in slot order)."""
-        return {"arrivals": self.arrivals}, self.store.refs(self.slots) if len(self.slots) else None
+        if not len(self.slots):
+            return {"arrivals": self.arrivals}, None
+        schema = schema_to_json(self.store.payload_schema())
+        return {"arrivals": self.arrivals, "schema": schema}, self.store.refs(self.slots)
 
     def restore(self, state: dict[str, Any], rows: pa.Table | None, source: RowSource) -> None:
-        self.store.source = source
         self.arrivals = int(state["arrivals"])
-        self.slots = self.store.add_refs(rows) if rows is not None else np.zeros(0, np.int64)
+        self.slots = self.store.restore(rows, schema_from_json(state.get("schema")), source)
 
 
 class BlockShuffle(ShuffleBuffer):
@@ -250,9 +253,11 @@ class BlockShuffle(ShuffleBuffer):
 
     def snapshot(self) -> tuple[dict[str, Any], pa.Table | None]:
         """The current block size and the rows of the open block (by reference)."""
-        return {"target": self.target}, self.store.refs(self.held) if len(self.held) else None
+        if not len(self.held):
+            return {"target": self.target}, None
+        schema = schema_to_json(self.store.payload_schema())
+        return {"target": self.target, "schema": schema}, self.store.refs(self.held)
 
     def restore(self, state: dict[str, Any], rows: pa.Table | None, source: RowSource) -> None:
-        self.store.source = source
         self.target = int(state["target"])
-        self.held = self.store.add_refs(rows) if rows is not None else np.zeros(0, np.int64)
+        self.held = self.store.restore(rows, schema_from_json(state.get("schema")), source)

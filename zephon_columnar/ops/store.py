@@ -37,8 +37,9 @@ COMPACT_MIN_DEAD = 4096
 class RowStore:
     """Rows by handle: ``add`` frames, ``take`` / ``release`` handles (see the module docstring)."""
 
-    def __init__(self, source: Callable[[pa.Table], pa.Table] | None = None) -> None:
+    def __init__(self, source: Callable[..., pa.Table] | None = None) -> None:
         self.source = source
+        self.schema: pa.Schema | None = None  # of the rows held by reference (see `restore`)
         self.clear()
 
     def clear(self) -> None:
@@ -111,7 +112,7 @@ class RowStore:
                     raise RuntimeError("RowStore: rows held by reference but no row source to recompute them")
                 refs = self._tables[t]
                 assert refs is not None
-                rows = self.source(refs)
+                rows = self.source(refs, self.schema)
                 if rows.num_rows != refs.num_rows:
                     raise RuntimeError(f"RowStore: recomputing {refs.num_rows} rows gave {rows.num_rows}")
                 self._tables[t] = rows
@@ -153,6 +154,19 @@ class RowStore:
                 self._tables[t] = None
         if self._dead_held >= COMPACT_MIN_DEAD and self._dead_held > self._live:
             self._compact()
+
+    def payload_schema(self) -> pa.Schema | None:
+        """The payload columns of the rows held (what recomputing them must give back)."""
+        for table, lazy in zip(self._tables, self._lazy):
+            if table is not None and not lazy:
+                return F.payload_of(table).schema
+        return self.schema
+
+    def restore(self, refs: pa.Table | None, schema: pa.Schema | None, source: Callable[..., pa.Table]) -> np.ndarray:
+        """After a restore: hold ``refs`` (rows of payload ``schema``), computed by ``source``
+        when taken; their handles."""
+        self.source, self.schema = source, schema
+        return self.add_refs(refs) if refs is not None else np.zeros(0, np.int64)
 
     def live_handles(self) -> np.ndarray:
         return np.flatnonzero(self._alive[:self._next]).astype(np.int64)

@@ -23,7 +23,7 @@ from zephon_columnar.ops.accumulators import LaneContext
 from zephon_columnar.ops.pack.emit import emit_rows
 from zephon_columnar.ops.pack.spec import POSITIONS, PackSpec
 from zephon_columnar.errors import ZephonError
-from zephon_columnar.ops.pack.stream import FrameReader, Run, gather, token_field
+from zephon_columnar.ops.pack.stream import FrameReader, Run, gather, is_list, token_field
 
 
 def _arrow_type(name: str) -> pa.DataType:
@@ -91,7 +91,7 @@ def doc_refs(runs: dict[int, "Run | LazyRun"], docs: list[tuple[int, int]]) -> p
     for rid, seg in docs:
         held = runs[rid]
         if isinstance(held, LazyRun):
-            parts.append(held.refs.slice(seg, 1))
+            parts.append(F.refs_of(held.refs.slice(seg, 1)))
         else:
             parts.append(held.book.slice(int(held.seg_book[seg]), 1))
     return F.concat_frames(parts).combine_chunks()
@@ -289,8 +289,14 @@ class LanePacker:
 
     def rebuild(self, refs: pa.Table, schema: pa.Schema | None, source: Any) -> pa.Table:
         """Packed rows from their references: their documents are computed again and cut by the
-        rows' ``__segments``; ``schema`` names the packed columns."""
-        assert schema is not None
+        rows' ``__segments``; ``schema`` names the packed columns (None: this lane's)."""
+        if schema is None:
+            # Rows held downstream (a shuffle after packing) were packed in this flush epoch,
+            # with this packer's decisions (restored with its state).
+            r = self.reader
+            if r.dtypes is None:
+                raise RuntimeError(f"{self.op}: asked to recompute packed rows with no packed columns decided")
+            schema = pa.schema([(n, pa.list_(r.value_types[n])) for n in r.dtypes])
         segs = refs.column("__segments").to_pylist()
         lanes = refs.column(F.LANE).to_pylist()
         docs: dict[tuple, int] = {}
@@ -316,10 +322,13 @@ class LanePacker:
             F.SHARD: pa.array(cols[F.SHARD], pa.int32()), F.ROW: pa.array(cols[F.ROW], pa.int64()),
             F.COMPONENT: pa.array(cols[F.COMPONENT], pa.int32()),
             F.LINEAGE: pa.array(cols[F.LINEAGE], pa.list_(pa.int32()))})
-        packed = [f for f in schema if f.name != POSITIONS]
+        docs = source(book)
+        # The packed columns: those of the schema the documents have (a map after packing may
+        # have added others, which it computes again itself).
+        packed = [f for f in schema if f.name != POSITIONS and f.name in docs.column_names and is_list(f.type)]
         reader = FrameReader(self.spec, op=self.op)
         self._force_decisions(reader, packed[0].name, [[f.name, str(f.type.value_type)] for f in packed])
-        run = self._read_docs(source(book), reader)
+        run = self._read_docs(docs, reader)
         p = np.array(pieces, np.int64).reshape(-1, 3)
         cut = gather([run], np.zeros(len(p), np.int64), p[:, 0], p[:, 1], p[:, 2])
         return self._emit(cut, np.array(row_lengths, np.int64))
