@@ -261,6 +261,38 @@ class Pipeline:
             candidate_pool_size=candidate_pool_size, max_candidate_age=max_candidate_age,
             homogeneity=homogeneity, groups=groups, parallelism=parallelism))
 
+    def pack_sequences(self, max_length: int, *, num_bins: int | None = None,
+                       max_sequences_per_bin: int | None = None, algorithm: str = "first_fit",
+                       tokens_field: str = "auto", length_fn: Any = None, drop_oversized: bool | None = None,
+                       min_sequence_length: int = 1, shuffle_strategy: str | None = None,
+                       shuffle_seed: int | None = None, flush_strategy: str = "fifo", pack_payloads: Any = "keep_list",
+                       candidate_pool_size: int | None = None, max_candidate_age: int | None = None,
+                       homogeneity: str = "none", groups: Any = None, placement: str = "auto",
+                       parallelism: int | None = None) -> "Pipeline":
+        """Pack like `pack_flat`, but keep each row's segments apart as ``packed_samples`` (whole
+        payloads for first_fit/best_fit, aligned slices for the wrapping algorithms); see
+        `zephon_columnar.ops.pack.sequences`.
+
+        Example:
+            >>> pipe.pack_sequences(4096, algorithm="best_fit", num_bins=8)  # doctest: +SKIP
+        """
+        from zephon_columnar.ops.pack import PackSequencesOp
+        from zephon_columnar.ops.pack.sequences import merge_with
+
+        if length_fn is not None:
+            raise ConfigError("pack_sequences(length_fn=...): packing measures the token field's length here; "
+                              "pass tokens_field=<the list column to measure> instead (a length field that is "
+                              "not a list is not supported).")
+        self._add(PackSequencesOp(
+            max_length, num_bins=num_bins, max_sequences_per_bin=max_sequences_per_bin, algorithm=algorithm,
+            tokens_field=tokens_field, drop_oversized=drop_oversized, min_sequence_length=min_sequence_length,
+            shuffle_strategy=shuffle_strategy, shuffle_seed=shuffle_seed, flush_strategy=flush_strategy,
+            pack_payloads=pack_payloads, candidate_pool_size=candidate_pool_size, max_candidate_age=max_candidate_age,
+            homogeneity=homogeneity, groups=groups, parallelism=parallelism))
+        if callable(pack_payloads):
+            self._add(MapOp(merge_with(pack_payloads), parallelism=parallelism))
+        return self
+
     def add_op(self, op: BaseOp | str, /, *, name: str | None = None, placement: str = "auto",
                process_many: Callable[[list[Any]], list[Any]] | None = None,
                preserves_cursor_order: bool | None = None, parallelism: int | None = None,

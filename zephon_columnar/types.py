@@ -69,7 +69,7 @@ def records_of(table: pa.Table, fields: FieldsByDataset | None = None) -> list[S
     what its sample has (plus what operators added to it).
     """
     names = F.payload_names(table)
-    cols = {n: table.column(n).to_pylist() for n in names}
+    cols = {n: _column_values(table, n) for n in names}
     book = {n: table.column(n).to_numpy() for n in F.BOOKKEEPING if n in table.column_names}
     pad = table.column(PADDING_LENGTH).to_numpy() if PADDING_LENGTH in table.column_names else None
     lineage = F.lineage_paths(table)
@@ -95,6 +95,21 @@ def records_of(table: pa.Table, fields: FieldsByDataset | None = None) -> list[S
                 del payload[n]
         out.append(SampleRecord(meta=meta, payload=payload))
     return out
+
+
+def _column_values(table: pa.Table, name: str) -> list[Any]:
+    """A payload column as Python values; packed segments merged by ``pack_sequences``
+    (``pack_payloads="numpy_array"`` / ``"torch_tensor"``) as arrays / tensors."""
+    values = table.column(name).to_pylist()
+    meta = table.schema.field(name).metadata or {}
+    merge = meta.get(b"zephon_columnar.pack_payloads")
+    if merge is None:
+        return values
+    if merge == b"torch_tensor":
+        import torch
+
+        return [{k: torch.tensor(v) for k, v in row.items()} for row in values]
+    return [{k: np.asarray(v) for k, v in row.items()} for row in values]
 
 
 class SampleBatch:

@@ -89,8 +89,10 @@ class PackSequencesOp(PackFlatOp):
 
         ctx = ctx or LaneContext()
         cls = packer_class(self.spec.algorithm)
-        emitter = SequencesEmitter(self.spec, self.pack_payloads)
-        return LanePacker(self.spec, ctx, lambda spec, c, emit: cls(spec, c, emit), op=self.name, emit=emitter)
+        # A callable merge runs after packing, on the workers (`Pipeline.pack_sequences`).
+        emitter = SequencesEmitter(self.spec, "keep_list" if callable(self.pack_payloads) else self.pack_payloads)
+        return LanePacker(self.spec, ctx, lambda spec, c, emit: cls(spec, c, emit), op=self.name, emit=emitter,
+                          keep_payload=True)
 
     def fingerprint(self) -> dict[str, Any]:
         out = super().fingerprint()

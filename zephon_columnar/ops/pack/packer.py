@@ -26,6 +26,22 @@ from zephon_columnar.errors import ZephonError
 from zephon_columnar.ops.pack.stream import FrameReader, Run, gather, is_list, token_field
 
 
+def _packed_columns(schema: pa.Schema, docs: pa.Table) -> list[str]:
+    """The token and aligned columns rows of ``schema`` were packed from: what ``pack_sequences``
+    recorded, or the list columns of a ``pack_flat`` row that the documents have (a map after
+    packing may have added others, which it computes again itself)."""
+    from zephon_columnar.ops.pack.sequences import PACKED, PACKED_COLUMNS_KEY
+
+    if PACKED in schema.names:
+        meta = schema.field(PACKED).metadata or {}
+        if PACKED_COLUMNS_KEY in meta:
+            return meta[PACKED_COLUMNS_KEY].decode().split(",")
+    names = [f.name for f in schema if f.name != POSITIONS and f.name in docs.column_names and is_list(f.type)]
+    if not names:
+        raise RuntimeError(f"cannot tell which columns rows of schema {schema} were packed from")
+    return names
+
+
 def _arrow_type(name: str) -> pa.DataType:
     """An Arrow value type from its string form (``"int32"``, ``"bool"``, ``"float"``...)."""
     aliases = {"bool": "bool", "float": "float32", "double": "float64", "halffloat": "float16"}
@@ -93,7 +109,7 @@ def doc_refs(runs: dict[int, "Run | LazyRun"], docs: list[tuple[int, int]]) -> p
         if isinstance(held, LazyRun):
             parts.append(F.refs_of(held.refs.slice(seg, 1)))
         else:
-            parts.append(held.book.slice(int(held.seg_book[seg]), 1))
+            parts.append(F.refs_of(held.book.slice(int(held.seg_book[seg]), 1)))
     return F.concat_frames(parts).combine_chunks()
 
 
@@ -132,11 +148,13 @@ class LanePacker:
     per group -> rows in trigger order."""
 
     def __init__(self, spec: PackSpec, ctx: LaneContext, make: Callable[[PackSpec, LaneContext, Any], Packer],
-                 *, op: str = "pack_flat", emit: Callable[[Run, np.ndarray], pa.Table] | None = None) -> None:
+                 *, op: str = "pack_flat", emit: Callable[[Run, np.ndarray], pa.Table] | None = None,
+                 keep_payload: bool = False) -> None:
         self.spec = spec
         self.ctx = ctx
         self.op = op
-        self.reader = FrameReader(spec, op=op)
+        self.keep_payload = keep_payload
+        self.reader = FrameReader(spec, op=op, keep_payload=keep_payload)
         self._emit = emit or (lambda run, lengths: emit_rows(spec, run, lengths, op=op))
         self._make = make
         self._packers: dict[Any, Packer] = {}
@@ -251,7 +269,7 @@ class LanePacker:
         window = None
         if self._window is not None and self._window._count:
             held = Run.concat(self._window._held)
-            parts.append(held.book.take(pa.array(held.seg_book)))
+            parts.append(F.refs_of(held.book.take(pa.array(held.seg_book))))
             window = len(held.seg_starts)
         state = {"reader": reader, "groups": groups, "window": window}
         return state, F.concat_frames(parts).combine_chunks() if parts else None
@@ -323,11 +341,9 @@ class LanePacker:
             F.COMPONENT: pa.array(cols[F.COMPONENT], pa.int32()),
             F.LINEAGE: pa.array(cols[F.LINEAGE], pa.list_(pa.int32()))})
         docs = source(book)
-        # The packed columns: those of the schema the documents have (a map after packing may
-        # have added others, which it computes again itself).
-        packed = [f for f in schema if f.name != POSITIONS and f.name in docs.column_names and is_list(f.type)]
-        reader = FrameReader(self.spec, op=self.op)
-        self._force_decisions(reader, packed[0].name, [[f.name, str(f.type.value_type)] for f in packed])
+        reader = FrameReader(self.spec, op=self.op, keep_payload=self.keep_payload)
+        names = _packed_columns(schema, docs)
+        self._force_decisions(reader, names[0], [[n, str(docs.schema.field(n).type.value_type)] for n in names])
         run = self._read_docs(docs, reader)
         p = np.array(pieces, np.int64).reshape(-1, 3)
         cut = gather([run], np.zeros(len(p), np.int64), p[:, 0], p[:, 1], p[:, 2])

@@ -249,9 +249,10 @@ class FrameReader:
     its dtype, which fields are aligned) are made on the first non-empty document and kept
     until `reset`."""
 
-    def __init__(self, spec: PackSpec, *, op: str = "pack_flat") -> None:
+    def __init__(self, spec: PackSpec, *, op: str = "pack_flat", keep_payload: bool = False) -> None:
         self.spec = spec
         self.op = op
+        self.keep_payload = keep_payload  # also keep the other payload columns, beside bookkeeping
         self.reset()
 
     def reset(self) -> None:
@@ -353,6 +354,8 @@ class FrameReader:
         if not len(nonempty):
             return None
         keep = [n for n in names if F.is_bookkeeping(n) and n not in _DERIVED]
+        if self.keep_payload:
+            keep += [n for n in F.payload_names(frame) if n not in self.dtypes]  # type: ignore[operator]
         book = frame.select(keep)
         offsets = np.concatenate([[0], np.cumsum(lens)])
         skip = (frame.column(TOKEN_SKIP).to_numpy().astype(np.int64)[nonempty] if TOKEN_SKIP in names

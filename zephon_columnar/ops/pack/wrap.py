@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
+from zephon_columnar import frame as F
 from zephon_columnar.references import state_column, with_state
 from zephon_columnar.ops.pack.packer import Emission, Packer
 from zephon_columnar.ops.pack.stream import Run, gather
@@ -140,7 +141,7 @@ class WrapPacker(Packer):
         if not self._pending_tokens:
             return {}, None
         run = Run.concat(self._pending)
-        refs = run.book.take(pa.array(run.seg_book))
+        refs = F.refs_of(run.book.take(pa.array(run.seg_book)))
         return {}, with_state(refs, skip=run.seg_skip, length=run.seg_lengths())
 
     def restore(self, state: dict[str, Any], refs: pa.Table | None, materialize: Callable[[pa.Table], Run]) -> None:
