@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
 from zephon_columnar.engine.plan import ParallelStage
@@ -242,30 +243,38 @@ class ParallelStep:
 
 
 class _LazyRows:
-    """Input rows of a restored ordered stage, held by reference until the stage takes them."""
+    """Rows a restored lane holds by reference (a stage's input not yet pushed, rows not yet
+    in a batch) until they are taken: then only those are computed."""
 
-    def __init__(self, refs: pa.Table, source: Callable[[pa.Table], pa.Table]) -> None:
+    def __init__(self, refs: pa.Table, source: Callable[[pa.Table], pa.Table],
+                 schema: pa.Schema | None = None) -> None:
         self.refs = refs
         self.source = source
+        self.schema = schema
 
     @property
     def num_rows(self) -> int:
         return self.refs.num_rows
+
+    def head(self, n: int) -> tuple[pa.Table, "_LazyRows | None"]:
+        """The first ``n`` rows, computed, and the rest (still by reference, or None)."""
+        rows = self.source(self.refs.slice(0, n))
+        rest = _LazyRows(self.refs.slice(n), self.source, self.schema) if n < self.refs.num_rows else None
+        return rows, rest
 
 
 class OrderedStep:
     """One lane's ordered stage: its accumulator sees the lane's frames in order, flushes at
     every epoch start and at the end.
 
-    Each input frame is pushed in slices (`slices`; what the accumulator asks for with
-    ``split_input``, else `INPUT_SLICE` rows), outputs going on between slices. Frame-split
-    invariance makes that invisible in the data; what it buys is that a checkpoint finds little
-    computed output waiting downstream and, instead, the rest of the frame as cheap input
-    references (``inbox``), recomputed after a restore only when the stage takes it.
-    ``out``: what the stage emitted and has not passed on.
+    An input frame may be pushed in slices, when the accumulator asks for it with
+    ``split_input`` (frame-split invariance makes that invisible in the data); the slices not
+    pushed yet are the ``inbox``, which a checkpoint holds as input references (or as a source
+    position) and a restore recomputes only when the stage takes them. ``out``: what the stage
+    emitted and has not passed on (after a restore: references, computed when passed on).
     """
 
-    INPUT_SLICE = 64
+    INPUT_SLICE = 64  # rows per slice of restored input references
 
     def __init__(self, upstream: Iterator[Any], op: BaseOp, index: int, shared: LaneShared, acc: Any,
                  queued: list[Any] | None = None, inbox: list[Any] | None = None) -> None:
@@ -288,10 +297,12 @@ class OrderedStep:
 
     def slices(self, frame: pa.Table) -> list[pa.Table]:
         split = getattr(self.acc, "split_input", None)
-        if split is not None:
-            return split(frame)
-        n, k = frame.num_rows, self.INPUT_SLICE
-        return [frame] if n <= k else [frame.slice(i, k) for i in range(0, n, k)]
+        return split(frame) if split is not None else [frame]
+
+    def _passed_on(self, item: Any) -> Any:
+        if isinstance(item, _LazyRows):
+            item, _ = item.head(item.num_rows)
+        return item
 
     def _epoch_start(self, ev: EpochStart) -> None:
         acc, shared = self.acc, self.shared
@@ -309,8 +320,8 @@ class OrderedStep:
 
     def __iter__(self) -> Iterator[Any]:
         acc, out, inbox = self.acc, self.out, self.inbox
-        while out:
-            yield out.popleft()
+        while out:  # after a restore: what was in transit, computed as it goes on
+            yield self._passed_on(out.popleft())
         upstream = iter(self.upstream)
         while True:
             if not inbox:
@@ -324,7 +335,7 @@ class OrderedStep:
             if inbox:
                 piece = inbox[0]
                 if isinstance(piece, _LazyRows):
-                    piece = piece.source(piece.refs)
+                    piece, _ = piece.head(piece.num_rows)
                 out.extend(self._call(acc.push, piece))
                 inbox.popleft()
             while out:
@@ -346,7 +357,7 @@ class Collector:
     ``[frame, epoch, source_state, index in the epoch of the frame's first row, carries]``."""
 
     def __init__(self, engine: "Engine", shared: LaneShared, upstream: Iterator[Any], epoch: int, skip: int,
-                 source_state: Mapping[str, Any], pending: pa.Table | None = None) -> None:
+                 source_state: Mapping[str, Any], pending: "_LazyRows | None" = None) -> None:
         self.engine = engine
         self.shared = shared
         self.upstream = upstream
@@ -354,11 +365,20 @@ class Collector:
         self.skip = skip
         self.state = source_state
         self.pending: deque[list[Any]] = deque()
+        self.restored_schema: pa.Schema | None = None
         if pending is not None and pending.num_rows:
             self.pending.append([pending, epoch, source_state, 0, shared.epoch_reached(epoch)])
 
+    def payload_schema(self) -> pa.Schema | None:
+        """The payload schema of the rows not yet in a batch (what recomputing them gives)."""
+        for entry in self.pending:
+            if not isinstance(entry[0], _LazyRows):
+                return F.payload_of(entry[0]).schema
+        return self.restored_schema
+
     def pending_rows(self) -> list[pa.Table]:
-        return [entry[0] for entry in self.pending]
+        """References of the rows not yet in a batch, oldest first."""
+        return [e[0].refs if isinstance(e[0], _LazyRows) else F.refs_of(e[0]) for e in self.pending if e[0].num_rows]
 
     def __iter__(self) -> Iterator[LaneItem]:
         engine = self.engine
@@ -411,6 +431,11 @@ def _take_batch(lane: int, pending: deque, size: int, by_input: bool, fields: An
     while need:
         entry = pending[0]
         frame = entry[0]
+        if isinstance(frame, _LazyRows):  # restored rows held by reference: compute what is needed
+            frame, rest = frame.head(min(need, frame.num_rows))
+            if rest is not None:
+                pending.insert(1, [rest, *entry[1:]])
+            entry[0] = frame
         if frame.num_rows <= need:
             parts.append(frame)
             need -= frame.num_rows
@@ -437,6 +462,8 @@ def _drain_records(lane: int, pending: deque, by_input: bool, fields: Any) -> It
     taken between two records sees the rows not yet delivered."""
     while pending:
         entry = pending[0]
+        if isinstance(entry[0], _LazyRows):
+            entry[0], _ = entry[0].head(entry[0].num_rows)
         frame, epoch, state, first, carries = entry
         for i, rec in enumerate(records_of(frame, fields or None)):
             entry[0], entry[3] = frame.slice(i + 1), first + i + 1
@@ -460,6 +487,7 @@ class LaneChain:
             resume = start.resume
             ws.load_state_dict(resume["source_state"])
             self.shared = LaneShared(lane, ws, None, per_item)
+            self.shared.targets.update(start.targets)
             self.source = Source(engine, self.shared, ws, resume["chunk"], resume["offset"], resume["marker"])
             epoch, skip, state = resume["chunk"] // k, 0, resume["source_state"]
         else:
@@ -487,7 +515,7 @@ class LaneChain:
                     state_j, rows_j = start.stages[ordered_index]
                     source = self.regen.source_for(pos)
                     acc.restore(state_j, rows_j, source)
-                    queued = [self.regen.outputs_of(pos, item[1], item[2]) if item[0] == "rows" else
+                    queued = [_LazyRows(item[1], self._transit_source(pos, item[2]), item[2]) if item[0] == "rows" else
                               EpochStart(item[1], {}) for item in start.queues[ordered_index]]
                     refs = start.inboxes[ordered_index]
                     if refs is not None:
@@ -499,20 +527,55 @@ class LaneChain:
             events = iter(step)
         pending = None
         if isinstance(start, LaneSnapshot) and start.pending is not None:
-            pending = self.regen.outputs_of(len(engine.plan.stages) - 1, start.pending[0], start.pending[1])
+            last, schema = len(engine.plan.stages) - 1, start.pending[1]
+            pending = _LazyRows(start.pending[0], lambda refs: self.regen.outputs_of(last, refs, schema))
         self.collector = Collector(engine, self.shared, events, epoch, skip, state, pending)
+        if isinstance(start, LaneSnapshot) and start.pending is not None:
+            self.collector.restored_schema = start.pending[1]
 
     def __iter__(self) -> Iterator[LaneItem]:
         return iter(self.collector)
 
+    def _transit_source(self, pos: int, schema: pa.Schema | None) -> Callable[[pa.Table], pa.Table]:
+        return lambda refs: self.regen.outputs_of(pos, refs, schema)
+
     # ------------------------------------------------------------------ snapshot
+    def _rewound(self, items: int) -> LaneSnapshot | None:
+        """The whole lane as a source position, when it is one stateless one-row-per-sample stage
+        and a packer that can rewind (uncapped wrap): see `LanePacker.rewind`. None otherwise."""
+        steps, plan = self.steps, self.engine.plan
+        ordered = [s for s in steps if isinstance(s, OrderedStep)]
+        if len(ordered) != 1 or len(steps) < 2 or steps[1] is not ordered[0]:
+            return None
+        packer = ordered[0].acc
+        if not getattr(packer, "can_rewind", lambda: False)() or any(
+                getattr(op, "fans_out", True) for op in plan.stages[0].ops):
+            return None
+        # The oldest row of the packer not delivered yet: in the collector, then in transit.
+        after = steps[2] if len(steps) > 2 else None
+        downstream = self.collector.pending_rows() + [F.refs_of(ev) for ev in (
+            after.in_transit() if isinstance(after, ParallelStep) else []) + list(ordered[0].out)
+            if isinstance(ev, pa.Table) and ev.num_rows]
+        where, state = packer.rewind(downstream[0] if downstream else None)
+        if where is None:
+            return None
+        chunk, offset = where
+        if chunk not in self.source.states:
+            return None  # too far back to regenerate cheaply: held by reference instead
+        resume = {"chunk": chunk, "offset": offset, "marker": False, "source_state": self.source.states[chunk]}
+        return LaneSnapshot(items=items, resume=resume, stages=((state, None),), queues=([],), inboxes=(None,),
+                            pending=None)
+
     def snapshot(self, items: int) -> LaneSnapshot:
         """This lane's state between two deliveries (see the module docstring)."""
+        rewound = self._rewound(items)
+        if rewound is not None:
+            return rewound
         steps = self.steps
         first = steps[0]
         assert isinstance(first, ParallelStep)  # fetch is always first
         inflight = first.in_transit()
-        rows = [f for f in self.collector.pending_rows() if f.num_rows]
+        rows = self.collector.pending_rows()
         head = steps[1] if len(steps) > 1 and isinstance(steps[1], OrderedStep) else None
         inbox = [p for p in head.inbox if p.num_rows] if head is not None else []
         one_to_one = not any(getattr(op, "fans_out", True) for op in self.engine.plan.stages[0].ops)
@@ -542,15 +605,27 @@ class LaneChain:
             following = steps[pos + 1] if pos + 1 < len(steps) else None
             if isinstance(following, ParallelStep):
                 transit = following.in_transit() + transit
-            queues.append([("epoch", ev.epoch, None) if isinstance(ev, EpochStart) else
-                           ("rows", F.refs_of(ev), F.payload_of(ev).schema) for ev in transit
-                           if not isinstance(ev, pa.Table) or ev.num_rows])
+            queues.append([_transit_item(ev) for ev in transit if isinstance(ev, EpochStart) or ev.num_rows])
         pending = None
         if rows:
-            table = F.concat_frames(rows)
-            pending = (F.refs_of(table), F.payload_of(table).schema)
+            pending = (F.concat_frames(rows), self.collector.payload_schema())
+        targets = {}
+        if any(getattr(s.acc, "uses_chunk_targets", False) for s in steps if isinstance(s, OrderedStep)):
+            # Rows still in the lane come from chunks at or after the oldest one they name.
+            named = [t for state, t in stages if t is not None] + [t for t in inboxes if t is not None] + \
+                [it[1] for q in queues for it in q if it[0] == "rows"] + ([pending[0]] if pending else [])
+            oldest = min([int(pc.min(t.column(F.CHUNK)).as_py()) for t in named if t.num_rows] + [chunk])
+            targets = {c: t for c, t in self.shared.targets.items() if c >= oldest}
         return LaneSnapshot(items=items, resume=resume, stages=tuple(stages), queues=tuple(queues),
-                            inboxes=tuple(inboxes), pending=pending)
+                            inboxes=tuple(inboxes), pending=pending, targets=targets)
+
+
+def _transit_item(ev: Any) -> tuple[str, Any, Any]:
+    if isinstance(ev, EpochStart):
+        return ("epoch", ev.epoch, None)
+    if isinstance(ev, _LazyRows):  # restored and not passed on yet: still references
+        return ("rows", ev.refs, ev.schema)
+    return ("rows", F.refs_of(ev), F.payload_of(ev).schema)
 
 
 class Regenerator:

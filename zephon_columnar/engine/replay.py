@@ -125,6 +125,9 @@ class LaneSnapshot:
     queues: tuple[list[tuple[str, Any, Any]], ...]
     inboxes: tuple[pa.Table | None, ...]
     pending: tuple[pa.Table, pa.Schema] | None
+    #: Target mixtures of the chunks rows in the lane still come from, for stages that read them
+    #: (ensure_mixture): ``{chunk_id: {component: weight}}``.
+    targets: Mapping[int, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         def item(it: tuple[str, Any, Any]) -> dict[str, Any]:
@@ -143,6 +146,7 @@ class LaneSnapshot:
             "queues": [[item(it) for it in q] for q in self.queues],
             "pending": None if self.pending is None else {"rows": codec.rows_to_json(self.pending[0]),
                                                           "schema": codec.schema_to_json(self.pending[1])},
+            **({"targets": [[c, t] for c, t in sorted(self.targets.items())]} if self.targets else {}),
         }
 
     @classmethod
@@ -176,13 +180,14 @@ class LaneSnapshot:
             if pending is not None:
                 pending = (_rows_from(lane, "pending.rows", pending["rows"]),
                            _schema_from(lane, "pending.schema", pending["schema"]))
+            targets = {int(c): dict(t) for c, t in d.get("targets", [])}
         except CheckpointError:
             raise
-        except (KeyError, TypeError, AttributeError) as err:
+        except (KeyError, TypeError, AttributeError, ValueError) as err:
             raise CheckpointError(f"checkpoint lane {lane}: malformed by-reference state ({type(err).__name__}: "
                                   f"{err}); was it produced by Pipeline.checkpoint() of zephon_columnar?") from err
         return cls(items=items, resume=dict(resume), stages=stages, queues=tuple(queues), inboxes=inboxes,
-                   pending=pending)
+                   pending=pending, targets=targets)
 
 
 def lane_from_json(lane: str, d: Any) -> "LaneCursor | LaneSnapshot":

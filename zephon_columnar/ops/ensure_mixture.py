@@ -100,6 +100,10 @@ class EnsureMixtureOp(BaseOp):
 class MixtureBuffer:
     """One lane's state of `EnsureMixtureOp` (see the module docstring)."""
 
+    #: It reads the chunks' target mixtures (`LaneContext.chunk_target`): checkpoints keep those
+    #: of the chunks rows in the lane still come from.
+    uses_chunk_targets = True
+
     def __init__(self, op: EnsureMixtureOp, ctx: LaneContext) -> None:
         self.op = op
         self.ctx = ctx

@@ -92,17 +92,29 @@ def pieces(run: Run, row_starts: np.ndarray, total: int) -> tuple[np.ndarray, np
     return starts, lengths, run.segment_at(starts), np.searchsorted(row_starts, starts, side="right") - 1
 
 
+_SEGMENT_DTYPES = {F.DATASET: np.int32, F.SHARD: np.int32, F.ROW: np.int64, F.CHUNK: np.int64, F.OFFSET: np.int32,
+                   F.COMPONENT: np.int32}
+
+
 def segments_column(run: Run, row_starts: np.ndarray, total: int) -> pa.Array:
-    """``__segments`` of the rows starting at ``row_starts`` (see the module docstring)."""
+    """``__segments`` of the rows starting at ``row_starts`` (see the module docstring). Built
+    from numpy views of the run's bookkeeping: a few array operations per frame."""
     starts, lengths, seg, row = pieces(run, row_starts, total)
     seg_ends = np.append(run.seg_starts[1:], len(run))[seg]
-    book = run.book.take(pa.array(run.seg_book[seg]))
-    children = [book.column(col).combine_chunks().cast(pa.int64() if col in (F.ROW, F.CHUNK) else pa.int32())
-                for col, _ in _SEGMENT_FIELDS]
-    lineage_off, lineage_values = F.lineage_parts(book)
+    book_rows = run.seg_book[seg]
+    book = run.book
+    children = []
+    for col, _ in _SEGMENT_FIELDS:
+        values = book.column(col)
+        values = (values.chunk(0) if values.num_chunks == 1 else values.combine_chunks()).to_numpy()
+        children.append(pa.array(values[book_rows].astype(_SEGMENT_DTYPES[col], copy=False)))
+    if F.LINEAGE in book.column_names:
+        lineage_off, lineage_values = F.lineage_parts(book.take(pa.array(book_rows)))
+    else:
+        lineage_off, lineage_values = np.zeros(len(seg) + 1, np.int64), np.zeros(0, np.int32)
     children.append(pa.ListArray.from_arrays(pa.array(lineage_off.astype(np.int32)),
                                              pa.array(lineage_values, pa.int32())))
-    children.append(pa.array(run.seg_skip[seg] + (starts - run.seg_starts[seg]), pa.int64()))
+    children.append(pa.array(run.seg_skip[seg] + (starts - run.seg_starts[seg])))
     children.append(pa.array(lengths.astype(np.int32)))
     children.append(pa.array(run.seg_closes[seg] & (starts + lengths == seg_ends)))
     struct = pa.StructArray.from_arrays(children, fields=list(F.SEGMENT_STRUCT))

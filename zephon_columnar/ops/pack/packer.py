@@ -16,14 +16,12 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
 from zephon_columnar.ops.accumulators import LaneContext
 from zephon_columnar.ops.pack.emit import emit_rows
 from zephon_columnar.ops.pack.spec import POSITIONS, PackSpec
-from zephon_columnar.errors import ZephonError
-from zephon_columnar.ops.pack.stream import FrameReader, Run, gather, is_list, token_field
+from zephon_columnar.ops.pack.stream import FrameReader, Run, gather, is_list
 
 
 def _packed_columns(schema: pa.Schema, docs: pa.Table) -> list[str]:
@@ -78,6 +76,13 @@ class LazyRun:
 def gather_pieces(runs: "dict[int, Run | LazyRun]", pieces: list[tuple[int, int, int, int]]) -> Run:
     """One run of ``pieces`` ``(run id, segment, start, length)``, in order; documents held by
     reference are computed here (only those the pieces need)."""
+    rids = np.fromiter((p[0] for p in pieces), np.int64, len(pieces))
+    segs = np.fromiter((p[1] for p in pieces), np.int64, len(pieces))
+    starts = np.fromiter((p[2] for p in pieces), np.int64, len(pieces))
+    lengths = np.fromiter((p[3] for p in pieces), np.int64, len(pieces))
+    used, inverse = np.unique(rids, return_inverse=True)
+    if not any(isinstance(runs[int(r)], LazyRun) for r in used):  # the common case: all computed
+        return gather([runs[int(r)] for r in used], inverse, segs, starts, lengths)  # type: ignore[misc]
     resolved: dict[tuple[int, int], tuple[Run, int]] = {}
     for rid in {p[0] for p in pieces}:
         held = runs[rid]
@@ -95,8 +100,7 @@ def gather_pieces(runs: "dict[int, Run | LazyRun]", pieces: list[tuple[int, int,
             objects.append(run)  # type: ignore[arg-type]
         run_index.append(k)
         seg_index.append(local)
-    return gather(objects, np.array(run_index, np.int64), np.array(seg_index, np.int64),
-                  np.array([p[2] for p in pieces], np.int64), np.array([p[3] for p in pieces], np.int64))
+    return gather(objects, np.array(run_index, np.int64), np.array(seg_index, np.int64), starts, lengths)
 
 
 def doc_refs(runs: dict[int, "Run | LazyRun"], docs: list[tuple[int, int]]) -> pa.Table | None:
@@ -170,6 +174,7 @@ class LanePacker:
 
         self._group_of = group_of
         self._window = _ShuffleWindow(spec, ctx) if spec.shuffle_strategy is not None else None
+        self._skip = 0
 
     def _packer(self, group: Any) -> Packer:
         packer = self._packers.get(group)
@@ -178,27 +183,15 @@ class LanePacker:
         return packer
 
     # ------------------------------------------------------------------ LaneAccumulator
-    def split_input(self, frame: pa.Table) -> list[pa.Table]:
-        """Slices of about one delivered item's worth of tokens (``rows_per_item`` rows of
-        ``max_length``): the engine pushes them one at a time (see `engine.lane.OrderedStep`)."""
-        n = frame.num_rows
-        if n <= 1:
-            return [frame]
-        try:
-            col = frame.column(token_field(frame, self.spec.tokens_field, self.op))
-            lengths = pc.fill_null(pc.list_value_length(col), 0).to_numpy()
-        except (ZephonError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            return [frame]  # push() reports what is wrong with it
-        budget = max(1, self.ctx.rows_per_item) * self.spec.max_length
-        ends = np.cumsum(lengths)
-        cuts = np.searchsorted(ends, np.arange(budget, int(ends[-1]) if len(ends) else 0, budget), side="left") + 1
-        bounds = [0, *sorted(set(int(c) for c in cuts if 0 < c < n)), n]
-        return [frame.slice(a, b - a) for a, b in zip(bounds, bounds[1:])]
-
     def push(self, frame: pa.Table) -> list[pa.Table]:
         run = self.reader.read(frame)
         if run is None:
             return []
+        if self._skip:  # restored by rewinding: these tokens went into rows already delivered
+            if self._skip >= len(run):
+                self._skip -= len(run)
+                return []
+            run, self._skip = run.sub(self._skip), 0
         if self._window is not None:
             out: list[pa.Table] = []
             for ready in self._window.push(run):
@@ -274,7 +267,35 @@ class LanePacker:
         state = {"reader": reader, "groups": groups, "window": window}
         return state, F.concat_frames(parts).combine_chunks() if parts else None
 
+    def rewind(self, first_out: pa.Table | None) -> tuple[tuple[int, int] | None, dict[str, Any]]:
+        """For a wrap packer whose input is the source one row per sample: where to read the
+        input again from, ``(chunk, offset)`` of a document, so that a fresh packer that skips
+        the first ``state["rewind"]`` tokens of it makes again all it holds and the rows
+        ``first_out`` starts (its oldest rows not delivered yet); None when it holds nothing.
+        Such a checkpoint is a few numbers, and restore computes only what the next rows need."""
+        r = self.reader
+        state = {"rewind": 0, "reader": None if r.dtypes is None else {
+            "tokens": r.tokens, "fields": [[n, str(r.value_types[n])] for n in r.dtypes]}, "groups": [],
+            "window": None}
+        if first_out is not None and first_out.num_rows:
+            seg = first_out.column(F.SEGMENTS)[0].as_py()[0]
+            state["rewind"] = int(seg["start"])
+            return (int(seg["chunk"]), int(seg["offset"])), state
+        packer = self._packers.get(None)
+        tail = packer.carry() if packer is not None else None
+        if tail is None or not len(tail):
+            return None, state
+        book = tail.book.slice(int(tail.seg_book[0]), 1).to_pylist()[0]
+        state["rewind"] = int(tail.seg_skip[0])
+        return (int(book[F.CHUNK]), int(book[F.OFFSET])), state
+
+    def can_rewind(self) -> bool:
+        s = self.spec
+        return s.algorithm == "wrap" and s.max_sequences_per_bin is None and s.homogeneity == "none" and \
+            s.shuffle_strategy is None
+
     def restore(self, state: dict[str, Any], rows: pa.Table | None, source: Any) -> None:
+        self._skip = int(state.get("rewind", 0))
         if state["reader"] is not None:
             self._force_decisions(self.reader, state["reader"]["tokens"], state["reader"]["fields"])
         offset = 0

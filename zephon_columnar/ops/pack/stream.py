@@ -146,41 +146,42 @@ def gather(runs: list[Run], run_index: np.ndarray, seg_index: np.ndarray, start:
     total = int(length.sum())
     names = list(runs[int(run_index[0])].data)
     data = {name: np.empty(total, runs[int(run_index[0])].data[name].dtype) for name in names}
-    books, book_rows = [], np.empty(n, np.int64)
     skip = np.empty(n, np.int64)
     closes = np.empty(n, bool)
-    book_base = 0
+    src_starts = np.empty(n, np.int64)
+    books, book_order = [], []
+    # Pieces grouped by run (one pass over each run involved, whatever their number).
+    order = np.argsort(run_index, kind="stable")
+    bounds_r = np.flatnonzero(np.diff(run_index[order])) + 1
+    for mine in np.split(order, bounds_r):
+        run = runs[int(run_index[mine[0]])]
+        segs = seg_index[mine]
+        src_starts[mine] = run.seg_starts[segs] + start[mine]
+        books.append(run.book.take(pa.array(run.seg_book[segs])))
+        book_order.append(mine)
+        skip[mine] = run.seg_skip[segs] + start[mine]
+        seg_end = np.append(run.seg_starts[1:], len(run))[segs] - run.seg_starts[segs]
+        closes[mine] = run.seg_closes[segs] & (start[mine] + length[mine] == seg_end)
     # Long pieces: one slice view each and one concatenate per column (memcpy speed). Many tiny
     # pieces: index arrays instead (per-piece Python would dominate).
-    by_slices = total >= 16 * n
-    if by_slices:
-        src_starts = np.empty(n, np.int64)
-    for r in np.unique(run_index).tolist():
-        run = runs[r]
-        mine = np.flatnonzero(run_index == r)
-        segs = seg_index[mine]
-        src = run.seg_starts[segs] + start[mine]
-        lens = length[mine]
-        if by_slices:
-            src_starts[mine] = src
-        else:
-            within = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
-            src_pos = np.repeat(src, lens) + within
-            dst_pos = np.repeat(dst_start[mine], lens) + within
-            for name in names:
-                data[name][dst_pos] = run.data[name][src_pos]
-        books.append(run.book)
-        book_rows[mine] = run.seg_book[segs] + book_base
-        book_base += run.book.num_rows
-        skip[mine] = run.seg_skip[segs] + start[mine]
-        seg_len = run.seg_lengths()[segs]
-        closes[mine] = run.seg_closes[segs] & (start[mine] + lens == seg_len)
-    if by_slices:
+    if total >= 16 * n:
         bounds = list(zip(run_index.tolist(), src_starts.tolist(), (src_starts + length).tolist()))
         for name in names:
-            columns = [runs[r].data[name] for r in range(len(runs))]
+            columns = [r.data[name] for r in runs]
             np.concatenate([columns[r][a:b] for r, a, b in bounds], out=data[name])
-    book = pa.concat_tables(books, promote_options="default").take(pa.array(book_rows))
+    else:
+        within = np.arange(total, dtype=np.int64) - np.repeat(dst_start, length)
+        src_pos = np.repeat(src_starts, length) + within
+        piece_run = np.repeat(run_index, length)
+        for r in np.unique(run_index).tolist():
+            mask = piece_run == r
+            for name in names:
+                data[name][mask] = runs[r].data[name][src_pos[mask]]
+    book = F.concat_frames(books) if len(books) > 1 else books[0]
+    if len(books) > 1:
+        inverse = np.empty(n, np.int64)
+        inverse[np.concatenate(book_order)] = np.arange(n)
+        book = book.take(pa.array(inverse))
     return Run(data, dst_start, np.arange(n, dtype=np.int64), book, skip, closes)
 
 
