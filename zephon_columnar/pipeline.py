@@ -339,8 +339,34 @@ class Pipeline:
                       lane_subset=getattr(self, "_lane_subset", None))
 
     def explain(self) -> str:
-        """The compiled stages, runner, parallelism, lanes and queue sizes."""
-        return self._engine().explain()
+        """The compiled stages, runner, parallelism, lanes, queue sizes and how checkpoints
+        resume; after a run, its counters (``metrics_snapshot``)."""
+        text = self._engine().explain()
+        counters = self._counters()
+        if counters:
+            text += "\nCounters of the last run: " + ", ".join(f"{k}={v}" for k, v in sorted(counters.items()))
+        return text
+
+    def _counters(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        if self._run is not None:
+            for stats in self._run.stats().values():
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0) + v
+        return totals
+
+    def metrics_snapshot(self) -> Any:
+        """Counters of the current (or last) run, one record per lane and counter: tokens uncapped
+        wrap dropped at the end of a lane (``pack_dropped_final_tokens``), documents and tokens
+        first_fit / best_fit dropped as longer than ``max_length`` (``pack_oversized_docs``,
+        ``pack_oversized_tokens``), rows strict ``ensure_mixture`` dropped. None before any run."""
+        from zephon_columnar.observability import PipelineSummary
+
+        if self._run is None:
+            return None
+        return PipelineSummary(records=[{"lane": lane, "name": k, "value": v}
+                                        for lane, stats in sorted(self._run.stats().items())
+                                        for k, v in sorted(stats.items())])
 
     @property
     def is_indexable(self) -> bool:

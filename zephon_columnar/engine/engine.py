@@ -237,6 +237,11 @@ class EngineRun:
         finally:
             self._tail.close()
 
+    def stats(self) -> dict[int, dict[str, int]]:
+        """Per lane, the counters its ordered stages keep (tokens uncapped wrap dropped at the
+        end, oversized documents first_fit/best_fit dropped, rows strict ensure_mixture dropped)."""
+        return {lane: dict(chain.shared.ctx.stats) for lane, chain in self.chains.items()}
+
     # ------------------------------------------------------------------ checkpoints
     def snapshot(self) -> dict[int, LaneCursor | LaneSnapshot]:
         """Every lane's state after the last item delivered to the caller."""

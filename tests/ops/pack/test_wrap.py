@@ -437,3 +437,14 @@ def test_columns_chunked_differently_pack_like_one_chunk(chunks):
     want = packed_rows(run(wrap(6), [whole]))
     assert got == want
     assert real_tokens(got) == wrap_kept([t for d in docs for t in d], 6)
+
+
+def test_pipeline_reports_the_dropped_final_row_in_explain_and_metrics():
+    ds = Dataset.from_tables("d", [pa.table({"input_ids": pa.array([[1] * 5] * 7, pa.list_(pa.int32()))})])
+    pipe = Pipeline(StaticMixtureWorkSource([ds], {"d": 1.0}, chunk_size=4)).pack_flat(8, algorithm="wrap").batch(1)
+    assert pipe.metrics_snapshot() is None
+    with pytest.warns(UserWarning, match="dropped the final partial row of lane 0 \\(3 tokens"):
+        rows = sum(len(b) for b in pipe)
+    assert rows == 4  # 35 tokens: 4 rows of 8, 3 dropped
+    assert "pack_dropped_final_tokens=3" in pipe.explain()
+    assert pipe.metrics_snapshot().to_records() == [{"lane": 0, "name": "pack_dropped_final_tokens", "value": 3}]
