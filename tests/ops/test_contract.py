@@ -98,3 +98,37 @@ def test_state_by_reference_rebuilds_the_same_accumulator(name):
         assert [t.to_pylist() for t in rest if t.num_rows] == [t.to_pylist() for t in whole if t.num_rows]
         del head
     assert not restorable_by_reference(StatefulTransformOp("keep", init_state=int, push=_keep).lane_accumulator(CTX))
+
+
+def test_the_lane_context_tells_each_stage_its_lane_seed_and_flush_epoch():
+    from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+    from zephon_columnar.ops import BaseOp, OpTraits
+
+    seen = []
+
+    class Probe(BaseOp):
+        def traits(self):
+            return OpTraits(preserves_cursor_order=False)
+
+        def lane_accumulator(self, ctx=None):
+            class Acc:
+                def push(self, frame):
+                    chunks = set(frame.column("__chunk").to_pylist())
+                    seen.append((ctx.lane, ctx.seed, ctx.flush_epoch(), chunks))
+                    return [frame]
+
+                def flush(self, *, reset, end=False):
+                    return []
+
+                def carry(self):
+                    return None
+
+            return Acc()
+
+    ds = Dataset.from_tables("d", [pa.table({"x": list(range(40))})])
+    pipe = Pipeline(StaticMixtureWorkSource([ds], {"d": 1.0}, chunk_size=4, seed=9))
+    pipe._ops.append(Probe())  # noqa: SLF001 - a user ordered stage (issue 8 brings add_op for it)
+    list(pipe.batch(2).options(runner="inline", canonical_replicas=2, flush_every_k_chunks=2))
+    assert {(lane, seed) for lane, seed, _, _ in seen} == {(0, 9), (1, 9)}
+    assert all(all(c // 2 == epoch for c in chunks) for _, _, epoch, chunks in seen)
+    assert max(epoch for _, _, epoch, _ in seen) == 2

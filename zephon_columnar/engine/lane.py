@@ -21,6 +21,7 @@ replays the epoch (`engine.replay`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
@@ -277,7 +278,9 @@ class OrderedStep:
     INPUT_SLICE = 64  # rows per slice of restored input references
 
     def __init__(self, upstream: Iterator[Any], op: BaseOp, index: int, shared: LaneShared, acc: Any,
-                 queued: list[Any] | None = None, inbox: list[Any] | None = None) -> None:
+                 queued: list[Any] | None = None, inbox: list[Any] | None = None,
+                 epoch_box: list[int] | None = None) -> None:
+        self.epoch_box = epoch_box if epoch_box is not None else [0]
         self.upstream = upstream
         self.op = op
         self.index = index
@@ -307,6 +310,7 @@ class OrderedStep:
     def _epoch_start(self, ev: EpochStart) -> None:
         acc, shared = self.acc, self.shared
         self.out.extend(self._call(acc.flush, reset=True))
+        self.epoch_box[0] = ev.epoch
         restore = shared.restore
         if restore is not None and ev.epoch == restore.epoch and self.index in restore.carries:
             # Replay restore: the rows this stage carried into the epoch being replayed.
@@ -509,7 +513,9 @@ class LaneChain:
                 step: ParallelStep | OrderedStep = ParallelStep(events, runner, parallel_index, window)
                 parallel_index += 1
             else:
-                acc = stage.op.lane_accumulator(self.shared.ctx)
+                epoch_box = [epoch]  # the stage's own flush epoch, moved on by its OrderedStep
+                acc = stage.op.lane_accumulator(dataclasses.replace(self.shared.ctx,
+                                                                    flush_epoch=lambda box=epoch_box: box[0]))
                 queued = inbox = None
                 if isinstance(start, LaneSnapshot):
                     state_j, rows_j = start.stages[ordered_index]
@@ -521,7 +527,7 @@ class LaneChain:
                     if refs is not None:
                         k = OrderedStep.INPUT_SLICE
                         inbox = [_LazyRows(refs.slice(i, k), source) for i in range(0, refs.num_rows, k)]
-                step = OrderedStep(events, stage.op, pos, self.shared, acc, queued, inbox)
+                step = OrderedStep(events, stage.op, pos, self.shared, acc, queued, inbox, epoch_box)
                 ordered_index += 1
             self.steps.append(step)
             events = iter(step)

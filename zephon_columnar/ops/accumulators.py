@@ -51,7 +51,8 @@ class LaneContext:
     chunks (None when the source does not say), for stages that enforce the mixture.
     ``stats``: counters the stage may add to (reported by ``Pipeline.metrics_snapshot``).
     ``rows_per_item``: rows in each item the lane delivers (the batch size; 1 for records), for
-    stages that size their work by it.
+    stages that size their work by it. ``flush_epoch()``: the flush epoch the stage is in (the
+    number of flush points it has passed, counted from the lane's start).
     """
 
     lane: int = 0
@@ -60,6 +61,7 @@ class LaneContext:
     chunk_target: Callable[[int], Mapping[str, float] | None] = lambda chunk_id: None
     stats: dict[str, int] = field(default_factory=dict)
     rows_per_item: int = 1
+    flush_epoch: Callable[[], int] = lambda: 0
 
 
 #: Computes rows again from their references (`frame.refs_of`), in the references' order:
