@@ -55,7 +55,11 @@ def take_and_checkpoint(pipeline: Any, k: int) -> tuple[list[tuple], dict[str, A
     return head, ckpt
 
 
-def _drive(acc: Any, frames: Sequence[Any], flush_after: set[int]) -> list[Any]:
+def run_accumulator(acc: Any, frames: Sequence[Any], flush_after: Iterable[int] = ()) -> list[Any]:
+    """Push ``frames`` into a `LaneAccumulator` as the engine would: a flush point (``flush(reset=
+    True)``) after each frame whose index is in ``flush_after``, and the end of the lane; every
+    frame it emitted, in order."""
+    flush_after = set(flush_after)
     out: list[Any] = []
     for i, f in enumerate(frames):
         out += acc.push(f)
@@ -86,9 +90,9 @@ def assert_frame_split_invariant(make_accumulator: Callable[[], Any], rows: Any,
         tables = [t for t in out if t.num_rows]
         return [r for t in tables for r in t.to_pylist()]
 
-    reference = rows_of(_drive(make_accumulator(), *frames_for([])))
+    reference = rows_of(run_accumulator(make_accumulator(), *frames_for([])))
     for starts in cuts:
-        got = rows_of(_drive(make_accumulator(), *frames_for(starts)))
+        got = rows_of(run_accumulator(make_accumulator(), *frames_for(starts)))
         if got != reference:
             first = next((i for i, (a, b) in enumerate(zip(got, reference)) if a != b), min(len(got), len(reference)))
             raise AssertionError(f"frames cut at {list(starts)}: output row {first} differs from one frame per "

@@ -361,7 +361,7 @@ class Collector:
     ``[frame, epoch, source_state, index in the epoch of the frame's first row, carries]``."""
 
     def __init__(self, engine: "Engine", shared: LaneShared, upstream: Iterator[Any], epoch: int, skip: int,
-                 source_state: Mapping[str, Any], pending: "_LazyRows | None" = None) -> None:
+                 source_state: Mapping[str, Any]) -> None:
         self.engine = engine
         self.shared = shared
         self.upstream = upstream
@@ -370,8 +370,12 @@ class Collector:
         self.state = source_state
         self.pending: deque[list[Any]] = deque()
         self.restored_schema: pa.Schema | None = None
-        if pending is not None and pending.num_rows:
-            self.pending.append([pending, epoch, source_state, 0, shared.epoch_reached(epoch)])
+
+    def restore_pending(self, rows: "_LazyRows") -> None:
+        """After a restore: the rows not yet in a batch, by reference (computed when taken)."""
+        self.restored_schema = rows.schema
+        if rows.num_rows:
+            self.pending.append([rows, self.epoch, self.state, 0, self.shared.epoch_reached(self.epoch)])
 
     def payload_schema(self) -> pa.Schema | None:
         """The payload schema of the rows not yet in a batch (what recomputing them gives)."""
@@ -525,19 +529,17 @@ class LaneChain:
                               EpochStart(item[1], {}) for item in start.queues[ordered_index]]
                     refs = start.inboxes[ordered_index]
                     if refs is not None:
-                        k = OrderedStep.INPUT_SLICE
-                        inbox = [_LazyRows(refs.slice(i, k), source) for i in range(0, refs.num_rows, k)]
+                        size = OrderedStep.INPUT_SLICE
+                        inbox = [_LazyRows(refs.slice(i, size), source) for i in range(0, refs.num_rows, size)]
                 step = OrderedStep(events, stage.op, pos, self.shared, acc, queued, inbox, epoch_box)
                 ordered_index += 1
             self.steps.append(step)
             events = iter(step)
-        pending = None
+        self.collector = Collector(engine, self.shared, events, epoch, skip, state)
         if isinstance(start, LaneSnapshot) and start.pending is not None:
-            last, schema = len(engine.plan.stages) - 1, start.pending[1]
-            pending = _LazyRows(start.pending[0], lambda refs: self.regen.outputs_of(last, refs, schema))
-        self.collector = Collector(engine, self.shared, events, epoch, skip, state, pending)
-        if isinstance(start, LaneSnapshot) and start.pending is not None:
-            self.collector.restored_schema = start.pending[1]
+            refs, schema = start.pending
+            self.collector.restore_pending(_LazyRows(refs, self._transit_source(len(engine.plan.stages) - 1, schema),
+                                                     schema))
 
     def __iter__(self) -> Iterator[LaneItem]:
         return iter(self.collector)

@@ -276,14 +276,21 @@ def line_index(url: str, local: str, size: int, version: str) -> LineIndex:
     try:
         return INDEX_CACHE.get(_index_key(url, size, version), lambda: _open_decompressed(local, comp))
     except (EOFError, OSError, ValueError) as err:
-        if isinstance(err, FileNotFoundError):
+        error = _read_error(url, err, f"cannot read as {comp or 'uncompressed'} JSON Lines")
+        if error is err:
             raise
-        if fs.is_read_failure(err):
-            raise fs.unreadable_file(url, err) from err
-        raise DatasetFormatError(
-            f"{url}: cannot read as {comp or 'uncompressed'} JSON Lines ({type(err).__name__}: {err}). "
-            "The file is truncated or corrupt; re-write it or remove it from the dataset directory."
-        ) from err
+        raise error from err
+
+
+def _read_error(url: str, err: BaseException, what: str) -> BaseException:
+    """The error for a file that failed to open or decompress: itself if missing, an OS read
+    failure (permissions, I/O) as `fs.unreadable_file`, else a truncated or corrupt file."""
+    if isinstance(err, FileNotFoundError):
+        return err
+    if fs.is_read_failure(err):
+        return fs.unreadable_file(url, err)
+    return DatasetFormatError(f"{url}: {what} ({type(err).__name__}: {err}). The file is truncated or corrupt; "
+                              "re-write it or remove it from the dataset directory.")
 
 
 # ---------------------------------------------------------------- discovery
@@ -502,14 +509,10 @@ class _OpenFile:
             else:
                 self.data = _read_decompressed(local, compression)
         except (EOFError, OSError, ValueError) as err:
-            if isinstance(err, FileNotFoundError):
+            error = _read_error(url, err, "cannot decompress")
+            if error is err:
                 raise
-            if fs.is_read_failure(err):
-                raise fs.unreadable_file(url, err) from err
-            raise DatasetFormatError(
-                f"{url}: cannot decompress ({type(err).__name__}: {err}); the file is truncated "
-                "or corrupt. Re-write it or remove it from the dataset directory."
-            ) from err
+            raise error from err
 
     @property
     def held_bytes(self) -> int:

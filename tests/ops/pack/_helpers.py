@@ -15,6 +15,15 @@ from zephon_columnar.types import PADDING_LENGTH
 INT32 = pa.int32()
 
 
+def docs_of(lengths: Sequence[int]) -> list[list[int]]:
+    """Documents of the given lengths whose tokens count up from 1 (every token unique)."""
+    docs, nxt = [], 1
+    for n in lengths:
+        docs.append(list(range(nxt, nxt + n)))
+        nxt += n
+    return docs
+
+
 def mask_of(tokens: Sequence[int]) -> list[int]:
     """A per-token field derived from the tokens, so a test can check it followed them."""
     return [(t * 7 + 3) % 5 + 1 for t in tokens]

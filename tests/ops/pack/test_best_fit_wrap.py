@@ -7,29 +7,13 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.ops.pack._helpers import docs_table, packed_rows, real_tokens
+from tests.ops.pack._helpers import docs_of, docs_table, packed_rows, real_tokens
 from zephon_columnar.ops.pack import PackFlatOp
+from zephon_columnar.testing import run_accumulator as run
 
 
 def bfw(max_length: int, **kw):
     return PackFlatOp(max_length, algorithm="best_fit_wrap", pad_token_id=0, **kw).lane_accumulator()
-
-
-def docs_of(lengths):
-    docs, nxt = [], 1
-    for n in lengths:
-        docs.append(list(range(nxt, nxt + n)))
-        nxt += n
-    return docs
-
-
-def run(packer, frames, flush_after=()):
-    out = []
-    for i, f in enumerate(frames):
-        out += packer.push(f)
-        if i in flush_after:
-            out += packer.flush(reset=True)
-    return out + packer.flush(reset=True, end=True)
 
 
 def pieces(out):

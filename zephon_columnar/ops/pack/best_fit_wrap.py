@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_columnar.references import state_column, with_state
-from zephon_columnar.ops.pack.packer import Emission, LazyRun, Packer, doc_refs, gather_pieces
+from zephon_columnar.ops.pack.packer import Emission, HeldDocs, LazyRun, Packer
 from zephon_columnar.ops.pack.stream import Run
 
 
@@ -64,9 +64,7 @@ class BestFitWrapPacker(Packer):
         self._taken: set[int] = set()           # arrivals gone from the pool (lazy in _by_arrival)
         self._arrivals = 0
         self._tokens = 0
-        self._runs: dict[int, Run | LazyRun] = {}
-        self._refs: dict[int, int] = {}
-        self._next_run = 0
+        self._docs = HeldDocs()
 
     # ------------------------------------------------------------------ the pool
     def _add(self, cand: _Candidate) -> None:
@@ -85,7 +83,7 @@ class BestFitWrapPacker(Packer):
         """``cand`` leaves the pool whole."""
         self._remove_at(bisect.bisect_left(self._keys, cand.key()))
         self._taken.add(cand.arrival)
-        self._refs[cand.run] -= 1
+        self._docs.drop(cand.run)
 
     def _oldest(self) -> _Candidate | None:
         while self._by_arrival and self._by_arrival[0].arrival in self._taken:
@@ -135,10 +133,7 @@ class BestFitWrapPacker(Packer):
 
     def push(self, run: Run) -> list[Emission]:
         L = self.spec.max_length
-        rid = self._next_run
-        self._next_run += 1
-        self._runs[rid] = run
-        self._refs[rid] = 0
+        rid = self._docs.add(run)
         rows: list[list[tuple[int, int, int, int]]] = []
         triggers: list[int] = []
         for i, n in enumerate(run.seg_lengths().tolist()):
@@ -152,22 +147,17 @@ class BestFitWrapPacker(Packer):
                 self._arrivals += 1
                 self._add(cand)
                 self._by_arrival.append(cand)
-                self._refs[rid] += 1
+                self._docs.hold(rid)
                 while self._ready():
                     rows.append(self._build())
                     triggers.append(i)
         out = [Emission(self._emit_rows(rows), np.array(triggers, np.int64))] if rows else []
-        self._release()
+        self._docs.release()
         return out
 
     def _emit_rows(self, rows: list[list[tuple[int, int, int, int]]]):  # -> pa.Table
-        run = gather_pieces(self._runs, [p for row in rows for p in row])
+        run = self._docs.gather([p for row in rows for p in row])
         return self.emit(run, np.array([sum(p[3] for p in row) for row in rows], np.int64))
-
-    def _release(self) -> None:
-        for rid in [r for r, n in self._refs.items() if n == 0]:
-            del self._refs[rid]
-            del self._runs[rid]
 
     def flush(self, *, end: bool) -> list:
         cap = self.spec.max_sequences_per_bin
@@ -187,7 +177,7 @@ class BestFitWrapPacker(Packer):
     def snapshot(self) -> tuple[dict[str, Any], pa.Table | None]:
         """The arrival counter and the candidates in arrival order (documents by reference)."""
         live = self._live()
-        refs = doc_refs(self._runs, [(c.run, c.seg) for c in live])
+        refs = self._docs.refs([(c.run, c.seg) for c in live])
         if refs is not None:
             refs = with_state(refs, arrival=[c.arrival for c in live], start=[c.start for c in live],
                               length=[c.length for c in live])
@@ -197,12 +187,9 @@ class BestFitWrapPacker(Packer):
         self._arrivals = int(state["arrivals"])
         if refs is None:
             return
-        rid = self._next_run
-        self._next_run += 1
-        self._runs[rid] = LazyRun(refs, materialize)  # computed when a row takes from them
+        rid = self._docs.add(LazyRun(refs, materialize), held=refs.num_rows)  # computed when a row takes from them
         cands = zip(state_column(refs, "arrival"), state_column(refs, "start"), state_column(refs, "length"))
         for i, (arrival, start, length) in enumerate(cands):
             cand = _Candidate(length=int(length), arrival=int(arrival), run=rid, seg=i, start=int(start))
             self._add(cand)
             self._by_arrival.append(cand)
-        self._refs[rid] = refs.num_rows

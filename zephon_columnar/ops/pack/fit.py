@@ -31,7 +31,7 @@ import pyarrow as pa
 
 from zephon_columnar.references import state_column, with_state
 from zephon_columnar.errors import DatasetFormatError
-from zephon_columnar.ops.pack.packer import Emission, LazyRun, Packer, doc_refs, gather_pieces
+from zephon_columnar.ops.pack.packer import Emission, HeldDocs, LazyRun, Packer
 from zephon_columnar.ops.pack.stream import Run, where
 
 
@@ -51,9 +51,7 @@ class FitPacker(Packer):
         super().__init__(*args)  # type: ignore[arg-type]
         self._open: list[_Bin] = []  # in opening order
         self._opened = 0
-        self._runs: dict[int, Run | LazyRun] = {}
-        self._refs: dict[int, int] = {}
-        self._next_run = 0
+        self._docs = HeldDocs()
 
     def push(self, run: Run) -> list[Emission]:
         spec = self.spec
@@ -61,10 +59,7 @@ class FitPacker(Packer):
         best = spec.algorithm == "best_fit"
         fullest = spec.flush_strategy == "fullest"
         room_floor = spec.min_sequence_length
-        rid = self._next_run
-        self._next_run += 1
-        self._runs[rid] = run
-        self._refs[rid] = 0
+        rid = self._docs.add(run)
         closed: list[tuple[_Bin, int]] = []
         lengths = run.seg_lengths().tolist()
         for i, n in enumerate(lengths):
@@ -95,7 +90,7 @@ class FitPacker(Packer):
                 self._opened += 1
             target.docs.append((rid, i, n))
             target.used += n
-            self._refs[rid] += 1
+            self._docs.hold(rid)
             full = L - target.used < room_floor or (cap is not None and len(target.docs) >= cap)
             if fresh and not full:
                 # Make room for the new bin: emit the oldest (fifo) or the fullest open bin.
@@ -109,24 +104,18 @@ class FitPacker(Packer):
                     self._open.remove(target)
                 closed.append((target, i))
         if not closed:
-            self._release()
+            self._docs.release()
             return []
         frame = self._emit_bins([b for b, _ in closed])
         return [Emission(frame, np.array([t for _, t in closed], np.int64))]
 
     def _emit_bins(self, bins: list[_Bin]):  # -> pa.Table
-        run = gather_pieces(self._runs, [(rid, seg, 0, n) for b in bins for rid, seg, n in b.docs])
+        run = self._docs.gather([(rid, seg, 0, n) for b in bins for rid, seg, n in b.docs])
         for b in bins:
             for rid, _, _ in b.docs:
-                self._refs[rid] -= 1
-        self._release()
+                self._docs.drop(rid)
+        self._docs.release()
         return self.emit(run, np.array([b.used for b in bins], np.int64))
-
-    def _release(self) -> None:
-        """Forget runs no open bin uses any more."""
-        for rid in [r for r, n in self._refs.items() if n == 0]:
-            del self._refs[rid]
-            del self._runs[rid]
 
     def flush(self, *, end: bool) -> list:
         bins, self._open = self._open, []
@@ -138,7 +127,7 @@ class FitPacker(Packer):
     def snapshot(self) -> tuple[dict[str, Any], pa.Table | None]:
         """The open bins (opening number and document lengths) and their documents by reference."""
         bins = [[b.opened, len(b.docs)] for b in self._open]
-        refs = doc_refs(self._runs, [(rid, seg) for b in self._open for rid, seg, _ in b.docs])
+        refs = self._docs.refs([(rid, seg) for b in self._open for rid, seg, _ in b.docs])
         if refs is not None:
             refs = with_state(refs, length=[n for b in self._open for _, _, n in b.docs])
         return {"opened": self._opened, "bins": bins}, refs
@@ -147,9 +136,7 @@ class FitPacker(Packer):
         self._opened = int(state["opened"])
         if refs is None:
             return
-        rid = self._next_run
-        self._next_run += 1
-        self._runs[rid] = LazyRun(refs, materialize)  # computed when a bin is emitted
+        rid = self._docs.add(LazyRun(refs, materialize), held=refs.num_rows)  # computed when a bin is emitted
         lengths = state_column(refs, "length")
         i = 0
         for opened, count in state["bins"]:
@@ -159,4 +146,3 @@ class FitPacker(Packer):
                 b.used += int(n)
                 i += 1
             self._open.append(b)
-        self._refs[rid] = i

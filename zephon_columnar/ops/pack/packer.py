@@ -73,48 +73,83 @@ class LazyRun:
         return [self._done[s] for s in segs]
 
 
-def gather_pieces(runs: "dict[int, Run | LazyRun]", pieces: list[tuple[int, int, int, int]]) -> Run:
-    """One run of ``pieces`` ``(run id, segment, start, length)``, in order; documents held by
-    reference are computed here (only those the pieces need)."""
-    rids = np.fromiter((p[0] for p in pieces), np.int64, len(pieces))
-    segs = np.fromiter((p[1] for p in pieces), np.int64, len(pieces))
-    starts = np.fromiter((p[2] for p in pieces), np.int64, len(pieces))
-    lengths = np.fromiter((p[3] for p in pieces), np.int64, len(pieces))
-    used, inverse = np.unique(rids, return_inverse=True)
-    if not any(isinstance(runs[int(r)], LazyRun) for r in used):  # the common case: all computed
-        return gather([runs[int(r)] for r in used], inverse, segs, starts, lengths)  # type: ignore[misc]
-    resolved: dict[tuple[int, int], tuple[Run, int]] = {}
-    for rid in {p[0] for p in pieces}:
-        held = runs[rid]
-        if isinstance(held, LazyRun):
-            segs = sorted({p[1] for p in pieces if p[0] == rid})
-            for seg, where in zip(segs, held.resolve(segs)):
-                resolved[(rid, seg)] = where
-    objects: list[Run] = []
-    position: dict[int, int] = {}
-    run_index, seg_index = [], []
-    for rid, seg, _, _ in pieces:
-        run, local = resolved.get((rid, seg)) or (runs[rid], seg)  # type: ignore[assignment]
-        k = position.setdefault(id(run), len(objects))
-        if k == len(objects):
-            objects.append(run)  # type: ignore[arg-type]
-        run_index.append(k)
-        seg_index.append(local)
-    return gather(objects, np.array(run_index, np.int64), np.array(seg_index, np.int64), starts, lengths)
+class HeldDocs:
+    """The documents a bin packer holds, by run: each run a frame's documents (or, after a
+    restore, a `LazyRun` of references), with how many held pieces still point into it, so a
+    run is let go once nothing does.
 
+    Example:
+        >>> docs = HeldDocs()
+        >>> rid = docs.add(run)  # doctest: +SKIP
+        >>> docs.hold(rid, 3); docs.drop(rid, 3); docs.release()  # doctest: +SKIP
+    """
 
-def doc_refs(runs: dict[int, "Run | LazyRun"], docs: list[tuple[int, int]]) -> pa.Table | None:
-    """References of documents ``(run id, segment)``, in that order (no data computed)."""
-    if not docs:
-        return None
-    parts = []
-    for rid, seg in docs:
-        held = runs[rid]
-        if isinstance(held, LazyRun):
-            parts.append(F.refs_of(held.refs.slice(seg, 1)))
-        else:
-            parts.append(F.refs_of(held.book.slice(int(held.seg_book[seg]), 1)))
-    return F.concat_frames(parts).combine_chunks()
+    def __init__(self) -> None:
+        self.runs: dict[int, Run | LazyRun] = {}
+        self._count: dict[int, int] = {}
+        self._next = 0
+
+    def add(self, run: "Run | LazyRun", held: int = 0) -> int:
+        rid = self._next
+        self._next += 1
+        self.runs[rid] = run
+        self._count[rid] = held
+        return rid
+
+    def hold(self, rid: int, n: int = 1) -> None:
+        self._count[rid] += n
+
+    def drop(self, rid: int, n: int = 1) -> None:
+        self._count[rid] -= n
+
+    def release(self) -> None:
+        """Forget runs nothing points into any more."""
+        for rid in [r for r, n in self._count.items() if n == 0]:
+            del self._count[rid]
+            del self.runs[rid]
+
+    def refs(self, docs: list[tuple[int, int]]) -> pa.Table | None:
+        """References of documents ``(run id, segment)``, in that order (no data computed)."""
+        if not docs:
+            return None
+        parts = []
+        for rid, seg in docs:
+            held = self.runs[rid]
+            if isinstance(held, LazyRun):
+                parts.append(F.refs_of(held.refs.slice(seg, 1)))
+            else:
+                parts.append(F.refs_of(held.book.slice(int(held.seg_book[seg]), 1)))
+        return F.concat_frames(parts).combine_chunks()
+
+    def gather(self, pieces: list[tuple[int, int, int, int]]) -> Run:
+        """One run of ``pieces`` ``(run id, segment, start, length)``, in order; documents held by
+        reference are computed here (only those the pieces need)."""
+        runs = self.runs
+        rids = np.fromiter((p[0] for p in pieces), np.int64, len(pieces))
+        segs = np.fromiter((p[1] for p in pieces), np.int64, len(pieces))
+        starts = np.fromiter((p[2] for p in pieces), np.int64, len(pieces))
+        lengths = np.fromiter((p[3] for p in pieces), np.int64, len(pieces))
+        used, inverse = np.unique(rids, return_inverse=True)
+        if not any(isinstance(runs[int(r)], LazyRun) for r in used):  # the common case: all computed
+            return gather([runs[int(r)] for r in used], inverse, segs, starts, lengths)  # type: ignore[misc]
+        resolved: dict[tuple[int, int], tuple[Run, int]] = {}
+        for rid in {p[0] for p in pieces}:
+            held = runs[rid]
+            if isinstance(held, LazyRun):
+                wanted = sorted({p[1] for p in pieces if p[0] == rid})
+                for seg, where in zip(wanted, held.resolve(wanted)):
+                    resolved[(rid, seg)] = where
+        objects: list[Run] = []
+        position: dict[int, int] = {}
+        run_index, seg_index = [], []
+        for rid, seg, _, _ in pieces:
+            run, local = resolved.get((rid, seg)) or (runs[rid], seg)  # type: ignore[assignment]
+            k = position.setdefault(id(run), len(objects))
+            if k == len(objects):
+                objects.append(run)  # type: ignore[arg-type]
+            run_index.append(k)
+            seg_index.append(local)
+        return gather(objects, np.array(run_index, np.int64), np.array(seg_index, np.int64), starts, lengths)
 
 
 class Packer:
