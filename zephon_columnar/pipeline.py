@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from zephon_columnar.engine.aggregate import (
     gather_directory,
@@ -46,6 +46,10 @@ from zephon_columnar.validation import (
     validate_ops,
 )
 from zephon_columnar.work.base import WorkSource
+
+if TYPE_CHECKING:  # the operators themselves are imported when a builder method adds them
+    from zephon_columnar.ops.pack.spec import FlushStrategy, Homogeneity, PackAlgorithm, ShuffleStrategy
+    from zephon_columnar.ops.shuffle import ShuffleAlgorithm
 
 
 class Pipeline:
@@ -174,7 +178,7 @@ class Pipeline:
             enable_thinking_field=enable_thinking_field, mask_field_out=mask_field_out,
             preserve_upstream_payload=preserve_upstream_payload, parallelism=parallelism))
 
-    def shuffle(self, buffer_size: int | None = None, *, seed: int = 0, algorithm: str = "streaming",
+    def shuffle(self, buffer_size: int | None = None, *, seed: int = 0, algorithm: ShuffleAlgorithm = "streaming",
                 warmup_growth: float = 1.5, placement: str = "auto", parallelism: int | None = None) -> "Pipeline":
         """Shuffle each lane's rows through a deterministic buffer of ``buffer_size`` rows (8192
         when None): ``"streaming"`` (a reservoir), ``"block"`` or ``"block_warmup"`` (tumbling
@@ -182,11 +186,17 @@ class Pipeline:
         after a restart and on every runner; every flush point drains the buffer.
 
         Example:
-            >>> pipe.tokenize(tokenizer=tok, field="text").shuffle(8192, seed=7)  # doctest: +SKIP
+            >>> import pyarrow as pa
+            >>> from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+            >>> ws = StaticMixtureWorkSource([Dataset.from_tables("toy", [pa.table({"x": list(range(10))})])], {"toy": 1.0},
+            ...                              shuffle_shards=False)
+            >>> out = [r.payload["x"] for r in Pipeline(ws).shuffle(4, seed=7)]
+            >>> sorted(out) == list(range(10)), out != list(range(10))  # every row once, reordered
+            (True, True)
         """
         from zephon_columnar.ops.shuffle import ShuffleOp
 
-        return self._add(ShuffleOp(buffer_size, seed=seed, algorithm=algorithm,  # type: ignore[arg-type]
+        return self._add(ShuffleOp(buffer_size, seed=seed, algorithm=algorithm,
                                    warmup_growth=warmup_growth, parallelism=parallelism))
 
     def ensure_mixture(self, *, max_buffer_size: int | None = 1000, drain_target_ratio: float = 0.8,
@@ -198,7 +208,13 @@ class Pipeline:
         ``max_buffer_size``). See `zephon_columnar.ops.ensure_mixture` for the exact rule.
 
         Example:
-            >>> pipe.tokenize(tokenizer=tok, field="text").ensure_mixture(weight_by="input_ids")  # doctest: +SKIP
+            >>> import pyarrow as pa
+            >>> from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+            >>> a = Dataset.from_tables("a", [pa.table({"input_ids": [[1] * 4] * 6})])   # 4-token documents
+            >>> b = Dataset.from_tables("b", [pa.table({"input_ids": [[2]] * 12})])      # 1-token documents
+            >>> ws = StaticMixtureWorkSource([a, b], {"a": 0.5, "b": 0.5}, shuffle_shards=False)
+            >>> [r.payload["input_ids"][0] for r in Pipeline(ws).ensure_mixture(weight_by="input_ids")][:10]
+            [1, 2, 2, 2, 2, 1, 2, 2, 2, 2]
         """
         from zephon_columnar.ops.ensure_mixture import EnsureMixtureOp
 
@@ -218,7 +234,19 @@ class Pipeline:
         workers. See `zephon_columnar.ops.stateful`.
 
         Example:
-            >>> pipe.stateful_transform("dedupe", init_state=set, push=dedupe)  # doctest: +SKIP
+            >>> import pyarrow as pa
+            >>> from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+            >>> ws = StaticMixtureWorkSource([Dataset.from_tables("toy", [pa.table({"id": [3, 1, 3, 2, 1]})])], {"toy": 1.0},
+            ...                              shuffle_shards=False)
+            >>> def dedupe(seen, records):
+            ...     fresh = []
+            ...     for r in records:
+            ...         if r.payload["id"] not in seen:
+            ...             seen.add(r.payload["id"])
+            ...             fresh.append(r)
+            ...     return seen, fresh
+            >>> [r.payload["id"] for r in Pipeline(ws).stateful_transform("dedupe", init_state=set, push=dedupe)]
+            [3, 1, 2]
         """
         from zephon_columnar.ops.stateful import RecordsTransformOp, StatefulTransformOp
 
@@ -231,11 +259,11 @@ class Pipeline:
         return self
 
     def pack_flat(self, max_length: int, *, num_bins: int | None = None, max_sequences_per_bin: int | None = None,
-                  algorithm: str = "first_fit", tokens_field: str = "auto", pad_token_id: int | None = None,
+                  algorithm: PackAlgorithm = "first_fit", tokens_field: str = "auto", pad_token_id: int | None = None,
                   emit_positions: bool = True, drop_oversized: bool | None = None, min_sequence_length: int = 1,
-                  shuffle_strategy: str | None = None, shuffle_seed: int | None = None, flush_strategy: str = "fifo",
+                  shuffle_strategy: ShuffleStrategy | None = None, shuffle_seed: int | None = None, flush_strategy: FlushStrategy = "fifo",
                   candidate_pool_size: int | None = None, max_candidate_age: int | None = None,
-                  homogeneity: str = "none", groups: Any = None, placement: str = "auto",
+                  homogeneity: Homogeneity = "none", groups: Any = None, placement: str = "auto",
                   parallelism: int | None = None) -> "Pipeline":
         """Pack each lane's documents into flat rows of exactly ``max_length`` tokens, ready for
         ``SampleBatch.to_training`` (token column, aligned fields, ``positions`` restarting at
@@ -248,11 +276,18 @@ class Pipeline:
         fields (``text``, scalar ids) are dropped by rule, never an error.
 
         Example:
-            >>> pipe.tokenize(tokenizer=tok, field="text").pack_flat(2048, algorithm="wrap")  # doctest: +SKIP
-            >>> pipe.pack_flat(2048, algorithm="first_fit", num_bins=16, pad_token_id=0)  # doctest: +SKIP
+            >>> import pyarrow as pa
+            >>> from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+            >>> ws = StaticMixtureWorkSource([Dataset.from_tables("toy", [pa.table({"input_ids": [[1, 2, 3], [4, 5, 6], [7, 8], [9]]})])], {"toy": 1.0},
+            ...                              shuffle_shards=False)
+            >>> pipe = Pipeline(ws).pack_flat(5, algorithm="first_fit", num_bins=2, pad_token_id=0).batch(2)
+            >>> t = next(iter(pipe)).to_training(return_padding_mask=True)
+            >>> t["input_ids"].tolist(), t["positions"].tolist()
+            ([[1, 2, 3, 7, 8], [4, 5, 6, 9, 0]], [[0, 1, 2, 0, 1], [0, 1, 2, 0, 0]])
         """
         from zephon_columnar.ops.pack import PackFlatOp
 
+        self._check_groups(groups)
         return self._add(PackFlatOp(
             max_length, num_bins=num_bins, max_sequences_per_bin=max_sequences_per_bin, algorithm=algorithm,
             tokens_field=tokens_field, pad_token_id=pad_token_id, emit_positions=emit_positions,
@@ -262,23 +297,30 @@ class Pipeline:
             homogeneity=homogeneity, groups=groups, parallelism=parallelism))
 
     def pack_sequences(self, max_length: int, *, num_bins: int | None = None,
-                       max_sequences_per_bin: int | None = None, algorithm: str = "first_fit",
+                       max_sequences_per_bin: int | None = None, algorithm: PackAlgorithm = "first_fit",
                        tokens_field: str = "auto", length_fn: Any = None, drop_oversized: bool | None = None,
-                       min_sequence_length: int = 1, shuffle_strategy: str | None = None,
-                       shuffle_seed: int | None = None, flush_strategy: str = "fifo", pack_payloads: Any = "keep_list",
+                       min_sequence_length: int = 1, shuffle_strategy: ShuffleStrategy | None = None,
+                       shuffle_seed: int | None = None, flush_strategy: FlushStrategy = "fifo", pack_payloads: Any = "keep_list",
                        candidate_pool_size: int | None = None, max_candidate_age: int | None = None,
-                       homogeneity: str = "none", groups: Any = None, placement: str = "auto",
+                       homogeneity: Homogeneity = "none", groups: Any = None, placement: str = "auto",
                        parallelism: int | None = None) -> "Pipeline":
         """Pack like `pack_flat`, but keep each row's segments apart as ``packed_samples`` (whole
         payloads for first_fit/best_fit, aligned slices for the wrapping algorithms); see
         `zephon_columnar.ops.pack.sequences`.
 
         Example:
-            >>> pipe.pack_sequences(4096, algorithm="best_fit", num_bins=8)  # doctest: +SKIP
+            >>> import pyarrow as pa
+            >>> from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+            >>> ws = StaticMixtureWorkSource([Dataset.from_tables("toy", [pa.table({"input_ids": [[1, 2, 3], [4, 5, 6], [7, 8], [9]]})])], {"toy": 1.0},
+            ...                              shuffle_shards=False)
+            >>> pipe = Pipeline(ws).pack_sequences(5, algorithm="first_fit", num_bins=2)
+            >>> [[s["input_ids"] for s in r.payload["packed_samples"]] for r in pipe]
+            [[[1, 2, 3], [7, 8]], [[4, 5, 6], [9]]]
         """
         from zephon_columnar.ops.pack import PackSequencesOp
         from zephon_columnar.ops.pack.sequences import merge_with
 
+        self._check_groups(groups)
         if length_fn is not None:
             raise ConfigError("pack_sequences(length_fn=...): packing measures the token field's length here; "
                               "pass tokens_field=<the list column to measure> instead (a length field that is "
@@ -292,6 +334,20 @@ class Pipeline:
         if callable(pack_payloads):
             self._add(MapOp(merge_with(pack_payloads), parallelism=parallelism))
         return self
+
+    def _check_groups(self, groups: Any) -> None:
+        """``groups`` (for ``homogeneity="group"``) must name mixture components."""
+        if groups is None:
+            return
+        from zephon_columnar.ops.pack import DomainGroups
+
+        g = groups if isinstance(groups, DomainGroups) else DomainGroups(groups)
+        names = list(self._ws.component_ids())
+        g.validate_against(names)
+        loose = sorted(set(names) - set(g.to_member_map()))
+        if loose:
+            warnings.warn(f"pack_flat(groups=...): components {loose} are in no group; each packs on its own.",
+                          stacklevel=3)
 
     def add_op(self, op: BaseOp | str, /, *, name: str | None = None, placement: str = "auto",
                process_many: Callable[[list[Any]], list[Any]] | None = None,

@@ -52,6 +52,14 @@ class SampleMeta:
     def padding_length(self) -> int | None:
         return self.tags.get("padding_length")
 
+    @property
+    def contributors(self) -> tuple[dict[str, Any], ...]:
+        """A packed row's pieces, in order: each ``{"sample_id", "chunk_id", "chunk_offset",
+        "lineage", "component", "start", "length", "closes"}`` (``start``: tokens of its sample
+        before the piece; ``closes``: the piece ends its sample). ``()`` for a row that was not
+        packed."""
+        return tuple(self.tags.get("_contributors", ()))
+
 
 @dataclass
 class SampleRecord:
@@ -75,17 +83,23 @@ def records_of(table: pa.Table, fields: FieldsByDataset | None = None) -> list[S
     lineage = F.lineage_paths(table)
     # Per dataset, the fields to leave out where null (columns only other datasets have).
     foreign = {d: [n for n in names if n not in own] for d, own in (fields or {}).items()}
+    segments = table.column(F.SEGMENTS).to_pylist() if F.SEGMENTS in table.column_names else None
     out = []
     for i in range(table.num_rows):
         comp = int(book[F.COMPONENT][i])
         dataset = int(book[F.DATASET][i])
-        tags = {} if pad is None else {"padding_length": int(pad[i])}
+        tags: dict[str, Any] = {} if pad is None else {"padding_length": int(pad[i])}
+        samples: dict[int, int] = {comp: 1}
+        tokens: dict[int, int] | None = None
+        if segments is not None:  # a packed row: counts and contributors from its pieces
+            samples, tokens, tags["_contributors"] = _packed_meta(segments[i])
         meta = SampleMeta(
             sample_id=(dataset, int(book[F.SHARD][i]), int(book[F.ROW][i])),
             lane_id=int(book[F.LANE][i]),
             chunk_id=int(book[F.CHUNK][i]),
             chunk_offset=int(book[F.OFFSET][i]),
-            component_sample_counts={comp: 1},
+            component_sample_counts=samples,
+            component_token_counts=tokens,
             lineage=lineage[i],
             tags=tags,
         )
@@ -95,6 +109,23 @@ def records_of(table: pa.Table, fields: FieldsByDataset | None = None) -> list[S
                 del payload[n]
         out.append(SampleRecord(meta=meta, payload=payload))
     return out
+
+
+def _packed_meta(pieces: list[dict[str, Any]]) -> tuple[dict[int, int], dict[int, int], list[dict[str, Any]]]:
+    """(component -> samples the row closes, component -> its tokens, contributors) of a packed
+    row's ``__segments``: a sample is counted on the piece that ends it (as Zephon does)."""
+    samples: dict[int, int] = {}
+    tokens: dict[int, int] = {}
+    contributors = []
+    for p in pieces:
+        c = p["component"]
+        tokens[c] = tokens.get(c, 0) + p["length"]
+        if p["closes"]:
+            samples[c] = samples.get(c, 0) + 1
+        contributors.append({"sample_id": (p["dataset"], p["shard"], p["row"]), "chunk_id": p["chunk"],
+                             "chunk_offset": p["offset"], "lineage": tuple(p["lineage"]), "component": c,
+                             "start": p["start"], "length": p["length"], "closes": p["closes"]})
+    return samples, tokens, contributors
 
 
 def _column_values(table: pa.Table, name: str) -> list[Any]:

@@ -19,10 +19,19 @@ the flush epoch (`engine.replay`); everything else about resume is exact as for 
 per batch of outputs (each ``push``/``flush`` result is one batch).
 
 Example:
-    >>> def dedupe(seen, records):
-    ...     fresh = [r for r in records if r.payload["id"] not in seen]
-    ...     return seen | {r.payload["id"] for r in fresh}, fresh
-    >>> pipe.stateful_transform("dedupe", init_state=set, push=dedupe)  # doctest: +SKIP
+    >>> import pyarrow as pa
+    >>> from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+    >>> ws = StaticMixtureWorkSource([Dataset.from_tables("toy", [pa.table({"id": [3, 1, 3, 2, 1]})])],
+    ...                              {"toy": 1.0}, shuffle_shards=False)
+    >>> def first_sightings(seen, records):  # keep a record whose id this lane has not seen yet
+    ...     fresh = []
+    ...     for r in records:
+    ...         if r.payload["id"] not in seen:
+    ...             seen.add(r.payload["id"])
+    ...             fresh.append(r)
+    ...     return seen, fresh
+    >>> [r.payload["id"] for r in Pipeline(ws).stateful_transform("dedupe", init_state=set, push=first_sightings)]
+    [3, 1, 2]
 """
 
 from __future__ import annotations

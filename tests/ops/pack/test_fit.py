@@ -125,3 +125,31 @@ def test_rows_are_padded_and_the_pad_is_masked():
     assert rows["input_ids"] == [[1, 2, 3, 4, 5, 0, 0, 0], [6, 7, 8, 9, 10, 11, 0, 0]]
     assert rows[PADDING_LENGTH] == [3, 2]
     assert rows["positions"] == [[0, 1, 2, 0, 1, 0, 1, 2], [0, 1, 2, 3, 4, 5, 0, 1]]
+
+
+def test_packed_records_report_their_contributors_and_counts():
+    from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+
+    a = Dataset.from_tables("a", [pa.table({"input_ids": pa.array([[1] * 3, [2] * 4], pa.list_(pa.int32()))})])
+    b = Dataset.from_tables("b", [pa.table({"input_ids": pa.array([[3] * 2, [4] * 5], pa.list_(pa.int32()))})])
+    ws = StaticMixtureWorkSource([a, b], {"a": 0.5, "b": 0.5}, chunk_size=4, shuffle_shards=False)
+    pipe = Pipeline(ws).pack_flat(8, algorithm="first_fit", num_bins=2, pad_token_id=0).batch(1, drop_last=False)
+    metas = [r.meta for batch in pipe for r in batch.records]
+    assert sum(sum(m.component_sample_counts.values()) for m in metas) == 4  # each document once
+    for m in metas:
+        assert sum(m.component_token_counts.values()) == 8 - m.padding_length
+        assert [c["length"] for c in m.contributors] and all(c["closes"] for c in m.contributors)
+        assert m.sample_id == m.contributors[0]["sample_id"]
+    assert {c for m in metas for c in m.component_token_counts} == {0, 1}  # both components counted
+
+
+def test_domain_groups_must_name_mixture_components():
+    from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+    from zephon_columnar.ops import DomainGroups
+
+    a = Dataset.from_tables("a", [pa.table({"input_ids": pa.array([[1]], pa.list_(pa.int32()))})])
+    ws = StaticMixtureWorkSource([a], {"a": 1.0})
+    with pytest.raises(ValueError, match=r"components \['nope'\] are not in the mixture"):
+        Pipeline(ws).pack_flat(8, algorithm="wrap", homogeneity="group", groups={"g": ["nope"]})
+    with pytest.raises(ValueError, match="at most one group"):
+        DomainGroups({"g": ["a"], "h": ["a"]})

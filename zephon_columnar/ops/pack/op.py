@@ -38,7 +38,9 @@ class PackFlatOp(BaseOp):
     placement is serial per lane and the rows are built vectorized in the same step.
 
     Example:
-        >>> pipe.pack_flat(2048, algorithm="first_fit", num_bins=16).batch(8)  # doctest: +SKIP
+        >>> op = PackFlatOp(2048, algorithm="first_fit", num_bins=16)  # what Pipeline.pack_flat adds
+        >>> op.spec.algorithm, op.spec.num_bins, op.spec.pad_token_id
+        ('first_fit', 16, 0)
     """
 
     name = "pack_flat"

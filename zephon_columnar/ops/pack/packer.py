@@ -80,8 +80,11 @@ class HeldDocs:
 
     Example:
         >>> docs = HeldDocs()
-        >>> rid = docs.add(run)  # doctest: +SKIP
-        >>> docs.hold(rid, 3); docs.drop(rid, 3); docs.release()  # doctest: +SKIP
+        >>> rid = docs.add(object())  # a frame's run; its documents are not looked at here
+        >>> docs.hold(rid, 2); docs.drop(rid); docs.release(); rid in docs.runs  # one piece still held
+        True
+        >>> docs.drop(rid); docs.release(); rid in docs.runs
+        False
     """
 
     def __init__(self) -> None:
