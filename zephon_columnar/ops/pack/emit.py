@@ -64,13 +64,16 @@ def emit_rows(spec: PackSpec, run: Run, row_lengths: np.ndarray, *, op: str = "p
         if padded:
             fill = spec.pad_token_id if name == tok else 0
             try:
-                flat = np.full(rows * L, fill, dtype=values.dtype)
+                pad_run = np.full(L, fill, dtype=values.dtype)
             except OverflowError as err:
                 raise ConfigError(f"{op}(pad_token_id={fill}) does not fit the token column {name!r} "
                                   f"({values.dtype}); pass a pad id in range.") from err
-            grid = flat.reshape(rows, L)
-            for r, (a, n) in enumerate(zip(row_starts.tolist(), row_lengths.tolist())):  # rows are long
-                grid[r, :n] = real[a:a + n]
+            # Each row's tokens, then its pad: one pass writing every output element once.
+            parts = []
+            for a, n in zip(row_starts.tolist(), row_lengths.tolist()):  # rows are long
+                parts.append(real[a:a + n])
+                parts.append(pad_run[: L - n])
+            flat = np.concatenate(parts)
         else:
             flat = real
         cols.append(pa.ListArray.from_arrays(offsets, pa.array(flat)))

@@ -110,10 +110,11 @@ class FitPacker(Packer):
         return [Emission(frame, np.array([t for _, t in closed], np.int64))]
 
     def _emit_bins(self, bins: list[_Bin]):  # -> pa.Table
-        run = self._docs.gather([(rid, seg, 0, n) for b in bins for rid, seg, n in b.docs])
-        for b in bins:
-            for rid, _, _ in b.docs:
-                self._docs.drop(rid)
+        pieces = [(rid, seg, 0, n) for b in bins for rid, seg, n in b.docs]
+        run = self._docs.gather(pieces)
+        rids, held = np.unique(np.array([p[0] for p in pieces]), return_counts=True)
+        for rid, n in zip(rids.tolist(), held.tolist()):
+            self._docs.drop(rid, n)
         self._docs.release()
         return self.emit(run, np.array([b.used for b in bins], np.int64))
 

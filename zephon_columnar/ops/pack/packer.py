@@ -128,10 +128,7 @@ class HeldDocs:
         """One run of ``pieces`` ``(run id, segment, start, length)``, in order; documents held by
         reference are computed here (only those the pieces need)."""
         runs = self.runs
-        rids = np.fromiter((p[0] for p in pieces), np.int64, len(pieces))
-        segs = np.fromiter((p[1] for p in pieces), np.int64, len(pieces))
-        starts = np.fromiter((p[2] for p in pieces), np.int64, len(pieces))
-        lengths = np.fromiter((p[3] for p in pieces), np.int64, len(pieces))
+        rids, segs, starts, lengths = np.array(pieces, np.int64).reshape(-1, 4).T
         used, inverse = np.unique(rids, return_inverse=True)
         if not any(isinstance(runs[int(r)], LazyRun) for r in used):  # the common case: all computed
             return gather([runs[int(r)] for r in used], inverse, segs, starts, lengths)  # type: ignore[misc]

@@ -149,16 +149,17 @@ def gather(runs: list[Run], run_index: np.ndarray, seg_index: np.ndarray, start:
     skip = np.empty(n, np.int64)
     closes = np.empty(n, bool)
     src_starts = np.empty(n, np.int64)
-    books, book_order = [], []
+    book_rows = np.empty(n, np.int64)  # in the runs' books stacked in order
+    book_base = np.cumsum([0] + [r.book.num_rows for r in runs[:-1]])
     # Pieces grouped by run (one pass over each run involved, whatever their number).
     order = np.argsort(run_index, kind="stable")
     bounds_r = np.flatnonzero(np.diff(run_index[order])) + 1
     for mine in np.split(order, bounds_r):
-        run = runs[int(run_index[mine[0]])]
+        r = int(run_index[mine[0]])
+        run = runs[r]
         segs = seg_index[mine]
         src_starts[mine] = run.seg_starts[segs] + start[mine]
-        books.append(run.book.take(pa.array(run.seg_book[segs])))
-        book_order.append(mine)
+        book_rows[mine] = run.seg_book[segs] + book_base[r]
         skip[mine] = run.seg_skip[segs] + start[mine]
         seg_end = np.append(run.seg_starts[1:], len(run))[segs] - run.seg_starts[segs]
         closes[mine] = run.seg_closes[segs] & (start[mine] + length[mine] == seg_end)
@@ -177,11 +178,8 @@ def gather(runs: list[Run], run_index: np.ndarray, seg_index: np.ndarray, start:
             mask = piece_run == r
             for name in names:
                 data[name][mask] = runs[r].data[name][src_pos[mask]]
-    book = F.concat_frames(books) if len(books) > 1 else books[0]
-    if len(books) > 1:
-        inverse = np.empty(n, np.int64)
-        inverse[np.concatenate(book_order)] = np.arange(n)
-        book = book.take(pa.array(inverse))
+    books = [r.book for r in runs]
+    book = (F.concat_frames(books) if len(books) > 1 else books[0]).take(pa.array(book_rows))
     return Run(data, dst_start, np.arange(n, dtype=np.int64), book, skip, closes)
 
 
