@@ -99,20 +99,33 @@ def assert_frame_split_invariant(make_accumulator: Callable[[], Any], rows: Any,
                                  f"epoch ({len(got)} rows against {len(reference)})")
 
 
-def assert_resumes_exactly(make_pipeline: Callable[[], Any], ks: Sequence[int]) -> list[tuple]:
-    """For each k: head + restored continuation == uninterrupted stream. Returns the stream."""
+def assert_resumes_exactly(make_pipeline: Callable[[], Any], ks: Sequence[int], *,
+                           again: Sequence[int] = (0, 1)) -> list[tuple]:
+    """For each k: head + restored continuation == uninterrupted stream; and, for each j of
+    ``again``, a checkpoint taken after j more items of the restored run resumes exactly too (a
+    job that restarts and checkpoints again before, or right after, its first step). Returns
+    the uninterrupted stream."""
     full = collect(make_pipeline())
+
+    def check(got: list[tuple], what: str) -> None:
+        if got != full:
+            first_bad = next((i for i, (a, b) in enumerate(zip(got, full)) if a != b), min(len(got), len(full)))
+            raise AssertionError(f"{what}: resumed stream differs from the uninterrupted one at item {first_bad} "
+                                 f"(resumed {len(got)} items, uninterrupted {len(full)})")
+
     for k in ks:
         head, ckpt = take_and_checkpoint(make_pipeline(), k)
+        assert head == full[:k], f"k={k}: the first {k} items differ from the uninterrupted run"
         resumed = make_pipeline()
         resumed.restore(ckpt)
-        rest = collect(resumed)
-        assert head == full[:k], f"k={k}: the first {k} items differ from the uninterrupted run"
-        if head + rest != full:
-            first_bad = next((i for i, (a, b) in enumerate(zip(head + rest, full)) if a != b),
-                             min(len(head + rest), len(full)))
-            raise AssertionError(
-                f"k={k}: resumed stream differs from the uninterrupted one at item {first_bad} "
-                f"(resumed {len(head + rest)} items, uninterrupted {len(full)})"
-            )
+        check(head + collect(resumed), f"k={k}")
+        for j in again:
+            if k + j > len(full):
+                continue
+            restored = make_pipeline()
+            restored.restore(ckpt)
+            more, ckpt2 = take_and_checkpoint(restored, j)
+            third = make_pipeline()
+            third.restore(ckpt2)
+            check(head + more + collect(third), f"k={k}, checkpoint again {j} items after the restore")
     return full

@@ -488,6 +488,7 @@ class LaneChain:
         self.engine = engine
         self.lane = lane
         self.runner = runner
+        self.restored_from = start if isinstance(start, LaneSnapshot) else None
         ws = engine.ws.clone_for_lane(lane, engine.canonical_replicas)
         k = engine.plan.flush_every
         per_item = engine.plan.batch.microbatch_size if engine.plan.batch is not None else 1
@@ -559,6 +560,15 @@ class LaneChain:
         if not getattr(packer, "can_rewind", lambda: False)() or any(
                 getattr(op, "fans_out", True) for op in plan.stages[0].ops):
             return None
+        if packer.skip_pending() and self.restored_from is not None:
+            # Restored by rewinding and no document pushed since: the packer is where that
+            # checkpoint put it (its skip included), and the only rows in the lane are what the
+            # restore held for the collector (a rewound snapshot has nothing in transit).
+            rows = self.collector.pending_rows()
+            start = self.restored_from
+            return LaneSnapshot(items=items, resume=start.resume, stages=start.stages, queues=([],),
+                                inboxes=(None,), pending=(F.concat_frames(rows), self.collector.payload_schema())
+                                if rows else None)
         # The oldest row of the packer not delivered yet: in the collector, then in transit.
         after = steps[2] if len(steps) > 2 else None
         downstream = self.collector.pending_rows() + [F.refs_of(ev) for ev in (

@@ -128,9 +128,10 @@ class _OpenShard:
         np.cumsum(found, out=self.starts[1:])
         self.group_bytes = np.array([md.row_group(g).total_byte_size for g in range(md.num_row_groups)],
                                     dtype=np.int64)
-        # The row group right after the last decode: a miss there means a sequential scan.
-        # A fresh shard counts as "scanned up to 0", so a scan from the start reads ahead at once.
+        # The row group right after the last decode: a miss there, by a take that continues
+        # the previous one (``next_row``: the row after it, -1 for none), means a sequential scan.
         self.next_group = 0
+        self.next_row = -1
         self.window_bytes = _READAHEAD_START_BYTES  # read-ahead budget; doubles while sequential
 
     def close(self) -> None:
@@ -216,12 +217,19 @@ class ParquetReader:
                              f"with {int(starts[-1])} rows.")
         g_lo = int(np.searchsorted(starts, lo, side="right")) - 1
         g_hi = int(np.searchsorted(starts, hi, side="right")) - 1
+        run = int(rows[0]) == lo and hi - lo == n - 1 and bool(np.all(np.diff(rows) == 1))
+        # Read ahead only for a run that continues the previous take of this shard: a scan.
+        # The first take of a shard, or scattered rows (a restore recomputing the documents a
+        # checkpoint holds, a shuffled block), say nothing about what comes next, and decoding
+        # more would only delay the rows asked for.
+        scan = run and lo == shard.next_row
+        shard.next_row = hi + 1 if run else -1
         if g_lo == g_hi:  # one row group: slice or take inside it
-            table = self._load(shard_id, shard, [g_lo])[g_lo]
+            table = self._load(shard_id, shard, [g_lo], scan=scan)[g_lo]
             return take_rows(table, rows - starts[g_lo])
-        if int(rows[0]) == lo and hi - lo == n - 1 and bool(np.all(np.diff(rows) == 1)):
+        if run:
             # A consecutive run across row groups: concatenated zero-copy slices.
-            tables = self._load(shard_id, shard, range(g_lo, g_hi + 1))
+            tables = self._load(shard_id, shard, range(g_lo, g_hi + 1), scan=scan)
             pieces = []
             for g in range(g_lo, g_hi + 1):
                 a, b = max(lo, int(starts[g])), min(hi + 1, int(starts[g + 1]))
@@ -229,7 +237,7 @@ class ParquetReader:
             return pa.concat_tables(pieces)
         groups = np.searchsorted(starts, rows, side="right") - 1
         used = np.unique(groups)
-        tables = self._load(shard_id, shard, used.tolist())
+        tables = self._load(shard_id, shard, used.tolist(), scan=False)
         # Offset of each used group inside the concatenation of the used groups.
         sizes = starts[used + 1] - starts[used]
         base = np.zeros(len(starts), dtype=np.int64)
@@ -270,8 +278,10 @@ class ParquetReader:
         return shard
 
     # ------------------------------------------------------------ row groups
-    def _load(self, shard_id: int, shard: _OpenShard, wanted: Iterable[int]) -> dict[int, pa.Table]:
-        """Decoded tables of the row groups ``wanted`` (sorted), decoding the missing ones."""
+    def _load(self, shard_id: int, shard: _OpenShard, wanted: Iterable[int], *,
+              scan: bool = True) -> dict[int, pa.Table]:
+        """Decoded tables of the row groups ``wanted`` (sorted), decoding the missing ones (and,
+        with ``scan``, the next ones when the access is sequential)."""
         out: dict[int, pa.Table] = {}
         missing: list[int] = []
         for g in wanted:
@@ -283,7 +293,7 @@ class ParquetReader:
                 self.stats["cache_hits"] += 1
                 out[g] = table
         if missing:
-            decode = self._with_readahead(shard_id, shard, missing)
+            decode = self._with_readahead(shard_id, shard, missing) if scan else missing
             for g, table in zip(decode, self._decode(shard, decode)):
                 if g in missing:
                     out[g] = table

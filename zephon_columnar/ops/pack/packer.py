@@ -324,6 +324,11 @@ class LanePacker:
         state["rewind"] = int(tail.seg_skip[0])
         return (int(book[F.CHUNK]), int(book[F.OFFSET])), state
 
+    def skip_pending(self) -> bool:
+        """Restored by rewinding, and the tokens delivered before the checkpoint not skipped yet
+        (no document pushed since)."""
+        return self._skip > 0
+
     def can_rewind(self) -> bool:
         s = self.spec
         return s.algorithm == "wrap" and s.max_sequences_per_bin is None and s.homogeneity == "none" and \
