@@ -179,6 +179,17 @@ def test_random_rows_decode_only_the_row_groups_they_touch(pq_dir):
     assert reader.stats["decoded_groups"] == 2
 
 
+def test_only_a_scan_reads_ahead(pq_dir):
+    reader = ParquetReader(Dataset.from_path("web", str(pq_dir)))  # shard 0: 10 row groups of 100
+    reader.take(0, np.array([5]))  # a first take: nothing says what comes next
+    reader.take(0, np.array([450, 430]))  # scattered rows (a restore recomputing held documents)
+    reader.take(0, np.arange(600, 650))  # consecutive, but not where the last take ended
+    assert reader.stats["decoded_groups"] == 3  # row groups 0, 4 and 6: only what was asked
+    got = reader.take(0, np.arange(650, 720))  # continues the last take: a scan reads ahead
+    assert got.column("id").to_pylist() == list(range(650, 720))
+    assert reader.stats["decoded_groups"] == 6 and reader.stats["decode_calls"] == 4  # 7, 8, 9 at once
+
+
 def unreadable(path) -> str:
     """The start of the error for a file the OS refuses to read."""
     return rf"^{re.escape(str(path))}: cannot be read \(Permission denied\)\. Give this process read permission"

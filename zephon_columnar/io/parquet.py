@@ -167,8 +167,10 @@ class ParquetReader:
           consecutive, ``Table.take`` otherwise.
         - Decoded row groups are kept in an LRU bounded by ``cache_bytes`` (decoded Arrow
           bytes); open files and footers in an LRU of ``max_open_files`` shards.
-        - Sequential access reads ahead (1 MiB of row groups per decode, doubling up to 64 MiB
-          or half the cache), so a scan in slices of any size decodes each row group exactly once.
+        - A scan (a take of consecutive rows that continues the previous take of the shard)
+          reads ahead (4 MiB of row groups per decode, doubling up to 64 MiB or half the
+          cache), so a scan in slices of any size decodes each row group exactly once; any
+          other take decodes only the row groups it needs.
         - Remote shards are read from their local copy in ``shard_cache``.
         - Not thread-safe: one reader per worker. ``stats`` counts decoded row groups
           (``"decoded_groups"``), decode calls and cache hits.
@@ -279,7 +281,7 @@ class ParquetReader:
 
     # ------------------------------------------------------------ row groups
     def _load(self, shard_id: int, shard: _OpenShard, wanted: Iterable[int], *,
-              scan: bool = True) -> dict[int, pa.Table]:
+              scan: bool) -> dict[int, pa.Table]:
         """Decoded tables of the row groups ``wanted`` (sorted), decoding the missing ones (and,
         with ``scan``, the next ones when the access is sequential)."""
         out: dict[int, pa.Table] = {}
@@ -293,17 +295,17 @@ class ParquetReader:
                 self.stats["cache_hits"] += 1
                 out[g] = table
         if missing:
-            decode = self._with_readahead(shard_id, shard, missing) if scan else missing
+            decode = self._with_readahead(shard_id, shard, missing, scan)
             for g, table in zip(decode, self._decode(shard, decode)):
                 if g in missing:
                     out[g] = table
                 self._remember((shard_id, g), table)
         return out
 
-    def _with_readahead(self, shard_id: int, shard: _OpenShard, missing: list[int]) -> list[int]:
-        """``missing`` plus the next row groups when access looks sequential."""
+    def _with_readahead(self, shard_id: int, shard: _OpenShard, missing: list[int], scan: bool) -> list[int]:
+        """``missing`` plus the next row groups when a scan (see `take`) meets them in order."""
         last = missing[-1]
-        sequential = missing[0] == shard.next_group and last - missing[0] == len(missing) - 1
+        sequential = scan and missing[0] == shard.next_group and last - missing[0] == len(missing) - 1
         decode = list(missing)
         if sequential:
             # Never read ahead more than half the cache, so read-ahead cannot evict itself.

@@ -120,6 +120,12 @@ class ShuffleBuffer:
         """Per row, a 64-bit hash of (seed, lane, row identity, salt)."""
         return F.mix64(F.row_keys(frame) ^ self.key_seed ^ salt)
 
+    def permuted(self, handles: np.ndarray, salt: np.uint64 = np.uint64(0)) -> pa.Table:
+        """The rows of ``handles`` sorted by their keys: the keys come from the rows' bookkeeping
+        alone, so the payload is gathered once, already in order."""
+        order = np.argsort(self.keys(self.store.refs(handles), salt), kind="stable")
+        return self.store.take(handles[order])
+
     def emit(self, handles: np.ndarray) -> list[pa.Table]:
         if not len(handles):
             return []
@@ -198,10 +204,7 @@ class StreamingShuffle(ShuffleBuffer):
         return self.emit(out_handle[replace])
 
     def flush(self, *, reset: bool, end: bool = False) -> list[pa.Table]:
-        out = []
-        if len(self.slots):
-            held = self.store.take(self.slots)
-            out = [held.take(pa.array(np.argsort(self.keys(held, _DRAIN_SALT), kind="stable")))]
+        out = [self.permuted(self.slots, _DRAIN_SALT)] if len(self.slots) else []
         self._reset()
         return out
 
@@ -230,9 +233,9 @@ class BlockShuffle(ShuffleBuffer):
             self.target = min(self.size, max(self.target + 1, math.ceil(self.target * self.growth)))
 
     def _permuted(self, handles: np.ndarray) -> list[pa.Table]:
-        block = self.store.take(handles)
+        block = self.permuted(handles)
         self.store.release(handles)
-        return [block.take(pa.array(np.argsort(self.keys(block), kind="stable")))]
+        return [block]
 
     def push(self, frame: pa.Table) -> list[pa.Table]:
         if frame.num_rows == 0:

@@ -26,8 +26,10 @@ from typing import Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
+from zephon_columnar.memory import buffer_pool
 
 #: Compact when at least this many released rows are still held in memory (and they outnumber
 #: the live ones).
@@ -126,7 +128,7 @@ class RowStore:
         self._materialize(used)
         rows = self._row_of[handles]
         if len(used) == 1:
-            return self._tables[int(used[0])].take(pa.array(rows))  # type: ignore[union-attr]
+            return _take(self._tables[int(used[0])], rows)  # type: ignore[arg-type]
         # Take each table's rows first, then put them in order: a take over the concatenation
         # of whole tables would copy every row the store holds (a full shuffle buffer, 8192
         # documents) for each frame it emits; this copies only the rows taken, twice.
@@ -136,10 +138,10 @@ class RowStore:
         for k, t in enumerate(used.tolist()):
             table = self._tables[t]
             assert table is not None
-            parts.append(table.take(pa.array(rows[by_table[bounds[k]:bounds[k + 1]]])))
+            parts.append(_take(table, rows[by_table[bounds[k]:bounds[k + 1]]]))
         order = np.empty(len(handles), np.int64)
         order[by_table] = np.arange(len(handles))
-        return F.concat_frames(parts).take(pa.array(order))
+        return _take(F.concat_frames(parts), order)
 
     def release(self, handles: np.ndarray) -> None:
         """Let ``handles`` go (each once)."""
@@ -187,3 +189,10 @@ class RowStore:
         self._table_of[live] = 0
         self._row_of[live] = np.arange(len(live))
         self._dead_held = 0
+
+
+def _take(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    """``table.take(rows)`` into the engine's pool for large transient buffers: a shuffle
+    buffer gathers megabytes of tokens per frame, which Arrow's default pool would hand back to
+    the OS and fault in again (`zephon_columnar.memory`)."""
+    return pc.take(table, pa.array(rows, pa.int64()), memory_pool=buffer_pool())
