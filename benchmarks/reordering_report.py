@@ -24,15 +24,20 @@ def num(x: float | None, digits: int = 0) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def ms(seconds: float | None) -> str:
+    return num(None if seconds is None else seconds * 1000)
+
+
 def throughput(prefix: str) -> None:
     print("| corpus | job | algorithm | shuffle | ours / limit | ours M tok/s (rounds) | ours / Zephon | "
           "Zephon / limit | pack efficiency ours / Zephon | CPU s per Mtok | peak RSS MB ours / Zephon | "
           "first batch ms ours / Zephon |")
     print("| --- " * 12 + "|")
     for path in sorted(glob.glob(prefix + "*_s*.jsonl")):
-        if "_restore_" in path:
+        text = open(path).read()
+        if "_restore_" in path or not text.strip():  # a restore run, or a run still going
             continue
-        s = json.loads(open(path).read())
+        s = json.loads(text)
         corpus = path[len(prefix):].split("_")[0]
         rounds = [json.loads(line) for line in open(path[:-len(".jsonl")] + ".rounds")]
         rss = {k: median([r[k]["peak_rss_mb"] for r in rounds if k in r and "peak_rss_mb" in r[k]])
@@ -48,20 +53,23 @@ def throughput(prefix: str) -> None:
 
 
 def restores(prefix: str) -> None:
-    print("| corpus | job | ours restore / cold (rounds) | ours cold / restore ms | ours checkpoint bytes | "
+    print("| corpus | job | checkpoint after | ours restore / cold (rounds) | ours cold / restore ms | ours checkpoint bytes | "
           "Zephon restore / cold | Zephon cold / restore ms | Zephon checkpoint bytes | same batch ours / Zephon |")
-    print("| --- " * 9 + "|")
+    print("| --- " * 10 + "|")
     for path in sorted(glob.glob(prefix + "restore_*.jsonl")):
-        d = json.loads(open(path).read())
+        text = open(path).read()
+        if not text.strip():
+            continue
+        d = json.loads(text)
         s = d["summary"]
         corpus = path[len(prefix + "restore_"):].split("_")[0]
         per_round = " / ".join(f"{r['ours']['restore_over_cold']:.2f}" for r in d["rounds"]
                                if "restore_over_cold" in r.get("ours", {}))
-        print(f"| {corpus} | {s['job']} | **{s['ours_restore_over_cold']}** ({per_round}) | "
+        print(f"| {corpus} | {s['job']} | {s['ckpt_after']} batches | **{s['ours_restore_over_cold']}** ({per_round}) | "
               f"{s['ours_cold_s'] * 1000:.0f} / {s['ours_restore_s'] * 1000:.0f} | {s['ours_ckpt_bytes']:.0f} | "
               f"{s.get('zephon_restore_over_cold', '-')} | "
-              f"{s.get('zephon_cold_s', 0) * 1000:.0f} / {s.get('zephon_restore_s', 0) * 1000:.0f} | "
-              f"{s.get('zephon_ckpt_bytes', 0):.0f} | {s['ours_same_batch']} / {s.get('zephon_same_batch', '-')} |")
+              f"{ms(s.get('zephon_cold_s'))} / {ms(s.get('zephon_restore_s'))} | "
+              f"{num(s.get('zephon_ckpt_bytes'))} | {s['ours_same_batch']} / {s.get('zephon_same_batch', '-')} |")
 
 
 if __name__ == "__main__":
