@@ -188,8 +188,10 @@ class BestFitWrapPacker(Packer):
         if refs is None:
             return
         rid = self._docs.add(LazyRun(refs, materialize), held=refs.num_rows)  # computed when a row takes from them
-        cands = zip(state_column(refs, "arrival"), state_column(refs, "start"), state_column(refs, "length"))
-        for i, (arrival, start, length) in enumerate(cands):
-            cand = _Candidate(length=int(length), arrival=int(arrival), run=rid, seg=i, start=int(start))
-            self._add(cand)
-            self._by_arrival.append(cand)
+        cands = [_Candidate(length=int(length), arrival=int(arrival), run=rid, seg=i, start=int(start))
+                 for i, (arrival, start, length) in enumerate(zip(
+                     state_column(refs, "arrival"), state_column(refs, "start"), state_column(refs, "length")))]
+        self._by_arrival.extend(cands)  # the snapshot lists them in arrival order
+        self._pool = sorted(cands, key=_Candidate.key)  # one sort, not an insertion per candidate
+        self._keys = [c.key() for c in self._pool]
+        self._tokens = sum(c.length for c in cands)
