@@ -1,4 +1,4 @@
-"""Exceptions raised by zephon_columnar.
+"""Exceptions (and warnings) raised by zephon_columnar.
 
 Every error names what went wrong (file, row, field, option) and what to do instead.
 The classes derive from the built-in exception a caller would expect (``ValueError`` for bad
@@ -6,6 +6,31 @@ input, ``RuntimeError`` for a bad state), so ``except ValueError`` keeps working
 """
 
 from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def warn(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` attributed to the first frame outside this package: a warning raised
+    while a pipeline is iterated points at the user's loop, not at the engine (or at the
+    package, when no user code is on the stack: a prefetch thread).
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as seen:
+        ...     warnings.simplefilter("always")
+        ...     warn("three rows dropped")
+        >>> seen[0].filename.startswith(_PACKAGE), str(seen[0].message)
+        (False, 'three rows dropped')
+    """
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level if frame is not None else 2)
 
 
 class ZephonError(Exception):

@@ -28,7 +28,6 @@ and lane) when a component's share drifts further than this from its target.
 
 from __future__ import annotations
 
-import warnings
 from collections import deque
 from typing import Any, Callable, Mapping
 
@@ -38,7 +37,7 @@ import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
 from zephon_columnar.references import schema_from_json, schema_to_json, state_column, with_state
-from zephon_columnar.errors import ConfigError, MissingFieldError, operator_failure
+from zephon_columnar.errors import ConfigError, MissingFieldError, operator_failure, warn
 from zephon_columnar.ops.accumulators import LaneContext
 from zephon_columnar.ops.base import BaseOp, OpTraits
 from zephon_columnar.ops.store import RowStore
@@ -277,9 +276,9 @@ class MixtureBuffer:
             actual = self.emitted.get(k, 0.0) / total
             if abs(actual - t) > tol:
                 name = self.ctx.component_names.get(k, str(k))
-                warnings.warn(f"ensure_mixture: lane {self.ctx.lane}, component {name!r}: share {actual:.3f} against "
-                              f"a target of {t:.3f} (warn_tolerance={tol}); a component may be too scarce for the "
-                              "buffer (raise max_buffer_size or flush_every_k_chunks).", RuntimeWarning, stacklevel=2)
+                warn(f"ensure_mixture: lane {self.ctx.lane}, component {name!r}: share {actual:.3f} against a "
+                     f"target of {t:.3f} (warn_tolerance={tol}); a component may be too scarce for the buffer "
+                     "(raise max_buffer_size or flush_every_k_chunks).", RuntimeWarning)
                 self.warned = True
                 return
 
@@ -312,9 +311,9 @@ class MixtureBuffer:
             if self.buffered:
                 self.ctx.stats["ensure_mixture_dropped"] = self.ctx.stats.get("ensure_mixture_dropped", 0) + \
                     self.buffered
-                warnings.warn(f"ensure_mixture(max_buffer_size=None) dropped {self.buffered} row(s) of lane "
-                              f"{self.ctx.lane} at a flush point to keep the mixture exact; raise "
-                              "flush_every_k_chunks to drop fewer, or pass a max_buffer_size.", stacklevel=2)
+                warn(f"ensure_mixture(max_buffer_size=None) dropped {self.buffered} row(s) of lane {self.ctx.lane} "
+                     "at a flush point to keep the mixture exact; raise flush_every_k_chunks to drop fewer, or "
+                     "pass a max_buffer_size.")
         else:
             while self.buffered:
                 item = self._emit_one(True)

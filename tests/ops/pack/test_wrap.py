@@ -448,3 +448,13 @@ def test_pipeline_reports_the_dropped_final_row_in_explain_and_metrics():
     assert rows == 4  # 35 tokens: 4 rows of 8, 3 dropped
     assert "pack_dropped_final_tokens=3" in pipe.explain()
     assert pipe.metrics_snapshot().to_records() == [{"lane": 0, "name": "pack_dropped_final_tokens", "value": 3}]
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads"])
+def test_the_drop_warning_points_at_the_loop_that_iterates(runner):
+    ds = Dataset.from_tables("d", [pa.table({"input_ids": pa.array([[1] * 5] * 7, pa.list_(pa.int32()))})])
+    pipe = Pipeline(StaticMixtureWorkSource([ds], {"d": 1.0}, chunk_size=4)).pack_flat(8, algorithm="wrap").batch(1)
+    with pytest.warns(UserWarning, match="dropped the final partial row") as seen:
+        for _ in pipe.options(runner=runner):
+            pass
+    assert [w.filename for w in seen] == [__file__]  # not the engine's frame that flushed the packer

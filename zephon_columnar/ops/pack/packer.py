@@ -10,7 +10,6 @@ what keeps the output independent of how documents were cut into frames.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -18,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
+from zephon_columnar.errors import warn
 from zephon_columnar.ops.accumulators import LaneContext
 from zephon_columnar.ops.pack.emit import emit_rows
 from zephon_columnar.ops.pack.spec import POSITIONS, PackSpec
@@ -276,9 +276,9 @@ class LanePacker:
         if end:
             dropped = self.ctx.stats.get("pack_dropped_final_tokens", 0) - dropped_before
             if dropped:
-                warnings.warn(f"{self.op}(algorithm='wrap') dropped the final partial row of lane {self.ctx.lane} "
-                              f"({dropped} tokens, fewer than max_length={self.spec.max_length}): uncapped wrap "
-                              "emits only full rows.", stacklevel=2)
+                warn(f"{self.op}(algorithm='wrap') dropped the final partial row of lane {self.ctx.lane} "
+                     f"({dropped} tokens, fewer than max_length={self.spec.max_length}): uncapped wrap emits only "
+                     "full rows.")
         return out
 
     # ------------------------------------------------------------------ checkpoints (by reference)
