@@ -92,19 +92,9 @@ class RowStore:
     def refs(self, handles: np.ndarray) -> pa.Table:
         """The references (bookkeeping) of ``handles``, in that order, without computing rows."""
         handles = np.asarray(handles, np.int64)
-        parts, index = [], np.empty(len(handles), np.int64)
-        base = 0
-        tables = self._table_of[handles]
-        for t in np.unique(tables).tolist():
-            table = self._tables[t]
-            assert table is not None
-            mine = np.flatnonzero(tables == t)
-            parts.append(F.refs_of(table).take(pa.array(self._row_of[handles[mine]])))
-            index[mine] = base + np.arange(len(mine))
-            base += len(mine)
-        if not parts:
+        if not len(handles):
             return pa.table({})
-        return F.concat_frames(parts).take(pa.array(index))
+        return self._gather(handles, lambda table, rows: _take(F.refs_of(table), rows))
 
     def _materialize(self, used: np.ndarray) -> None:
         """Recompute the rows of lazy tables among ``used`` (one call of the source each)."""
@@ -123,22 +113,26 @@ class RowStore:
     def take(self, handles: np.ndarray) -> pa.Table:
         """The rows of ``handles`` in that order, as one frame."""
         handles = np.asarray(handles, np.int64)
+        self._materialize(np.unique(self._table_of[handles]))
+        return self._gather(handles, _take)
+
+    def _gather(self, handles: np.ndarray, take_rows: Callable[[pa.Table, np.ndarray], pa.Table]) -> pa.Table:
+        """``take_rows(table, rows)`` of each held table the ``handles`` fall in, then one take
+        that puts those rows in the order of ``handles``. A take over the concatenation of whole
+        tables would copy every row the store holds (a full shuffle buffer, 8192 documents) for
+        each frame it emits; this copies only the rows taken, twice."""
         tables = self._table_of[handles]
-        used = np.unique(tables)
-        self._materialize(used)
         rows = self._row_of[handles]
+        used = np.unique(tables)
         if len(used) == 1:
-            return _take(self._tables[int(used[0])], rows)  # type: ignore[arg-type]
-        # Take each table's rows first, then put them in order: a take over the concatenation
-        # of whole tables would copy every row the store holds (a full shuffle buffer, 8192
-        # documents) for each frame it emits; this copies only the rows taken, twice.
+            return take_rows(self._tables[int(used[0])], rows)  # type: ignore[arg-type]
         by_table = np.argsort(tables, kind="stable")
         bounds = np.searchsorted(tables[by_table], used, side="left").tolist() + [len(handles)]
         parts = []
         for k, t in enumerate(used.tolist()):
             table = self._tables[t]
             assert table is not None
-            parts.append(_take(table, rows[by_table[bounds[k]:bounds[k + 1]]]))
+            parts.append(take_rows(table, rows[by_table[bounds[k]:bounds[k + 1]]]))
         order = np.empty(len(handles), np.int64)
         order[by_table] = np.arange(len(handles))
         return _take(F.concat_frames(parts), order)

@@ -73,6 +73,12 @@ class BestFitWrapPacker(Packer):
         self._pool.insert(i, cand)
         self._tokens += cand.length
 
+    def _add_all(self, cands: list[_Candidate]) -> None:
+        """``_add`` of each of ``cands`` into an empty pool, with one sort."""
+        self._pool = sorted(cands, key=_Candidate.key)
+        self._keys = [c.key() for c in self._pool]
+        self._tokens = sum(c.length for c in cands)
+
     def _remove_at(self, i: int) -> _Candidate:
         cand = self._pool.pop(i)
         del self._keys[i]
@@ -192,6 +198,4 @@ class BestFitWrapPacker(Packer):
                  for i, (arrival, start, length) in enumerate(zip(
                      state_column(refs, "arrival"), state_column(refs, "start"), state_column(refs, "length")))]
         self._by_arrival.extend(cands)  # the snapshot lists them in arrival order
-        self._pool = sorted(cands, key=_Candidate.key)  # one sort, not an insertion per candidate
-        self._keys = [c.key() for c in self._pool]
-        self._tokens = sum(c.length for c in cands)
+        self._add_all(cands)
