@@ -215,7 +215,7 @@ def test_zephon_only_options_are_accepted(web_dir):
 
 
 def test_op_after_batch_is_refused(web_dir):
-    with pytest.raises(ConfigError, match="batch\\(\\) must be the last"):
+    with pytest.raises(ConfigError, match="only map_batch may follow batch"):
         Pipeline(web_source(web_dir)).batch(4).map_transform(lambda p: p)
 
 

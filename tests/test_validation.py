@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from zephon_columnar import Dataset, InMemoryShard, Pipeline, StaticMixtureWorkSource
-from zephon_columnar.ops import BaseOp, OpTraits
+from zephon_columnar.ops import BaseOp, ColumnarOp, OpTraits
 from zephon_columnar.validation import ValidationError
 
 
@@ -17,12 +17,12 @@ def pipe() -> Pipeline:
     return Pipeline(StaticMixtureWorkSource([ds], {"d": 1.0}, chunk_size=4))
 
 
-class Pure(BaseOp):
+class Pure(ColumnarOp):
     def traits(self):
         return OpTraits(preserves_cursor_order=True)
 
-    def process_frame(self, frame):
-        return frame.append_column("twice", pa.compute.multiply(frame.column("value"), 2))
+    def process_columns(self, batch):
+        return batch.append_column("twice", pa.compute.multiply(batch.column("value"), 2))
 
 
 class Counting(BaseOp):

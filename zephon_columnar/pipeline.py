@@ -33,11 +33,12 @@ from zephon_columnar.engine.replay import (
     merge_checkpoints,
     parse_checkpoint,
 )
-from zephon_columnar.errors import CheckpointError, ConfigError
-from zephon_columnar.ops.base import BaseOp, OpTraits
+from zephon_columnar.errors import CheckpointError, ConfigError, WrongTypeError
+from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.batch import BatchOp
 from zephon_columnar.ops.fetch import FetchOp
-from zephon_columnar.ops.map import FilterOp, MapOp, MaterializeOp
+from zephon_columnar.ops.map import FilterOp, MapBatchOp, MapOp, MaterializeOp
+from zephon_columnar.ops.user import FunctionOp
 from zephon_columnar.options import RuntimeOptions
 from zephon_columnar.validation import (
     ValidationError,
@@ -79,8 +80,8 @@ class Pipeline:
     def _add(self, op: BaseOp) -> "Pipeline":
         self._refuse_while_iterating(f"{op.op_name()}()")
         if any(isinstance(o, BatchOp) for o in self._ops):
-            raise ConfigError(f"{op.op_name()}() after batch(): batch() must be the last operator; "
-                              "call it last.")
+            raise ConfigError(f"{op.op_name()}() after batch(): only map_batch may follow batch(); "
+                              f"add {op.op_name()} before batch().")
         self._ops.append(op)
         return self
 
@@ -353,24 +354,71 @@ class Pipeline:
                process_many: Callable[[list[Any]], list[Any]] | None = None,
                preserves_cursor_order: bool | None = None, parallelism: int | None = None,
                **kwargs: Any) -> "Pipeline":
-        """Append a stateless custom operator: a `BaseOp` instance (``process_frame`` or
-        ``process_many``) or ``add_op(name, process_many=..., preserves_cursor_order=...)``."""
+        """Append a user-defined operator, in either of Zephon's forms.
+
+        - Instance: ``add_op(QualityScoreOp("v2"))``, a `BaseOp` subclass (``traits`` and
+          ``process_many``, or a `ColumnarOp` with ``process_columns``). Its traits and
+          callables come from the instance; only ``name=`` (renames it) and ``placement=`` may
+          be given.
+        - Kwargs: ``add_op("score", process_many=fn, preserves_cursor_order=True, ...)`` with
+          ``accumulator`` (a factory, ``() -> Accumulator`` or ``(*, deterministic, ctx) ->
+          Accumulator``), ``process_one``, ``validation_samples``, ``parallelism``,
+          ``indexable``, ``batch_shape_sensitive``, ``requires_serial_state``,
+          ``calibration_replayable``; or ``process_columns=fn`` (the columnar hook, with
+          ``columns_format="arrow"|"polars"``) instead of ``process_many``.
+
+        The engine deep-copies the op per worker and calls ``setup`` once per copy, on every
+        runner; the accumulator groups each lane's records into calls (see
+        `zephon_columnar.ops.user`). ``placement`` is accepted for Zephon compatibility and has
+        no effect: every stage runs on the pipeline's runner (``options(runner=...)``).
+        """
+        self._check_placement(placement)
         if isinstance(op, BaseOp):
-            if process_many is not None or preserves_cursor_order is not None or kwargs:
-                raise ConfigError("add_op(op_instance, ...): traits and callables come from the instance; "
-                                  "pass only name= and placement=.")
-            if op.is_ordered() or op.accumulator(deterministic=True, ctx={}) is not None:
-                raise ConfigError(f"add_op({op.op_name()}): operators with accumulators are not supported in "
-                                  "this version; keep add_op operators stateless.")
+            if process_many is not None or preserves_cursor_order is not None or parallelism is not None or kwargs:
+                given = [k for k, v in (("process_many", process_many), ("preserves_cursor_order",
+                                        preserves_cursor_order), ("parallelism", parallelism)) if v is not None]
+                raise ConfigError(f"add_op({op.op_name()}, {', '.join(given + sorted(kwargs))}=...): an operator "
+                                  "instance brings its own traits and callables; pass only name= and placement=.")
             if name:
                 op.name = name
             return self._add(op)
-        if process_many is None or preserves_cursor_order is None:
-            raise ConfigError(f"add_op({op!r}, ...): the kwargs form needs process_many= and "
-                              "preserves_cursor_order=.")
-        if kwargs.get("accumulator") is not None:
-            raise ConfigError("add_op(accumulator=...): custom accumulators are not supported in this version.")
-        return self._add(_FunctionOp(op, process_many, preserves_cursor_order, parallelism or 1))
+        if not isinstance(op, str):
+            raise WrongTypeError(f"add_op({type(op).__name__}): pass a BaseOp instance, or a name and "
+                                 "process_many= (the kwargs form).")
+        if preserves_cursor_order is None:
+            raise ConfigError(f"add_op({op!r}, ...): preserves_cursor_order= is required: True if the operator "
+                              "emits records in the order it got them, else False.")
+        unknown = sorted(set(kwargs) - _ADD_OP_KWARGS)
+        if unknown:
+            raise WrongTypeError(f"add_op() got unexpected keyword arguments {unknown}; the kwargs form takes "
+                                 f"{sorted(_ADD_OP_KWARGS | {'process_many', 'preserves_cursor_order', 'parallelism'})}.")
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        return self._add(FunctionOp(op, process_many=process_many, preserves_cursor_order=preserves_cursor_order,
+                                    parallelism=parallelism, **kwargs))
+
+    def map_batch(self, fn: Callable[[Any], Any], *, drop_none: bool = True, placement: str = "auto",
+                  parallelism: int | None = None) -> "Pipeline":
+        """Transform each delivered batch: ``fn(SampleBatch) -> SampleBatch | None`` (None drops the
+        batch; with ``drop_none=False`` it is delivered unchanged). Comes after ``batch()``. It runs
+        in the thread that iterates the pipeline, in delivery order: ``parallelism`` and
+        ``placement`` are accepted for Zephon compatibility and have no effect.
+
+        Example:
+            >>> pipe.batch(8).map_batch(lambda b: b if len(b) == 8 else None)  # doctest: +SKIP
+        """
+        self._refuse_while_iterating("map_batch()")
+        self._check_placement(placement)
+        if not any(isinstance(o, BatchOp) for o in self._ops):
+            raise ConfigError("map_batch() before batch(): map_batch transforms SampleBatches; call batch() first, "
+                              "or use map_transform to transform records.")
+        self._ops.append(MapBatchOp(fn, drop_none=drop_none))
+        return self
+
+    @staticmethod
+    def _check_placement(placement: str) -> None:
+        if placement not in ("auto", "local", "remote", "driver", "worker"):
+            raise ConfigError(f"placement={placement!r}: use 'auto' (placement has no effect here: every stage "
+                              "runs on the pipeline's runner).")
 
     def batch(self, microbatch_size: int, *, drop_last: bool = True, placement: str = "auto") -> "Pipeline":
         """Group each lane's rows into `SampleBatch`es of ``microbatch_size`` (lane-pure).
@@ -426,7 +474,10 @@ class Pipeline:
 
     @property
     def is_indexable(self) -> bool:
-        return False
+        """Whether the pipeline can serve items by position: every operator ``indexable`` and
+        the work source supports indexing (``StaticMixtureWorkSource`` does not, as in Zephon)."""
+        supports = getattr(self._ws, "supports_indexing", None)
+        return bool(supports is not None and supports()) and all(op.traits().indexable for op in self._ops)
 
     def validate(self, *, strict: bool = False) -> ValidationReport:
         """Smoke-test the operators added with ``add_op``: a repeated input must give the same
@@ -578,21 +629,5 @@ class _RunIterator:
             pass
 
 
-class _FunctionOp(BaseOp):
-    """The kwargs form of add_op: a stateless records-in, records-out function."""
-
-    def __init__(self, name: str, fn: Callable[[list[Any]], list[Any]], preserves_cursor_order: bool,
-                 parallelism: int) -> None:
-        super().__init__()
-        self.name = name
-        self._fn = fn
-        self._traits = OpTraits(preserves_cursor_order=preserves_cursor_order, parallelism=parallelism)
-
-    def traits(self) -> OpTraits:
-        return self._traits
-
-    def process_many(self, elems: list[Any]) -> list[Any]:
-        return self._fn(elems)
-
-    def fingerprint(self) -> dict[str, Any]:
-        return {"op": self.name, "fn": getattr(self._fn, "__qualname__", repr(self._fn))}
+_ADD_OP_KWARGS = frozenset({"accumulator", "process_one", "validation_samples", "indexable", "batch_shape_sensitive",
+                            "requires_serial_state", "calibration_replayable", "process_columns", "columns_format"})

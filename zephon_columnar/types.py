@@ -13,7 +13,6 @@ Example:
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
@@ -21,126 +20,20 @@ import pyarrow as pa
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
+from zephon_columnar.records import (  # noqa: F401  (the record vocabulary, re-exported here as in Zephon)
+    ContributorRef,
+    FieldsByDataset,
+    SampleCursor,
+    SampleId,
+    SampleMeta,
+    SampleRecord,
+    frame_of_records,
+    records_of,
+)
 
-SampleId = tuple[int, int, int]
 PositionMode = Literal["preserve", "sequence"]
 TOKEN_FIELD_CANDIDATES = ("input_ids", "tokens", "token_ids", "ids")
 PADDING_LENGTH = F.PADDING_LENGTH  # trailing pad count of a packed row, when packing made it
-#: ``{dataset_id: the payload fields its rows have}``: how row views leave out the null-filled
-#: columns that a frame mixing several datasets holds for the other datasets' fields.
-FieldsByDataset = Mapping[int, frozenset[str]]
-
-
-@dataclass(kw_only=True)
-class SampleMeta:
-    """Where a row came from: its source sample, lane, chunk and position in the chunk."""
-
-    sample_id: SampleId
-    lane_id: int
-    chunk_id: int
-    chunk_offset: int = 0
-    component_sample_counts: dict[int, int] = field(default_factory=dict)
-    component_token_counts: dict[int, int] | None = None
-    lineage: tuple[int, ...] = ()
-    tags: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def cursor(self) -> tuple[int, int, tuple[int, ...], SampleId]:
-        return (self.chunk_id, self.chunk_offset, self.lineage, self.sample_id)
-
-    @property
-    def padding_length(self) -> int | None:
-        return self.tags.get("padding_length")
-
-    @property
-    def contributors(self) -> tuple[dict[str, Any], ...]:
-        """A packed row's pieces, in order: each ``{"sample_id", "chunk_id", "chunk_offset",
-        "lineage", "component", "start", "length", "closes"}`` (``start``: tokens of its sample
-        before the piece; ``closes``: the piece ends its sample). ``()`` for a row that was not
-        packed."""
-        return tuple(self.tags.get("_contributors", ()))
-
-
-@dataclass
-class SampleRecord:
-    """One row: ``payload`` (column -> Python value) and ``meta``."""
-
-    meta: SampleMeta
-    payload: dict[str, Any]
-
-
-def records_of(table: pa.Table, fields: FieldsByDataset | None = None) -> list[SampleRecord]:
-    """Row views of a frame (one conversion per column, not per cell).
-
-    With ``fields``, a row's payload leaves out a null field that its own dataset does not
-    have: a frame mixing datasets holds the union of their columns, but a record holds only
-    what its sample has (plus what operators added to it).
-    """
-    names = F.payload_names(table)
-    cols = {n: _column_values(table, n) for n in names}
-    book = {n: table.column(n).to_numpy() for n in F.BOOKKEEPING if n in table.column_names}
-    pad = table.column(PADDING_LENGTH).to_numpy() if PADDING_LENGTH in table.column_names else None
-    lineage = F.lineage_paths(table)
-    # Per dataset, the fields to leave out where null (columns only other datasets have).
-    foreign = {d: [n for n in names if n not in own] for d, own in (fields or {}).items()}
-    segments = table.column(F.SEGMENTS).to_pylist() if F.SEGMENTS in table.column_names else None
-    out = []
-    for i in range(table.num_rows):
-        comp = int(book[F.COMPONENT][i])
-        dataset = int(book[F.DATASET][i])
-        tags: dict[str, Any] = {} if pad is None else {"padding_length": int(pad[i])}
-        samples: dict[int, int] = {comp: 1}
-        tokens: dict[int, int] | None = None
-        if segments is not None:  # a packed row: counts and contributors from its pieces
-            samples, tokens, tags["_contributors"] = _packed_meta(segments[i])
-        meta = SampleMeta(
-            sample_id=(dataset, int(book[F.SHARD][i]), int(book[F.ROW][i])),
-            lane_id=int(book[F.LANE][i]),
-            chunk_id=int(book[F.CHUNK][i]),
-            chunk_offset=int(book[F.OFFSET][i]),
-            component_sample_counts=samples,
-            component_token_counts=tokens,
-            lineage=lineage[i],
-            tags=tags,
-        )
-        payload = {n: cols[n][i] for n in names}
-        for n in foreign.get(dataset, ()):
-            if payload[n] is None:
-                del payload[n]
-        out.append(SampleRecord(meta=meta, payload=payload))
-    return out
-
-
-def _packed_meta(pieces: list[dict[str, Any]]) -> tuple[dict[int, int], dict[int, int], list[dict[str, Any]]]:
-    """(component -> samples the row closes, component -> its tokens, contributors) of a packed
-    row's ``__segments``: a sample is counted on the piece that ends it (as Zephon does)."""
-    samples: dict[int, int] = {}
-    tokens: dict[int, int] = {}
-    contributors = []
-    for p in pieces:
-        c = p["component"]
-        tokens[c] = tokens.get(c, 0) + p["length"]
-        if p["closes"]:
-            samples[c] = samples.get(c, 0) + 1
-        contributors.append({"sample_id": (p["dataset"], p["shard"], p["row"]), "chunk_id": p["chunk"],
-                             "chunk_offset": p["offset"], "lineage": tuple(p["lineage"]), "component": c,
-                             "start": p["start"], "length": p["length"], "closes": p["closes"]})
-    return samples, tokens, contributors
-
-
-def _column_values(table: pa.Table, name: str) -> list[Any]:
-    """A payload column as Python values; packed segments merged by ``pack_sequences``
-    (``pack_payloads="numpy_array"`` / ``"torch_tensor"``) as arrays / tensors."""
-    values = table.column(name).to_pylist()
-    meta = table.schema.field(name).metadata or {}
-    merge = meta.get(b"zephon_columnar.pack_payloads")
-    if merge is None:
-        return values
-    if merge == b"torch_tensor":
-        import torch
-
-        return [{k: torch.tensor(v) for k, v in row.items()} for row in values]
-    return [{k: np.asarray(v) for k, v in row.items()} for row in values]
 
 
 class SampleBatch:
@@ -153,7 +46,7 @@ class SampleBatch:
 
     def __init__(self, table: pa.Table | Sequence[SampleRecord], *, fields: FieldsByDataset | None = None) -> None:
         if not isinstance(table, pa.Table):
-            table = _table_from_records(list(table))
+            table = frame_of_records(list(table))
         self.table = table
         self._records: tuple[SampleRecord, ...] | None = None
         self._fields = fields
@@ -510,30 +403,6 @@ def _owned(value: np.ndarray, dtype: np.dtype, zero_copy: bool) -> np.ndarray:
     if value.dtype == dtype and value.flags.c_contiguous and (value.flags.writeable or zero_copy):
         return value
     return np.array(value, dtype=dtype, order="C", copy=True)
-
-
-def _table_from_records(records: list[SampleRecord]) -> pa.Table:
-    """A frame of records: their payloads and their meta as bookkeeping (lane, chunk, offset,
-    sample id, component, lineage, pad length)."""
-    from zephon_columnar.ops.rows import payloads_to_table
-
-    payload = payloads_to_table([r.payload for r in records], op_name="records")
-    metas = [r.meta for r in records]
-    book = F.pointer_frame(
-        lane=0,
-        chunk_id=0,
-        offsets=np.array([m.chunk_offset for m in metas], np.int32),
-        pointers=np.array([m.sample_id for m in metas], dtype=np.int64).reshape(-1, 3),
-        components=np.array([next(iter(m.component_sample_counts), 0) for m in metas], np.int32),
-    )
-    book = book.set_column(0, F.LANE, pa.array(np.array([m.lane_id for m in metas], np.int32)))
-    book = book.set_column(1, F.CHUNK, pa.array(np.array([m.chunk_id for m in metas], np.int64)))
-    if any(m.lineage for m in metas):
-        book = book.append_column(F.LINEAGE, pa.array([list(m.lineage) for m in metas], pa.list_(pa.int32())))
-    pads = [m.padding_length for m in metas]
-    if any(p is not None for p in pads):  # a packed row's pad tail stays masked downstream
-        book = book.append_column(PADDING_LENGTH, pa.array([p or 0 for p in pads], pa.int32()))
-    return F.with_payload(book, payload)
 
 
 # Zero-copy hand-off of Arrow buffers: torch warns that they are read-only; the tensors are

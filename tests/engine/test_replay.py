@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from zephon_columnar import Dataset, MixtureSpec, Pipeline, StaticMixtureWorkSource
 from zephon_columnar.errors import CheckpointError
-from zephon_columnar.ops import BaseOp, OpTraits
+from zephon_columnar.ops import ColumnarOp, OpTraits
+from zephon_columnar.ops.base import OrderedOp
 from zephon_columnar.testing import assert_resumes_exactly, collect, take_and_checkpoint
 
 A = Dataset.from_tables("a", [pa.table({"id": list(range(s * 30, s * 30 + 30))}) for s in range(3)])
@@ -146,18 +147,19 @@ def test_checkpoint_with_broken_lane_fields_raises():
         replay_build().restore(ckpt)
 
 
-class _AddOne(BaseOp):
-    """A user operator: may fan out as far as the engine knows, so resume replays rows."""
+class _AddOne(ColumnarOp):
+    """A user operator (the columnar hook): may fan out as far as the engine knows, so resume
+    replays rows."""
 
     def traits(self):
         return OpTraits(preserves_cursor_order=True)
 
-    def process_frame(self, frame):
-        i = frame.column_names.index("id")
-        return frame.set_column(i, "id", pc.add(frame.column("id"), 1))
+    def process_columns(self, batch):
+        i = batch.schema.names.index("id")
+        return batch.set_column(i, "id", pc.add(batch.column("id"), 1))
 
 
-class _ReverseEachEpoch(BaseOp):
+class _ReverseEachEpoch(OrderedOp):
     """An ordered, stateful operator: holds each lane's rows and emits them reversed at every
     flush point (exercises epoch replay; built-in stateful operators come with packing)."""
 

@@ -102,11 +102,12 @@ def test_state_by_reference_rebuilds_the_same_accumulator(name):
 
 def test_the_lane_context_tells_each_stage_its_lane_seed_and_flush_epoch():
     from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
-    from zephon_columnar.ops import BaseOp, OpTraits
+    from zephon_columnar.ops import OpTraits
+    from zephon_columnar.ops.base import OrderedOp
 
     seen = []
 
-    class Probe(BaseOp):
+    class Probe(OrderedOp):
         def traits(self):
             return OpTraits(preserves_cursor_order=False)
 
@@ -127,7 +128,7 @@ def test_the_lane_context_tells_each_stage_its_lane_seed_and_flush_epoch():
 
     ds = Dataset.from_tables("d", [pa.table({"x": list(range(40))})])
     pipe = Pipeline(StaticMixtureWorkSource([ds], {"d": 1.0}, chunk_size=4, seed=9))
-    pipe._ops.append(Probe())  # noqa: SLF001 - a user ordered stage (issue 8 brings add_op for it)
+    pipe._ops.append(Probe())  # noqa: SLF001 - an ordered stage of the engine's own kind
     list(pipe.batch(2).options(runner="inline", canonical_replicas=2, flush_every_k_chunks=2))
     assert {(lane, seed) for lane, seed, _, _ in seen} == {(0, 9), (1, 9)}
     assert all(all(c // 2 == epoch for c in chunks) for _, _, epoch, chunks in seen)

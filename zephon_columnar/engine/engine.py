@@ -61,10 +61,12 @@ class Engine:
         fetch = next((op for op in ops if isinstance(op, FetchOp)), None)
         self.rows_per_frame = fetch.max_batch if fetch else 1024
         self.prefetcher = prefetcher
-        # Without state, and with at most one output row per input row, a delivered row's offset
-        # in its chunk says where to resume: restore then reads nothing it already delivered.
-        self.resume_by_input = not self.plan.stateful and not any(
-            getattr(op, "fans_out", True) for stage in self.plan.parallel_stages() for op in stage.ops)
+        # Without state, with at most one output row per input row, in input order, a delivered
+        # row's offset in its chunk says where to resume: restore then reads nothing it already
+        # delivered. Otherwise a checkpoint replays from the chunk's start.
+        self.resume_by_input = not self.plan.stateful and all(
+            not getattr(op, "fans_out", True) and op.traits().preserves_cursor_order
+            for stage in self.plan.parallel_stages() for op in stage.ops)
         self.fields = _fields_by_dataset(work_source.datasets_by_id)
         self.mode, self.mode_reason = self._checkpoint_mode()
 
@@ -111,7 +113,7 @@ class Engine:
         parts = []
         for i, stage in enumerate(self.plan.stages):
             if isinstance(stage, ParallelStage):
-                ops = " -> ".join(f"{op.op_name()}@p{op.traits().parallelism}" for op in stage.ops)
+                ops = " -> ".join(_describe_op(op) for op in stage.ops)
                 parts.append(f"Stage[{i}] {runner} x{self.workers()} window={self.options.resolved_queue_capacity()}: {ops}")
             else:
                 parts.append(f"Stage[{i}] ordered per lane: {stage.op.op_name()}")
@@ -119,6 +121,8 @@ class Engine:
             parts.append(f"Collect: batch({self.plan.batch.microbatch_size}, drop_last={self.plan.batch.drop_last})")
         else:
             parts.append("Collect: records")
+        for op in self.plan.after_batch:
+            parts.append(f"Then: map_batch({op.fingerprint()['fn']}, drop_none={op.drop_none}) in the iterating thread")
         ahead = (f"prefetch thread {self.options.prefetch_batches} items ahead"
                  if self.uses_prefetch_thread() else "no prefetch thread")
         tail = (f"Tail: lanes {self.lanes} of canonical_replicas={self.canonical_replicas}, flush every "
@@ -280,6 +284,16 @@ class EngineRun:
         return self
 
     def __next__(self) -> Any:
+        while True:
+            value = self._next_item()
+            for op in self.engine.plan.after_batch:
+                value = op.apply(value)
+                if value is None:  # dropped by map_batch: it counts as delivered
+                    break
+            else:
+                return value
+
+    def _next_item(self) -> Any:
         if self._closed:
             raise StopIteration
         try:
@@ -367,3 +381,17 @@ def _tail(streams: dict[int, Iterator[LaneItem]], emitted: dict[int, int]) -> It
             close = getattr(s, "close", None)
             if close is not None:
                 close()
+
+
+def _describe_op(op: BaseOp) -> str:
+    """``name@pN`` in a stage line of ``explain()``; ``[columnar]`` for the columnar hook,
+    ``[calls of N]`` for calls a `CountingAccumulator` sizes."""
+    from zephon_columnar.ops.user import GroupedCalls, uses_columns
+
+    inner = op.op if isinstance(op, GroupedCalls) else op
+    text = f"{op.op_name()}@p{op.traits().workers()}"
+    if uses_columns(inner):
+        text += "[columnar]"
+    if isinstance(op, GroupedCalls):
+        text += f"[calls of {op.max_batch}]"
+    return text

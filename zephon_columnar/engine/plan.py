@@ -2,8 +2,10 @@
 
 Consecutive stateless operators fuse into one *parallel* stage (run on workers, re-sequenced);
 an operator with per-lane state becomes an *ordered* stage (its accumulator sees each lane's
-rows in order on one thread); `batch` closes the plan. Whether the plan has any ordered stage
-decides the flush cadence (see `Plan.flush_every`).
+rows in order on one thread); a user operator becomes the stages its accumulator calls for
+(`zephon_columnar.ops.user.stages_of`); `batch` closes the plan, and only ``map_batch`` may
+follow it. Whether the plan has any ordered stage decides the flush cadence (see
+`Plan.flush_every`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Sequence, Union
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.batch import BatchOp
+from zephon_columnar.ops.map import MapBatchOp
+from zephon_columnar.ops.user import stages_of
 
 #: Chunks per flush epoch when a plan has stateful operators and no explicit cadence
 #: (Zephon's default). Plans without stateful operators replay from every chunk boundary.
@@ -26,7 +30,7 @@ class ParallelStage:
 
     @property
     def parallelism(self) -> int:
-        return max(op.traits().parallelism for op in self.ops)
+        return max(op.traits().workers() for op in self.ops)
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,7 @@ class Plan:
     stages: tuple[Stage, ...]
     batch: BatchOp | None
     flush_every: int
+    after_batch: tuple[MapBatchOp, ...] = ()
 
     @property
     def stateful(self) -> bool:
@@ -56,29 +61,37 @@ class Plan:
         for stage in self.stages:
             ops = stage.ops if isinstance(stage, ParallelStage) else (stage.op,)
             out.extend(op.fingerprint() for op in ops)
-        return out
+        return out + [op.fingerprint() for op in self.after_batch]
 
 
 def compile_plan(ops: Sequence[BaseOp], *, flush_every_k_chunks: int | None) -> Plan:
     stages: list[Stage] = []
     run: list[BaseOp] = []
     batch: BatchOp | None = None
-    for i, op in enumerate(ops):
+    after_batch: list[MapBatchOp] = []
+    for given in ops:
         if batch is not None:
+            if isinstance(given, MapBatchOp):
+                after_batch.append(given)
+                continue
             raise ConfigError(
-                f"operator {op.op_name()!r} comes after batch(); batch() must be the last operator. "
+                f"operator {given.op_name()!r} comes after batch(); only map_batch may follow batch(). "
                 "Move it before batch()."
             )
-        if isinstance(op, BatchOp):
-            batch = op
+        if isinstance(given, MapBatchOp):
+            raise ConfigError("map_batch comes before batch(); it transforms SampleBatches, so add it after "
+                              "batch(), or use map_transform for records.")
+        if isinstance(given, BatchOp):
+            batch = given
             continue
-        if not op.is_ordered():
-            run.append(op)
-            continue
-        if run:
-            stages.append(ParallelStage(tuple(run)))
-            run = []
-        stages.append(OrderedStage(op))
+        for op in ([given] if given.builtin else stages_of(given)):
+            if not op.is_ordered():
+                run.append(op)
+                continue
+            if run:
+                stages.append(ParallelStage(tuple(run)))
+                run = []
+            stages.append(OrderedStage(op))
     if run:
         stages.append(ParallelStage(tuple(run)))
     stateful = any(isinstance(s, OrderedStage) for s in stages)
@@ -93,4 +106,4 @@ def compile_plan(ops: Sequence[BaseOp], *, flush_every_k_chunks: int | None) -> 
     else:
         # No state to flush: every chunk boundary is a replay point, whatever the option says.
         flush_every = 1
-    return Plan(stages=tuple(stages), batch=batch, flush_every=flush_every)
+    return Plan(stages=tuple(stages), batch=batch, flush_every=flush_every, after_batch=tuple(after_batch))

@@ -8,7 +8,7 @@ from zephon_columnar.ops.accumulators import (
     PassthroughAccumulator,
     ReadyBatch,
 )
-from zephon_columnar.ops.base import BaseOp, OpContext, OpTraits, StageInfo
+from zephon_columnar.ops.base import BaseOp, ColumnarOp, OpContext, OpTraits, StageInfo
 from zephon_columnar.ops.pack.spec import (
     DomainGroups,
     FlushStrategy,
@@ -17,10 +17,12 @@ from zephon_columnar.ops.pack.spec import (
     ShuffleStrategy,
 )
 from zephon_columnar.ops.shuffle import ShuffleAlgorithm
+from zephon_columnar.records import pack_meta, spawn_child, tombstone_meta, tombstones_for_record
 
 __all__ = [
     "Accumulator",
     "BaseOp",
+    "ColumnarOp",
     "CountingAccumulator",
     "DomainGroups",
     "FlushStrategy",
@@ -35,4 +37,8 @@ __all__ = [
     "ShuffleAlgorithm",
     "ShuffleStrategy",
     "StageInfo",
+    "pack_meta",
+    "spawn_child",
+    "tombstone_meta",
+    "tombstones_for_record",
 ]

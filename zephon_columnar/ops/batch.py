@@ -28,5 +28,8 @@ class BatchOp(BaseOp):
     def traits(self) -> OpTraits:
         return OpTraits(preserves_cursor_order=True)
 
+    def process_many(self, elems: list[Any]) -> list[Any]:
+        raise TypeError("batch is each lane's collector inside a pipeline, not an operator on a list of records.")
+
     def fingerprint(self) -> dict[str, Any]:
         return {"op": self.name, "microbatch_size": self.microbatch_size, "drop_last": self.drop_last}

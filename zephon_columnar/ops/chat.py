@@ -102,7 +102,7 @@ from zephon_columnar.errors import (
     WrongTypeError,
     operator_failure,
 )
-from zephon_columnar.ops.base import BaseOp, OpContext, OpTraits
+from zephon_columnar.ops.base import FrameOp, OpContext, OpTraits
 from zephon_columnar.ops.rows import sample_of
 from zephon_columnar.ops.tokenizer import (
     TokenizerHandle,
@@ -127,7 +127,7 @@ _CLOSE = "\x00zc-gen>\U000f0000\x00"
 _TRACK_VAR = "__zephon_columnar_track_generation"
 
 
-class TokenizeChatOp(TokenizerOwner, BaseOp):
+class TokenizeChatOp(TokenizerOwner, FrameOp):
     """Tokenize conversations into ``input_ids`` plus a loss mask; see the module docstring.
 
     Stateless and columnar: one batched tokenizer call per frame; the template renders are the
@@ -136,7 +136,6 @@ class TokenizeChatOp(TokenizerOwner, BaseOp):
     """
 
     name = "tokenize_chat"
-    builtin = True
     fans_out = False  # rows are kept or dropped, never split
 
     def __init__(self, tokenizer: Any = None, tokenizer_id: str | os.PathLike[str] | None = None, *,

@@ -26,15 +26,14 @@ import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError, DatasetFormatError
-from zephon_columnar.ops.base import BaseOp, OpTraits
+from zephon_columnar.ops.base import FrameOp, OpTraits
 from zephon_columnar.ops.rows import sample_of
 
 
-class DecodeTextOp(BaseOp):
+class DecodeTextOp(FrameOp):
     """Decode bytes fields to normalized text; stateless and 1:1."""
 
     name = "decode_text"
-    builtin = True
     fans_out = False
 
     def __init__(self, *, fields: str | Sequence[str] = ("text",), encoding: str = "utf-8", errors: str = "strict",

@@ -39,19 +39,19 @@ from zephon_columnar import frame as F
 from zephon_columnar.references import schema_from_json, schema_to_json, state_column, with_state
 from zephon_columnar.errors import ConfigError, MissingFieldError, operator_failure, warn
 from zephon_columnar.ops.accumulators import LaneContext
-from zephon_columnar.ops.base import BaseOp, OpTraits
+from zephon_columnar.ops.base import OrderedOp, OpTraits
 from zephon_columnar.ops.store import RowStore
-from zephon_columnar.types import TOKEN_FIELD_CANDIDATES, records_of
+from zephon_columnar.records import records_of
+from zephon_columnar.types import TOKEN_FIELD_CANDIDATES
 
 WARN_WARMUP = 1000
 
 
-class EnsureMixtureOp(BaseOp):
+class EnsureMixtureOp(OrderedOp):
     """``ensure_mixture(*, max_buffer_size=1000, drain_target_ratio=0.8, obsolete_drain_rate=0.1,
     weight_by="auto", warn_tolerance=None, mixture=None)``; see the module docstring."""
 
     name = "ensure_mixture"
-    builtin = True
 
     def __init__(self, *, max_buffer_size: int | None = 1000, drain_target_ratio: float = 0.8,
                  obsolete_drain_rate: float = 0.1, weight_by: str | Callable[[Any], float] = "auto",

@@ -16,16 +16,15 @@ import pyarrow as pa
 from zephon_columnar import frame as F
 from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io.base import ShardReader
-from zephon_columnar.ops.base import BaseOp, OpContext, OpTraits
+from zephon_columnar.ops.base import FrameOp, OpContext, OpTraits
 
 DEFAULT_FETCH_BATCH = 512
 
 
-class FetchOp(BaseOp):
+class FetchOp(FrameOp):
     """Read the payload rows of a pointer frame. Stateless; one reader per dataset per worker."""
 
     name = "fetch"
-    builtin = True
     fans_out = False
 
     def __init__(self, parallelism: int | None = None, max_batch: int | None = None) -> None:

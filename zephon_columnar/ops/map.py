@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError, WrongTypeError, ZephonError, operator_failure
-from zephon_columnar.ops.base import BaseOp, OpTraits
+from zephon_columnar.ops.base import BaseOp, FrameOp, OpTraits
 from zephon_columnar.ops.rows import payload_rows, run_payload_fn, sample_of
 
 
@@ -52,11 +52,10 @@ def _polars_frame(frame: pa.Table):
     return pl.from_arrow(frame, rechunk=False)
 
 
-class MapOp(BaseOp):
+class MapOp(FrameOp):
     """``map_transform``: Polars expressions or a payload -> payload|None callable."""
 
     name = "map_transform"
-    builtin = True
     fans_out = False
 
     def __init__(self, fn: Any, *, parallelism: int | None = None, drop_none: bool = True) -> None:
@@ -76,11 +75,14 @@ class MapOp(BaseOp):
         return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1)
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"op": self.name, "fn": _describe(self.fn)}
+        out = {"op": self.name, "fn": _describe(self.fn)}
+        if not self.drop_none and not self.is_expr:
+            out["drop_none"] = False
+        return out
 
     def process_frame(self, frame: pa.Table) -> pa.Table:
         if not self.is_expr:
-            return run_payload_fn(frame, self.fn, op_name=_describe(self.fn))
+            return run_payload_fn(frame, self.fn, op_name=_describe(self.fn), drop_none=self.drop_none)
         # Expressions see the payload only: pl.all() or a dtype selector must not rewrite the
         # bookkeeping that replay and sample ids depend on.
         try:
@@ -95,11 +97,10 @@ class MapOp(BaseOp):
         return F.with_payload(F.bookkeeping_of(frame), out)
 
 
-class FilterOp(BaseOp):
+class FilterOp(FrameOp):
     """``filter``: keep the rows where a predicate holds (Polars/pyarrow expression or callable)."""
 
     name = "filter"
-    builtin = True
     fans_out = False
 
     def __init__(self, predicate: Any, *, parallelism: int | None = None) -> None:
@@ -147,11 +148,10 @@ def _row_predicate(pred: Callable[[dict[str, Any]], Any], frame: pa.Table, i: in
                                     f"{type(err).__name__}: {err}") from err
 
 
-class MaterializeOp(BaseOp):
+class MaterializeOp(FrameOp):
     """``materialize``: a 1:1 pass-through that makes each frame's columns contiguous."""
 
     name = "materialize"
-    builtin = True
     fans_out = False
 
     def __init__(self, parallelism: int | None = None) -> None:
@@ -163,3 +163,52 @@ class MaterializeOp(BaseOp):
 
     def process_frame(self, frame: pa.Table) -> pa.Table:
         return frame.combine_chunks()
+
+
+class MapBatchOp(BaseOp):
+    """``map_batch``: ``fn(SampleBatch) -> SampleBatch | None`` on each batch a lane delivers
+    (after ``batch``). None drops the batch (``drop_none=False``: delivers it unchanged).
+    Runs in the thread that iterates the pipeline, on delivered batches, so it sees batches
+    in delivery order and a checkpoint counts a dropped batch as delivered."""
+
+    name = "map_batch"
+    builtin = True
+
+    def __init__(self, fn: Callable[[Any], Any], *, drop_none: bool = True) -> None:
+        super().__init__()
+        if not callable(fn):
+            raise ConfigError(f"map_batch: got {type(fn).__name__}; pass a callable SampleBatch -> SampleBatch | None.")
+        self.fn = fn
+        self.drop_none = drop_none
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=True, indexable=False)
+
+    def apply(self, batch: Any) -> Any:
+        """The batch to deliver instead of ``batch``, or None to drop it."""
+        from zephon_columnar.types import SampleBatch
+
+        try:
+            out = self.fn(batch)
+        except Exception as err:
+            raise operator_failure(err, f"map_batch function {_describe(self.fn)} failed on a batch of lane "
+                                        f"{batch.lane_id}: {type(err).__name__}: {err}") from err
+        if out is None:
+            return None if self.drop_none else batch
+        if not isinstance(out, SampleBatch):
+            raise WrongTypeError(f"map_batch function {_describe(self.fn)} returned {type(out).__name__}; return a "
+                                 "SampleBatch (e.g. SampleBatch(records)), or None to drop the batch.")
+        return out
+
+    def process_many(self, elems: list[Any]) -> list[Any]:
+        from zephon_columnar.types import SampleBatch
+
+        out = []
+        for e in elems:
+            got = self.apply(e) if isinstance(e, SampleBatch) else e
+            if got is not None:
+                out.append(got)
+        return out
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"op": self.name, "fn": _describe(self.fn), "drop_none": self.drop_none}

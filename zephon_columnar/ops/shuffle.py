@@ -38,7 +38,7 @@ import pyarrow as pa
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.ops.accumulators import LaneContext, RowSource
-from zephon_columnar.ops.base import BaseOp, OpTraits
+from zephon_columnar.ops.base import OrderedOp, OpTraits
 from zephon_columnar.ops.store import RowStore
 from zephon_columnar.references import schema_from_json, schema_to_json
 
@@ -57,13 +57,12 @@ def warmup_size(buffer_size: int) -> int:
     return 0 if buffer_size <= 1 else max(1, min(128, buffer_size // 16))
 
 
-class ShuffleOp(BaseOp):
+class ShuffleOp(OrderedOp):
     """``shuffle(buffer_size=None, *, seed=0, algorithm="streaming", warmup_growth=1.5)``; see the
     module docstring. ``parallelism`` is accepted and has no effect: the buffer is per lane and
     its work is a few vectorized numpy passes per frame."""
 
     name = "shuffle"
-    builtin = True
 
     def __init__(self, buffer_size: int | None = None, *, seed: int = 0, algorithm: ShuffleAlgorithm = "streaming",
                  warmup_growth: float = 1.5, parallelism: int | None = None) -> None:

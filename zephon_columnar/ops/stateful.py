@@ -42,8 +42,8 @@ import pyarrow as pa
 
 from zephon_columnar.errors import ConfigError, WrongTypeError, operator_failure
 from zephon_columnar.ops.accumulators import LaneContext
-from zephon_columnar.ops.base import BaseOp, OpTraits
-from zephon_columnar.types import SampleRecord, records_of
+from zephon_columnar.ops.base import BaseOp, OpTraits, OrderedOp
+from zephon_columnar.records import SampleRecord, frame_of_records, records_of
 
 WINDOW = 64
 
@@ -52,10 +52,9 @@ def _qualname(fn: Any) -> str | None:
     return None if fn is None else getattr(fn, "__qualname__", type(fn).__name__)
 
 
-class StatefulTransformOp(BaseOp):
+class StatefulTransformOp(OrderedOp):
     """The ordered part of ``stateful_transform`` (see the module docstring)."""
 
-    builtin = True
 
     def __init__(self, name: str, *, init_state: Callable[[], Any], push: Callable[[Any, list], tuple[Any, list]],
                  flush: Callable[[Any], list] | None = None, should_flush: Callable[[Any], bool] | None = None,
@@ -137,9 +136,7 @@ class _LaneState:
 
     @staticmethod
     def _frames(batches: list[list[SampleRecord]]) -> list[pa.Table]:
-        from zephon_columnar.types import _table_from_records
-
-        return [_table_from_records(b) for b in batches if b]
+        return [frame_of_records(b) for b in batches if b]
 
     def push(self, frame: pa.Table) -> list[pa.Table]:
         out = []

@@ -57,7 +57,7 @@ import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError, DatasetFormatError, MissingFieldError, WrongTypeError
-from zephon_columnar.ops.base import BaseOp, OpContext, OpTraits
+from zephon_columnar.ops.base import FrameOp, OpContext, OpTraits
 from zephon_columnar.ops.rows import sample_of
 from zephon_columnar.ops.tokenizer import (
     TokenizerOwner,
@@ -71,7 +71,7 @@ OUTPUT_FIELDS = ("input_ids", "attention_mask")
 _INT32_MAX = 2**31 - 1
 
 
-class TokenizeOp(TokenizerOwner, BaseOp):
+class TokenizeOp(TokenizerOwner, FrameOp):
     """Tokenize ``field`` into ``input_ids`` (+ ``attention_mask``); see the module docstring.
 
     The tokenizer is built once per worker copy (in ``setup``, or on the first frame when the op
@@ -79,7 +79,6 @@ class TokenizeOp(TokenizerOwner, BaseOp):
     """
 
     name = "tokenize"
-    builtin = True
     fans_out = False
 
     def __init__(self, tokenizer: Any = None, tokenizer_id: str | os.PathLike[str] | None = None, *, field: str,

@@ -138,8 +138,9 @@ def test_packed_records_report_their_contributors_and_counts():
     assert sum(sum(m.component_sample_counts.values()) for m in metas) == 4  # each document once
     for m in metas:
         assert sum(m.component_token_counts.values()) == 8 - m.padding_length
-        assert [c["length"] for c in m.contributors] and all(c["closes"] for c in m.contributors)
-        assert m.sample_id == m.contributors[0]["sample_id"]
+        assert [c.length for c in m.contributors] and all(c.is_last_child for c in m.contributors)
+        assert sum(c.length for c in m.contributors) == 8 - m.padding_length
+        assert m.sample_id == m.contributors[0].cursor.sample_id
     assert {c for m in metas for c in m.component_token_counts} == {0, 1}  # both components counted
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from zephon_columnar.ops.accumulators import LaneContext
-from zephon_columnar.ops.base import BaseOp, OpTraits
+from zephon_columnar.ops.base import OrderedOp, OpTraits
 from zephon_columnar.ops.pack.packer import LanePacker, Packer
 from zephon_columnar.ops.pack.spec import PackAlgorithm, resolve_spec
 
@@ -26,7 +26,7 @@ def packer_class(algorithm: str) -> type[Packer]:
     return FitPacker
 
 
-class PackFlatOp(BaseOp):
+class PackFlatOp(OrderedOp):
     """``pack_flat``: pack each lane's documents into rows of exactly ``max_length`` tokens,
     flat and tensor-ready (see `zephon_columnar.ops.pack.emit` for the output columns and
     `zephon_columnar.ops.pack.stream` for which input columns are packed).
@@ -44,7 +44,6 @@ class PackFlatOp(BaseOp):
     """
 
     name = "pack_flat"
-    builtin = True
 
     def __init__(self, max_length: int, *, algorithm: PackAlgorithm = "first_fit", parallelism: int | None = None,
                  **options: Any) -> None:

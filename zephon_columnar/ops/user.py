@@ -1,0 +1,310 @@
+"""User-defined operators (``Pipeline.add_op``): the kwargs form, and how the engine runs an
+operator's Zephon `Accumulator`.
+
+An ``add_op`` operator has a pure part (``process_many``, or the columnar hook
+``process_columns``) and an accumulator that groups each lane's records into calls. The
+planner (`stages_of`) turns it into stages by what the accumulator can do to the data:
+
+- `PassthroughAccumulator` (the default): one call per frame, a stateless stage;
+- `CountingAccumulator(max_batch)` without ``drop_last``: grouping only changes call sizes,
+  not the data, so calls of at most ``max_batch`` rows are cut inside frames (`GroupedCalls`),
+  still a stateless stage;
+- but an op whose output depends on how records are grouped into calls
+  (``batch_shape_sensitive``, or ``preserves_cursor_order=False``: it reorders within a call)
+  needs calls that do not depend on frames, whose sizes follow the engine's latency and
+  restores: with either accumulator above its calls are cut per lane by count from each flush
+  point (the counting accumulator's ``max_batch``; `DEFAULT_CALL_ROWS` for the passthrough),
+  as below;
+- anything else (a custom accumulator, ``drop_last``): an ordered
+  stage per lane runs the accumulator exactly as Zephon's pump thread does
+  (`AccumulatorStage`: ``push_many`` on the lane's records in order, ``flush(reset=True,
+  lane_id=...)`` and a fresh accumulator at every flush point, ``on_source_exhausted`` then a
+  flush at the end of the lane), and each ready batch becomes one call of the pure part on the
+  workers. Its state is the user's, so checkpoints resume it by replaying the flush epoch.
+
+Tombstones a user operator or accumulator emits are discarded: this engine resumes from
+stream positions and never waits for a dropped record.
+
+Example:
+    >>> from zephon_columnar.ops.accumulators import CountingAccumulator
+    >>> op = FunctionOp("score", process_many=lambda rs: rs, preserves_cursor_order=True,
+    ...                 accumulator=lambda: CountingAccumulator(max_batch=64))
+    >>> [type(s).__name__ for s in stages_of(op)]
+    ['GroupedCalls']
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+import pyarrow as pa
+
+from zephon_columnar import frame as F
+from zephon_columnar.errors import ConfigError, PipelineError, WrongTypeError, operator_failure
+from zephon_columnar.ops.accumulators import Accumulator, CountingAccumulator, LaneContext, PassthroughAccumulator
+from zephon_columnar.ops.base import BaseOp, OpContext, OpTraits, OrderedOp, run_columns
+from zephon_columnar.records import SampleRecord, check_records, frame_of_records, records_of
+
+
+def _qualname(fn: Any) -> str | None:
+    return None if fn is None else getattr(fn, "__qualname__", type(fn).__name__)
+
+
+def call_factory(factory: Callable[..., Any], *, deterministic: bool, ctx: dict[str, Any]) -> Any:
+    """Call an accumulator factory of either signature, ``()`` or ``(*, deterministic, ctx)``."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: the no-argument form
+        params = {}
+    if "deterministic" in params or "ctx" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return factory(deterministic=deterministic, ctx=ctx)
+    return factory()
+
+
+class FunctionOp(BaseOp):
+    """The kwargs form of ``add_op``: functions and traits given as arguments.
+
+    ``process_many(records) -> records`` or ``process_columns(batch) -> batch`` (the columnar
+    hook, see `~zephon_columnar.ops.base.ColumnarOp`; with ``columns_format="polars"`` it gets a
+    Polars DataFrame), an optional ``accumulator`` factory (``() -> Accumulator`` or
+    ``(*, deterministic, ctx) -> Accumulator``), ``process_one`` and ``validation_samples``.
+    """
+
+    def __init__(self, name: str, *, preserves_cursor_order: bool, process_many: Callable[[list], list] | None = None,
+                 process_columns: Callable[[Any], Any] | None = None, columns_format: str = "arrow",
+                 accumulator: Callable[..., Accumulator[Any]] | None = None,
+                 process_one: Callable[[Any], list] | None = None,
+                 validation_samples: Callable[[], list] | None = None, parallelism: int | None = None,
+                 indexable: bool | None = None, batch_shape_sensitive: bool | None = None,
+                 requires_serial_state: bool | None = None, calibration_replayable: bool | None = None) -> None:
+        super().__init__()
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"add_op({name!r}, ...): pass a non-empty name as the first argument.")
+        if (process_many is None) == (process_columns is None):
+            raise ConfigError(f"add_op({name!r}, ...): pass exactly one of process_many= (records) and "
+                              "process_columns= (the columnar hook).")
+        for what, fn in (("process_many", process_many), ("process_columns", process_columns),
+                         ("accumulator", accumulator), ("process_one", process_one),
+                         ("validation_samples", validation_samples)):
+            if fn is not None and not callable(fn):
+                raise ConfigError(f"add_op({name!r}, {what}=...): pass a callable, got {type(fn).__name__}.")
+        if columns_format not in ("arrow", "polars"):
+            raise ConfigError(f"add_op({name!r}, columns_format={columns_format!r}): use 'arrow' or 'polars'.")
+        if parallelism is not None and (not isinstance(parallelism, int) or parallelism < 1):
+            raise ConfigError(f"add_op({name!r}, parallelism={parallelism!r}): pass a positive int.")
+        self.name = name
+        self._process_many = process_many
+        self._process_columns = process_columns
+        self.columns_format = columns_format
+        self._accumulator = accumulator
+        self._process_one = process_one
+        self._validation_samples = validation_samples
+        self._traits = OpTraits(
+            preserves_cursor_order=bool(preserves_cursor_order), parallelism=parallelism or 1,
+            indexable=True if indexable is None else bool(indexable),
+            batch_shape_sensitive=bool(batch_shape_sensitive), requires_serial_state=bool(requires_serial_state),
+            calibration_replayable=bool(calibration_replayable))
+
+    def traits(self) -> OpTraits:
+        return self._traits
+
+    def process_many(self, elems: list[SampleRecord]) -> list[SampleRecord]:
+        if self._process_many is not None:
+            return self._process_many(elems)
+        return records_of(self.process_frame(frame_of_records(elems, op_name=self.name)))
+
+    def process_frame(self, frame: pa.Table) -> pa.Table:
+        if self._process_columns is not None:
+            return run_columns(frame, self._process_columns, op_name=self.name,
+                               columns_format=self.columns_format)  # type: ignore[arg-type]
+        return super().process_frame(frame)
+
+    def process_one(self, elem: SampleRecord) -> list[SampleRecord]:
+        return self._process_one(elem) if self._process_one is not None else self.process_many([elem])
+
+    def accumulator(self, *, deterministic: bool, ctx: dict[str, Any]) -> Accumulator[Any]:
+        if self._accumulator is None:
+            return PassthroughAccumulator()
+        return call_factory(self._accumulator, deterministic=deterministic, ctx=ctx)
+
+    def validation_samples(self) -> list[SampleRecord] | None:
+        return self._validation_samples() if self._validation_samples is not None else None
+
+    def uses_columns(self) -> bool:
+        return self._process_columns is not None
+
+    def fingerprint(self) -> dict[str, Any]:
+        fn = self._process_many if self._process_many is not None else self._process_columns
+        return {"op": self.name, "fn": _qualname(fn), "accumulator": _qualname(self._accumulator)}
+
+
+def uses_columns(op: BaseOp) -> bool:
+    """Whether ``op``'s pure part is the columnar hook (what ``explain()`` shows)."""
+    from zephon_columnar.ops.base import ColumnarOp
+
+    return isinstance(op, ColumnarOp) or (isinstance(op, FunctionOp) and op.uses_columns())
+
+
+# ---------------------------------------------------------------- planning
+def accumulator_of(op: BaseOp, ctx: dict[str, Any] | None = None) -> Accumulator[Any]:
+    """``op``'s accumulator (deterministic), or a ConfigError naming the op."""
+    try:
+        acc = op.accumulator(deterministic=True, ctx=dict(ctx or {}))
+    except Exception as err:
+        raise operator_failure(err, f"operator {op.op_name()!r}: its accumulator factory raised "
+                                    f"{type(err).__name__}: {err}") from err
+    if acc is None:
+        return PassthroughAccumulator()
+    if not isinstance(acc, Accumulator):
+        raise WrongTypeError(f"operator {op.op_name()!r}: accumulator() returned {type(acc).__name__}; return a "
+                             "zephon_columnar.ops.Accumulator (e.g. CountingAccumulator(max_batch=64)).")
+    return acc
+
+
+#: Records per call of a grouping-sensitive op that brings no grouping of its own (Zephon's
+#: default micro-batch).
+DEFAULT_CALL_ROWS = 64
+
+
+def stages_of(op: BaseOp) -> list[BaseOp]:
+    """The operators the plan runs for user operator ``op`` (see the module docstring)."""
+    acc = accumulator_of(op)
+    traits = op.traits()
+    exact = traits.batch_shape_sensitive or not traits.preserves_cursor_order
+    if type(acc) is PassthroughAccumulator:
+        return [AccumulatorStage(op, call_rows=DEFAULT_CALL_ROWS), op] if exact else [op]
+    if type(acc) is CountingAccumulator and not acc.drop_last and not exact:
+        return [GroupedCalls(op, acc.max_batch)]
+    return [AccumulatorStage(op), op]
+
+
+class _Delegate(BaseOp):
+    """Runs another operator: same name, traits, lifecycle and recipe."""
+
+    def __init__(self, op: BaseOp) -> None:
+        super().__init__()
+        self.op = op
+        self.fans_out = op.fans_out
+
+    def traits(self) -> OpTraits:
+        return self.op.traits()
+
+    def op_name(self) -> str:
+        return self.op.op_name()
+
+    def setup(self, ctx: OpContext) -> None:
+        super().setup(ctx)
+        self.op.setup(ctx)
+
+    def teardown(self) -> None:
+        self.op.teardown()
+
+    def process_many(self, elems: list[SampleRecord]) -> list[SampleRecord]:
+        return self.op.process_many(elems)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return self.op.fingerprint()
+
+
+class GroupedCalls(_Delegate):
+    """``op``'s pure part in calls of at most ``max_batch`` rows (a `CountingAccumulator` that
+    only sizes calls), cut inside each frame."""
+
+    def __init__(self, op: BaseOp, max_batch: int) -> None:
+        super().__init__(op)
+        self.max_batch = max_batch
+
+    def process_frame(self, frame: pa.Table) -> pa.Table:
+        n, size = frame.num_rows, self.max_batch
+        if n <= size:
+            return self.op.process_frame(frame)
+        return F.concat_frames([self.op.process_frame(frame.slice(i, size)) for i in range(0, n, size)])
+
+
+class AccumulatorStage(OrderedOp):
+    """The ordered part of a user operator whose accumulator may hold, reorder or drop
+    records: per lane, the accumulator's ready batches, one frame each (see the module
+    docstring). The operator's pure part runs in the stage after it."""
+
+    def __init__(self, op: BaseOp, *, call_rows: int | None = None) -> None:
+        super().__init__()
+        self.op = op
+        self.call_rows = call_rows  # set: calls of this many records instead of op's accumulator
+        self.name = f"{op.op_name()}.accumulator"
+
+    def traits(self) -> OpTraits:
+        return OpTraits(preserves_cursor_order=self.op.traits().preserves_cursor_order, requires_serial_state=True,
+                        batch_shape_sensitive=True, indexable=False)
+
+    def lane_accumulator(self, ctx: LaneContext | None = None) -> "_LaneGroups":
+        return _LaneGroups(self.op, ctx or LaneContext(), self.call_rows)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"op": "accumulator", "of": self.op.fingerprint(), "call_rows": self.call_rows}
+
+
+class _LaneGroups:
+    """One lane's user `Accumulator`, driven as Zephon's pump thread drives it."""
+
+    def __init__(self, op: BaseOp, ctx: LaneContext, call_rows: int | None = None) -> None:
+        self.op = op
+        self.ctx = ctx
+        self.call_rows = call_rows
+        self.acc: Accumulator[Any] | None = None
+        self.components: set[int] = set()
+
+    def _fresh(self) -> Accumulator[Any]:
+        if self.acc is None:
+            self.acc = CountingAccumulator(self.call_rows) if self.call_rows else accumulator_of(
+                self.op, {"lane_id": self.ctx.lane, "seed": self.ctx.seed,
+                          "component_names": dict(self.ctx.component_names)})
+        return self.acc
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list:
+        try:
+            return list(fn(*args, **kwargs))
+        except Exception as err:
+            raise operator_failure(err, f"operator {self.op.op_name()!r}: accumulator {what} failed on lane "
+                                        f"{self.ctx.lane}: {type(err).__name__}: {err}") from err
+
+    def _frames(self, ready: list, what: str) -> list[pa.Table]:
+        out = []
+        for item in ready:
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise WrongTypeError(f"operator {self.op.op_name()!r}: accumulator {what} must return a list of "
+                                     f"(records, lane_id) ready batches, got {type(item).__name__}.")
+            records, lane = item
+            if lane != self.ctx.lane or any(r.meta.lane_id != self.ctx.lane for r in records):
+                raise PipelineError(f"operator {self.op.op_name()!r}: accumulator {what} returned a batch for lane "
+                                    f"{lane} (records of lanes {sorted({r.meta.lane_id for r in records})}) while "
+                                    f"serving lane {self.ctx.lane}; a ready batch holds one lane's records.")
+            records = check_records(records, op_name=self.op.op_name(), what=f"accumulator {what}")
+            frame = frame_of_records(records, op_name=self.op.op_name())
+            if frame.num_rows:
+                out.append(frame)
+        return out
+
+    def push(self, frame: pa.Table) -> list[pa.Table]:
+        acc = self._fresh()
+        records = records_of(frame)
+        self.components.update(frame.column(F.COMPONENT).unique().to_pylist())
+        return self._frames(self._call("push_many", acc.push_many, records), "push_many")
+
+    def flush(self, *, reset: bool, end: bool = False) -> list[pa.Table]:
+        if self.acc is None:
+            return []
+        acc, lane = self.acc, self.ctx.lane
+        ready = []
+        if end:
+            for component in sorted(self.components):
+                ready += self._call("on_source_exhausted", acc.on_source_exhausted, lane, component)
+        ready += self._call("flush", acc.flush, reset=True, lane_id=lane)
+        if acc.has_pending_data(lane):
+            raise PipelineError(f"operator {self.op.op_name()!r}: its accumulator still has pending data for lane "
+                                f"{lane} after flush(reset=True); a flush must emit (or drop) everything it holds.")
+        self.acc, self.components = None, set()  # rebuilt at the next push: fresh after every flush point
+        return self._frames(ready, "flush")
+
+    def carry(self) -> pa.Table | None:
+        return None

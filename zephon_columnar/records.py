@@ -1,0 +1,363 @@
+"""Row views of frames, and back: what user code on records sees.
+
+A frame is an Arrow table of bookkeeping columns (``__lane``, ``__chunk``, ...; see `frame`)
+and payload columns. Row-wise user code (``add_op``'s ``process_many``, accumulators,
+``stateful_transform``) sees `SampleRecord`s instead: a payload dict and a `SampleMeta`. This
+module converts both ways, one pass per column (never per cell through Arrow scalars), and
+holds Zephon's record vocabulary (`SampleCursor`, `ContributorRef`, `SampleMeta`) with the
+helpers that let an operator fan out, pack and drop records without breaking resume
+(`spawn_child`, `pack_meta`, `tombstone_meta`, `tombstones_for_record`).
+
+It sits below ``ops/`` and ``types.py``: both import it, it imports neither.
+
+Example:
+    >>> from zephon_columnar import frame as F
+    >>> records = records_of(F.frame_of({"text": ["a", "bb"]}))
+    >>> [(r.meta.sample_id, r.payload) for r in records]
+    [((0, 0, 0), {'text': 'a'}), ((0, 0, 1), {'text': 'bb'})]
+    >>> child = spawn_child(records[1].meta, 0, is_last_child=True)
+    >>> child.lineage, frame_of_records([SampleRecord(child, {"text": "b"})]).column("__lineage").to_pylist()
+    ((0,), [[0]])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from zephon_columnar import frame as F
+from zephon_columnar.errors import WrongTypeError
+
+SampleId = tuple[int, int, int]
+#: ``{dataset_id: the payload fields its rows have}``: how row views leave out the null-filled
+#: columns that a frame mixing several datasets holds for the other datasets' fields.
+FieldsByDataset = Mapping[int, frozenset[str]]
+
+
+@dataclass(frozen=True, slots=True)
+class SampleCursor:
+    """Where a record stands in its lane's stream: ``(chunk_id, chunk_offset, sample_id,
+    lineage)``, ordered by chunk, offset, lineage (then sample id)."""
+
+    chunk_id: int
+    chunk_offset: int
+    sample_id: SampleId
+    lineage: tuple[int, ...] = ()
+
+    @staticmethod
+    def from_key(key: Sequence[Any]) -> "SampleCursor":
+        chunk_id, chunk_offset, lineage, sample_id = key
+        return SampleCursor(int(chunk_id), int(chunk_offset), tuple(int(x) for x in sample_id),  # type: ignore[arg-type]
+                            tuple(int(x) for x in lineage))
+
+    def as_key(self) -> tuple[int, int, tuple[int, ...], SampleId]:
+        return (self.chunk_id, self.chunk_offset, self.lineage, self.sample_id)
+
+    def child(self, index: int) -> "SampleCursor":
+        if index < 0:
+            raise ValueError(f"SampleCursor.child({index}): a lineage index is non-negative.")
+        return replace(self, lineage=self.lineage + (int(index),))
+
+    @property
+    def base_offset(self) -> tuple[int, int]:
+        return (self.chunk_id, self.chunk_offset)
+
+    def __lt__(self, other: "SampleCursor") -> bool:
+        return self.as_key() < other.as_key()
+
+    def __le__(self, other: "SampleCursor") -> bool:
+        return self.as_key() <= other.as_key()
+
+
+@dataclass(frozen=True, slots=True)
+class ContributorRef:
+    """A sample (or a piece of one) that went into a record: its ``cursor``, and whether this
+    piece ends the sample (``is_last_child``). Packed rows also say which ``component`` the
+    sample is from and which tokens ``[start, start + length)`` of it the row holds."""
+
+    cursor: SampleCursor
+    is_last_child: bool = True
+    component: int | None = field(default=None, kw_only=True)
+    start: int | None = field(default=None, kw_only=True)
+    length: int | None = field(default=None, kw_only=True)
+
+
+@dataclass(kw_only=True)
+class SampleMeta:
+    """Where a row came from: its source sample, lane, chunk and position in the chunk, its
+    lineage (child indices after fan-out) and ``tags`` (``_contributors``, ``_tombstone``,
+    ``padding_length``)."""
+
+    sample_id: SampleId
+    lane_id: int
+    chunk_id: int
+    chunk_offset: int = 0
+    component_sample_counts: dict[int, int] = field(default_factory=lambda: {0: 1})
+    component_token_counts: dict[int, int] | None = None
+    lineage: tuple[int, ...] = ()
+    tags: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cursor(self) -> SampleCursor:
+        return SampleCursor(self.chunk_id, self.chunk_offset, self.sample_id, self.lineage)
+
+    def as_cursor_key(self) -> tuple[int, int, tuple[int, ...], SampleId]:
+        return self.cursor.as_key()
+
+    def child(self, index: int) -> "SampleMeta":
+        """The meta of the ``index``-th record made from this one (lineage extended)."""
+        return replace(self, lineage=self.lineage + (int(index),))
+
+    def with_lineage(self, path: Iterable[int]) -> "SampleMeta":
+        return replace(self, lineage=tuple(int(i) for i in path))
+
+    def with_contributors(self, refs: Iterable[ContributorRef] | None) -> "SampleMeta":
+        tags = dict(self.tags)
+        refs = tuple(refs or ())
+        if refs:
+            tags["_contributors"] = refs
+        else:
+            tags.pop("_contributors", None)
+        return replace(self, tags=tags)
+
+    def with_tombstone(self, value: bool = True) -> "SampleMeta":
+        tags = dict(self.tags)
+        if value:
+            tags["_tombstone"] = True
+        else:
+            tags.pop("_tombstone", None)
+        return replace(self, tags=tags)
+
+    @property
+    def padding_length(self) -> int | None:
+        """Trailing pad tokens of a ``pack_flat`` row, else None."""
+        return self.tags.get("padding_length")
+
+    @property
+    def contributors(self) -> tuple[ContributorRef, ...]:
+        """The samples (pieces) a packed or merged record holds, in order; ``()`` for a record
+        made from one sample."""
+        return tuple(self.tags.get("_contributors", ()))
+
+    def contribution_refs(self) -> tuple[ContributorRef, ...]:
+        """``contributors``, or this record's own cursor (closing) for a one-sample record."""
+        return self.contributors or (ContributorRef(self.cursor, True),)
+
+    def contribution_cursors(self) -> tuple[SampleCursor, ...]:
+        return tuple(ref.cursor for ref in self.contribution_refs())
+
+    @property
+    def tombstone(self) -> bool:
+        """A payload-less record saying "this sample was dropped" (the engine discards it)."""
+        return bool(self.tags.get("_tombstone", False))
+
+    @property
+    def is_flush_sentinel(self) -> bool:
+        return bool(self.tags.get("_flush_sentinel", False))
+
+    @property
+    def is_sentinel(self) -> bool:
+        return self.tombstone or self.is_flush_sentinel or "_source_exhausted" in self.tags
+
+
+@dataclass
+class SampleRecord:
+    """One row: ``payload`` (column -> Python value) and ``meta``. Operators rebuild
+    ``record.payload`` and return the record that carried it."""
+
+    meta: SampleMeta
+    payload: dict[str, Any] | None
+
+
+# ---------------------------------------------------------------- helpers for operators
+def spawn_child(parent: SampleMeta, child_idx: int, *, is_last_child: bool = False,
+                tags: dict[str, Any] | None = None) -> SampleMeta:
+    """Meta of the ``child_idx``-th record an operator makes from ``parent`` (fan-out): the
+    parent's lineage extended by ``child_idx``; ``is_last_child`` marks the child that
+    completes the parent.
+
+    Example:
+        >>> parent = SampleMeta(sample_id=(0, 0, 7), lane_id=0, chunk_id=2, chunk_offset=5)
+        >>> [spawn_child(parent, i, is_last_child=i == 1).lineage for i in range(2)]
+        [(0,), (1,)]
+    """
+    if is_last_child and parent.tombstone:
+        raise ValueError("spawn_child: a tombstone has no children that complete it; drop the "
+                         "tombstone's children instead.")
+    child = parent.child(child_idx)
+    if parent.contributors:
+        refs = parent.contributors if is_last_child else tuple(
+            replace(ref, is_last_child=False) for ref in parent.contributors)
+    else:
+        refs = (ContributorRef(child.cursor, is_last_child),)
+    new_tags = {**parent.tags, **(tags or {}), "_contributors": refs}
+    new_tags.pop("_tombstone", None)
+    return replace(child, tags=new_tags)
+
+
+def pack_meta(primary_cursor: SampleCursor, contributors: Iterable[ContributorRef], *, lane_id: int,
+              component_sample_counts: dict[int, int], component_token_counts: dict[int, int] | None = None,
+              tags: dict[str, Any] | None = None) -> SampleMeta:
+    """Meta of a record that merges several (``contributors``); ``primary_cursor`` (unique per
+    lane) is its identity, and its stream position."""
+    new_tags = {k: v for k, v in (tags or {}).items() if k != "_tombstone"}
+    new_tags["_contributors"] = tuple(contributors)
+    return SampleMeta(sample_id=primary_cursor.sample_id, lane_id=lane_id, chunk_id=primary_cursor.chunk_id,
+                      chunk_offset=primary_cursor.chunk_offset, component_sample_counts=dict(component_sample_counts),
+                      component_token_counts=component_token_counts, lineage=primary_cursor.lineage, tags=new_tags)
+
+
+def tombstone_meta(ref: ContributorRef, lane_id: int) -> SampleMeta:
+    """Meta of a tombstone: "the sample ``ref`` closes was dropped"."""
+    if not ref.is_last_child:
+        raise ValueError("tombstone_meta: pass a closing contributor (is_last_child=True); only the "
+                         "piece that completes a sample can say it was dropped.")
+    c = ref.cursor
+    return SampleMeta(sample_id=c.sample_id, lane_id=lane_id, chunk_id=c.chunk_id, chunk_offset=c.chunk_offset,
+                      lineage=c.lineage, tags={"_tombstone": True, "_contributors": (ref,)})
+
+
+def tombstones_for_record(record: SampleRecord) -> list[SampleRecord]:
+    """What an operator returns instead of a record it drops: one tombstone per sample the
+    record completes. (This engine resumes from stream positions, so a dropped record never
+    holds anything back; tombstones are accepted and discarded, for Zephon's contract.)"""
+    return [SampleRecord(tombstone_meta(ref, record.meta.lane_id), None)
+            for ref in record.meta.contribution_refs() if ref.is_last_child]
+
+
+# ---------------------------------------------------------------- frame -> records
+def records_of(table: pa.Table, fields: FieldsByDataset | None = None) -> list[SampleRecord]:
+    """Row views of a frame (one conversion per column, not per cell).
+
+    With ``fields``, a row's payload leaves out a null field that its own dataset does not
+    have: a frame mixing datasets holds the union of their columns, but a record holds only
+    what its sample has (plus what operators added to it).
+    """
+    names = F.payload_names(table)
+    cols = {n: _column_values(table, n) for n in names}
+    n = table.num_rows
+    lane = table.column(F.LANE).to_pylist()
+    chunk = table.column(F.CHUNK).to_pylist()
+    offset = table.column(F.OFFSET).to_pylist()
+    dataset = table.column(F.DATASET).to_pylist()
+    shard = table.column(F.SHARD).to_pylist()
+    row = table.column(F.ROW).to_pylist()
+    comp = table.column(F.COMPONENT).to_pylist()
+    pad = table.column(F.PADDING_LENGTH).to_pylist() if F.PADDING_LENGTH in table.column_names else None
+    lineage = F.lineage_paths(table)
+    # Per dataset, the fields to leave out where null (columns only other datasets have).
+    foreign = {d: [x for x in names if x not in own] for d, own in (fields or {}).items()}
+    segments = table.column(F.SEGMENTS).to_pylist() if F.SEGMENTS in table.column_names else None
+    out = []
+    for i in range(n):
+        tags: dict[str, Any] = {} if pad is None else {"padding_length": pad[i]}
+        samples: dict[int, int] = {comp[i]: 1}
+        tokens: dict[int, int] | None = None
+        if segments is not None:  # a packed row: counts and contributors from its pieces
+            samples, tokens, tags["_contributors"] = _packed_meta(segments[i])
+        meta = SampleMeta(sample_id=(dataset[i], shard[i], row[i]), lane_id=lane[i], chunk_id=chunk[i],
+                          chunk_offset=offset[i], component_sample_counts=samples, component_token_counts=tokens,
+                          lineage=lineage[i], tags=tags)
+        payload = {x: cols[x][i] for x in names}
+        for x in foreign.get(dataset[i], ()):
+            if payload[x] is None:
+                del payload[x]
+        out.append(SampleRecord(meta=meta, payload=payload))
+    return out
+
+
+def _packed_meta(pieces: list[dict[str, Any]]) -> tuple[dict[int, int], dict[int, int], tuple[ContributorRef, ...]]:
+    """(component -> samples the row closes, component -> its tokens, contributors) of a packed
+    row's ``__segments``: a sample is counted on the piece that ends it (as Zephon does)."""
+    samples: dict[int, int] = {}
+    tokens: dict[int, int] = {}
+    refs = []
+    for p in pieces:
+        c = p["component"]
+        tokens[c] = tokens.get(c, 0) + p["length"]
+        if p["closes"]:
+            samples[c] = samples.get(c, 0) + 1
+        cursor = SampleCursor(p["chunk"], p["offset"], (p["dataset"], p["shard"], p["row"]), tuple(p["lineage"]))
+        refs.append(ContributorRef(cursor, bool(p["closes"]), component=c, start=p["start"], length=p["length"]))
+    return samples, tokens, tuple(refs)
+
+
+def _column_values(table: pa.Table, name: str) -> list[Any]:
+    """A payload column as Python values; packed segments merged by ``pack_sequences``
+    (``pack_payloads="numpy_array"`` / ``"torch_tensor"``) as arrays / tensors."""
+    values = table.column(name).to_pylist()
+    meta = table.schema.field(name).metadata or {}
+    merge = meta.get(b"zephon_columnar.pack_payloads")
+    if merge is None:
+        return values
+    if merge == b"torch_tensor":
+        import torch
+
+        return [{k: torch.tensor(v) for k, v in row.items()} for row in values]
+    return [{k: np.asarray(v) for k, v in row.items()} for row in values]
+
+
+# ---------------------------------------------------------------- records -> frame
+def payloads_to_table(payloads: list[dict[str, Any]], *, op_name: str) -> pa.Table:
+    """Arrow table of row dicts: the union of their keys (missing values are null), one column
+    type per field. Types come from the values alone, never from which rows share a frame, so a
+    field whose rows mix Python types (1 and 1.0, "a" and 2) is an error rather than a column type
+    that changes with the frame size."""
+    names: dict[str, None] = {}
+    for p in payloads:
+        names.update(dict.fromkeys(p))
+    columns = {}
+    for name in names:
+        values = [p.get(name) for p in payloads]
+        kinds = {type(v) for v in values if v is not None}
+        if len(kinds) > 1:
+            shown = ", ".join(sorted(k.__name__ for k in kinds))
+            raise WrongTypeError(f"operator {op_name!r} returned field {name!r} with mixed types ({shown}); "
+                                 "return the same type for a field in every row (e.g. float(x)).")
+        try:
+            columns[name] = pa.array(values)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+            raise WrongTypeError(f"operator {op_name!r} returned field {name!r} with values Arrow cannot "
+                                 f"hold in one column ({err}); return the same type for it in every row.") from err
+    return pa.table(columns) if columns else pa.table({})
+
+
+def check_records(out: Any, *, op_name: str, what: str = "process_many") -> list[SampleRecord]:
+    """``out`` as a list of records, or a `WrongTypeError` saying what to return instead."""
+    if not isinstance(out, (list, tuple)) or any(not isinstance(r, SampleRecord) for r in out):
+        got = type(out).__name__ if not isinstance(out, (list, tuple)) else \
+            next(type(r).__name__ for r in out if not isinstance(r, SampleRecord))
+        raise WrongTypeError(
+            f"operator {op_name!r}: {what} must return a list of SampleRecord, got {got} (rebuild "
+            "record.payload and return the record that carried it, not dicts or tensors).")
+    return list(out)
+
+
+def frame_of_records(records: Sequence[SampleRecord], *, op_name: str = "records") -> pa.Table:
+    """A frame of records: their meta as bookkeeping (lane, chunk, offset, sample id,
+    component, lineage, pad length) and their payloads. Tombstones (dropped samples) are left
+    out; a record with no payload that is not a tombstone is an error."""
+    kept = [r for r in records if not r.meta.tombstone]
+    for r in kept:
+        if not isinstance(r.payload, dict):
+            raise WrongTypeError(
+                f"operator {op_name!r} returned a record of sample {r.meta.sample_id} whose payload is a "
+                f"{type(r.payload).__name__}; a payload is a dict (return tombstones_for_record(record) to drop it).")
+    metas = [r.meta for r in kept]
+    n = len(metas)
+    sample = np.array([m.sample_id for m in metas], dtype=np.int64).reshape(n, 3)
+    book = F.pointer_frame(lane=0, chunk_id=0, offsets=np.array([m.chunk_offset for m in metas], np.int32),
+                           pointers=sample,
+                           components=np.array([next(iter(m.component_sample_counts), 0) for m in metas], np.int32))
+    book = book.set_column(0, F.LANE, pa.array(np.array([m.lane_id for m in metas], np.int32)))
+    book = book.set_column(1, F.CHUNK, pa.array(np.array([m.chunk_id for m in metas], np.int64)))
+    if any(m.lineage for m in metas):
+        book = book.append_column(F.LINEAGE, pa.array([list(m.lineage) for m in metas], pa.list_(pa.int32())))
+    pads = [m.padding_length for m in metas]
+    if any(p is not None for p in pads):  # a packed row's pad tail stays masked downstream
+        book = book.append_column(F.PADDING_LENGTH, pa.array([p or 0 for p in pads], pa.int32()))
+    payload = payloads_to_table([r.payload for r in kept], op_name=op_name)  # type: ignore[misc]
+    return F.with_payload(book, payload) if payload.num_columns else book
