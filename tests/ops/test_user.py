@@ -31,7 +31,8 @@ DS = Dataset.from_tables("d", [pa.table({"text": [f"doc {s}-{i} " + "x" * (i % 7
 
 def build(runner: str = "inline", lanes: int = 2, **opts) -> Pipeline:
     ws = StaticMixtureWorkSource([DS], {"d": 1.0}, chunk_size=16, seed=5)
-    return Pipeline(ws).options(runner=runner, canonical_replicas=lanes, max_workers=2, **opts)
+    opts.setdefault("canonical_replicas", lanes)
+    return Pipeline(ws).options(runner=runner, max_workers=2, **opts)
 
 
 def values(items) -> list[int]:
@@ -358,3 +359,69 @@ def test_an_op_that_reorders_within_calls_resumes_by_replay():
 
 def test_is_indexable_follows_the_work_source_and_the_ops():
     assert build().is_indexable is False  # StaticMixtureWorkSource is a stream, as in Zephon
+
+
+# ---------------------------------------------------------------- every form, runner and parallelism
+def _score_records(records):
+    for r in records:
+        r.payload = {**r.payload, "score": len(r.payload["text"]) * 7 + r.payload["value"] % 11}
+    return records
+
+
+def _score_columns(batch):
+    lengths = pc.utf8_length(batch.column("text")).to_numpy()
+    return batch.append_column("score", pa.array(lengths * 7 + batch.column("value").to_numpy() % 11))
+
+
+FORMS = {
+    "records+counting": dict(process_many=_score_records, accumulator=lambda: CountingAccumulator(max_batch=7)),
+    "columnar": dict(process_columns=_score_columns),
+    "buffer+drop": dict(process_many=_mark, accumulator=HoldAndDrop),
+}
+
+
+def with_form(form: str, runner: str = "inline", parallelism: int = 1, **opts) -> Pipeline:
+    return build(runner, flush_every_k_chunks=2, **opts).add_op(
+        form, preserves_cursor_order=form != "buffer+drop", parallelism=parallelism, **FORMS[form]).batch(4)
+
+
+def test_the_record_and_columnar_forms_score_alike():
+    def scores(form):
+        return [r.payload["score"] for b in with_form(form) for r in b.records]
+
+    assert scores("columnar") == scores("records+counting")
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("runner", RUNNERS)
+@pytest.mark.parametrize("parallelism", [1, 4])
+def test_every_form_gives_the_same_batches_on_every_runner_and_parallelism(form, runner, parallelism):
+    reference = collect(with_form(form))
+    assert len(reference) >= 30
+    assert collect(with_form(form, runner, parallelism)) == reference
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_every_form_resumes_exactly(form, runner):
+    ks = [0, 7] if runner == "process" else [0, 1, 7, 22]
+    assert_resumes_exactly(lambda: with_form(form, runner, parallelism=2), ks=ks)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_every_form_gives_the_same_global_steps_on_1_2_and_4_groups(form):
+    def run(n, g):
+        return collect(with_form(form, canonical_replicas=4, world_size=n, global_rank=g))
+
+    single = run(1, 0)
+    for groups in (2, 4):
+        parts = [run(groups, g) for g in range(groups)]
+        assert Counter(s for p in parts for s in p) == Counter(single)
+        for p in parts:
+            for lane in {sig[1] for sig in p}:
+                assert [sig for sig in p if sig[1] == lane] == [sig for sig in single if sig[1] == lane]
+
+
+def test_explain_says_placement_has_no_effect():
+    text = build("threads").map_transform(lambda p: p, placement="remote").explain()
+    assert "placement= arguments have no effect" in text and "'threads' runner" in text

@@ -128,7 +128,8 @@ class Engine:
         tail = (f"Tail: lanes {self.lanes} of canonical_replicas={self.canonical_replicas}, flush every "
                 f"{self.plan.flush_every} chunk(s), {ahead}")
         resume = f"Checkpoints: by {self.mode} ({self.mode_reason})"
-        return "\n".join(parts + [tail, resume])
+        placement = f"Placement: every stage on the {runner!r} runner (placement= arguments have no effect)"
+        return "\n".join(parts + [tail, resume, placement])
 
     def uses_prefetch_thread(self) -> bool:
         """Whether a thread runs the tail ahead of the caller: only when asked for with

@@ -1,0 +1,88 @@
+"""records.py: frames <-> records, and the helpers user operators fan out, pack and drop with."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from zephon_columnar import frame as F
+from zephon_columnar.records import (
+    ContributorRef,
+    SampleCursor,
+    SampleMeta,
+    SampleRecord,
+    frame_of_records,
+    pack_meta,
+    records_of,
+    spawn_child,
+    tombstone_meta,
+    tombstones_for_record,
+)
+
+
+def sample_frame(n: int = 5) -> pa.Table:
+    frame = F.frame_of({"text": [f"t{i}" for i in range(n)], "n": list(range(n)),
+                        "ids": [[i] * (i + 1) for i in range(n)]}, lane=1, chunk_id=7, first_row=10)
+    return F.with_children(frame, np.arange(n), np.array([-1, 0, -1, 2, -1]))
+
+
+def test_frame_records_frame_round_trip_keeps_bookkeeping_and_payload():
+    frame = sample_frame()
+    records = records_of(frame)
+    assert [r.meta.cursor for r in records][:2] == [SampleCursor(7, 10, (0, 0, 10), ()),
+                                                    SampleCursor(7, 11, (0, 0, 11), (0,))]
+    back = frame_of_records(records)
+    for name in (F.LANE, F.CHUNK, F.OFFSET, F.DATASET, F.SHARD, F.ROW, F.COMPONENT, "text", "n", "ids"):
+        assert back.column(name).to_pylist() == frame.column(name).to_pylist(), name
+    assert F.lineage_paths(back) == F.lineage_paths(frame)
+
+
+def test_cursors_order_by_chunk_offset_and_lineage():
+    a = SampleCursor(1, 5, (0, 0, 9))
+    assert a < a.child(0) < a.child(1) < SampleCursor(1, 6, (0, 0, 1)) < SampleCursor(2, 0, (0, 0, 0))
+    assert SampleCursor.from_key(a.child(3).as_key()) == a.child(3)
+    with pytest.raises(ValueError):
+        a.child(-1)
+
+
+def test_spawn_child_extends_lineage_and_only_the_last_child_closes():
+    parent = SampleMeta(sample_id=(0, 1, 2), lane_id=0, chunk_id=3, chunk_offset=4)
+    kids = [spawn_child(parent, i, is_last_child=i == 2) for i in range(3)]
+    assert [k.lineage for k in kids] == [(0,), (1,), (2,)]
+    assert [k.contributors[0].is_last_child for k in kids] == [False, False, True]
+    grandkid = spawn_child(kids[0], 5)  # a child of a child keeps the first one's contributor, open
+    assert grandkid.lineage == (0, 5) and not grandkid.contributors[0].is_last_child
+    with pytest.raises(ValueError, match="tombstone"):
+        spawn_child(parent.with_tombstone(), 0, is_last_child=True)
+
+
+def test_tombstones_are_dropped_rows():
+    records = records_of(sample_frame())
+    dropped = tombstones_for_record(records[1])
+    assert len(dropped) == 1 and dropped[0].meta.tombstone and dropped[0].payload is None
+    frame = frame_of_records([records[0]] + dropped + records[2:])
+    assert frame.column("n").to_pylist() == [0, 2, 3, 4]
+    with pytest.raises(ValueError, match="closing"):
+        tombstone_meta(ContributorRef(records[0].meta.cursor, is_last_child=False), lane_id=1)
+
+
+def test_pack_meta_takes_its_identity_from_the_primary_cursor():
+    refs = [ContributorRef(SampleCursor(2, i, (0, 0, i))) for i in range(3)]
+    meta = pack_meta(refs[0].cursor, refs, lane_id=1, component_sample_counts={0: 3},
+                     tags={"_tombstone": True, "kind": "packed"})
+    assert (meta.chunk_id, meta.chunk_offset, meta.sample_id) == (2, 0, (0, 0, 0))
+    assert meta.contributors == tuple(refs) and not meta.tombstone and meta.tags["kind"] == "packed"
+    assert meta.contribution_cursors() == tuple(r.cursor for r in refs)
+
+
+def test_a_record_with_no_payload_that_is_not_a_tombstone_is_an_error():
+    meta = SampleMeta(sample_id=(0, 0, 0), lane_id=0, chunk_id=0)
+    with pytest.raises(TypeError, match="payload"):
+        frame_of_records([SampleRecord(meta, None)], op_name="broken")
+
+
+def test_mixed_value_types_in_a_field_are_an_error_naming_it():
+    metas = [SampleMeta(sample_id=(0, 0, i), lane_id=0, chunk_id=0, chunk_offset=i) for i in range(2)]
+    with pytest.raises(TypeError, match="'x'.*mixed types"):
+        frame_of_records([SampleRecord(metas[0], {"x": 1}), SampleRecord(metas[1], {"x": "one"})], op_name="op")
