@@ -26,8 +26,11 @@ from zephon_columnar.engine.aggregate import (
     torch_distributed_ready,
 )
 from zephon_columnar.engine.engine import Engine, EngineRun
+from zephon_columnar.engine.warmup import RestoreWarmup
+from zephon_columnar.io.readers import ReaderPool
 from zephon_columnar.engine.replay import (
     LaneCursor,
+    LaneSnapshot,
     build_checkpoint,
     check_recipe,
     merge_checkpoints,
@@ -68,6 +71,7 @@ class Pipeline:
         self._pending_recipe: dict[str, Any] = {}
         self._run: EngineRun | None = None
         self._last_delivered: dict[int, LaneCursor] | None = None
+        self._warmup: RestoreWarmup | None = None
         self._checkpoint_round = 0
         self._created_at = time.time()
 
@@ -511,7 +515,7 @@ class Pipeline:
             check_recipe(self._pending_recipe, engine.recipe())
             cursors = self._owned_cursors(engine, self._pending)
         self._pending = None
-        self._run = engine.start(cursors)
+        self._run = engine.start(cursors, readers=self._take_warmup(engine))
         return _RunIterator(self._run)
 
     # ------------------------------------------------------------------ checkpoints
@@ -578,6 +582,21 @@ class Pipeline:
         self._pending = lanes
         self._pending_recipe = recipe
         self._run = None
+        if self._warmup is not None:
+            self._warmup.cancel()
+        if self._options.resolved_runner() != "process":  # process workers read through their own readers
+            owned = self._owned_cursors(engine, lanes).values()
+            self._warmup = RestoreWarmup.start(self._ws.datasets_by_id, [
+                cur.pending[0] for cur in owned if isinstance(cur, LaneSnapshot) and cur.pending is not None])
+
+    def _take_warmup(self, engine: Engine) -> ReaderPool | None:
+        """The restore warm-up's readers, for the run ``engine`` is about to start (None: no
+        warm-up, or options changed since ``restore()`` so that it read for another run)."""
+        warm, self._warmup = self._warmup, None
+        if warm is not None and engine.options.resolved_runner() == "process":
+            warm.cancel()
+            return None
+        return warm.pool if warm is not None else None
 
     # ------------------------------------------------------------------ torch
     def to_torch_dataset(self, stateful: bool = True, **to_training: Any) -> Any:
@@ -598,6 +617,7 @@ class Pipeline:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_run"] = None
+        state["_warmup"] = None
         return state
 
 

@@ -149,12 +149,15 @@ class Engine:
         ws = self.ws.clone_for_lane(lane, self.canonical_replicas)
         return LaneCursor(epoch=0, rows=0, items=0, source_state=ws.state_dict())
 
-    def start(self, cursors: Mapping[int, LaneCursor | LaneSnapshot] | None = None) -> "EngineRun":
+    def start(self, cursors: Mapping[int, LaneCursor | LaneSnapshot] | None = None, *,
+              readers: ReaderPool | None = None) -> "EngineRun":
+        """Run from ``cursors`` (the start of every lane not given); ``readers``: the shared
+        readers fetch uses (a restore warm-up's, already reading), else fresh ones."""
         cursors = dict(cursors or {})
         for lane in self.lanes:
             if lane not in cursors:
                 cursors[lane] = self.initial_cursor(lane)
-        return EngineRun(self, cursors)
+        return EngineRun(self, cursors, readers)
 
 def _fields_by_dataset(datasets: Mapping[int, Any]) -> dict[int, frozenset[str]]:
     """``{dataset_id: payload field names}`` of datasets whose schema is known, when they differ
@@ -188,7 +191,8 @@ class EngineRun:
     another thread while the caller is inside ``next()`` is finished by that ``next()``).
     """
 
-    def __init__(self, engine: Engine, cursors: dict[int, LaneCursor | LaneSnapshot]) -> None:
+    def __init__(self, engine: Engine, cursors: dict[int, LaneCursor | LaneSnapshot],
+                 readers: ReaderPool | None = None) -> None:
         self.engine = engine
         # Replay mode: the cursor of the last item delivered per lane. Reference mode: items
         # delivered per lane (the state itself is read from the chains when asked for).
@@ -204,7 +208,7 @@ class EngineRun:
         self._in_hand: LaneItem | None = None  # an item the prefetch thread has not queued yet
         runner_kind = engine.options.resolved_runner()
         stages = [s.ops for s in engine.plan.parallel_stages()]
-        self._readers = ReaderPool()
+        self._readers = readers if readers is not None else ReaderPool()
         services = {"datasets_by_id": engine.ws.datasets_by_id, "reader_pool": self._readers}
         self._runner = RUNNERS[runner_kind](stages, services, engine.workers())
         try:

@@ -57,11 +57,6 @@ def open_reader(dataset: Dataset, *, columns: Sequence[str] | None = None) -> Sh
     )
 
 
-#: Kinds whose readers cache decoded data (Parquet row groups, memory-mapped Arrow files):
-#: worth one shared reader per process rather than one per worker thread.
-_SHARED_KINDS = ("parquet", "hf_arrow", "arrow_ipc")
-
-
 class _LockedReader:
     """A reader shared by threads: takes are serialized, so each row group is decoded once.
 
@@ -83,19 +78,23 @@ class _LockedReader:
 
 
 class ReaderPool:
-    """Per-process readers shared by worker threads, for the kinds in ``_SHARED_KINDS``.
+    """Per-process readers shared by worker threads, for the kinds in ``SHARED_KINDS``.
 
     The engine makes one pool per pass; `FetchOp` asks it first and opens a private reader
     for other kinds (JSONL parsing gains from parallel readers, not from a shared cache).
     Pickling (process runner) gives each worker process an empty pool of its own.
     """
 
+    #: Kinds whose readers cache decoded data (Parquet row groups, memory-mapped Arrow files):
+    #: worth one shared reader per process rather than one per worker thread.
+    SHARED_KINDS = ("parquet", "hf_arrow", "arrow_ipc")
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._readers: dict[int, _LockedReader] = {}
 
     def shared_reader(self, dataset_id: int, dataset: Dataset) -> ShardReader | None:
-        if dataset.backend.get("kind") not in _SHARED_KINDS:
+        if dataset.backend.get("kind") not in self.SHARED_KINDS:
             return None
         with self._lock:
             reader = self._readers.get(dataset_id)
