@@ -484,8 +484,12 @@ class Pipeline:
         return bool(supports is not None and supports()) and all(op.traits().indexable for op in self._ops)
 
     def validate(self, *, strict: bool = False) -> ValidationReport:
-        """Smoke-test the operators added with ``add_op``: a repeated input must give the same
-        output (no hidden state, no unseeded randomness). Built-ins are skipped."""
+        """Run the validation harness on the operators added with ``add_op`` (built-ins are
+        skipped): determinism, cross-call state, output types, sample ids and lineage, the
+        accumulator contract, and a static scan for writes to ``self`` and unseeded randomness,
+        with Zephon 0.2.0's issue codes (`zephon_columnar.validation`). ``strict=True`` raises
+        `ValidationError` listing every problem. The first ``iter()`` runs it too
+        (``options(auto_validation="strict"|"warn"|"off")``)."""
         report = validate_ops(self._ops)
         if strict and not report.ok:
             raise ValidationError(report)
