@@ -629,3 +629,22 @@ def test_preflight_passes_a_loadable_tokenizer_and_reports_a_broken_one(tmp_path
     assert str(broken) in report.format()
     with pytest.raises(ValidationError, match="TOKENIZER_PREFLIGHT_FAILED"):
         p.preflight_tokenizers()
+
+
+def test_auto_validation_runs_once_per_graph():
+    calls = []
+
+    def counted(records):
+        calls.append(len(records))
+        return records
+
+    p = pipe().add_op("counted", process_many=counted, preserves_cursor_order=True)
+    list(p)
+    first = len(calls)
+    list(p)
+    assert len(calls) - first == 2  # the second pass: one call per frame (2 chunks of 4), no probes
+    assert first > 2  # the first pass ran the validation probes too
+    p.add_op("again", process_many=counted, preserves_cursor_order=True)
+    before = len(calls)
+    list(p)
+    assert len(calls) - before > 4  # a new graph is validated again, then both ops run

@@ -72,6 +72,7 @@ class Pipeline:
         self._run: EngineRun | None = None
         self._last_delivered: dict[int, LaneCursor] | None = None
         self._warmup: RestoreWarmup | None = None
+        self._validated: tuple[BaseOp, ...] = ()  # the user operators the last validation passed
         self._checkpoint_round = 0
         self._created_at = time.time()
 
@@ -507,12 +508,15 @@ class Pipeline:
             raise RuntimeError("Pipeline is already being iterated; close the first iterator (or let it finish) "
                                "before starting another.")
         mode = self._options.auto_validation
-        if mode != "off" and any(not getattr(op, "builtin", False) for op in self._ops):
+        user_ops = tuple(op for op in self._ops if not op.builtin)
+        # Validated once per graph: again only after an operator is added (as in Zephon).
+        if mode != "off" and user_ops and self._validated != user_ops:
             report = validate_ops(self._ops)
             if not report.ok:
                 if mode == "strict":
                     raise ValidationError(report)
                 warnings.warn(report.format(), stacklevel=2)
+            self._validated = user_ops
         engine = self._engine()
         cursors = None
         if self._pending is not None:
