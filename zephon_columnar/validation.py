@@ -727,15 +727,9 @@ def _accumulator_ctx() -> dict[str, Any]:
 
 
 def _new_accumulator(probe: "BaseOp") -> "Accumulator[Any]":
-    from zephon_columnar.ops.accumulators import Accumulator, PassthroughAccumulator
+    from zephon_columnar.ops.user import accumulator_of
 
-    acc = probe.accumulator(deterministic=True, ctx=_accumulator_ctx())
-    if acc is None:
-        return PassthroughAccumulator()
-    if not isinstance(acc, Accumulator):
-        raise TypeError(f"accumulator() returned {type(acc).__name__}, not an Accumulator "
-                        "(e.g. CountingAccumulator(max_batch=64))")
-    return acc
+    return accumulator_of(probe, _accumulator_ctx())
 
 
 class _Malformed(Exception):
