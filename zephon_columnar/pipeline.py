@@ -594,8 +594,9 @@ class Pipeline:
             self._warmup.cancel()
         if self._options.resolved_runner() != "process":  # process workers read through their own readers
             owned = self._owned_cursors(engine, lanes).values()
-            self._warmup = RestoreWarmup.start(self._ws.datasets_by_id, [
-                cur.pending[0] for cur in owned if isinstance(cur, LaneSnapshot) and cur.pending is not None])
+            first = engine.plan.batch.microbatch_size if engine.plan.batch is not None else 1
+            self._warmup = RestoreWarmup.start(self._ws.datasets_by_id, [  # what each lane's first item needs
+                cur.pending[0].slice(0, first) for cur in owned if isinstance(cur, LaneSnapshot) and cur.pending is not None])
 
     def _take_warmup(self, engine: Engine) -> ReaderPool | None:
         """The restore warm-up's readers, for the run ``engine`` is about to start (None: no

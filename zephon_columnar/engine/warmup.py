@@ -1,7 +1,8 @@
 """Restore warm-up: start reading what a restored run needs first, while the pipeline is built.
 
 A checkpoint taken by reference names the rows a lane's collector held but had not batched
-yet (`LaneSnapshot.pending`): the first batch after a restore is made of them. Computing them
+yet (`LaneSnapshot.pending`): the first batch after a restore is made of the first of them
+(a batch's worth is what the pipeline warms; more would only compete with the fetch). Computing them
 again means reading their source samples, often scattered over several shards and row groups
 (a packed row's pieces come from many documents), which a cold start never pays.
 `RestoreWarmup` reads those samples in a background thread as soon as ``restore()`` is
