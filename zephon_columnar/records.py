@@ -22,7 +22,8 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from operator import attrgetter
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -235,38 +236,66 @@ def records_of(table: pa.Table, fields: FieldsByDataset | None = None) -> list[S
     With ``fields``, a row's payload leaves out a null field that its own dataset does not
     have: a frame mixing datasets holds the union of their columns, but a record holds only
     what its sample has (plus what operators added to it).
+
+    Example (the metas are those the constructor makes):
+        >>> from zephon_columnar import frame as F
+        >>> r = records_of(F.frame_of({"n": [4]}, chunk_id=2, first_row=7))[0]
+        >>> r.meta == SampleMeta(sample_id=(0, 0, 7), lane_id=0, chunk_id=2, chunk_offset=7), r.payload
+        (True, {'n': 4})
     """
-    names = F.payload_names(table)
-    cols = {n: _column_values(table, n) for n in names}
+    columns = table.schema.names
+    names = [x for x in columns if not F.is_bookkeeping(x)]
     n = table.num_rows
-    lane = table.column(F.LANE).to_pylist()
-    chunk = table.column(F.CHUNK).to_pylist()
-    offset = table.column(F.OFFSET).to_pylist()
-    dataset = table.column(F.DATASET).to_pylist()
-    shard = table.column(F.SHARD).to_pylist()
-    row = table.column(F.ROW).to_pylist()
-    comp = table.column(F.COMPONENT).to_pylist()
-    pad = table.column(F.PADDING_LENGTH).to_pylist() if F.PADDING_LENGTH in table.column_names else None
+    if names:
+        payloads = [dict(zip(names, values)) for values in zip(*[_column_values(table, x) for x in names])]
+    else:
+        payloads = [{} for _ in range(n)]
+    lane, chunk, offset, dataset, shard, row, comp = (
+        table.column(c).to_pylist() for c in (F.LANE, F.CHUNK, F.OFFSET, F.DATASET, F.SHARD, F.ROW, F.COMPONENT))
+    pad = table.column(F.PADDING_LENGTH).to_pylist() if F.PADDING_LENGTH in columns else None
     lineage = F.lineage_paths(table)
-    # Per dataset, the fields to leave out where null (columns only other datasets have).
-    foreign = {d: [x for x in names if x not in own] for d, own in (fields or {}).items()}
-    segments = table.column(F.SEGMENTS).to_pylist() if F.SEGMENTS in table.column_names else None
-    out = []
-    for i in range(n):
-        tags: dict[str, Any] = {} if pad is None else {"padding_length": pad[i]}
-        samples: dict[int, int] = {comp[i]: 1}
-        tokens: dict[int, int] | None = None
-        if segments is not None:  # a packed row: counts and contributors from its pieces
-            samples, tokens, tags["_contributors"] = _packed_meta(segments[i])
-        meta = SampleMeta(sample_id=(dataset[i], shard[i], row[i]), lane_id=lane[i], chunk_id=chunk[i],
-                          chunk_offset=offset[i], component_sample_counts=samples, component_token_counts=tokens,
-                          lineage=lineage[i], tags=tags)
-        payload = {x: cols[x][i] for x in names}
-        for x in foreign.get(dataset[i], ()):
-            if payload[x] is None:
-                del payload[x]
-        out.append(SampleRecord(meta=meta, payload=payload))
-    return out
+    if fields:
+        # Per dataset, the fields to leave out where null (columns only other datasets have).
+        foreign = {d: [x for x in names if x not in own] for d, own in fields.items()}
+        for payload, d in zip(payloads, dataset):
+            for x in foreign.get(d, ()):
+                if payload[x] is None:
+                    del payload[x]
+    segments = table.column(F.SEGMENTS).to_pylist() if F.SEGMENTS in columns else None
+    new = object.__new__
+    metas = []
+    if pad is None and segments is None and _PLAIN_META_INIT:
+        # The common frame: what SampleMeta(...) would set, attribute by attribute (about 3x
+        # cheaper than its keyword __init__, which does nothing else; the doctest checks).
+        for d, s, r, ln, c, o, k, g in zip(dataset, shard, row, lane, chunk, offset, comp, lineage):
+            meta = new(SampleMeta)
+            meta.sample_id = (d, s, r)
+            meta.lane_id = ln
+            meta.chunk_id = c
+            meta.chunk_offset = o
+            meta.component_sample_counts = {k: 1}
+            meta.component_token_counts = None
+            meta.lineage = g
+            meta.tags = {}
+            metas.append(meta)
+    else:
+        for i in range(n):
+            tags: dict[str, Any] = {} if pad is None else {"padding_length": pad[i]}
+            samples: dict[int, int] = {comp[i]: 1}
+            tokens: dict[int, int] | None = None
+            if segments is not None:  # a packed row: counts and contributors from its pieces
+                samples, tokens, tags["_contributors"] = _packed_meta(segments[i])
+            metas.append(SampleMeta(sample_id=(dataset[i], shard[i], row[i]), lane_id=lane[i], chunk_id=chunk[i],
+                                    chunk_offset=offset[i], component_sample_counts=samples,
+                                    component_token_counts=tokens, lineage=lineage[i], tags=tags))
+    return list(map(SampleRecord, metas, payloads))
+
+
+#: Whether `records_of` may set a `SampleMeta`'s attributes itself: its __init__ only assigns
+#: these eight fields (if SampleMeta changes, records_of goes back to calling it).
+_PLAIN_META_INIT = "__post_init__" not in vars(SampleMeta) and [f.name for f in fields(SampleMeta)] == [
+    "sample_id", "lane_id", "chunk_id", "chunk_offset", "component_sample_counts", "component_token_counts",
+    "lineage", "tags"]
 
 
 def _packed_meta(pieces: list[dict[str, Any]]) -> tuple[dict[int, int], dict[int, int], tuple[ContributorRef, ...]]:
@@ -306,28 +335,43 @@ def payloads_to_table(payloads: list[dict[str, Any]], *, op_name: str) -> pa.Tab
     type per field. Types come from the values alone, never from which rows share a frame, so a
     field whose rows mix Python types (1 and 1.0, "a" and 2) is an error rather than a column type
     that changes with the frame size."""
-    names: dict[str, None] = {}
-    for p in payloads:
-        names.update(dict.fromkeys(p))
-    columns = {}
+    names, arrays = _payload_arrays(payloads, op_name)
+    return pa.Table.from_arrays(arrays, names=names) if names else pa.table({})
+
+
+def _payload_arrays(payloads: list[dict[str, Any]], op_name: str) -> tuple[list[str], list[pa.Array]]:
+    """`payloads_to_table`'s column names and arrays."""
+    if not payloads:
+        return [], []
+    first = payloads[0]
+    if set().union(*payloads) == first.keys():  # every row's keys are among the first row's
+        names = list(first)
+    else:  # the union, in order of first appearance
+        union: dict[str, None] = {}
+        for p in payloads:
+            union.update(dict.fromkeys(p))
+        names = list(union)
+    arrays = []
     for name in names:
         values = [p.get(name) for p in payloads]
-        kinds = {type(v) for v in values if v is not None}
+        kinds = set(map(type, values))
+        kinds.discard(type(None))
         if len(kinds) > 1:
             shown = ", ".join(sorted(k.__name__ for k in kinds))
             raise WrongTypeError(f"operator {op_name!r} returned field {name!r} with mixed types ({shown}); "
                                  "return the same type for a field in every row (e.g. float(x)).")
         try:
-            columns[name] = pa.array(values)
+            arrays.append(pa.array(values))
         except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
             raise WrongTypeError(f"operator {op_name!r} returned field {name!r} with values Arrow cannot "
                                  f"hold in one column ({err}); return the same type for it in every row.") from err
-    return pa.table(columns) if columns else pa.table({})
+    return names, arrays
 
 
 def check_records(out: Any, *, op_name: str, what: str = "process_many") -> list[SampleRecord]:
     """``out`` as a list of records, or a `WrongTypeError` saying what to return instead."""
-    if not isinstance(out, (list, tuple)) or any(not isinstance(r, SampleRecord) for r in out):
+    if not isinstance(out, (list, tuple)) or (set(map(type, out)) - {SampleRecord} and
+                                               any(not isinstance(r, SampleRecord) for r in out)):
         got = type(out).__name__ if not isinstance(out, (list, tuple)) else \
             next(type(r).__name__ for r in out if not isinstance(r, SampleRecord))
         raise WrongTypeError(
@@ -340,24 +384,51 @@ def frame_of_records(records: Sequence[SampleRecord], *, op_name: str = "records
     """A frame of records: their meta as bookkeeping (lane, chunk, offset, sample id,
     component, lineage, pad length) and their payloads. Tombstones (dropped samples) are left
     out; a record with no payload that is not a tombstone is an error."""
-    kept = [r for r in records if not r.meta.tombstone]
-    for r in kept:
-        if not isinstance(r.payload, dict):
-            raise WrongTypeError(
-                f"operator {op_name!r} returned a record of sample {r.meta.sample_id} whose payload is a "
-                f"{type(r.payload).__name__}; a payload is a dict (return tombstones_for_record(record) to drop it).")
-    metas = [r.meta for r in kept]
+    metas = [r.meta for r in records]
+    # Tags (tombstone, pad length) live in meta.tags: with none anywhere (the common case, plain
+    # SampleMeta), every record is kept and no row has a pad length.
+    tags = [m.tags for m in metas]
+    plain = set(map(type, metas)) == {SampleMeta} and set(map(type, tags)) == {dict} and not any(tags)
+    if plain:
+        kept = list(records)
+    else:
+        kept = [r for r in records if not r.meta.tombstone]
+        metas = [r.meta for r in kept]
+    payloads = [r.payload for r in kept]
+    if set(map(type, payloads)) - {dict}:
+        for r in kept:
+            if not isinstance(r.payload, dict):
+                raise WrongTypeError(
+                    f"operator {op_name!r} returned a record of sample {r.meta.sample_id} whose payload is a "
+                    f"{type(r.payload).__name__}; a payload is a dict (return tombstones_for_record(record) to drop it).")
     n = len(metas)
-    sample = np.array([m.sample_id for m in metas], dtype=np.int64).reshape(n, 3)
-    book = F.pointer_frame(lane=0, chunk_id=0, offsets=np.array([m.chunk_offset for m in metas], np.int32),
-                           pointers=sample,
-                           components=np.array([next(iter(m.component_sample_counts), 0) for m in metas], np.int32))
-    book = book.set_column(0, F.LANE, pa.array(np.array([m.lane_id for m in metas], np.int32)))
-    book = book.set_column(1, F.CHUNK, pa.array(np.array([m.chunk_id for m in metas], np.int64)))
-    if any(m.lineage for m in metas):
-        book = book.append_column(F.LINEAGE, pa.array([list(m.lineage) for m in metas], pa.list_(pa.int32())))
-    pads = [m.padding_length for m in metas]
+    # One list per field (C-level attribute reads, no per-record tuple for the GC to track).
+    lanes, chunks, offsets, samples, lineages, counts = (list(map(get, metas)) for get in _META_FIELDS)
+    if n and set(map(len, samples)) == {3}:
+        dataset, shard, row = (np.array(x, np.int64) for x in zip(*samples))
+    else:  # none, or malformed ids: numpy says what is wrong with them
+        sample = np.array(samples, dtype=np.int64).reshape(n, 3)
+        dataset, shard, row = sample[:, 0], sample[:, 1], sample[:, 2]
+    components = list(map(next, map(iter, counts)))  # each meta's first component; a StopIteration
+    if len(components) != n:  # (an empty dict) ends map early: then one at a time, 0 for none
+        components = [next(iter(c), 0) for c in counts]
+    # The bookkeeping columns of F.pointer_frame, then lineage and pad length where any row has
+    # them, then the payload: what F.with_payload(book, payloads_to_table(...)) gives.
+    arrays = [pa.array(np.array(lanes, np.int32)), pa.array(np.array(chunks, np.int64)),
+              pa.array(np.array(offsets, np.int32)), pa.array(dataset.astype(np.int32)),
+              pa.array(shard.astype(np.int32)), pa.array(row), pa.array(np.array(components, np.int32))]
+    names = list(F.BOOKKEEPING)
+    if any(lineages):
+        arrays.append(pa.array([list(g) for g in lineages], pa.list_(pa.int32())))
+        names.append(F.LINEAGE)
+    pads = () if plain else [m.padding_length for m in metas]
     if any(p is not None for p in pads):  # a packed row's pad tail stays masked downstream
-        book = book.append_column(F.PADDING_LENGTH, pa.array([p or 0 for p in pads], pa.int32()))
-    payload = payloads_to_table([r.payload for r in kept], op_name=op_name)  # type: ignore[misc]
-    return F.with_payload(book, payload) if payload.num_columns else book
+        arrays.append(pa.array([p or 0 for p in pads], pa.int32()))
+        names.append(F.PADDING_LENGTH)
+    payload_names, payload_arrays = _payload_arrays(payloads, op_name)  # type: ignore[arg-type]
+    return pa.Table.from_arrays(arrays + payload_arrays, names=names + payload_names)
+
+
+#: What `frame_of_records` reads of each meta.
+_META_FIELDS = tuple(map(attrgetter, ("lane_id", "chunk_id", "chunk_offset", "sample_id", "lineage",
+                                      "component_sample_counts")))
