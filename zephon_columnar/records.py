@@ -370,8 +370,7 @@ def _payload_arrays(payloads: list[dict[str, Any]], op_name: str) -> tuple[list[
 
 def check_records(out: Any, *, op_name: str, what: str = "process_many") -> list[SampleRecord]:
     """``out`` as a list of records, or a `WrongTypeError` saying what to return instead."""
-    if not isinstance(out, (list, tuple)) or (set(map(type, out)) - {SampleRecord} and
-                                               any(not isinstance(r, SampleRecord) for r in out)):
+    if not isinstance(out, (list, tuple)) or any(not isinstance(r, SampleRecord) for r in out):
         got = type(out).__name__ if not isinstance(out, (list, tuple)) else \
             next(type(r).__name__ for r in out if not isinstance(r, SampleRecord))
         raise WrongTypeError(
@@ -409,9 +408,7 @@ def frame_of_records(records: Sequence[SampleRecord], *, op_name: str = "records
     else:  # none, or malformed ids: numpy says what is wrong with them
         sample = np.array(samples, dtype=np.int64).reshape(n, 3)
         dataset, shard, row = sample[:, 0], sample[:, 1], sample[:, 2]
-    components = list(map(next, map(iter, counts)))  # each meta's first component; a StopIteration
-    if len(components) != n:  # (an empty dict) ends map early: then one at a time, 0 for none
-        components = [next(iter(c), 0) for c in counts]
+    components = [next(iter(c), 0) for c in counts]  # each meta's first component (0 for none)
     # The bookkeeping columns of F.pointer_frame, then lineage and pad length where any row has
     # them, then the payload: what F.with_payload(book, payloads_to_table(...)) gives.
     arrays = [pa.array(np.array(lanes, np.int32)), pa.array(np.array(chunks, np.int64)),

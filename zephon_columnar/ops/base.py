@@ -262,8 +262,8 @@ def run_columns(frame: pa.Table, fn: Any, *, op_name: str, columns_format: Colum
     # Column positions from the schema's names (no Field objects, no per-step name lists): this
     # runs once per frame, and its bookkeeping was half the cost of a cheap vectorized op.
     names = frame.schema.names
-    pay = [i for i, n in enumerate(names) if not F.is_bookkeeping(n)]
-    payload = frame.select(pay)
+    book_at = [i for i, n in enumerate(names) if F.is_bookkeeping(n)]
+    payload = frame.select([i for i, n in enumerate(names) if not F.is_bookkeeping(n)])
     if columns_format == "polars":
         import polars as pl
 
@@ -275,11 +275,9 @@ def run_columns(frame: pa.Table, fn: Any, *, op_name: str, columns_format: Colum
     rows = None
     if isinstance(out, tuple) and len(out) == 2:
         out, rows = out
-    table = None if isinstance(out, pa.RecordBatch) else _as_table(out, op_name)
-    if table is None:  # the common answer, a record batch: its arrays as they are, no Table first
-        out_names, out_columns, out_rows = out.schema.names, out.columns, out.num_rows
-    else:
-        out_names, out_columns, out_rows = table.schema.names, table.columns, table.num_rows
+    # A record batch (the common answer) is used as it is, without making a Table of it first.
+    table = out if isinstance(out, pa.RecordBatch) else _as_table(out, op_name)
+    out_names, out_columns, out_rows = table.schema.names, table.columns, table.num_rows
     reserved = [c for c in out_names if F.is_bookkeeping(c)]
     if reserved:
         raise WrongTypeError(f"operator {op_name!r} returned columns {reserved}; names starting with '__' are "
@@ -290,15 +288,13 @@ def run_columns(frame: pa.Table, fn: Any, *, op_name: str, columns_format: Colum
                 f"operator {op_name!r}: process_columns got {frame.num_rows} rows and returned {out_rows}; "
                 "return (batch, rows) with rows[i] = the input row output row i comes from, to filter or fan out.")
         # F.with_payload(bookkeeping_of(frame), out), from the positions found above.
-        keep = [i for i, n in enumerate(names) if F.is_bookkeeping(n)]
-        return pa.Table.from_arrays(frame.select(keep).columns + list(out_columns),
-                                    names=[names[i] for i in keep] + list(out_names))
-    if table is None:
-        table = _as_table(out, op_name)
-    book = F.bookkeeping_of(frame)
+        return pa.Table.from_arrays(frame.select(book_at).columns + list(out_columns),
+                                    names=[names[i] for i in book_at] + list(out_names))
+    table = _as_table(out, op_name)
+    book = frame.select(book_at)
     index = np.asarray(rows, dtype=np.int64).reshape(-1)
-    if len(index) != table.num_rows or (len(index) and (index.min() < 0 or index.max() >= frame.num_rows)):
-        raise WrongTypeError(f"operator {op_name!r}: process_columns returned {table.num_rows} rows with {len(index)} "
+    if len(index) != out_rows or (len(index) and (index.min() < 0 or index.max() >= frame.num_rows)):
+        raise WrongTypeError(f"operator {op_name!r}: process_columns returned {out_rows} rows with {len(index)} "
                              f"row indices (each must be an input row, 0..{frame.num_rows - 1}).")
     if len(index) > 1 and np.any(np.diff(index) < 0):
         raise WrongTypeError(f"operator {op_name!r}: process_columns' row indices go back ({index.tolist()[:8]}...); "
