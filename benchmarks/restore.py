@@ -17,7 +17,9 @@ library (a training script has both):
   restore  build, restore(the JSON file), first batch + to_training; the batch must be the
            one the ckpt process saw next (checked)
 
-Prints progress to stderr and one JSON line: per round the figures, and the medians of
+Children cache bytecode under benchmarks/data/.pycache as a pip install has it (prepacked.py;
+--keep-bytecode-env compiles every module in every process instead), and the job's files are read
+once before each child (warm page cache). Prints progress to stderr and one JSON line: per round the figures, and the medians of
 restore/cold per library. Usage (repo root):
 
   PYTHONPATH=. .venv/bin/python benchmarks/restore.py --corpus benchmarks/data/small --job text_wrap --rounds 3
@@ -99,9 +101,23 @@ def child(args) -> None:
     os._exit(0)  # no interpreter teardown in the figures
 
 
+def warm_page_cache(args) -> None:
+    """Read the job's files once: this VM's proactive reclaim evicts cold page-cache pages within
+    minutes, and a restore reads more shards than a cold start (it would pay the disk alone)."""
+    data = Path(args.corpus) / ("parquet" if args.job.startswith("text") else "pretok")
+    for f in sorted(data.glob("*.parquet")):
+        f.read_bytes()
+
+
 def run_child(py: str, module: str, mode: str, args, path: str) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO), RAYON_NUM_THREADS="2", TOKENIZERS_PARALLELISM="true",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if not args.keep_bytecode_env:
+        # As prepacked.py: this sandbox sets PYTHONDONTWRITEBYTECODE=1, so a source checkout would
+        # compile every module in every process while a pip install (Zephon's) has .pyc files.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(REPO / "benchmarks" / "data" / ".pycache")
+    warm_page_cache(args)
     cmd = [py, __file__, "--child", "--module", module, "--mode", mode, "--job", args.job, "--corpus", args.corpus,
            "--tokenizer", args.tokenizer, "--file", path, "--ckpt-after", str(args.ckpt_after)]
     if args.flush_every:
@@ -122,6 +138,8 @@ def main() -> None:
     ap.add_argument("--flush-every", type=int, default=None)
     ap.add_argument("--z-python", default=str(REPO / "benchmarks/.venv-zephon/bin/python"))
     ap.add_argument("--zc-python", default=sys.executable)
+    ap.add_argument("--keep-bytecode-env", action="store_true",
+                    help="leave PYTHONDONTWRITEBYTECODE as is (default: children cache bytecode, as a pip install has it)")
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--module", default="zephon_columnar")
     ap.add_argument("--mode", choices=("cold", "ckpt", "restore"))

@@ -638,11 +638,11 @@ def test_auto_validation_runs_once_per_graph():
         calls.append(len(records))
         return records
 
-    p = pipe().add_op("counted", process_many=counted, preserves_cursor_order=True)
+    p = pipe().fetch(max_batch=4).add_op("counted", process_many=counted, preserves_cursor_order=True)
     list(p)
     first = len(calls)
     list(p)
-    assert len(calls) - first == 2  # the second pass: one call per frame (2 chunks of 4), no probes
+    assert len(calls) - first == 2  # the second pass: one call per frame (2 frames of 4), no probes
     assert first > 2  # the first pass ran the validation probes too
     p.add_op("again", process_many=counted, preserves_cursor_order=True)
     before = len(calls)

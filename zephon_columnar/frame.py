@@ -139,16 +139,18 @@ def mix64(x: np.ndarray) -> np.ndarray:
 
 
 def pointer_frame(
-    *, lane: int, chunk_id: int, offsets: np.ndarray, pointers: np.ndarray, components: np.ndarray
+    *, lane: int, chunk_id: int | np.ndarray, offsets: np.ndarray, pointers: np.ndarray, components: np.ndarray
 ) -> pa.Table:
     """A frame of bookkeeping only: the sample pointers that fetch turns into payload rows.
 
-    ``pointers`` is an (n, 3) int64 array of (dataset_id, shard_id, row).
+    ``pointers`` is an (n, 3) int64 array of (dataset_id, shard_id, row); ``chunk_id`` one
+    chunk for every row, or one per row.
     """
     n = len(offsets)
+    chunks = np.full(n, chunk_id, np.int64) if np.ndim(chunk_id) == 0 else np.asarray(chunk_id, np.int64)
     arrays = [
         pa.array(np.full(n, lane, np.int32)),
-        pa.array(np.full(n, chunk_id, np.int64)),
+        pa.array(chunks),
         pa.array(np.asarray(offsets, np.int32)),
         pa.array(np.ascontiguousarray(pointers[:, 0], np.int32)),
         pa.array(np.ascontiguousarray(pointers[:, 1], np.int32)),

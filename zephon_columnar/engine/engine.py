@@ -16,6 +16,7 @@ the last delivered item (see `replay.py`).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any, Iterator, Mapping
 
@@ -36,6 +37,16 @@ from zephon_columnar.ops.fetch import FetchOp
 from zephon_columnar.ops.pack import PackFlatOp
 from zephon_columnar.options import RuntimeOptions
 from zephon_columnar.work.base import WorkSource
+
+#: Rows per frame when neither ``fetch(max_batch=...)`` nor an operator's ``frame_rows`` says
+#: otherwise. A plan without ordered stages gets large frames, up to `STATELESS_FRAME_ROWS`
+#: rows and about `STATELESS_FRAME_BYTES` of stored data: most of its engine time is per frame,
+#: and its checkpoint is a source position whatever the frame size (benchmarks/RESULTS.md,
+#: issue 8). A plan with ordered stages holds the rows in transit by reference, which grows
+#: with the frame: `FRAME_ROWS`.
+FRAME_ROWS = 512
+STATELESS_FRAME_ROWS = 4096
+STATELESS_FRAME_BYTES = 2 << 20
 
 
 class Engine:
@@ -58,8 +69,6 @@ class Engine:
             # A torch DataLoader worker serves only its share of the rank's lanes.
             subset = set(lane_subset)
             self.lanes = [lane for lane in self.lanes if lane in subset]
-        fetch = next((op for op in ops if isinstance(op, FetchOp)), None)
-        self.rows_per_frame = fetch.max_batch if fetch else 1024
         self.prefetcher = prefetcher
         # Without state, with at most one output row per input row, in input order, a delivered
         # row's offset in its chunk says where to resume: restore then reads nothing it already
@@ -67,6 +76,14 @@ class Engine:
         self.resume_by_input = not self.plan.stateful and all(
             not getattr(op, "fans_out", True) and op.traits().preserves_cursor_order
             for stage in self.plan.parallel_stages() for op in stage.ops)
+        self.rows_per_frame = frame_rows(ops, stateless=not self.plan.stateful,
+                                         row_bytes=_stored_bytes_per_row(work_source.datasets_by_id.values()))
+        chunk = work_source.chunk_size_hint()
+        if not self.plan.stateful and chunk:
+            # No state to flush, so every K chunks is only a replay point: K = 1 would cap a frame at
+            # one chunk (frames never cross a marker); K chunks of one frame's rows keep replay to
+            # about a frame.
+            self.plan = dataclasses.replace(self.plan, flush_every=max(1, -(-self.rows_per_frame // chunk)))
         self.fields = _fields_by_dataset(work_source.datasets_by_id)
         self.mode, self.mode_reason = self._checkpoint_mode()
 
@@ -178,6 +195,38 @@ def _fields_by_dataset(datasets: Mapping[int, Any]) -> dict[int, frozenset[str]]
 class _Failure:
     def __init__(self, err: BaseException) -> None:
         self.err = err
+
+
+def frame_rows(ops: list[BaseOp], *, stateless: bool, row_bytes: float = 0.0) -> int:
+    """Rows per frame for ``ops``: ``fetch(max_batch=...)`` when given, else the smallest
+    ``frame_rows`` an operator prefers, else (see `STATELESS_FRAME_ROWS`) up to 4,096 rows of
+    ``row_bytes`` stored bytes each for a plan without ordered stages (``stateless``), else 512.
+
+    Example:
+        >>> frame_rows([FetchOp()], stateless=True, row_bytes=300), frame_rows([FetchOp()], stateless=False)
+        (4096, 512)
+        >>> frame_rows([FetchOp()], stateless=True, row_bytes=8192)  # pre-packed rows of 2,048 ids
+        512
+        >>> frame_rows([FetchOp(max_batch=100)], stateless=True)
+        100
+    """
+    fetch = next((op for op in ops if isinstance(op, FetchOp)), None)
+    if fetch is not None and fetch.max_batch is not None:
+        return fetch.max_batch
+    preferred = [op.frame_rows for op in ops if op.frame_rows is not None]
+    if preferred:
+        return min(preferred)
+    if not stateless:
+        return FRAME_ROWS
+    by_size = int(STATELESS_FRAME_BYTES / row_bytes) if row_bytes > 0 else STATELESS_FRAME_ROWS
+    return max(FRAME_ROWS, min(STATELESS_FRAME_ROWS, by_size))
+
+
+def _stored_bytes_per_row(datasets: Any) -> float:
+    """The largest average stored bytes per row (file or table bytes over rows) of ``datasets``."""
+    sizes = [sum(s.num_bytes for s in ds.shards) / rows for ds in datasets
+             if (rows := sum(s.num_rows for s in ds.shards))]
+    return max(sizes, default=0.0)
 
 
 _END = object()

@@ -101,6 +101,18 @@ class LaneShared:
 
 
 # ---------------------------------------------------------------------- the source
+@dataclass(frozen=True)
+class _Piece:
+    """Rows ``[start, end)`` of chunk ``chunk`` (of ``rows`` pointers) waiting for a frame."""
+
+    chunk: int
+    start: int
+    end: int
+    rows: int
+    pointers: np.ndarray
+    components: np.ndarray
+
+
 class Source:
     """A lane's source events from a position ``(chunk, offset, marker)``: chunk ``chunk``'s
     pointers from ``offset`` on, preceded by its `EpochStart` when it starts an epoch and
@@ -137,36 +149,60 @@ class Source:
         lane = shared.ctx.lane
         comp_ids = self.ws.component_ids()
         # The first frames of a pass (or after a restore) are small and grow 4x to rows_per_frame,
-        # so the first batch waits for the rows it needs, not a whole frame. Frame sizes never
-        # change the data.
+        # so the first batch waits for the rows it needs, not a whole frame. A frame may take
+        # rows of several chunks of one flush epoch (small chunks would otherwise cap it), never
+        # rows of two epochs: the marker goes between them. Frame sizes never change the data.
         first = FIRST_FRAME_ROWS
         if engine.plan.batch is not None and not engine.plan.stateful:
             first = engine.plan.batch.microbatch_size
         step = min(engine.rows_per_frame, first)
         chunk0, skip, marker = self.start
+        held: list[_Piece] = []  # rows pulled but not yet in a frame
+        held_rows = 0
         for chunk_id, chunk in self._chunks_ahead(chunk0):
             pointers, comp_index = chunk.ordered()
             n = len(pointers)
             start = min(skip, n) if chunk_id == chunk0 else 0  # restore: pointers already consumed
             if chunk_id % k == 0 and (chunk_id != chunk0 or marker):
+                if held:
+                    yield self._frame(lane, held)
+                    held, held_rows = [], 0
                 self.next_position = (chunk_id, start, False)  # once handed over, the marker is out
                 yield EpochStart(chunk_id // k, self.states[chunk_id])
-            self.next_position = (chunk_id, start, False)
             # What the source aimed for, else what the chunk holds (ensure_mixture's target).
             shared.note_chunk(chunk_id, chunk.target_mixture or chunk.mixture, keep=4 * k)
             comp_map = np.array([comp_ids[name] for name in chunk.component_names], dtype=np.int32)
             components = comp_map[comp_index] if len(comp_index) else np.zeros(0, np.int32)
             while start < n:
-                end = min(n, start + step)
-                frame = F.pointer_frame(lane=lane, chunk_id=chunk_id, offsets=np.arange(start, end),
-                                        pointers=pointers[start:end], components=components[start:end])
-                self.next_position = (chunk_id, end, False) if end < n else \
-                    (chunk_id + 1, 0, (chunk_id + 1) % k == 0)
-                yield frame
+                end = min(n, start + step - held_rows)
+                held.append(_Piece(chunk_id, start, end, n, pointers, components))
+                held_rows += end - start
                 start = end
-                step = min(engine.rows_per_frame, step * 4)
-            if n == 0:
+                if held_rows == step:
+                    yield self._frame(lane, held)
+                    held, held_rows = [], 0
+                    step = min(engine.rows_per_frame, step * 4)
+            if n == 0 and not held:
                 self.next_position = (chunk_id + 1, 0, (chunk_id + 1) % k == 0)
+        if held:
+            yield self._frame(lane, held)
+
+    def _frame(self, lane: int, pieces: list["_Piece"]) -> pa.Table:
+        """The pointer frame of ``pieces`` (consecutive rows of consecutive chunks); sets
+        ``next_position`` to the row after it."""
+        last = pieces[-1]
+        self.next_position = (last.chunk, last.end, False) if last.end < last.rows else \
+            (last.chunk + 1, 0, (last.chunk + 1) % self.k == 0)
+        if len(pieces) == 1:
+            return F.pointer_frame(lane=lane, chunk_id=last.chunk, offsets=np.arange(last.start, last.end),
+                                   pointers=last.pointers[last.start:last.end],
+                                   components=last.components[last.start:last.end])
+        sizes = [p.end - p.start for p in pieces]
+        return F.pointer_frame(
+            lane=lane, chunk_id=np.repeat([p.chunk for p in pieces], sizes),
+            offsets=np.concatenate([np.arange(p.start, p.end) for p in pieces]),
+            pointers=np.concatenate([p.pointers[p.start:p.end] for p in pieces]),
+            components=np.concatenate([p.components[p.start:p.end] for p in pieces]))
 
     def _chunks_ahead(self, chunk_id: int) -> Iterator[tuple[int, Any]]:
         """(chunk_id, chunk), pulled up to the prefetcher's ``buffer_size`` samples ahead so

@@ -104,6 +104,7 @@ def compile_plan(ops: Sequence[BaseOp], *, flush_every_k_chunks: int | None) -> 
             )
         flush_every = flush_every_k_chunks or DEFAULT_FLUSH_EVERY
     else:
-        # No state to flush: every chunk boundary is a replay point, whatever the option says.
+        # No state to flush: replay points only, whatever the option says (the engine spaces them
+        # by its frame size).
         flush_every = 1
     return Plan(stages=tuple(stages), batch=batch, flush_every=flush_every, after_batch=tuple(after_batch))

@@ -122,6 +122,11 @@ class BaseOp(ABC):
     #: Whether one input row may become several output rows. False lets a checkpoint resume by
     #: input position instead of replaying; the safe default for unknown operators is True.
     fans_out: bool = True
+    #: Rows per frame this operator works best on, or None for no preference. Without
+    #: ``fetch(max_batch=...)`` the engine cuts frames of the smallest preference in the plan
+    #: (``engine.DEFAULT_FRAME_ROWS`` when none has one). A performance hint: frame sizes never
+    #: change the data.
+    frame_rows: int | None = None
 
     def __init__(self) -> None:
         self.stage_info: StageInfo | None = None

@@ -18,8 +18,6 @@ from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io.base import ShardReader
 from zephon_columnar.ops.base import FrameOp, OpContext, OpTraits
 
-DEFAULT_FETCH_BATCH = 512
-
 
 class FetchOp(FrameOp):
     """Read the payload rows of a pointer frame. Stateless; one reader per dataset per worker."""
@@ -30,7 +28,7 @@ class FetchOp(FrameOp):
     def __init__(self, parallelism: int | None = None, max_batch: int | None = None) -> None:
         super().__init__()
         self.parallelism = parallelism
-        self.max_batch = max_batch or DEFAULT_FETCH_BATCH
+        self.max_batch = max_batch  # rows per frame; None: the engine chooses (Engine.rows_per_frame)
         self._datasets: dict[int, Any] = {}
         self._readers: dict[int, ShardReader] = {}
         self._own: list[ShardReader] = []

@@ -485,6 +485,10 @@ class TokenizerOwner:
     """Mixin of the tokenizing operators: ``self._path`` (a tokenizer to load per worker) or
     ``self._handle`` (a wrapped object), as `tokenizer_source` returns them."""
 
+    # The tokenizer runs on a worker while the lane's ordered stages run in the caller: frames
+    # of 512 rows keep both busy (the knob sweep in benchmarks/RESULTS.md: 512 beat 256 and 1024).
+    frame_rows = 512
+
     _path: str | None
     _handle: "TokenizerHandle | None"
 
