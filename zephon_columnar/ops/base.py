@@ -124,8 +124,8 @@ class BaseOp(ABC):
     fans_out: bool = True
     #: Rows per frame this operator works best on, or None for no preference. Without
     #: ``fetch(max_batch=...)`` the engine cuts frames of the smallest preference in the plan
-    #: (``engine.DEFAULT_FRAME_ROWS`` when none has one). A performance hint: frame sizes never
-    #: change the data.
+    #: (its own choice when none has one: ``engine.engine.frame_rows``). A performance hint:
+    #: frame sizes never change the data.
     frame_rows: int | None = None
 
     def __init__(self) -> None:
