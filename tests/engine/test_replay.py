@@ -248,3 +248,8 @@ def test_frames_of_several_chunks_give_the_same_stream_and_resume_exactly(runner
     assert max(_FrameSizes.seen) > 8  # frames did cross chunk boundaries
     assert collect(_stateless(runner, user_op=user_op, frame_rows=8)) == full  # one chunk a frame
     assert_resumes_exactly(lambda: _stateless(runner, user_op=user_op, lanes=2), ks=[0, 1, 5, 17, 40])
+    # The frame size is a performance knob: a checkpoint restores under another one.
+    head, ckpt = take_and_checkpoint(_stateless(runner, user_op=user_op), 17)
+    other = _stateless(runner, user_op=user_op, frame_rows=3)
+    other.restore(json.loads(json.dumps(ckpt)))
+    assert head + collect(other) == full
