@@ -193,10 +193,6 @@ class Source:
         last = pieces[-1]
         self.next_position = (last.chunk, last.end, False) if last.end < last.rows else \
             (last.chunk + 1, 0, (last.chunk + 1) % self.k == 0)
-        if len(pieces) == 1:
-            return F.pointer_frame(lane=lane, chunk_id=last.chunk, offsets=np.arange(last.start, last.end),
-                                   pointers=last.pointers[last.start:last.end],
-                                   components=last.components[last.start:last.end])
         sizes = [p.end - p.start for p in pieces]
         return F.pointer_frame(
             lane=lane, chunk_id=np.repeat([p.chunk for p in pieces], sizes),
