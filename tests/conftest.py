@@ -61,3 +61,12 @@ def _private_cache(tmp_path_factory):
         os.environ.pop("ZEPHON_COLUMNAR_CACHE", None)
     else:
         os.environ["ZEPHON_COLUMNAR_CACHE"] = old
+
+
+@pytest.fixture(autouse=True)
+def _default_shard_cache_per_test(monkeypatch):
+    """A test whose pipeline names a cache root (``options(io_options=...)``) repoints this
+    process's default shard cache; put it back after the test."""
+    from zephon_columnar.io import fs
+
+    monkeypatch.setattr(fs, "_default_cache", fs._default_cache)  # noqa: SLF001

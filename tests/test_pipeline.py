@@ -207,6 +207,20 @@ def test_unknown_option_lists_valid_ones(web_dir):
         Pipeline(web_source(web_dir)).options(not_an_option=1)
 
 
+def test_options_accumulate_over_calls_and_are_checked_together_at_iteration(web_dir):
+    pipe = Pipeline(web_source(web_dir)).batch(4)
+    pipe.options(dp_degree=2, dp_group_id=1, canonical_replicas=2, runner="inline")  # world_size comes later
+    pipe.options(world_size=2, global_rank=1)
+    assert pipe._options.dp_degree == 2 and pipe._options.world_size == 2  # noqa: SLF001 - the first call kept
+    assert len(collect(pipe)) > 0
+    pipe.options(world_size=3, global_rank=0)
+    with pytest.raises(ConfigError, match="multiple of dp_degree"):
+        iter(pipe)
+    pipe.options(world_size=2, global_rank=2)
+    with pytest.raises(ConfigError, match="global_rank"):
+        pipe.explain()
+
+
 def test_zephon_only_options_are_accepted(web_dir):
     pipe = Pipeline(web_source(web_dir)).batch(4).options(
         mtp_mode=False, shm_enabled=True, ipc_transport="pipe", worker_allocation="global",

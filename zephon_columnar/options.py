@@ -29,7 +29,7 @@ IpcTransport = Literal["socketpair", "pipe"]
 #: Options accepted for compatibility that do not change how this engine runs.
 NO_OP_OPTIONS = frozenset({
     "per_stage_runner", "mp_context", "worker_allocation", "default_stage_prefetch", "per_stage_prefetch",
-    "ipc_transport", "ipc_buffer_bytes", "mixture_config", "io_options", "allow_latency_flush_in_deterministic",
+    "ipc_transport", "ipc_buffer_bytes", "mixture_config", "allow_latency_flush_in_deterministic",
     "shutdown_mode", "mtp_mode", "mtp_buffer", "mtp_buffer_bytes", "mtp_prefetch",
     "mtp_auto_checkpoint", "coalesce_tensors", "shm_min_size", "shm_enabled", "shm_coalesce",
     "shm_min_item_bytes", "shm_min_new_allocation_bytes", "shm_min_forward_bytes", "shm_compact_above_ratio",
@@ -97,16 +97,32 @@ class RuntimeOptions:
         return [f.name for f in fields(cls)]
 
     def updated(self, **hints: Any) -> "RuntimeOptions":
-        """A copy with ``hints`` applied; unknown names raise, listing the valid ones."""
+        """A copy with ``hints`` applied; unknown names and bad values raise, listing the valid
+        ones. Options that depend on each other (``world_size``, ``global_rank``, ``dp_degree``)
+        are checked together by `validate` when the pipeline builds its engine, so they may be
+        given in separate ``options()`` calls, in any order."""
         valid = self.field_names()
         unknown = sorted(set(hints) - set(valid))
         if unknown:
             raise ConfigError(f"options(): unknown option(s) {unknown}. Valid options: {', '.join(valid)}.")
         new = dataclasses.replace(self, **hints)
-        new.validate()
+        new.validate_fields()
         return new
 
     def validate(self) -> None:
+        """Every check: each field's own, then the ones between fields."""
+        self.validate_fields()
+        if not (0 <= self.global_rank < self.world_size):
+            raise ConfigError(f"options(world_size={self.world_size}, global_rank={self.global_rank}): "
+                              "need 0 <= global_rank < world_size.")
+        dp = self.resolved_dp_degree()
+        if self.world_size > 1 and self.world_size % dp:
+            raise ConfigError(f"options(world_size={self.world_size}, dp_degree={dp}): world_size must be a "
+                              "multiple of dp_degree (ranks per data-parallel group = world_size / dp_degree).")
+
+    def validate_fields(self) -> None:
+        """The checks of each field on its own."""
+        self.store_options()  # raises on unknown keys and bad values
         if self.runner not in (None, "inline", "threads", "process", "remote"):
             raise ConfigError(f"options(runner={self.runner!r}): use 'inline', 'threads' or 'process'.")
         if self.runner == "remote":
@@ -119,17 +135,20 @@ class RuntimeOptions:
         if self.flush_every_k_chunks is not None and (not isinstance(self.flush_every_k_chunks, int)
                                                       or self.flush_every_k_chunks < 0):
             raise ConfigError(f"options(flush_every_k_chunks={self.flush_every_k_chunks!r}): pass an int >= 0.")
-        if self.world_size < 1 or not (0 <= self.global_rank < self.world_size):
-            raise ConfigError(f"options(world_size={self.world_size}, global_rank={self.global_rank}): "
-                              "need world_size >= 1 and 0 <= global_rank < world_size.")
-        dp = self.resolved_dp_degree()
-        if self.world_size % dp:
-            raise ConfigError(f"options(world_size={self.world_size}, dp_degree={dp}): world_size must be a "
-                              "multiple of dp_degree (ranks per data-parallel group = world_size / dp_degree).")
+        for name in ("world_size", "global_rank"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "world_size" else 0):
+                raise ConfigError(f"options({name}={v!r}): pass an int >= {1 if name == 'world_size' else 0}.")
         if self.mapping_strategy not in (None, "contiguous", "interleaved"):
             raise ConfigError(f"options(mapping_strategy={self.mapping_strategy!r}): use 'contiguous' or 'interleaved'.")
 
     # ------------------------------------------------------------------ resolved values
+    def store_options(self) -> Any:
+        """``io_options`` as a `zephon_columnar.io.options.StoreOptions` (a dict is converted)."""
+        from zephon_columnar.io.options import StoreOptions
+
+        return StoreOptions.from_any(self.io_options)
+
     def resolved_runner(self) -> Literal["inline", "threads", "process"]:
         return self.runner or "threads"  # type: ignore[return-value]
 

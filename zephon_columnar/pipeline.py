@@ -25,6 +25,7 @@ from zephon_columnar.engine.aggregate import (
     gather_torch,
     torch_distributed_ready,
 )
+from zephon_columnar.engine.calibrate import prime_token_mixture
 from zephon_columnar.engine.engine import Engine, EngineRun
 from zephon_columnar.engine.warmup import RestoreWarmup
 from zephon_columnar.io.readers import ReaderPool
@@ -33,13 +34,15 @@ from zephon_columnar.engine.replay import (
     LaneSnapshot,
     build_checkpoint,
     check_recipe,
+    checkpoint_bytes,
     merge_checkpoints,
     parse_checkpoint,
 )
 from zephon_columnar.errors import CheckpointError, ConfigError, WrongTypeError
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.batch import BatchOp
-from zephon_columnar.ops.fetch import FetchOp
+from zephon_columnar.io import fs
+from zephon_columnar.ops.fetch import FetchOp, shard_cache_settings
 from zephon_columnar.ops.map import FilterOp, MapBatchOp, MapOp, MaterializeOp
 from zephon_columnar.ops.user import FunctionOp
 from zephon_columnar.options import RuntimeOptions
@@ -97,6 +100,10 @@ class Pipeline:
                 raise ConfigError(f"fetch({name}={v!r}): pass a positive int or None.")
         self._ops[0] = FetchOp(parallelism=parallelism, max_batch=max_batch)
         return self
+
+    def fetch_parallelism(self, parallelism: int | None, max_batch: int | None = None) -> "Pipeline":
+        """Zephon's alias of ``fetch(parallelism, max_batch)``."""
+        return self.fetch(parallelism=parallelism, max_batch=max_batch)
 
     fetch_parallelism = fetch
 
@@ -438,6 +445,7 @@ class Pipeline:
 
     # ------------------------------------------------------------------ inspection
     def _engine(self) -> Engine:
+        self._options.validate()
         prefetcher = None
         if self._prefetch is not None:
             from zephon_columnar.engine.prefetch import ShardPrefetcher
@@ -517,6 +525,7 @@ class Pipeline:
                     raise ValidationError(report)
                 warnings.warn(report.format(), stacklevel=2)
             self._validated = user_ops
+        prime_token_mixture(self._ws, self._ops)
         engine = self._engine()
         cursors = None
         if self._pending is not None:
@@ -544,11 +553,19 @@ class Pipeline:
             )
         return {lane: lanes[lane] for lane in engine.lanes}
 
-    def checkpoint(self) -> dict[str, Any]:
+    def checkpoint(self, *, as_bytes: bool = False) -> dict[str, Any] | bytes:
         """A JSON-serializable state of what has been delivered so far (size independent of
         how far the stream went). With several data-parallel ranks it merges every rank's
         lanes through ``torch.distributed`` or ``options(aggregate_dir=...)``; without either
-        it returns this rank's lanes (merge them with `Pipeline.merge_checkpoints`)."""
+        it returns this rank's lanes (merge them with `Pipeline.merge_checkpoints`).
+
+        Plain Python types only, so ``pickle.dumps``, ``json.dumps`` and ``torch.save`` /
+        ``torch.load(weights_only=True)`` all store it. ``as_bytes=True`` (Zephon 0.2.1):
+        compact bytes (zstandard-compressed JSON) that ``restore`` takes as they are."""
+        ckpt = self._checkpoint()
+        return checkpoint_bytes(ckpt) if as_bytes else ckpt
+
+    def _checkpoint(self) -> dict[str, Any]:
         # The recipe and lanes of the run that delivered the items (options cannot change during a
         # run; after it, the last run still describes what was delivered).
         engine = self._run.engine if self._run is not None else self._engine()
@@ -570,8 +587,9 @@ class Pipeline:
 
     merge_checkpoints = staticmethod(merge_checkpoints)
 
-    def restore(self, ckpt: Mapping[str, Any] | str) -> None:
-        """Continue from ``ckpt`` at the next iteration, exactly where it was taken.
+    def restore(self, ckpt: Mapping[str, Any] | str | bytes) -> None:
+        """Continue from ``ckpt`` (a dict from ``checkpoint()``, its JSON text, or the bytes of
+        ``checkpoint(as_bytes=True)``) at the next iteration, exactly where it was taken.
 
         Raises `CheckpointError` if the checkpoint is malformed, lacks lanes this rank owns,
         or was taken with another recipe (seed, mixture, chunk size, lanes, operators).
@@ -580,12 +598,18 @@ class Pipeline:
             raise RuntimeError("Pipeline.restore() during iteration: close the iterator first.")
         recipe, lanes = parse_checkpoint(ckpt)
         engine = self._engine()
+        cache = shard_cache_settings(self._options)
+        if cache is not None:  # the restore warm-up below reads through the shard cache
+            fs.configure_shard_cache(**cache)
         check_recipe(recipe, engine.recipe())
         for lane in self._owned_cursors(engine, lanes):
             probe = self._ws.clone_for_lane(lane, engine.canonical_replicas)
             cur = lanes[lane]
             # Raises if the source state is not ours.
-            probe.load_state_dict(cur.source_state if isinstance(cur, LaneCursor) else cur.resume["source_state"])
+            state = cur.source_state if isinstance(cur, LaneCursor) else cur.resume["source_state"]
+            probe.load_state_dict(state)
+            if self._ws.requires_token_priming and isinstance(state, Mapping) and state.get("tokens_per_byte"):
+                self._ws.prime(ratios=state["tokens_per_byte"])  # the restored run mixes as the saved one
         # Every lane is kept: options may still change which lanes this rank owns before iterating.
         self._pending = lanes
         self._pending_recipe = recipe

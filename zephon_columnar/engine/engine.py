@@ -33,7 +33,7 @@ from zephon_columnar.errors import PipelineError
 from zephon_columnar.io.readers import ReaderPool
 from zephon_columnar.ops.accumulators import restorable_by_reference
 from zephon_columnar.ops.base import BaseOp
-from zephon_columnar.ops.fetch import FetchOp
+from zephon_columnar.ops.fetch import FetchOp, shard_cache_settings
 from zephon_columnar.ops.pack import PackFlatOp
 from zephon_columnar.options import RuntimeOptions
 from zephon_columnar.work.base import WorkSource
@@ -258,7 +258,8 @@ class EngineRun:
         runner_kind = engine.options.resolved_runner()
         stages = [s.ops for s in engine.plan.parallel_stages()]
         self._readers = readers if readers is not None else ReaderPool()
-        services = {"datasets_by_id": engine.ws.datasets_by_id, "reader_pool": self._readers}
+        services = {"datasets_by_id": engine.ws.datasets_by_id, "reader_pool": self._readers,
+                    "shard_cache": shard_cache_settings(engine.options)}
         self._runner = RUNNERS[runner_kind](stages, services, engine.workers())
         try:
             self.chains = {lane: LaneChain(engine, lane, cursors[lane], self._runner) for lane in engine.lanes}

@@ -224,8 +224,35 @@ def build_checkpoint(*, recipe: Mapping[str, Any], world: Mapping[str, Any],
     return {"format": FORMAT, "version": VERSION, "recipe": dict(recipe), "world": dict(world), "lanes": out}
 
 
+#: The first bytes of a zstandard frame (`checkpoint_bytes` output).
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def checkpoint_bytes(ckpt: Mapping[str, Any]) -> bytes:
+    """A checkpoint as compact bytes (zstandard-compressed JSON) that `parse_checkpoint` reads."""
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=3).compress(json.dumps(ckpt, separators=(",", ":")).encode())
+
+
 def parse_checkpoint(ckpt: Any) -> tuple[dict[str, Any], dict[int, "LaneCursor | LaneSnapshot"]]:
-    """Validate a checkpoint's shape; return (recipe, {lane: cursor})."""
+    """Validate a checkpoint's shape; return (recipe, {lane: cursor}).
+
+    ``ckpt``: the dict of ``Pipeline.checkpoint()``, its JSON text, or the bytes of
+    ``checkpoint(as_bytes=True)``."""
+    if isinstance(ckpt, (bytearray, memoryview)):
+        ckpt = bytes(ckpt)
+    if isinstance(ckpt, bytes) and ckpt.startswith(_ZSTD_MAGIC):
+        import zstandard
+
+        try:
+            ckpt = zstandard.ZstdDecompressor().decompress(ckpt, max_output_size=1 << 30)
+        except zstandard.ZstdError as err:
+            raise CheckpointError(f"checkpoint bytes are corrupt (zstandard: {err}); pass the bytes of "
+                                  "Pipeline.checkpoint(as_bytes=True) unchanged.") from err
+    elif isinstance(ckpt, bytes) and ckpt[:1] == b"\x80":
+        raise CheckpointError("checkpoint bytes are a pickle: restore(pickle.loads(data)) (this library never "
+                              "unpickles what it is given), or store checkpoint(as_bytes=True) instead.")
     if isinstance(ckpt, (str, bytes)):
         try:
             ckpt = json.loads(ckpt)

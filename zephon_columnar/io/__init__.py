@@ -1,7 +1,8 @@
 """Where data lives: datasets (shards with row counts) and the readers that take rows from them.
 
-Zephon's ``zephon.io`` names: :class:`Dataset`, :class:`InMemoryShard`, plus :class:`ShardInfo`
-(the per-shard metadata every reader works from).
+Zephon's ``zephon.io`` names: :class:`Dataset`, :class:`InMemoryShard`, the storage options
+(:class:`StoreOptions`, :class:`CacheOptions` and the rest, `zephon_columnar.io.options`), plus
+:class:`ShardInfo` (the per-shard metadata every reader works from).
 """
 
 # Arrow's compute, dataset (which pulls in pandas when installed), JSON and Parquet layers load
@@ -14,5 +15,8 @@ import pyarrow.parquet  # noqa: F401
 
 from zephon_columnar.io.base import ShardInfo
 from zephon_columnar.io.dataset import Dataset, InMemoryShard
+from zephon_columnar.io.options import (ArrowOptions, CacheOptions, LanceOptions, ParquetOptions,
+                                        ParquetRGCacheOptions, StoreOptions, VortexOptions)
 
-__all__ = ["Dataset", "InMemoryShard", "ShardInfo"]
+__all__ = ["ArrowOptions", "CacheOptions", "Dataset", "InMemoryShard", "LanceOptions", "ParquetOptions",
+           "ParquetRGCacheOptions", "ShardInfo", "StoreOptions", "VortexOptions"]

@@ -295,7 +295,10 @@ class ShardCache:
         - Downloads are atomic (temp file + rename): a crash never leaves a partial file under
           the final name, and concurrent callers in other processes at worst download twice.
           Within one process, callers for the same URL wait for a single download.
-        - Nothing is evicted; delete the folder to reclaim space.
+        - ``limit_bytes`` (None: no limit) bounds the copies: after a download the least
+          recently used copies (by the time they were last returned) are deleted until the
+          rest fit, never the copy just returned. A reader that has a copy open keeps reading
+          it (POSIX); one that reopens it later gets a fresh download.
 
     Example:
         >>> cache = ShardCache("/tmp/shards")  # doctest: +SKIP
@@ -303,11 +306,16 @@ class ShardCache:
         '/tmp/shards/5b1c...-a.parquet'
     """
 
-    def __init__(self, root: str | None = None) -> None:
+    def __init__(self, root: str | None = None, *, limit_bytes: int | None = None) -> None:
         self._root = root
+        self.limit_bytes = limit_bytes
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
-        self.downloads = 0  # number of files this instance actually downloaded (for tests/stats)
+        self._evict_guard = threading.Lock()
+        # what this instance did (for tests and fetch statistics)
+        self.downloads = 0
+        self.hits = 0
+        self.evictions = 0
 
     @property
     def root(self) -> str:
@@ -332,13 +340,43 @@ class ShardCache:
             size = int(fs.size(path))
         target = self.cached_path(url, size)
         if _has_size(target, size):
+            self._touch(target)
             return target
         with self._lock_for(target):
             if _has_size(target, size):  # another thread finished the download meanwhile
+                self._touch(target)
                 return target
             os.makedirs(self.root, exist_ok=True)
             self._download(fs, path, url, target, size)
+        if self.limit_bytes is not None:
+            self._evict(keep=target)
         return target
+
+    def _touch(self, target: str) -> None:
+        """Mark a copy as just used (its mtime orders the evictions)."""
+        self.hits += 1
+        if self.limit_bytes is not None:
+            try:
+                os.utime(target)
+            except OSError:
+                pass
+
+    def _evict(self, *, keep: str) -> None:
+        """Delete the least recently used copies until the cache fits ``limit_bytes``."""
+        with self._evict_guard:
+            entries = []
+            with os.scandir(self.root) as it:
+                for e in it:
+                    if e.is_file() and ".tmp-" not in e.name and e.path != keep:  # not a download in flight
+                        st = e.stat()
+                        entries.append((st.st_mtime_ns, e.path, st.st_size))
+            total = sum(size for _, _, size in entries) + os.path.getsize(keep)
+            for _, path, size in sorted(entries):
+                if total <= self.limit_bytes:
+                    break
+                _remove_quietly(path)
+                total -= size
+                self.evictions += 1
 
     # Alias that reads better at call sites that only want the path.
     local_path = ensure_local
@@ -398,6 +436,18 @@ def default_shard_cache() -> ShardCache:
     with _default_cache_guard:
         if _default_cache is None:
             _default_cache = ShardCache()
+        return _default_cache
+
+
+def configure_shard_cache(*, root: str | None = None, limit_bytes: int | None = None) -> ShardCache:
+    """Point this process's default cache at ``root`` (None: ``cache_root()/shards``) with at
+    most ``limit_bytes`` (``options(io_options=...)`` calls it before readers open)."""
+    global _default_cache
+    with _default_cache_guard:
+        if _default_cache is None or _default_cache._root != root:  # noqa: SLF001
+            _default_cache = ShardCache(root, limit_bytes=limit_bytes)
+        else:
+            _default_cache.limit_bytes = limit_bytes
         return _default_cache
 
 

@@ -15,8 +15,17 @@ import pyarrow as pa
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import DatasetFormatError
+from zephon_columnar.io import fs
 from zephon_columnar.io.base import ShardReader
 from zephon_columnar.ops.base import FrameOp, OpContext, OpTraits
+
+
+def shard_cache_settings(options: Any) -> dict[str, Any] | None:
+    """``configure_shard_cache`` arguments from ``RuntimeOptions.io_options`` (None: defaults)."""
+    cache = options.store_options().cache
+    if cache.root is None and cache.limit_bytes is None:
+        return None
+    return {"root": cache.root, "limit_bytes": cache.limit_bytes}
 
 
 class FetchOp(FrameOp):
@@ -39,6 +48,9 @@ class FetchOp(FrameOp):
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)
+        cache = ctx.get("shard_cache")
+        if cache is not None:  # options(io_options=...) named a cache root or limit: in this process too
+            fs.configure_shard_cache(**cache)
         self._datasets = dict(ctx.get("datasets_by_id", {}))
         self._pool = ctx.get("reader_pool")
         self._readers = {}

@@ -127,3 +127,11 @@ class WorkSource(ABC):
     def continues_after_exhaustion(self) -> frozenset[str]:
         """Components that restart (instead of ending) when their data runs out."""
         return frozenset()
+
+    @property
+    def requires_token_priming(self) -> bool:
+        """Whether ``prime`` must run before the first chunk (token-unit mixtures)."""
+        return False
+
+    def prime(self, counts: Any = None, **kwargs: Any) -> None:
+        """Prepare a token-unit mixture (`StaticMixtureWorkSource.prime`); nothing by default."""

@@ -23,9 +23,11 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
+import warnings
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, Union
@@ -38,6 +40,8 @@ from zephon_columnar.work.base import WorkSource, check_lane
 from zephon_columnar.work.chunk import WorkChunk
 from zephon_columnar.work.mixture import MixtureSpec
 from zephon_columnar.work.order import DatasetOrder
+from zephon_columnar.work.tokens import (TokenEstimation, calibration_rows, measured_ratio, ratios_from_state,
+                                         sample_weights)
 
 if TYPE_CHECKING:
     from zephon_columnar.io.dataset import Dataset
@@ -70,7 +74,9 @@ class _Config:
     names: tuple[str, ...]
     rows: tuple[int, ...]
     weights: tuple[float, ...]          # normalized over all components (as in the recipe)
-    units: tuple[int, ...]              # the same weights as exact integers (common scale)
+    units: tuple[int, ...]              # sample weights as exact integers (common scale)
+    targets: tuple[int, ...]            # the chunks' target_mixture as exact integers: the
+                                        # weights (== units unless the mixture is in tokens)
     chunk_size: int
     policies: tuple[str, ...]
     max_passes: tuple[int | None, ...]  # passes a component may be read; None: unbounded
@@ -230,7 +236,7 @@ class _Planner:
             g=cur.g,
             segments=tuple(segments),
             size=sum(counts.values()),
-            target={cfg.names[k]: cfg.units[k] / self.pool_total(act) for k in act},
+            target=_target(cfg, act),
             exhausted=tuple(cfg.names[k] for k, a in enumerate(cur.active) if not a),
         )
         cur.g += 1
@@ -242,6 +248,19 @@ class _Planner:
         if self.cfg.floor is not None or any(self.cfg.policies[k] == "stop" for k in act):
             return False
         return any(self.cfg.max_passes[k] is None for k in act)
+
+
+def _target(cfg: _Config, act: list[int]) -> dict[str, float]:
+    """The target mixture of a chunk drawn from the components ``act``."""
+    total = sum(cfg.targets[k] for k in act)
+    return {cfg.names[k]: cfg.targets[k] / total for k in act}
+
+
+def _exact_units(weights: Sequence[float]) -> tuple[int, ...]:
+    """Weights as integers on a common scale (floats are dyadic: exact fractions)."""
+    exact = [Fraction(w) for w in weights]
+    scale = math.lcm(*(f.denominator for f in exact))
+    return tuple(int(f * scale) for f in exact)
 
 
 # -------------------------------------------------------------------- the source
@@ -271,8 +290,11 @@ class StaticMixtureWorkSource(WorkSource):
         lane_assignment: how global chunks map to lanes, ``"permute"`` (each block of
             ``canonical_replicas`` consecutive chunks is dealt by a seeded permutation: one
             chunk per lane per block) or ``"modulo"`` (``g % canonical_replicas``).
-        token_estimation: accepted for Zephon compatibility; token-unit mixing is not
-            implemented, so anything but None raises :class:`ConfigError`.
+        token_estimation: None (the weights are sample proportions) or a
+            :class:`~zephon_columnar.work.tokens.TokenEstimation`: the weights are token
+            proportions, and the source must be primed (``prime``; a `Pipeline` does it before
+            its first chunk) unless the estimation states its ratios. Chunks then carry the
+            token weights as ``target_mixture``; the ratios are part of ``state_dict``.
 
     Differences from Zephon 0.2.0, on purpose:
         - The final chunk is partial instead of dropped: with one dataset and the default
@@ -308,7 +330,7 @@ class StaticMixtureWorkSource(WorkSource):
         max_repeats: int | Mapping[str, int | None] | None = None,
         stop_after_passes: int | None = UNSET,
         lane_assignment: LaneAssignment = "permute",
-        token_estimation: Any = None,
+        token_estimation: TokenEstimation | None = None,
     ) -> None:
         where = "StaticMixtureWorkSource"
         datasets = _check_datasets(datasets)
@@ -326,11 +348,10 @@ class StaticMixtureWorkSource(WorkSource):
                 f"{where}: lane_assignment must be 'permute' or 'modulo', got {lane_assignment!r}."
             )
         if token_estimation is not None:
-            raise ConfigError(
-                f"{where}: token_estimation (token-unit mixing) is not supported; mixture weights "
-                "are sample proportions. Pass token_estimation=None and reweight the mixture "
-                "by your datasets' average tokens per sample instead."
-            )
+            if not isinstance(token_estimation, TokenEstimation):
+                raise ConfigError(f"{where}: token_estimation={token_estimation!r}; pass a TokenEstimation(...) "
+                                  "(zephon_columnar.work.TokenEstimation) or None.")
+            token_estimation.check_names(names)
 
         policies, reshuffle, repeats, floor = _resolve_exhaustion(
             names, exhausted_policy, reshuffle_on_repeat, max_repeats, stop_after_passes)
@@ -356,13 +377,18 @@ class StaticMixtureWorkSource(WorkSource):
         self._datasets = tuple(datasets)
         self._seed = seed
         self._lane_assignment: LaneAssignment = lane_assignment
-        exact = [Fraction(w) for w in weights.values()]  # floats are dyadic: exact fractions
-        scale = math.lcm(*(f.denominator for f in exact))
+        self._estimation = token_estimation
+        self._tokens_per_byte: dict[str, float] | None = None
+        self._stored_bytes = tuple(int(np.sum(ds.raw_bytes())) for ds in datasets)
+        units = _exact_units(weights.values())
         self._planner = _Planner(_Config(
-            names=names, rows=rows, weights=tuple(weights.values()),
-            units=tuple(int(f * scale) for f in exact), chunk_size=chunk_size,
-            policies=tuple(policies[n] for n in names), max_passes=max_passes, floor=floor,
+            names=names, rows=rows, weights=tuple(weights.values()), units=units, targets=units,
+            chunk_size=chunk_size, policies=tuple(policies[n] for n in names), max_passes=max_passes, floor=floor,
         ))
+        if token_estimation is not None:
+            given = token_estimation.given_ratios(names)
+            if given is not None:
+                self._use_ratios(given)
         self._cursor = _Cursor(
             g=0, epoch=[0] * len(names), position=[0] * len(names),
             # a weight-0 component is never drawn: inactive from the start, so it cannot
@@ -387,6 +413,8 @@ class StaticMixtureWorkSource(WorkSource):
             "max_repeats": repeats,
             "stop_after_passes": floor,
             "lane_assignment": lane_assignment,
+            **({} if token_estimation is None else
+               {"mixture_unit": "tokens", "token_estimation": token_estimation.fingerprint()}),
         })
         self._lane_id, self._replicas = 0, 1
         self._reset_caches()
@@ -396,9 +424,95 @@ class StaticMixtureWorkSource(WorkSource):
         self._perm = np.zeros(1, np.int64)
         self._remaining: int | None = None     # cached total_samples, kept current by next_chunk
 
+    # ---------------------------------------------------------------- token-unit mixtures
+    @property
+    def requires_token_priming(self) -> bool:
+        """Whether ``prime`` must run before the first chunk: a token-unit mixture whose
+        tokens-per-byte ratios are neither given nor restored from a checkpoint."""
+        return self._estimation is not None and self._tokens_per_byte is None
+
+    @property
+    def token_estimation(self) -> TokenEstimation | None:
+        """The estimation of a token-unit mixture (None: the weights are sample proportions)."""
+        return self._estimation
+
+    @property
+    def tokens_per_byte(self) -> dict[str, float] | None:
+        """The primed ratios of a token-unit mixture (None: sample units, or not primed yet)."""
+        return None if self._tokens_per_byte is None else dict(self._tokens_per_byte)
+
+    def calibration_pointers(self) -> dict[int, np.ndarray]:
+        """``{dataset_id: (n, 3) pointers}``: the rows ``prime`` needs counted (see
+        `~zephon_columnar.work.tokens.calibration_rows`); empty when nothing is measured."""
+        out = {}
+        for k, rows in self._calibration_rows().items():
+            pointers = np.empty((len(rows), 3), np.int64)
+            pointers[:, 0] = k
+            ids = self._shard_ids[k]
+            pointers[:, 1] = rows[:, 0] if ids is None else ids[rows[:, 0]]
+            pointers[:, 2] = rows[:, 1]
+            out[k] = pointers
+        return out
+
+    def _calibration_rows(self) -> dict[int, np.ndarray]:
+        """``{dataset_id: (n, 2) (shard position, row)}`` of the calibration sample."""
+        est = self._estimation
+        if est is None or est.given_ratios(self._planner.cfg.names) is not None:
+            return {}
+        return {k: calibration_rows(np.asarray(ds.counts(), np.int64), est, seed=self._seed, dataset_index=k)
+                for k, ds in enumerate(self._datasets)}
+
+    def prime(self, counts: Mapping[int, np.ndarray] | None = None, *,
+              ratios: Mapping[str, float] | None = None, **zephon_args: Any) -> None:
+        """Learn each dataset's tokens per stored byte and switch the draws to them.
+
+        ``counts``: ``{dataset_id: tokens of each row of calibration_pointers()[dataset_id]}``
+        (a `Pipeline` measures them with its own operators). A dataset without counts, or whose
+        rows counted no token, gets ``fallback_tokens_per_byte`` with a warning. ``ratios``:
+        ``{name: tokens_per_byte}`` to use as they are (a restored checkpoint's). Zephon's
+        keyword arguments (``io_options``, ``counting_spec``, ...) are accepted and unused.
+        A no-op when the source does not need priming.
+        """
+        if not self.requires_token_priming:
+            return
+        est, names = self._estimation, self._planner.cfg.names
+        if ratios is not None:
+            self._use_ratios(ratios_from_state(ratios, names, where="StaticMixtureWorkSource.prime(ratios=...)"))
+            return
+        ratios, unmeasured = {}, []
+        rows = self._calibration_rows() if counts is not None else {}
+        for k, (name, ds) in enumerate(zip(names, self._datasets)):
+            ratio = None
+            if k in rows and k in counts:
+                per_row = np.asarray(ds.raw_bytes(), np.float64) / np.maximum(np.asarray(ds.counts(), np.float64), 1)
+                ratio = measured_ratio(np.asarray(counts[k]), rows[k][:, 0], per_row)
+            if ratio is None:
+                unmeasured.append(name)
+                ratio = float(est.fallback_tokens_per_byte)
+            ratios[name] = ratio
+        if unmeasured:
+            warnings.warn(f"StaticMixtureWorkSource: no tokens counted for {unmeasured}; their mixture weights use "
+                          f"TokenEstimation(fallback_tokens_per_byte={est.fallback_tokens_per_byte}). Put a tokenize "
+                          "step in the pipeline or pass TokenEstimation(measure=...) or primer=...", stacklevel=2)
+        self._use_ratios(ratios)
+
+    def _use_ratios(self, ratios: Mapping[str, float]) -> None:
+        """Draw samples so that the mixture's weights hold in expected tokens."""
+        cfg = self._planner.cfg
+        self._tokens_per_byte = {n: float(ratios[n]) for n in cfg.names}
+        per_sample = {n: self._tokens_per_byte[n] * b / max(r, 1)
+                      for n, b, r in zip(cfg.names, self._stored_bytes, cfg.rows)}
+        weights = sample_weights(dict(zip(cfg.names, cfg.weights)), tokens_per_sample=per_sample)
+        targets = _exact_units(cfg.weights)
+        self._planner = _Planner(dataclasses.replace(cfg, units=_exact_units(weights.values()), targets=targets))
+        self._reset_caches()
+
     # ---------------------------------------------------------------- WorkSource API
     def next_chunk(self) -> WorkChunk | None:
         """The next chunk of this lane (every chunk for the base source), or None at the end."""
+        if self.requires_token_priming:
+            raise RuntimeError("StaticMixtureWorkSource.next_chunk(): a token-unit mixture must be primed first; "
+                               "iterate it through a Pipeline (which primes it) or call prime().")
         while True:
             plan = self._planner.plan(self._cursor)
             if plan is None:
@@ -472,7 +586,9 @@ class StaticMixtureWorkSource(WorkSource):
         number of passes the dataset has completed.
         """
         cur = self._cursor
+        tokens = {} if self._estimation is None else {"tokens_per_byte": self.tokens_per_byte}
         return {
+            **tokens,
             "version": _STATE_VERSION,
             "recipe": self.recipe(),
             "global_index": cur.g,
@@ -535,6 +651,10 @@ class StaticMixtureWorkSource(WorkSource):
                     raise ConfigError(f"components.{n}.accumulator is {acc!r}, not a fraction 'p/q'") from None
         except (KeyError, TypeError, ConfigError) as err:
             raise CheckpointError(f"{where}: the state is malformed: {err}.") from err
+        if self._estimation is not None:
+            ratios = ratios_from_state(state.get("tokens_per_byte"), cfg.names, where=where)
+            if ratios is not None and ratios != self._tokens_per_byte:
+                self._use_ratios(ratios)
         cur.den = math.lcm(*(a.denominator for a in accs))
         cur.acc = [a.numerator * (cur.den // a.denominator) for a in accs]
         self._cursor = cur
