@@ -565,7 +565,9 @@ class Pipeline:
         ckpt = self._checkpoint()
         return checkpoint_bytes(ckpt) if as_bytes else ckpt
 
-    def _checkpoint(self) -> dict[str, Any]:
+    def _checkpoint(self, *, collective: bool = True) -> dict[str, Any]:
+        """`checkpoint`'s dict; ``collective=False``: this engine's lanes only, never merged
+        (a DataLoader worker's share)."""
         # The recipe and lanes of the run that delivered the items (options cannot change during a
         # run; after it, the last run still describes what was delivered).
         engine = self._run.engine if self._run is not None else self._engine()
@@ -573,7 +575,7 @@ class Pipeline:
         local = build_checkpoint(recipe=engine.recipe(), world=engine.world(),
                                  lanes={lane: delivered[lane] for lane in engine.lanes if lane in delivered})
         opts = self._options
-        if opts.world_size == 1:
+        if opts.world_size == 1 or not collective:
             return local
         self._checkpoint_round += 1
         if torch_distributed_ready():
@@ -636,8 +638,10 @@ class Pipeline:
         """A ``torch.utils.data.IterableDataset`` over this pipeline (use ``batch_size=None``).
 
         ``state_dict()`` / ``load_state_dict()`` work under a plain ``DataLoader`` with
-        ``num_workers=0`` (the pipeline has its own workers). Keyword arguments, if any, are
-        passed to ``SampleBatch.to_training`` for each batch.
+        ``num_workers=0`` (the pipeline has its own workers) and under torchdata's
+        ``StatefulDataLoader`` with any ``num_workers``; loader workers split this rank's lanes
+        (`zephon_columnar.torch`). Keyword arguments, if any, are passed to
+        ``SampleBatch.to_training`` for each batch.
         """
         from zephon_columnar.torch import PipelineIterableDataset
 

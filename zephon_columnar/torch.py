@@ -1,12 +1,20 @@
 """Torch adapters: the pipeline as a ``torch.utils.data.IterableDataset``.
 
-The pipeline already batches and runs its own workers, so use it with
-``DataLoader(ds, batch_size=None, num_workers=0)``. Checkpointing works under that plain
-``DataLoader`` (no torchdata needed): ``ds.state_dict()`` / ``ds.load_state_dict(sd)``.
+The pipeline already batches and runs its own workers, so the simplest use is
+``DataLoader(ds, batch_size=None, num_workers=0)``; ``ds.state_dict()`` /
+``ds.load_state_dict(sd)`` then checkpoint exactly under that plain ``DataLoader``.
 
-With ``num_workers > 0`` each loader worker runs its own engine on a share of the lanes
-(lane ``i`` of this rank goes to worker ``i % num_workers``); the loader's worker round robin
-then reproduces the lanes' round robin when every worker owns the same number of lanes.
+With ``num_workers > 0`` each loader worker runs its own engine on a share of this rank's
+lanes. As in Zephon, ``active`` = the largest divisor of the lane count that is at most
+``num_workers`` workers serve (the others stay idle), worker ``w`` the lanes at positions
+``w, w + active, ...``, counted from the lane the rank's round robin serves next. The loader's
+own worker round robin then reproduces the rank's order exactly, also after a restore at any
+step. Every batch is delivered once.
+
+A plain ``DataLoader`` never tells the dataset which batches the training loop took (its
+workers run ahead), so after a worker pass ``ds.state_dict()`` refuses. torchdata's
+``StatefulDataLoader`` does tell: each worker's state is its engine's checkpoint, and
+``loader.state_dict()`` / ``loader.load_state_dict()`` resume exactly mid-epoch.
 
 Example:
     >>> ds = pipe.to_torch_dataset(return_labels=True)  # doctest: +SKIP
@@ -18,9 +26,8 @@ Example:
 from __future__ import annotations
 
 import copy
-import os
-import tempfile
-import uuid
+import multiprocessing
+import multiprocessing.context
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import torch.utils.data
@@ -40,55 +47,110 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         self.pipeline = pipeline
         self.stateful = stateful
         self.to_training = dict(to_training) if to_training else None
-        # Loader workers iterate copies of this object in other processes; this file is how the
-        # main process learns that its own pipeline is not the one that delivered the batches.
-        self._worker_marker = os.path.join(tempfile.gettempdir(), f"zephon-columnar-ds-{uuid.uuid4().hex}")
+        # 1 while the latest pass ran in loader workers: set there, read here. Shared memory that
+        # the worker processes inherit (the loader hands them this object as they start).
+        self._worker_pass: Any = multiprocessing.Value("b", 0, lock=False)
+        # in a loader worker: its engine, and the state a StatefulDataLoader restored into it
+        self._worker_pipe: "Pipeline | None" = None
+        self._worker_lanes: list[int] | None = None
+        self._worker_restore: Mapping[str, Any] | None = None
 
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
-        pipe = self.pipeline
-        if info is not None:
-            with open(self._worker_marker, "w"):
-                pass
-        if info is not None and info.num_workers > 1:
-            pipe = _worker_pipeline(pipe, info.id, info.num_workers)
+        if info is None:
+            self._mark_worker_pass(False)
+            pipe: "Pipeline | None" = self.pipeline
+        else:
+            self._mark_worker_pass(True)
+            pipe = self._worker_pipeline(info.id, info.num_workers)
+        if pipe is None:
+            return  # an idle worker: the lanes do not split that many ways
         for item in pipe:
             yield item.to_training(**self.to_training) if self.to_training is not None else item
 
+    # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
+        """The checkpoint of what was delivered: ``{"pipeline": ...}`` in the main process;
+        in a loader worker (torchdata's ``StatefulDataLoader`` asks there), that worker's lanes
+        and their checkpoint."""
         if not self.stateful:
             raise ConfigError("state_dict(): this dataset was built with to_torch_dataset(stateful=False).")
-        if torch.utils.data.get_worker_info() is not None or os.path.exists(self._worker_marker):
-            raise ConfigError("state_dict(): the batches were produced in DataLoader worker processes, so "
-                              "this process cannot see what was delivered. Use DataLoader(num_workers=0): "
-                              "the pipeline runs its own workers.")
+        info = torch.utils.data.get_worker_info()
+        if info is not None:
+            pipe = self._worker_pipeline(info.id, info.num_workers)
+            return {"worker": info.id, "lanes": list(self._worker_lanes or []),
+                    "pipeline": None if pipe is None else pipe._checkpoint(collective=False)}  # noqa: SLF001
+        if self._worker_pass is not None and self._worker_pass.value:
+            raise ConfigError("state_dict(): the last pass ran in DataLoader worker processes, which read ahead of "
+                              "what the training loop took, so this process cannot tell where to resume. Use "
+                              "torchdata's StatefulDataLoader (exact with num_workers > 0) or "
+                              "DataLoader(num_workers=0): the pipeline runs its own workers.")
         return {"pipeline": self.pipeline.checkpoint()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if "pipeline" not in state:
-            raise ConfigError(f"load_state_dict(): expected a dict from state_dict() with key 'pipeline', "
-                              f"got keys {sorted(state)}.")
+        """Resume from ``state_dict()``'s output, before iterating."""
+        if not isinstance(state, Mapping) or "pipeline" not in state:
+            keys = sorted(state) if isinstance(state, Mapping) else type(state).__name__
+            raise ConfigError(f"load_state_dict(): expected a dict from state_dict() with key 'pipeline', got {keys}.")
+        if "lanes" in state:  # one loader worker's state (StatefulDataLoader restores it in that worker)
+            if torch.utils.data.get_worker_info() is None:
+                raise ConfigError("load_state_dict(): this is one DataLoader worker's state; restore it through "
+                                  "the StatefulDataLoader that saved it (loader.load_state_dict).")
+            self._worker_restore, self._worker_pipe = state, None
+            return
         self.pipeline.restore(state["pipeline"])
 
-    def __del__(self) -> None:
-        if torch.utils.data.get_worker_info() is None:
-            try:
-                os.remove(self._worker_marker)
-            except OSError:
-                pass
+    # ---------------------------------------------------------------- workers
+    def _mark_worker_pass(self, in_workers: bool) -> None:
+        if self._worker_pass is not None:
+            self._worker_pass.value = int(in_workers)
+
+    def _worker_pipeline(self, worker: int, workers: int) -> "Pipeline | None":
+        """This loader worker's engine over its share of the lanes (built once per worker)."""
+        if self._worker_pipe is None:
+            restored = self._worker_restore
+            lanes = list(restored["lanes"]) if restored is not None else worker_lanes(self.pipeline, worker, workers)
+            self._worker_lanes = lanes
+            if not lanes:
+                return None
+            pipe = copy.copy(self.pipeline)
+            pipe._lane_subset = lanes  # noqa: SLF001
+            pipe._run = None  # noqa: SLF001
+            if restored is not None and restored["pipeline"] is not None:
+                pipe.restore(restored["pipeline"])
+            self._worker_pipe = pipe
+        return self._worker_pipe
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        if multiprocessing.context.get_spawning_popen() is None:
+            state["_worker_pass"] = None  # shared memory travels only to processes being started
+        state["_worker_pipe"] = None
+        return state
 
 
-def _worker_pipeline(pipe: "Pipeline", worker: int, workers: int) -> "Pipeline":
-    """A copy of ``pipe`` that serves only this loader worker's share of the rank's lanes."""
-    from zephon_columnar.engine.lanes import owned_lanes
+def worker_lanes(pipe: "Pipeline", worker: int, workers: int) -> list[int]:
+    """The lanes loader worker ``worker`` of ``workers`` serves (see the module docstring).
+
+    Example:
+        >>> import pyarrow as pa
+        >>> from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+        >>> ds = Dataset.from_tables("a", [pa.table({"x": list(range(8))})])
+        >>> pipe = Pipeline(StaticMixtureWorkSource([ds], {"a": 1.0}, chunk_size=2)).options(canonical_replicas=6)
+        >>> [worker_lanes(pipe, w, 4) for w in range(4)]  # 3 of the 4 workers serve 2 lanes each
+        [[0, 3], [1, 4], [2, 5], []]
+    """
+    from zephon_columnar.engine.lanes import next_lane, owned_lanes
 
     o = pipe._options  # noqa: SLF001
     lanes = owned_lanes(canonical_replicas=o.resolved_canonical_replicas(), dp_degree=o.resolved_dp_degree(),
                         dp_group_id=o.resolved_dp_group_id(), mapping=o.resolved_mapping())
-    if workers > len(lanes):
-        raise ConfigError(f"DataLoader(num_workers={workers}) but this rank owns {len(lanes)} lane(s); use "
-                          "num_workers=0 (recommended) or raise options(canonical_replicas=...).")
-    clone = copy.copy(pipe)
-    clone._lane_subset = lanes[worker::workers]  # noqa: SLF001
-    clone._run = None  # noqa: SLF001
-    return clone
+    active = max(d for d in range(1, min(workers, len(lanes)) + 1) if len(lanes) % d == 0)
+    if worker >= active:
+        return []
+    pending = pipe._pending  # noqa: SLF001 - a restored checkpoint: which lane the rank serves next
+    first = 0
+    if pending is not None:
+        first = lanes.index(next_lane(lanes, {lane: pending[lane].items for lane in lanes if lane in pending}))
+    rotated = lanes[first:] + lanes[:first]
+    return sorted(rotated[worker::active])
