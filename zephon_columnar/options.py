@@ -1,7 +1,7 @@
 """Runtime options (`RuntimeOptions`): how the engine runs, never what data it produces.
 
 Every field of Zephon 0.2.0's ``RuntimeOptions`` is accepted. Those that tune Zephon's own
-machinery (shared-memory IPC, MTP subprocess, worker allocation, metrics sinks) are accepted
+machinery (shared-memory IPC settings, worker allocation, metrics sinks) are accepted
 and documented no-ops here; an unknown option is an error that lists the valid ones.
 
 Fields that change the data: ``canonical_replicas`` (the number of lanes) and, for plans with
@@ -30,7 +30,7 @@ IpcTransport = Literal["socketpair", "pipe"]
 NO_OP_OPTIONS = frozenset({
     "per_stage_runner", "mp_context", "worker_allocation", "default_stage_prefetch", "per_stage_prefetch",
     "ipc_transport", "ipc_buffer_bytes", "mixture_config", "allow_latency_flush_in_deterministic",
-    "shutdown_mode", "mtp_mode", "mtp_buffer", "mtp_buffer_bytes", "mtp_prefetch",
+    "shutdown_mode", "mtp_prefetch",
     "mtp_auto_checkpoint", "coalesce_tensors", "shm_min_size", "shm_enabled", "shm_coalesce",
     "shm_min_item_bytes", "shm_min_new_allocation_bytes", "shm_min_forward_bytes", "shm_compact_above_ratio",
     "shm_compact_min_savings_bytes", "shm_max_coalesced_bytes", "max_worker_retries", "aggregate_store",
@@ -128,7 +128,8 @@ class RuntimeOptions:
         if self.runner == "remote":
             raise ConfigError("options(runner='remote'): the Ray runner is not available in this version; "
                               "use runner='threads' or 'process'.")
-        for name in ("max_workers", "prefetch_batches", "op_queue_capacity", "canonical_replicas", "dp_degree"):
+        for name in ("max_workers", "prefetch_batches", "op_queue_capacity", "canonical_replicas", "dp_degree",
+                     "mtp_buffer"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ConfigError(f"options({name}={v!r}): pass a positive int (or None for the default).")

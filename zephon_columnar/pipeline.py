@@ -532,8 +532,23 @@ class Pipeline:
             check_recipe(self._pending_recipe, engine.recipe())
             cursors = self._owned_cursors(engine, self._pending)
         self._pending = None
-        self._run = engine.start(cursors, readers=self._take_warmup(engine))
+        if self._options.mtp_mode:
+            from zephon_columnar.engine.mtp import MtpRun
+
+            if self._warmup is not None:  # the side process reads through its own readers
+                self._warmup.cancel()
+                self._warmup = None
+            self._run = MtpRun(self, engine, cursors)
+        else:
+            self._run = engine.start(cursors, readers=self._take_warmup(engine))
         return _RunIterator(self._run)
+
+    def mtp_queue_stats(self) -> dict[str, int] | None:
+        """With ``options(mtp_mode=True)`` and an open iterator: items ready in the shared-memory
+        ring (``depth``) against its ``capacity`` (``mtp_buffer``), and their ``staged_bytes``
+        against ``capacity_bytes`` (``mtp_buffer_bytes``). None otherwise."""
+        queue_stats = getattr(self._run, "queue_stats", None)
+        return queue_stats() if queue_stats is not None and not self._run._closed else None  # noqa: SLF001
 
     # ------------------------------------------------------------------ checkpoints
     def _delivered(self) -> dict[int, Any]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -302,16 +302,26 @@ class EngineRun:
         return {lane: dict(chain.shared.ctx.stats) for lane, chain in self.chains.items()}
 
     # ------------------------------------------------------------------ checkpoints
-    def snapshot(self) -> dict[int, LaneCursor | LaneSnapshot]:
-        """Every lane's state after the last item delivered to the caller."""
+    def snapshot(self, in_transit: Sequence[LaneItem] = ()) -> dict[int, LaneCursor | LaneSnapshot]:
+        """Every lane's state after the last item delivered to the caller.
+
+        ``in_transit``: items delivered here that have not reached their consumer yet (the
+        engine's side process hands them over later); the state is taken as if they had not
+        been delivered. Reference mode only: in replay mode the cursors after each item are
+        what the side process keeps."""
         if self.engine.mode == "replay":
+            assert not in_transit, "replay mode: keep each item's cursor instead"
             return dict(self.delivered)
         # After close() the chains are still there, stopped between two deliveries.
         with self._advance:  # the prefetch thread, if any, waits between two items
             ahead = self._undelivered()
+            held = {}
+            for item in reversed(in_transit):  # produced before anything still queued
+                ahead.setdefault(item.lane, []).insert(0, item.table)
+                held[item.lane] = held.get(item.lane, 0) + 1
             out = {}
             for lane, chain in self.chains.items():
-                snap = chain.snapshot(self.items[lane])
+                snap = chain.snapshot(self.items[lane] - held.get(lane, 0))
                 made = ahead.get(lane)
                 if made:
                     # Items made but not delivered go back in front of the collector's rows.
@@ -349,6 +359,10 @@ class EngineRun:
                 return value
 
     def _next_item(self) -> Any:
+        return self.next_lane_item().value
+
+    def next_lane_item(self) -> LaneItem:
+        """The next item with its lane bookkeeping (counted as delivered)."""
         if self._closed:
             raise StopIteration
         try:
@@ -367,7 +381,7 @@ class EngineRun:
             self.delivered[item.lane] = LaneCursor(epoch=item.epoch, inputs=item.inputs, rows=item.rows,
                                                    items=self.items[item.lane], source_state=item.source_state,
                                                    carries=item.carries)
-        return item.value
+        return item
 
     def _get(self) -> LaneItem:
         assert self._queue is not None and self._thread is not None
