@@ -3,8 +3,10 @@
 A training step that holds the GIL (Python-side work in the loop, a tokenizer call, logging)
 stops every loader thread in its process, and loader threads slow the step in turn. In mtp mode
 the whole engine (fetch, transforms, packing, batching, with any runner) runs in a spawned
-child process, and finished items cross to the trainer as Arrow IPC through a shared-memory
-ring; only a few numbers per item travel through a pipe, never pickled rows.
+child process, and finished items cross to the trainer as Arrow record batches through a
+shared-memory ring. Per item the trainer reads a slot of shared counters (where the bytes are,
+which schema) and copies the bytes out; no system call when an item is ready, and the schema,
+the end of the stream and errors come through a pipe. No rows are ever pickled.
 
 How the two sides stay exact:
 
@@ -51,12 +53,19 @@ if TYPE_CHECKING:
 
 #: Items the child may deliver ahead of the trainer when ``mtp_buffer`` is not set.
 DEFAULT_MTP_BUFFER = 16
-#: Shared counters: bytes written to the ring, bytes read from it, items sent, items taken.
-_WRITTEN, _READ, _SENT, _TAKEN = range(4)
+#: Shared counters: bytes written to the ring, bytes read from it, items published, items
+#: taken, and whether the trainer sleeps on the pipe waiting for an item (then the child wakes it).
+_WRITTEN, _READ, _SENT, _TAKEN, _WAITING = range(5)
+#: Per item, in slot ``sequence % capacity`` of a shared array: where its bytes start in the ring
+#: and how many (-n: they came through the pipe, too large for the ring), the ring position
+#: after it, and the version of the schema it is encoded with (sent once through the pipe).
+_SLOT = 4
 #: How long a side waits between looks at the other (also the control pipe's poll interval).
 _POLL_S = 0.001
 #: How long the trainer waits for a reply before checking that the child still lives.
 _REPLY_POLL_S = 0.5
+#: How long the trainer spins on the shared counter before it sleeps on the pipe.
+_SPIN_S = 50e-6
 
 
 class MtpRun:
@@ -77,14 +86,18 @@ class MtpRun:
         state = None if cursors is None else {lane: cur.to_json() for lane, cur in cursors.items()}
         ctx = multiprocessing.get_context("spawn")
         self._shm = shared_memory.SharedMemory(create=True, size=max(1 << 16, int(opts.mtp_buffer_bytes)))
-        self._counters = ctx.Array("q", 4, lock=False)
+        self._counters = ctx.Array("q", 5, lock=False)
+        self._slots = ctx.Array("q", _SLOT * self.capacity, lock=False)
+        self._schemas: dict[int, pa.Schema] = {}
+        self._oversize: deque[bytes] = deque()  # bytes of items too large for the ring, in order
+        self._ended: tuple | None = None  # the child's ("end",) or ("error", ...) once read
         self._items, child_items = ctx.Pipe(duplex=False)
         self._ctrl, child_ctrl = ctx.Pipe()
         # Not a daemon: a daemon may not start processes, and runner="process" inside needs to.
         # An exit hook closes runs left open instead (before multiprocessing joins children).
         self._proc = ctx.Process(target=_child_main, name="zephon-mtp", daemon=False, args=(
-            cloudpickle.dumps((child, state)), self._shm.name, self._counters, child_items, child_ctrl,
-            self.capacity, os.getpid()))
+            cloudpickle.dumps((child, state)), self._shm.name, self._counters, self._slots, child_items,
+            child_ctrl, self.capacity, os.getpid()))
         with _main_module_hidden():
             self._proc.start()
         child_items.close()
@@ -109,22 +122,66 @@ class MtpRun:
     def _next_value(self) -> Any:
         if self._closed:
             raise StopIteration
-        msg = self._receive()
-        kind = msg[0]
-        if kind == "end":
-            self._finish()
-            raise StopIteration
-        if kind == "error":
-            self._finish(final_state=False)
-            raise _rebuild_error(msg[1], msg[2])
-        _, lane, start, length, end = msg[:5]
-        data = msg[5] if len(msg) > 5 else bytes(self._shm.buf[start:start + length])
-        if len(msg) == 5:
-            self._counters[_READ] = end  # the slot may be written again
+        c = self._counters
+        if c[_SENT] <= self._taken:
+            self._wait_for_item()
+        k = (self._taken % self.capacity) * _SLOT
+        start, length, end, version = self._slots[k:k + _SLOT]
+        while version not in self._schemas or (length < 0 and not self._oversize):
+            self._read_message()  # sent before the item was published: there already
+        if length < 0:
+            data = self._oversize.popleft()
+        else:
+            data = bytes(self._shm.buf[start:start + length])  # a copy: the ring slot is reused
+            c[_READ] = end
         self._taken += 1
-        self._counters[_TAKEN] = self._taken
-        table = F.frame_from_ipc(pa.py_buffer(data))
-        return self._value_of(table)
+        c[_TAKEN] = self._taken
+        batch = pa.ipc.read_record_batch(pa.py_buffer(data), self._schemas[version])
+        return self._value_of(pa.Table.from_batches([batch]))
+
+    def _wait_for_item(self) -> None:
+        """Until the child publishes the next item; raises at the end of the stream or on its error."""
+        c = self._counters
+        spin_until = time.perf_counter() + _SPIN_S
+        while c[_SENT] <= self._taken and time.perf_counter() < spin_until:
+            pass  # the usual case when the loader keeps up: no system call at all
+        while c[_SENT] <= self._taken:
+            if self._ended is None:
+                c[_WAITING] = 1
+                if c[_SENT] <= self._taken:  # checked after the flag is up: a wake-up is never missed
+                    self._read_message(timeout=_REPLY_POLL_S)
+                c[_WAITING] = 0
+            if self._ended is not None and c[_SENT] <= self._taken:
+                kind, *rest = self._ended
+                if kind == "end":
+                    self._finish()
+                    raise StopIteration
+                self._finish(final_state=False)
+                raise _rebuild_error(*rest)
+
+    def _read_message(self, timeout: float | None = None) -> None:
+        """One message from the child's pipe (a schema, an oversize item's bytes, a wake-up, the
+        end or an error); with ``timeout``, returns without one after that long."""
+        while not self._items.poll(_REPLY_POLL_S if timeout is None else timeout):
+            if not self._proc.is_alive():
+                code = self._proc.exitcode
+                self._finish(final_state=False)
+                raise PipelineError(f"the engine's side process (mtp_mode) exited with code {code} without a "
+                                    "result; run with options(mtp_mode=False) to see the failure in this process.")
+            if timeout is not None:
+                return
+        try:
+            msg = self._items.recv()
+        except EOFError:
+            self._finish(final_state=False)
+            raise PipelineError("the engine's side process (mtp_mode) closed its pipe mid-stream.") from None
+        kind = msg[0]
+        if kind == "schema":
+            self._schemas[msg[1]] = pa.ipc.read_schema(pa.py_buffer(msg[2]))
+        elif kind == "data":
+            self._oversize.append(msg[1])
+        elif kind in ("end", "error"):
+            self._ended = msg
 
     def _value_of(self, table: pa.Table) -> Any:
         from zephon_columnar.records import records_of
@@ -134,19 +191,6 @@ class MtpRun:
         if self.engine.plan.batch is not None:
             return SampleBatch(table, fields=fields)
         return records_of(table, fields)[0]
-
-    def _receive(self) -> tuple:
-        while not self._items.poll(_REPLY_POLL_S):
-            if not self._proc.is_alive():
-                code = self._proc.exitcode
-                self._finish(final_state=False)
-                raise PipelineError(f"the engine's side process (mtp_mode) exited with code {code} without a "
-                                    "result; run with options(mtp_mode=False) to see the failure in this process.")
-        try:
-            return self._items.recv()
-        except EOFError:
-            self._finish(final_state=False)
-            raise PipelineError("the engine's side process (mtp_mode) closed its pipe mid-stream.") from None
 
     # ------------------------------------------------------------------ state
     def snapshot(self) -> dict[int, "LaneCursor | LaneSnapshot"]:
@@ -305,7 +349,8 @@ def _die_with_parent(parent_pid: int) -> None:
 class _Child:
     """The child's loop: deliver items into the ring, answer the trainer between items."""
 
-    def __init__(self, payload: bytes, shm_name: str, counters: Any, items: Any, ctrl: Any, capacity: int) -> None:
+    def __init__(self, payload: bytes, shm_name: str, counters: Any, slots: Any, items: Any, ctrl: Any,
+                 capacity: int) -> None:
         from zephon_columnar.engine.replay import lane_from_json
 
         pipeline, state = cloudpickle.loads(payload)
@@ -316,7 +361,9 @@ class _Child:
         self.delivered = dict(self.run.delivered)  # replay mode: cursors as of the trainer's items
         self.in_transit: deque = deque()  # (sequence number, LaneItem, its cursor) not taken yet
         self.shm = shared_memory.SharedMemory(name=shm_name)
-        self.counters, self.items, self.ctrl, self.capacity = counters, items, ctrl, capacity
+        self.counters, self.slots, self.items, self.ctrl, self.capacity = counters, slots, items, ctrl, capacity
+        self.schema: pa.Schema | None = None
+        self.schema_version = -1
         self.sent = 0
         self.closing = False
 
@@ -339,26 +386,39 @@ class _Child:
             self._handle(self.ctrl.recv())
 
     def _send(self, item: Any) -> None:
-        data = F.frame_to_ipc(item.table)
+        """Publish one item: its schema first if new (pipe), its record batch (ring, or pipe when
+        too large), its slot, then the published count the trainer polls."""
+        batches = item.table.combine_chunks().to_batches()
+        batch = batches[0] if len(batches) == 1 else pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+        if self.schema is None or not batch.schema.equals(self.schema, check_metadata=True):
+            self.schema, self.schema_version = batch.schema, self.schema_version + 1
+            self.items.send(("schema", self.schema_version, self.schema.serialize().to_pybytes()))
+        data = batch.serialize()
         n, size = data.size, self.shm.size
         cursor = self.run.delivered.get(item.lane) if self.replay else None
+        c = self.counters
         if n > size // 2:  # too large for the ring: through the pipe (a copy more, no pickled rows)
-            self.items.send(("item", item.lane, 0, n, self.counters[_WRITTEN], data.to_pybytes()))
+            self.items.send(("data", data.to_pybytes()))
+            start, length, end = 0, -n, c[_WRITTEN]
         else:
-            written = self.counters[_WRITTEN]
+            written = c[_WRITTEN]
             start = written % size
             if start + n > size:  # no room before the end of the ring: skip to its start
                 written += size - start
                 start = 0
-            self._wait(lambda: written + n - self.counters[_READ] <= size)
+            self._wait(lambda: written + n - c[_READ] <= size)
             if self.closing:
                 return
             self.shm.buf[start:start + n] = memoryview(data).cast("B")
-            self.counters[_WRITTEN] = written + n
-            self.items.send(("item", item.lane, start, n, written + n))
+            length, end = n, written + n
+            c[_WRITTEN] = end
+        k = (self.sent % self.capacity) * _SLOT
+        self.slots[k:k + _SLOT] = [start, length, end, self.schema_version]
         self.in_transit.append((self.sent, item, cursor))
         self.sent += 1
-        self.counters[_SENT] = self.sent
+        c[_SENT] = self.sent  # published: the slot and the bytes are in place
+        if c[_WAITING]:
+            self.items.send(("wake",))
 
     def _wait(self, ready: Any) -> None:
         """Until ``ready()``, answering the trainer meanwhile."""
@@ -398,11 +458,11 @@ class _Child:
             self.shm.close()
 
 
-def _child_main(payload: bytes, shm_name: str, counters: Any, items: Any, ctrl: Any, capacity: int,
+def _child_main(payload: bytes, shm_name: str, counters: Any, slots: Any, items: Any, ctrl: Any, capacity: int,
                 parent_pid: int) -> None:
     _die_with_parent(parent_pid)
     try:
-        child = _Child(payload, shm_name, counters, items, ctrl, capacity)
+        child = _Child(payload, shm_name, counters, slots, items, ctrl, capacity)
     except BaseException as err:  # noqa: BLE001 - a start-up failure reaches the first next()
         message = _error_message(err)
         items.send(("error", *message))
