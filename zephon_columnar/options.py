@@ -34,7 +34,7 @@ NO_OP_OPTIONS = frozenset({
     "mtp_auto_checkpoint", "coalesce_tensors", "shm_min_size", "shm_enabled", "shm_coalesce",
     "shm_min_item_bytes", "shm_min_new_allocation_bytes", "shm_min_forward_bytes", "shm_compact_above_ratio",
     "shm_compact_min_savings_bytes", "shm_max_coalesced_bytes", "max_worker_retries", "aggregate_store",
-    "aggregate_serializer", "aggregate_compressor", "execution_tracking", "metrics_sink_config",
+    "aggregate_serializer", "aggregate_compressor", "metrics_sink_config",
 })
 
 
@@ -123,6 +123,10 @@ class RuntimeOptions:
     def validate_fields(self) -> None:
         """The checks of each field on its own."""
         self.store_options()  # raises on unknown keys and bad values
+        mode = getattr(self.execution_tracking, "value", self.execution_tracking)
+        if mode not in (None, "off", "stages", "nodes"):
+            raise ConfigError(f"options(execution_tracking={self.execution_tracking!r}): use 'off', 'stages' or "
+                              "'nodes' (or zephon_columnar.observability.ExecutionTrackingMode).")
         if self.runner not in (None, "inline", "threads", "process", "remote"):
             raise ConfigError(f"options(runner={self.runner!r}): use 'inline', 'threads' or 'process'.")
         if self.runner == "remote":
@@ -144,6 +148,10 @@ class RuntimeOptions:
             raise ConfigError(f"options(mapping_strategy={self.mapping_strategy!r}): use 'contiguous' or 'interleaved'.")
 
     # ------------------------------------------------------------------ resolved values
+    def tracking_on(self) -> bool:
+        """Whether ``execution_tracking`` asks for per-operator counters (anything but off)."""
+        return getattr(self.execution_tracking, "value", self.execution_tracking) not in (None, "off")
+
     def store_options(self) -> Any:
         """``io_options`` as a `zephon_columnar.io.options.StoreOptions` (a dict is converted)."""
         from zephon_columnar.io.options import StoreOptions

@@ -16,6 +16,7 @@ beginning unless `restore()` was called.
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
@@ -40,6 +41,7 @@ from zephon_columnar.engine.replay import (
 )
 from zephon_columnar.errors import CheckpointError, ConfigError, WrongTypeError
 from zephon_columnar.ops.base import BaseOp
+from zephon_columnar.progress import Progress
 from zephon_columnar.ops.batch import BatchOp
 from zephon_columnar.io import fs
 from zephon_columnar.ops.fetch import FetchOp, shard_cache_settings
@@ -78,6 +80,7 @@ class Pipeline:
         self._validated: tuple[BaseOp, ...] = ()  # the user operators the last validation passed
         self._checkpoint_round = 0
         self._created_at = time.time()
+        self._progress: dict[str, Any] | None = None  # show_progress() settings
 
     # ------------------------------------------------------------------ builder
     def _refuse_while_iterating(self, what: str) -> None:
@@ -473,17 +476,58 @@ class Pipeline:
         return totals
 
     def metrics_snapshot(self) -> Any:
-        """Counters of the current (or last) run, one record per lane and counter: tokens uncapped
-        wrap dropped at the end of a lane (``pack_dropped_final_tokens``), documents and tokens
-        first_fit / best_fit dropped as longer than ``max_length`` (``pack_oversized_docs``,
-        ``pack_oversized_tokens``), rows strict ``ensure_mixture`` dropped. None before any run."""
+        """Counters of the current (or last) run: one record per lane and counter (tokens uncapped
+        wrap dropped at the end of a lane, ``pack_dropped_final_tokens``; documents and tokens
+        first_fit / best_fit dropped as longer than ``max_length``, ``pack_oversized_docs`` /
+        ``pack_oversized_tokens``; rows strict ``ensure_mixture`` dropped); with
+        `enable_observability`, one per operator (``stage``, ``index``, ``op``, ``calls``,
+        ``rows_in``/``rows_out``, ``bytes_in``/``bytes_out``, ``busy_s``; ordered stages have
+        ``stage == "ordered"``) and one per parallel stage (``wait_s``: the lanes' time blocked
+        on its results; ``in_flight``, ``max_in_flight``: frames). None before any run."""
         from zephon_columnar.observability import PipelineSummary
 
         if self._run is None:
             return None
-        return PipelineSummary(records=[{"lane": lane, "name": k, "value": v}
-                                        for lane, stats in sorted(self._run.stats().items())
-                                        for k, v in sorted(stats.items())])
+        records = [{"lane": lane, "name": k, "value": v}
+                   for lane, stats in sorted(self._run.stats().items()) for k, v in sorted(stats.items())]
+        return PipelineSummary(records=records + self._tracked())
+
+    def _tracked(self) -> list[dict[str, Any]]:
+        """The execution-tracking records of the current (or last) run ([] when off)."""
+        tracked = getattr(self._run, "tracked_records", None)
+        return tracked() if tracked is not None else []
+
+    def enable_observability(self, tracking: Any = "stages", *, sink: Any = None) -> "Pipeline":
+        """Turn on execution tracking (``"stages"``/``"nodes"``, or an
+        `~zephon_columnar.observability.ExecutionTrackingMode`; ``"off"`` turns it off): per
+        operator and stage counters in `metrics_snapshot`, `fetch_timing_snapshot`,
+        `inflight_summary`. Off, the engine runs no tracking code at all. ``sink``: a
+        `MetricsSinkConfig`, kept in the options (counters are read with the snapshots here)."""
+        return self.options(execution_tracking=tracking, metrics_sink_config=sink)
+
+    def fetch_timing_snapshot(self) -> dict[str, Any] | None:
+        """Fetch's totals (calls, rows, bytes, seconds in workers, rows per worker-second) and the
+        shard cache's downloads, hits and evictions; None without tracking or a run."""
+        fetch = [r for r in self._tracked() if r.get("op") == "fetch"]
+        if not fetch:
+            return None
+        cache = fs.default_shard_cache()
+        rows, busy = sum(r["rows_out"] for r in fetch), sum(r["busy_s"] for r in fetch)
+        return {"calls": sum(r["calls"] for r in fetch), "rows": rows, "bytes": sum(r["bytes_out"] for r in fetch),
+                "seconds": busy, "rows_per_s": rows / busy if busy else 0.0,
+                "cache": {"downloads": cache.downloads, "hits": cache.hits, "evictions": cache.evictions}}
+
+    def prefetch_timing_snapshot(self) -> dict[str, Any] | None:
+        """``prefetch()``'s shard downloads: submitted, completed (bytes, seconds), failed; None
+        without ``prefetch()`` or a run."""
+        prefetcher = getattr(getattr(self._run, "engine", None), "prefetcher", None)
+        return prefetcher.timing() if prefetcher is not None else None
+
+    def inflight_summary(self) -> dict[int, dict[int, int]] | None:
+        """``{parallel stage: {lane: frames submitted and not yet taken}}`` now; None without
+        tracking or a run."""
+        summary = getattr(self._run, "in_flight_by_stage", None)
+        return summary() if summary is not None else None
 
     @property
     def is_indexable(self) -> bool:
@@ -532,7 +576,8 @@ class Pipeline:
             check_recipe(self._pending_recipe, engine.recipe())
             cursors = self._owned_cursors(engine, self._pending)
         self._pending = None
-        if self._options.mtp_mode:
+        in_daemon = multiprocessing.current_process().daemon
+        if self._options.mtp_mode and not in_daemon:
             from zephon_columnar.engine.mtp import MtpRun
 
             if self._warmup is not None:  # the side process reads through its own readers
@@ -540,8 +585,18 @@ class Pipeline:
                 self._warmup = None
             self._run = MtpRun(self, engine, cursors)
         else:
+            if self._options.mtp_mode:  # a daemon (a DataLoader worker) may not start a process
+                warnings.warn("options(mtp_mode=True) inside a daemon process (a DataLoader worker?): it cannot "
+                              "start the engine's side process, so the engine runs in this process.", stacklevel=2)
             self._run = engine.start(cursors, readers=self._take_warmup(engine))
-        return _RunIterator(self._run)
+        return _RunIterator(self._run, None if self._progress is None else Progress(**self._progress))
+
+    def show_progress(self, every_s: float = 10.0, *, file: Any = None, use_tqdm: bool | None = None) -> "Pipeline":
+        """Report progress while iterating: items, tokens, tokens/s and each lane's position,
+        every ``every_s`` seconds and at the end (`zephon_columnar.progress`; through tqdm when
+        installed, else a line on stderr). ``every_s=None`` turns it off."""
+        self._progress = None if every_s is None else {"every_s": every_s, "file": file, "use_tqdm": use_tqdm}
+        return self
 
     def mtp_queue_stats(self) -> dict[str, int] | None:
         """With ``options(mtp_mode=True)`` and an open iterator: items ready in the shared-memory
@@ -676,16 +731,31 @@ class Pipeline:
 class _RunIterator:
     """The caller's handle on one pass; closing it (or dropping it) stops the engine."""
 
-    def __init__(self, run: EngineRun) -> None:
+    def __init__(self, run: EngineRun, progress: Progress | None = None) -> None:
         self._run = run
+        self._progress = progress
 
     def __iter__(self) -> "_RunIterator":
         return self
 
     def __next__(self) -> Any:
-        return next(self._run)
+        if self._progress is None:
+            return next(self._run)
+        try:
+            value = next(self._run)
+        except StopIteration:
+            self._end_progress()
+            raise
+        self._progress.update(value)
+        return value
+
+    def _end_progress(self) -> None:
+        if self._progress is not None:
+            self._progress.close()
+            self._progress = None
 
     def close(self) -> None:
+        self._end_progress()
         self._run.close()
 
     def __enter__(self) -> "_RunIterator":

@@ -154,3 +154,11 @@ def test_a_killed_parent_takes_the_side_process_with_it(tmp_path):
         assert not _alive(child)
     finally:
         parent.kill()
+
+
+def test_inside_a_dataloader_worker_the_engine_runs_in_that_worker():
+    from torch.utils.data import DataLoader
+
+    expected = [rows(b) for b in build("stateless", mtp=False)]
+    loader = DataLoader(build("stateless", mtp=True).to_torch_dataset(), batch_size=None, num_workers=1)
+    assert sorted(map(str, (rows(b) for b in loader))) == sorted(map(str, expected))

@@ -25,6 +25,7 @@ import pyarrow as pa
 from zephon_columnar import frame as F
 from zephon_columnar.engine.channel import Channel
 from zephon_columnar.engine.lane import LaneChain, LaneItem
+from zephon_columnar.engine.metrics import Metrics
 from zephon_columnar.engine.lanes import next_lane, owned_lanes
 from zephon_columnar.engine.plan import OrderedStage, ParallelStage, Plan, compile_plan
 from zephon_columnar.engine.replay import LaneCursor, LaneSnapshot
@@ -260,7 +261,8 @@ class EngineRun:
         self._readers = readers if readers is not None else ReaderPool()
         services = {"datasets_by_id": engine.ws.datasets_by_id, "reader_pool": self._readers,
                     "shard_cache": shard_cache_settings(engine.options)}
-        self._runner = RUNNERS[runner_kind](stages, services, engine.workers())
+        self.metrics = Metrics() if engine.options.tracking_on() else None
+        self._runner = RUNNERS[runner_kind](stages, services, engine.workers(), metrics=self.metrics)
         try:
             self.chains = {lane: LaneChain(engine, lane, cursors[lane], self._runner) for lane in engine.lanes}
             streams = {lane: iter(chain) for lane, chain in self.chains.items()}
@@ -300,6 +302,13 @@ class EngineRun:
         """Per lane, the counters its ordered stages keep (tokens uncapped wrap dropped at the
         end, oversized documents first_fit/best_fit dropped, rows strict ensure_mixture dropped)."""
         return {lane: dict(chain.shared.ctx.stats) for lane, chain in self.chains.items()}
+
+    def tracked_records(self) -> list[dict[str, Any]]:
+        """Execution tracking's per-operator and per-stage records ([] when off)."""
+        return self.metrics.records() if self.metrics is not None else []
+
+    def in_flight_by_stage(self) -> dict[int, dict[int, int]] | None:
+        return self.metrics.in_flight_by_stage() if self.metrics is not None else None
 
     # ------------------------------------------------------------------ checkpoints
     def snapshot(self, in_transit: Sequence[LaneItem] = ()) -> dict[int, LaneCursor | LaneSnapshot]:

@@ -22,6 +22,7 @@ replays the epoch (`engine.replay`).
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
@@ -239,6 +240,10 @@ class ParallelStep:
     to itself instead of queueing behind look-ahead reads), then 1, 2, 4, ... up to ``window``.
     """
 
+    #: execution tracking (set by the chain): where waits and frames in flight are counted
+    metrics: Any = None
+    lane: int = 0
+
     def __init__(self, upstream: Iterator[Any], runner: Any, stage: int, window: int) -> None:
         self.upstream = upstream
         self.runner = runner
@@ -252,24 +257,35 @@ class ParallelStep:
         try:
             for ev in self.upstream:
                 pending.append((ev, self.runner.submit(self.stage, ev) if isinstance(ev, pa.Table) else None))
+                if self.metrics is not None:
+                    self.metrics.in_flight(self.stage, self.lane, len(pending))
                 while pending and (pending[0][1] is None or len(pending) > ahead):
                     ev0, fut = pending[0]
                     if fut is not None:
                         ahead = min(self.window, max(1, ahead * 2))
-                        out = fut.result()
+                        out = self._result(fut)
                     else:
                         out = ev0
                     pending.popleft()
                     yield out
             while pending:
                 ev0, fut = pending[0]
-                out = fut.result() if fut is not None else ev0
+                out = self._result(fut) if fut is not None else ev0
                 pending.popleft()
                 yield out
         finally:
             for _, fut in pending:
                 if fut is not None:
                     fut.cancel()
+
+    def _result(self, fut: Any) -> Any:
+        if self.metrics is None:
+            return fut.result()
+        t0 = time.perf_counter()
+        out = fut.result()
+        self.metrics.waited(self.stage, time.perf_counter() - t0)
+        self.metrics.in_flight(self.stage, self.lane, len(self.pending) - 1)
+        return out
 
     def in_transit(self) -> list[Any]:
         return [ev for ev, _ in self.pending]
@@ -308,6 +324,9 @@ class OrderedStep:
     """
 
     INPUT_SLICE = 64  # rows per slice of restored input references
+    #: execution tracking (set by the chain): where the accumulator's calls are counted
+    metrics: Any = None
+    lane: int = 0
 
     def __init__(self, upstream: Iterator[Any], op: BaseOp, index: int, shared: LaneShared, acc: Any,
                  queued: list[Any] | None = None, inbox: list[Any] | None = None,
@@ -323,7 +342,15 @@ class OrderedStep:
 
     def _call(self, fn: Any, *args: Any, **kw: Any) -> list[pa.Table]:
         try:
-            return fn(*args, **kw)
+            if self.metrics is None:
+                return fn(*args, **kw)
+            t0 = time.perf_counter()
+            out = fn(*args, **kw)
+            rows_in = sum(a.num_rows for a in args if isinstance(a, pa.Table))
+            self.metrics.add_op(("ordered", self.index, self.op.op_name()), calls=1, rows_in=rows_in,
+                                rows_out=sum(getattr(t, "num_rows", 0) for t in out or ()),
+                                busy_s=time.perf_counter() - t0)
+            return out
         except ZephonError:
             raise
         except Exception as err:
@@ -566,6 +593,7 @@ class LaneChain:
                         inbox = [_LazyRows(refs.slice(i, size), source) for i in range(0, refs.num_rows, size)]
                 step = OrderedStep(events, stage.op, pos, self.shared, acc, queued, inbox, epoch_box)
                 ordered_index += 1
+            step.metrics, step.lane = getattr(runner, "metrics", None), lane  # execution tracking
             self.steps.append(step)
             events = iter(step)
         self.collector = Collector(engine, self.shared, events, epoch, skip, state)

@@ -26,7 +26,6 @@ watchdog thread covers the rest by polling the parent's pid.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import copy
 import multiprocessing
 import os
@@ -44,6 +43,7 @@ import cloudpickle
 import pyarrow as pa
 
 from zephon_columnar import frame as F
+from zephon_columnar.engine.children import main_module_hidden
 from zephon_columnar.errors import PipelineError
 
 if TYPE_CHECKING:
@@ -78,6 +78,7 @@ class MtpRun:
         self._closed = False
         self._final: dict[int, Any] | None = None  # the state at the end, kept after the child exits
         self._final_stats: dict[int, dict[str, int]] = {}
+        self._final_tracked: list[dict[str, Any]] = []
         self._taken = 0
         child = copy.copy(pipeline)
         child._options = opts.updated(mtp_mode=False)  # noqa: SLF001
@@ -98,8 +99,13 @@ class MtpRun:
         self._proc = ctx.Process(target=_child_main, name="zephon-mtp", daemon=False, args=(
             cloudpickle.dumps((child, state)), self._shm.name, self._counters, self._slots, child_items,
             child_ctrl, self.capacity, os.getpid()))
-        with _main_module_hidden():
-            self._proc.start()
+        try:
+            with main_module_hidden():
+                self._proc.start()
+        except BaseException:
+            self._shm.close()
+            self._shm.unlink()
+            raise
         child_items.close()
         child_ctrl.close()
         self._ctrl_lock = threading.Lock()
@@ -207,6 +213,15 @@ class MtpRun:
             return dict(self._final_stats)
         return self._ask("stats")
 
+    def tracked_records(self) -> list[dict[str, Any]]:
+        """Execution tracking's records, from the side process (kept at the end of the pass)."""
+        if self._closed:
+            return list(self._final_tracked)
+        return self._ask("tracked")
+
+    def in_flight_by_stage(self) -> dict[int, dict[int, int]] | None:
+        return None if self._closed else self._ask("in_flight")
+
     def queue_stats(self) -> dict[str, int]:
         """Items ready in the ring and their bytes, against the ring's capacity."""
         c = self._counters
@@ -236,6 +251,7 @@ class MtpRun:
             try:
                 self._final = self._ask("snapshot", self._taken)
                 self._final_stats = self._ask("stats")
+                self._final_tracked = self._ask("tracked")
             except PipelineError:
                 pass
         self.close()
@@ -277,23 +293,6 @@ def _ops_up_to_batch(ops: list) -> list:
         if isinstance(op, BatchOp):
             return ops[:i + 1]
     return list(ops)
-
-
-@contextlib.contextmanager
-def _main_module_hidden() -> Any:
-    """Start a spawned child without re-running the training script in it: spawn imports the
-    parent's ``__main__`` (by path or module name) first, and a script without an
-    ``if __name__ == "__main__"`` guard would start training again there. The child needs
-    nothing from it (functions defined there travel by value, cloudpickled)."""
-    main = sys.modules.get("__main__")
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
-    try:
-        for k in saved:
-            setattr(main, k, None) if k == "__spec__" else delattr(main, k)
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(main, k, v)
 
 
 _OPEN_RUNS: "weakref.WeakSet[MtpRun]" = weakref.WeakSet()
@@ -436,6 +435,10 @@ class _Child:
                 reply = {str(lane): cur.to_json() for lane, cur in self._snapshot(request[1]).items()}
             elif kind == "stats":
                 reply = self.run.stats()
+            elif kind == "tracked":
+                reply = self.run.tracked_records()
+            elif kind == "in_flight":
+                reply = self.run.in_flight_by_stage()
             else:
                 raise ValueError(f"unknown request {kind!r}")
             self.ctrl.send(("ok", reply))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import threading
+import time
 from typing import Any, Mapping
 
 import numpy as np
@@ -28,7 +29,10 @@ class ShardPrefetcher:
         self._seen: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
         self._pool: cf.ThreadPoolExecutor | None = None
-        self.submitted = 0
+        # counters (Pipeline.prefetch_timing_snapshot)
+        self.submitted = self.completed = self.failed = 0
+        self.bytes = 0
+        self.seconds = 0.0
 
     def warm(self, pointers: np.ndarray) -> None:
         """Start downloading the remote shards ``pointers`` (n, 3) refer to, once each."""
@@ -46,8 +50,28 @@ class ShardPrefetcher:
             if self._pool is None:
                 self._pool = cf.ThreadPoolExecutor(self._parallelism, thread_name_prefix="zephon-prefetch-shard")
             self.submitted += 1
-            fut = self._pool.submit(fs.local_path, info.path, info.num_bytes or None)
+            fut = self._pool.submit(self._download, info.path, info.num_bytes or None)
             fut.add_done_callback(_log_failure)
+
+    def _download(self, url: str, size: int | None) -> str:
+        t0 = time.perf_counter()
+        try:
+            path = fs.local_path(url, size)
+        except BaseException:
+            with self._lock:
+                self.failed += 1
+            raise
+        with self._lock:
+            self.completed += 1
+            self.bytes += size or 0
+            self.seconds += time.perf_counter() - t0
+        return path
+
+    def timing(self) -> dict[str, Any]:
+        """Shards submitted, downloaded (with their bytes and seconds, summed over threads), failed."""
+        with self._lock:
+            return {"submitted": self.submitted, "completed": self.completed, "failed": self.failed,
+                    "bytes": self.bytes, "seconds": self.seconds}
 
     def close(self) -> None:
         if self._pool is not None:

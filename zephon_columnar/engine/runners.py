@@ -25,6 +25,8 @@ import cloudpickle
 import pyarrow as pa
 
 from zephon_columnar import frame as F
+from zephon_columnar.engine.children import main_module_hidden
+from zephon_columnar.engine.metrics import DeltaSink, Metrics, run_tracked
 from zephon_columnar.errors import WrongTypeError, PipelineError, ZephonError, operator_failure
 from zephon_columnar.ops.base import BaseOp, OpContext, StageInfo
 
@@ -42,21 +44,31 @@ def _setup_stages(stages: Sequence[Sequence[BaseOp]], services: dict[str, Any]) 
     return copies
 
 
-def _run_stage(ops: Sequence[BaseOp], frame: pa.Table) -> pa.Table:
+def _run_op(op: BaseOp, frame: pa.Table) -> pa.Table:
+    try:
+        out = op.process_frame(frame)
+    except ZephonError:
+        raise
+    except Exception as err:
+        where = ""
+        if frame.num_rows and F.LANE in frame.column_names:
+            where = (f" (lane {frame.column(F.LANE)[0].as_py()}, chunk {frame.column(F.CHUNK)[0].as_py()}, "
+                     f"{frame.num_rows} rows)")
+        raise operator_failure(err, f"operator {op.op_name()!r} failed{where}: {type(err).__name__}: {err}") from err
+    if not isinstance(out, pa.Table):
+        raise WrongTypeError(f"operator {op.op_name()!r}: process_frame returned {type(out).__name__}, "
+                             "not a pyarrow.Table")
+    return out
+
+
+def _run_stage(ops: Sequence[BaseOp], frame: pa.Table, stage: int = -1, sink: Callable[..., None] | None = None
+               ) -> pa.Table:
+    """The operators of a stage on ``frame``; with ``sink`` (execution tracking), each one's
+    counts are reported to it."""
+    if sink is not None:
+        return run_tracked(ops, frame, stage, _run_op, sink)
     for op in ops:
-        try:
-            frame = op.process_frame(frame)
-        except ZephonError:
-            raise
-        except Exception as err:
-            where = ""
-            if frame.num_rows and F.LANE in frame.column_names:
-                where = (f" (lane {frame.column(F.LANE)[0].as_py()}, chunk {frame.column(F.CHUNK)[0].as_py()}, "
-                         f"{frame.num_rows} rows)")
-            raise operator_failure(err, f"operator {op.op_name()!r} failed{where}: {type(err).__name__}: {err}") from err
-        if not isinstance(frame, pa.Table):
-            raise WrongTypeError(f"operator {op.op_name()!r}: process_frame returned {type(frame).__name__}, "
-                                      "not a pyarrow.Table")
+        frame = _run_op(op, frame)
     return frame
 
 
@@ -65,14 +77,17 @@ class InlineRunner:
 
     kind = "inline"
 
-    def __init__(self, stages: Sequence[Sequence[BaseOp]], services: dict[str, Any], workers: int) -> None:
+    def __init__(self, stages: Sequence[Sequence[BaseOp]], services: dict[str, Any], workers: int,
+                 metrics: Metrics | None = None) -> None:
         self._ops = _setup_stages(stages, services)
         self.workers = 1
+        self.metrics = metrics
+        self._sink = metrics.add_op if metrics is not None else None
 
     def submit(self, stage: int, frame: pa.Table) -> cf.Future:
         fut: cf.Future = cf.Future()
         try:
-            fut.set_result(_run_stage(self._ops[stage], frame))
+            fut.set_result(_run_stage(self._ops[stage], frame, stage, self._sink))
         except BaseException as err:  # delivered where the result is read, like other runners
             fut.set_exception(err)
         return fut
@@ -91,7 +106,10 @@ class ThreadRunner:
 
     kind = "threads"
 
-    def __init__(self, stages: Sequence[Sequence[BaseOp]], services: dict[str, Any], workers: int) -> None:
+    def __init__(self, stages: Sequence[Sequence[BaseOp]], services: dict[str, Any], workers: int,
+                 metrics: Metrics | None = None) -> None:
+        self.metrics = metrics
+        self._sink = metrics.add_op if metrics is not None else None
         self._stages = stages
         self._services = services
         self._local = threading.local()
@@ -109,7 +127,7 @@ class ThreadRunner:
         return ops
 
     def _call(self, stage: int, frame: pa.Table) -> pa.Table:
-        return _run_stage(self._ops()[stage], frame)
+        return _run_stage(self._ops()[stage], frame, stage, self._sink)
 
     def submit(self, stage: int, frame: pa.Table) -> cf.Future:
         return self._pool.submit(self._call, stage, frame)
@@ -130,12 +148,18 @@ class ThreadRunner:
 
 # ---------------------------------------------------------------------- process runner
 _WORKER_OPS: list[list[BaseOp]] | None = None
+_WORKER_SINK: DeltaSink | None = None  # execution tracking: counts sent back with each frame
 
 
 def _process_init(payload: bytes) -> None:
-    global _WORKER_OPS
-    stages, services = cloudpickle.loads(payload)
+    global _WORKER_OPS, _WORKER_SINK
+    stages, services, track = cloudpickle.loads(payload)
     _WORKER_OPS = _setup_stages(stages, services)
+    _WORKER_SINK = DeltaSink() if track else None
+
+
+def _ready() -> None:
+    """The task that starts a worker process."""
 
 
 class _WorkerFailure(Exception):
@@ -148,10 +172,10 @@ class _WorkerFailure(Exception):
         self.message, self.original = message, original
 
 
-def _process_call(stage: int, ipc: bytes) -> bytes:
+def _process_call(stage: int, ipc: bytes) -> bytes | tuple[bytes, dict]:
     assert _WORKER_OPS is not None
     try:
-        out = _run_stage(_WORKER_OPS[stage], F.frame_from_ipc(ipc))
+        out = _run_stage(_WORKER_OPS[stage], F.frame_from_ipc(ipc), stage, _WORKER_SINK)
     except BaseException as err:
         cause = err.__cause__ if isinstance(err, PipelineError) and err.__cause__ is not None else err
         if isinstance(err, ZephonError) and not isinstance(err, PipelineError):
@@ -162,15 +186,18 @@ def _process_call(stage: int, ipc: bytes) -> bytes:
             original = None
         # Tracebacks do not survive pickling; keep the worker's in the message.
         raise _WorkerFailure(f"{err}\n(in a worker process)\n{traceback.format_exc()}", original) from None
-    return F.frame_to_ipc(out).to_pybytes()
+    data = F.frame_to_ipc(out).to_pybytes()
+    return data if _WORKER_SINK is None else (data, _WORKER_SINK.take())
 
 
 class _DecodedFuture(cf.Future):
-    """Future of a process call whose IPC bytes are decoded on ``result()``."""
+    """Future of a process call whose IPC bytes are decoded on ``result()`` (and whose counts,
+    with execution tracking, are added to ``metrics``)."""
 
-    def __init__(self, inner: cf.Future) -> None:
+    def __init__(self, inner: cf.Future, metrics: Metrics | None = None) -> None:
         super().__init__()
         self._inner = inner
+        self._metrics = metrics
 
     def result(self, timeout: float | None = None) -> pa.Table:  # type: ignore[override]
         try:
@@ -188,6 +215,10 @@ class _DecodedFuture(cf.Future):
             if original is None:
                 raise PipelineError(failure.message) from None
             raise operator_failure(original, failure.message) from original
+        if isinstance(data, tuple):
+            data, deltas = data
+            if self._metrics is not None:
+                self._metrics.merge(deltas)
         return F.frame_from_ipc(data)
 
     def cancel(self) -> bool:
@@ -200,15 +231,24 @@ class ProcessRunner:
 
     kind = "process"
 
-    def __init__(self, stages: Sequence[Sequence[BaseOp]], services: dict[str, Any], workers: int) -> None:
-        payload = cloudpickle.dumps((list(stages), services))
+    def __init__(self, stages: Sequence[Sequence[BaseOp]], services: dict[str, Any], workers: int,
+                 metrics: Metrics | None = None) -> None:
+        self.metrics = metrics
+        payload = cloudpickle.dumps((list(stages), services, metrics is not None))
         self.workers = workers
         self._procs: list[Any] = []
         self._pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                             initializer=_process_init, initargs=(payload,))
+        # Start every worker now (one no-op task each: the pool spawns a process per task it
+        # cannot hand to an idle one), so their start-up overlaps the driver's, and without
+        # re-running the training script in them.
+        with main_module_hidden():
+            for _ in range(workers):
+                self._pool.submit(_ready)
 
     def submit(self, stage: int, frame: pa.Table) -> cf.Future:
-        return _DecodedFuture(self._pool.submit(_process_call, stage, F.frame_to_ipc(frame).to_pybytes()))
+        return _DecodedFuture(self._pool.submit(_process_call, stage, F.frame_to_ipc(frame).to_pybytes()),
+                              self.metrics)
 
     def cancel(self) -> None:
         # Keep handles on the workers: shutdown() forgets them, and close() must reap them.

@@ -1,0 +1,82 @@
+"""Execution tracking (``enable_observability``): per-operator and per-stage counters on every
+runner and in mtp mode, the fetch and prefetch timing snapshots, and nothing at all when off."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import zephon_columnar as zephon
+from tests.engine.test_mtp import build, rows
+
+
+def ops_of(pipe) -> dict:
+    return {(r["stage"], r["op"]): r for r in pipe.metrics_snapshot().to_records() if "op" in r}
+
+
+def test_off_by_default_and_then_nothing_is_tracked():
+    pipe = build("stateful", mtp=False)
+    it = iter(pipe)
+    next(it)
+    assert pipe._run.metrics is None  # noqa: SLF001 - no tracking object: no tracking code runs
+    assert pipe.fetch_timing_snapshot() is None and pipe.inflight_summary() is None
+    assert all("op" not in r for r in pipe.metrics_snapshot().to_records())
+    it.close()
+
+
+@pytest.mark.parametrize("mtp", [False, True])
+@pytest.mark.parametrize("runner", ["inline", "threads", "process"])
+def test_counters_follow_every_operator_and_tracking_changes_no_data(runner, mtp):
+    expected = [rows(b) for b in build("stateful", mtp=False)]
+    pipe = build("stateful", mtp=mtp, runner=runner).enable_observability("stages")
+    assert [rows(b) for b in pipe] == expected
+    ops = ops_of(pipe)
+    assert set(ops) == {(0, "fetch"), ("ordered", "shuffle"), ("ordered", "pack_flat")}
+    assert ops[(0, "fetch")]["rows_out"] == 120 and ops[(0, "fetch")]["bytes_out"] > 0
+    assert ops[("ordered", "shuffle")]["rows_in"] == ops[("ordered", "shuffle")]["rows_out"] == 120
+    assert ops[("ordered", "pack_flat")]["rows_in"] == 120
+    packed = ops[("ordered", "pack_flat")]["rows_out"]
+    assert 0 <= packed - sum(len(b) for b in expected) < 3  # batch(3, drop_last=True) drops the rest
+    assert all(r["busy_s"] > 0 and r["calls"] > 0 for r in ops.values())
+    stages = [r for r in pipe.metrics_snapshot().to_records() if "wait_s" in r]
+    assert [s["stage"] for s in stages] == [0] and stages[0]["max_in_flight"] >= 1
+    fetch = pipe.fetch_timing_snapshot()
+    assert fetch["rows"] == 120 and fetch["calls"] == ops[(0, "fetch")]["calls"] and fetch["seconds"] > 0
+
+
+def test_in_flight_frames_are_reported_per_stage_and_lane_while_iterating():
+    pipe = build("stateless", mtp=False, runner="threads").enable_observability("nodes")
+    it = iter(pipe)
+    next(it), next(it)  # one item of each lane
+    summary = pipe.inflight_summary()
+    assert set(summary) == {0} and set(summary[0]) == {0, 1}
+    assert all(0 <= n <= pipe._options.resolved_queue_capacity() for n in summary[0].values())  # noqa: SLF001
+    it.close()
+
+
+def test_bad_tracking_mode_is_a_value_error_naming_the_option():
+    with pytest.raises(ValueError, match="execution_tracking"):
+        build("stateless", mtp=False).enable_observability("everything")
+
+
+def test_fetch_and_prefetch_timing_count_remote_shard_downloads(tmp_path, monkeypatch):
+    import fsspec
+
+    from zephon_columnar.io import fs
+
+    monkeypatch.setenv("ZEPHON_COLUMNAR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(fs, "_default_cache", None)
+    mem = fsspec.filesystem("memory")
+    for s in range(3):
+        pq.write_table(pa.table({"id": list(range(s * 10, s * 10 + 10))}), tmp_path / f"p{s}.parquet")
+        mem.pipe(f"/zc-metrics/web/p{s}.parquet", (tmp_path / f"p{s}.parquet").read_bytes())
+    ds = zephon.Dataset.from_path("web", "memory:///zc-metrics/web")
+    pipe = (zephon.Pipeline(zephon.StaticMixtureWorkSource([ds], {"web": 1.0}, chunk_size=10)).prefetch(4, 2)
+            .batch(5).options(runner="threads").enable_observability())
+    assert sum(len(b) for b in pipe) == 30
+    prefetch = pipe.prefetch_timing_snapshot()
+    assert prefetch["submitted"] == 3 and prefetch["completed"] + prefetch["failed"] <= 3
+    cache = pipe.fetch_timing_snapshot()["cache"]
+    assert cache["downloads"] == 3 and cache["evictions"] == 0
+    mem.rm("/zc-metrics", recursive=True)
