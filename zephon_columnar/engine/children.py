@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from typing import Any
 
@@ -29,3 +30,18 @@ def main_module_hidden() -> Any:
     finally:
         for k, v in saved.items():
             setattr(main, k, v)
+
+
+@contextlib.contextmanager
+def worker_environment() -> Any:
+    """Children started inside this block know they are a process runner's workers
+    (``ZEPHON_COLUMNAR_PROCESS_WORKER=1``: they skip imports only a driver needs)."""
+    old = os.environ.get("ZEPHON_COLUMNAR_PROCESS_WORKER")
+    os.environ["ZEPHON_COLUMNAR_PROCESS_WORKER"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("ZEPHON_COLUMNAR_PROCESS_WORKER", None)
+        else:
+            os.environ["ZEPHON_COLUMNAR_PROCESS_WORKER"] = old

@@ -25,7 +25,7 @@ import cloudpickle
 import pyarrow as pa
 
 from zephon_columnar import frame as F
-from zephon_columnar.engine.children import main_module_hidden
+from zephon_columnar.engine.children import main_module_hidden, worker_environment
 from zephon_columnar.engine.metrics import DeltaSink, Metrics, run_tracked
 from zephon_columnar.errors import WrongTypeError, PipelineError, ZephonError, operator_failure
 from zephon_columnar.ops.base import BaseOp, OpContext, StageInfo
@@ -227,26 +227,44 @@ class _DecodedFuture(cf.Future):
 
 class ProcessRunner:
     """Spawned worker processes; operators are cloudpickled once per worker, frames cross as
-    Arrow IPC."""
+    Arrow IPC.
+
+    Every worker is started with the runner (one no-op task each: the pool spawns a process for
+    each task it cannot hand to an idle one), without re-running the training script in it.
+    Until the first one is up (spawn, imports, ``setup``: a few tenths of a second), the driver
+    runs the frames itself, as the inline runner would: stateless work gives the same rows
+    wherever it runs, and a short job is never slower than inline for having asked for workers.
+    """
 
     kind = "process"
 
     def __init__(self, stages: Sequence[Sequence[BaseOp]], services: dict[str, Any], workers: int,
                  metrics: Metrics | None = None) -> None:
         self.metrics = metrics
+        self._sink = metrics.add_op if metrics is not None else None
+        self._stages, self._services = stages, services
+        self._driver_ops: list[list[BaseOp]] | None = None  # the driver's copies, while no worker is up
+        self._up = threading.Event()
         payload = cloudpickle.dumps((list(stages), services, metrics is not None))
         self.workers = workers
         self._procs: list[Any] = []
         self._pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
                                             initializer=_process_init, initargs=(payload,))
-        # Start every worker now (one no-op task each: the pool spawns a process per task it
-        # cannot hand to an idle one), so their start-up overlaps the driver's, and without
-        # re-running the training script in them.
-        with main_module_hidden():
+        with main_module_hidden(), worker_environment():
             for _ in range(workers):
-                self._pool.submit(_ready)
+                # done once the worker's initializer ran (or failed: the next submit then reports it)
+                self._pool.submit(_ready).add_done_callback(lambda _: self._up.set())
 
     def submit(self, stage: int, frame: pa.Table) -> cf.Future:
+        if not self._up.is_set():
+            fut: cf.Future = cf.Future()
+            try:
+                if self._driver_ops is None:
+                    self._driver_ops = _setup_stages(self._stages, self._services)
+                fut.set_result(_run_stage(self._driver_ops[stage], frame, stage, self._sink))
+            except BaseException as err:  # delivered where the result is read, like the workers' errors
+                fut.set_exception(err)
+            return fut
         return _DecodedFuture(self._pool.submit(_process_call, stage, F.frame_to_ipc(frame).to_pybytes()),
                               self.metrics)
 
@@ -262,6 +280,9 @@ class ProcessRunner:
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=5)
+        for row in self._driver_ops or ():
+            for op in row:
+                op.teardown()
 
 
 RUNNERS: dict[str, Callable[..., Any]] = {"inline": InlineRunner, "threads": ThreadRunner, "process": ProcessRunner}

@@ -5,13 +5,19 @@ Zephon's ``zephon.io`` names: :class:`Dataset`, :class:`InMemoryShard`, the stor
 :class:`ShardInfo` (the per-shard metadata every reader works from).
 """
 
+import os
+
 # Arrow's compute, dataset (which pulls in pandas when installed), JSON and Parquet layers load
 # lazily on first use, ~0.3 s; pyarrow.parquet.read_table pays the same. Loading them here puts that cost
-# at import time instead of inside the first pass a training job times.
+# at import time instead of inside the first pass a training job times. A process runner's worker
+# skips pyarrow.dataset (0.15-0.25 s of its start-up, on the first frame's path): nothing it
+# runs needs it, and what does would load it then.
 import pyarrow.compute  # noqa: F401
-import pyarrow.dataset  # noqa: F401
 import pyarrow.json  # noqa: F401
 import pyarrow.parquet  # noqa: F401
+
+if os.environ.get("ZEPHON_COLUMNAR_PROCESS_WORKER") != "1":
+    import pyarrow.dataset  # noqa: F401
 
 from zephon_columnar.io.base import ShardInfo
 from zephon_columnar.io.dataset import Dataset, InMemoryShard
