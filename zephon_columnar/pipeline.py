@@ -194,6 +194,19 @@ class Pipeline:
             enable_thinking_field=enable_thinking_field, mask_field_out=mask_field_out,
             preserve_upstream_payload=preserve_upstream_payload, parallelism=parallelism))
 
+    def expand_chat(self, *, field: str = "messages", placement: str = "auto",
+                    parallelism: int | None = None) -> "Pipeline":
+        """One row per answered user turn of each conversation in ``field``: the conversation up
+        to (not including) the next user message (`zephon_columnar.ops.expand_chat`).
+
+        Example:
+            >>> pipe.expand_chat(field="messages").tokenize_chat(tokenizer_id="tok/")  # doctest: +SKIP
+        """
+        from zephon_columnar.ops.expand_chat import ExpandChatOp
+
+        self._check_placement(placement)
+        return self._add(ExpandChatOp(field=field, parallelism=parallelism))
+
     def shuffle(self, buffer_size: int | None = None, *, seed: int = 0, algorithm: ShuffleAlgorithm = "streaming",
                 warmup_growth: float = 1.5, placement: str = "auto", parallelism: int | None = None) -> "Pipeline":
         """Shuffle each lane's rows through a deterministic buffer of ``buffer_size`` rows (8192

@@ -274,12 +274,10 @@ class ProcessRunner:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
+        """Tell the workers to exit and return: the pool's own manager thread reaps them (a
+        worker ends within ~0.1-0.2 s, its interpreter's teardown, which the end of a pass need
+        not wait for)."""
         self.cancel()
-        for p in self._procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
         for row in self._driver_ops or ():
             for op in row:
                 op.teardown()
