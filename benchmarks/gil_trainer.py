@@ -23,10 +23,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _child import run_child
 
 L, B = 2049, 8
 
@@ -84,13 +85,7 @@ def child(a: argparse.Namespace) -> dict:
 
 
 def run(python: str, args: list[str]) -> dict:
-    env = dict(os.environ)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)  # a pip install has bytecode: let the children cache it too
-    r = subprocess.run([python, str(Path(__file__).resolve()), *args, "--child"], capture_output=True, text=True,
-                       env=env, timeout=1800)
-    if r.returncode != 0:
-        return {"error": (r.stderr or r.stdout)[-1500:]}
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_child(str(Path(__file__).resolve()), python, args)
 
 
 def main() -> None:

@@ -19,10 +19,11 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _child import run_child
 
 
 def keep_words(payload: dict) -> dict:
@@ -68,13 +69,7 @@ def warm_page_cache(corpus: str) -> None:
 
 def run(python: str, args: list[str]) -> dict:
     warm_page_cache(args[args.index("--corpus") + 1])
-    env = dict(os.environ)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)  # a pip install has bytecode: let the children cache it too
-    r = subprocess.run([python, str(Path(__file__).resolve()), *args, "--child"], capture_output=True, text=True,
-                       env=env, timeout=3600)
-    if r.returncode != 0:
-        return {"error": (r.stderr or r.stdout)[-1500:]}
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_child(str(Path(__file__).resolve()), python, args, timeout=3600)
 
 
 def main() -> None:

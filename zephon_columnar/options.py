@@ -123,8 +123,7 @@ class RuntimeOptions:
     def validate_fields(self) -> None:
         """The checks of each field on its own."""
         self.store_options()  # raises on unknown keys and bad values
-        mode = getattr(self.execution_tracking, "value", self.execution_tracking)
-        if mode not in (None, "off", "stages", "nodes"):
+        if self._tracking_mode() not in (None, "off", "stages", "nodes"):
             raise ConfigError(f"options(execution_tracking={self.execution_tracking!r}): use 'off', 'stages' or "
                               "'nodes' (or zephon_columnar.observability.ExecutionTrackingMode).")
         if self.runner not in (None, "inline", "threads", "process", "remote"):
@@ -150,7 +149,11 @@ class RuntimeOptions:
     # ------------------------------------------------------------------ resolved values
     def tracking_on(self) -> bool:
         """Whether ``execution_tracking`` asks for per-operator counters (anything but off)."""
-        return getattr(self.execution_tracking, "value", self.execution_tracking) not in (None, "off")
+        return self._tracking_mode() not in (None, "off")
+
+    def _tracking_mode(self) -> Any:
+        """``execution_tracking`` as a plain value (an `ExecutionTrackingMode` gives its string)."""
+        return getattr(self.execution_tracking, "value", self.execution_tracking)
 
     def store_options(self) -> Any:
         """``io_options`` as a `zephon_columnar.io.options.StoreOptions` (a dict is converted)."""

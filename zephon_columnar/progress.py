@@ -27,8 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
-
-_TOKEN_FIELDS = ("input_ids", "tokens", "token_ids", "ids")
+from zephon_columnar.types import TOKEN_FIELD_CANDIDATES
 
 
 class Progress:
@@ -54,7 +53,7 @@ class Progress:
         table = getattr(value, "table", None)
         if isinstance(table, pa.Table) and table.num_rows:
             self.rows += table.num_rows
-            name = next((f for f in _TOKEN_FIELDS if f in table.column_names), None)
+            name = next((f for f in TOKEN_FIELD_CANDIDATES if f in table.column_names), None)
             if name is not None:
                 self.tokens += int(pc.sum(pc.list_value_length(table.column(name))).as_py() or 0)
             lane, chunk = table.column(F.LANE)[-1].as_py(), table.column(F.CHUNK)[-1].as_py()

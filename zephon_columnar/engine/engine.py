@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -193,6 +193,19 @@ def _fields_by_dataset(datasets: Mapping[int, Any]) -> dict[int, frozenset[str]]
     return out
 
 
+def deliver(plan: Any, next_value: Callable[[], Any]) -> Any:
+    """The next value that passes the plan's ``map_batch`` functions (a value one of them drops
+    counts as delivered: the next one is taken)."""
+    while True:
+        value = next_value()
+        for op in plan.after_batch:
+            value = op.apply(value)
+            if value is None:
+                break
+        else:
+            return value
+
+
 class _Failure:
     def __init__(self, err: BaseException) -> None:
         self.err = err
@@ -358,17 +371,7 @@ class EngineRun:
         return self
 
     def __next__(self) -> Any:
-        while True:
-            value = self._next_item()
-            for op in self.engine.plan.after_batch:
-                value = op.apply(value)
-                if value is None:  # dropped by map_batch: it counts as delivered
-                    break
-            else:
-                return value
-
-    def _next_item(self) -> Any:
-        return self.next_lane_item().value
+        return deliver(self.engine.plan, lambda: self.next_lane_item().value)
 
     def next_lane_item(self) -> LaneItem:
         """The next item with its lane bookkeeping (counted as delivered)."""

@@ -44,6 +44,7 @@ import pyarrow as pa
 
 from zephon_columnar import frame as F
 from zephon_columnar.engine.children import main_module_hidden
+from zephon_columnar.engine.engine import deliver
 from zephon_columnar.errors import PipelineError
 
 if TYPE_CHECKING:
@@ -116,14 +117,7 @@ class MtpRun:
         return self
 
     def __next__(self) -> Any:
-        while True:
-            value = self._next_value()
-            for op in self.engine.plan.after_batch:
-                value = op.apply(value)
-                if value is None:  # dropped by map_batch: it counts as delivered
-                    break
-            else:
-                return value
+        return deliver(self.engine.plan, self._next_value)
 
     def _next_value(self) -> Any:
         if self._closed:
@@ -387,8 +381,7 @@ class _Child:
     def _send(self, item: Any) -> None:
         """Publish one item: its schema first if new (pipe), its record batch (ring, or pipe when
         too large), its slot, then the published count the trainer polls."""
-        batches = item.table.combine_chunks().to_batches()
-        batch = batches[0] if len(batches) == 1 else pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+        batch = item.table.combine_chunks().to_batches()[0]  # one chunk per column: one batch (an item has rows)
         if self.schema is None or not batch.schema.equals(self.schema, check_metadata=True):
             self.schema, self.schema_version = batch.schema, self.schema_version + 1
             self.items.send(("schema", self.schema_version, self.schema.serialize().to_pybytes()))

@@ -65,12 +65,11 @@ class ExpandChatOp(FrameOp):
         offsets = lists.offsets.to_numpy().astype(np.int64)
         roles = self._roles(frame, lists, offsets)
         parent, child, ends = _prefixes(roles, offsets)
-        starts = offsets[:-1][parent]
-        # The messages of every prefix: one take on the flattened messages of the frame.
-        take = np.concatenate([np.arange(s, s + e) for s, e in zip(starts, ends)]) if len(parent) else \
-            np.zeros(0, np.int64)
         new_offsets = np.zeros(len(parent) + 1, np.int32)
         np.cumsum(ends, out=new_offsets[1:])
+        # The messages of every prefix: one take on the flattened messages of the frame
+        # (prefix j's k-th message is message starts[j] + k).
+        take = np.arange(int(new_offsets[-1])) + np.repeat(offsets[:-1][parent] - new_offsets[:-1], ends)
         messages = pa.ListArray.from_arrays(pa.array(new_offsets), lists.values.take(pa.array(take)),
                                             type=lists.type)
         book = F.with_children(F.bookkeeping_of(frame), parent, child)
