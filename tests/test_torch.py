@@ -23,6 +23,10 @@ def build(lanes: int = 1, **source: object) -> Pipeline:
     return Pipeline(ws).batch(4).options(canonical_replicas=lanes)
 
 
+def training(batch) -> dict[str, torch.Tensor]:  # module level: spawned workers import it
+    return batch.to_training()
+
+
 def rows(loader) -> list[list[list[int]]]:
     return [t["input_ids"].tolist() for t in loader]
 
@@ -57,6 +61,27 @@ def test_worker_processes_split_lanes_and_cover_everything():
                                             batch_size=None, num_workers=2))))
     assert multi == single
 
+
+
+def test_spawned_workers_get_lambdas_and_polars_maps_after_the_parent_ran_polars():
+    import polars as pl
+
+    def pipe() -> Pipeline:
+        ws = StaticMixtureWorkSource([DS], {"a": 1.0}, chunk_size=8, seed=3, shuffle_within_shard=True)
+        return (Pipeline(ws).map_transform(pl.col("input_ids").list.eval(pl.element() * 2))
+                .map_transform(lambda p: {**p, "input_ids": [t + 1 for t in p["input_ids"]]})
+                .batch(4).options(canonical_replicas=2))
+
+    single = rows(DataLoader(pipe().to_torch_dataset(), batch_size=None, collate_fn=training))  # Polars ran here
+    tokens = [t for batch in single for row in batch for t in row]
+    assert len(tokens) == 3 * 60 and all(t % 2 == 1 for t in tokens)  # both maps ran on every row
+    spawned = DataLoader(pipe().to_torch_dataset(), batch_size=None, collate_fn=training, num_workers=2,
+                         multiprocessing_context="spawn", timeout=120)
+    assert sorted(map(str, rows(spawned))) == sorted(map(str, single))
+    forked = DataLoader(pipe().to_torch_dataset(), batch_size=None, collate_fn=training, num_workers=1,
+                        multiprocessing_context="fork", timeout=120)
+    with pytest.raises(RuntimeError, match="forked from process .* after that one ran Polars"):
+        list(forked)
 
 def test_load_state_dict_rejects_foreign_state():
     with pytest.raises(ConfigError, match="pipeline"):

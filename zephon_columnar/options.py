@@ -1,7 +1,7 @@
 """Runtime options (`RuntimeOptions`): how the engine runs, never what data it produces.
 
 Every field of Zephon 0.2.0's ``RuntimeOptions`` is accepted. Those that tune Zephon's own
-machinery (shared-memory IPC settings, worker allocation, metrics sinks) are accepted
+machinery (shared-memory IPC settings, worker allocation) are accepted
 and documented no-ops here; an unknown option is an error that lists the valid ones.
 
 Fields that change the data: ``canonical_replicas`` (the number of lanes) and, for plans with
@@ -34,7 +34,7 @@ NO_OP_OPTIONS = frozenset({
     "mtp_auto_checkpoint", "coalesce_tensors", "shm_min_size", "shm_enabled", "shm_coalesce",
     "shm_min_item_bytes", "shm_min_new_allocation_bytes", "shm_min_forward_bytes", "shm_compact_above_ratio",
     "shm_compact_min_savings_bytes", "shm_max_coalesced_bytes", "max_worker_retries", "aggregate_store",
-    "aggregate_serializer", "aggregate_compressor", "metrics_sink_config",
+    "aggregate_serializer", "aggregate_compressor",
 })
 
 
@@ -123,6 +123,7 @@ class RuntimeOptions:
     def validate_fields(self) -> None:
         """The checks of each field on its own."""
         self.store_options()  # raises on unknown keys and bad values
+        self.metrics_sink()
         if self._tracking_mode() not in (None, "off", "stages", "nodes"):
             raise ConfigError(f"options(execution_tracking={self.execution_tracking!r}): use 'off', 'stages' or "
                               "'nodes' (or zephon_columnar.observability.ExecutionTrackingMode).")
@@ -154,6 +155,34 @@ class RuntimeOptions:
     def _tracking_mode(self) -> Any:
         """``execution_tracking`` as a plain value (an `ExecutionTrackingMode` gives its string)."""
         return getattr(self.execution_tracking, "value", self.execution_tracking)
+
+    def metrics_sink(self) -> Any:
+        """``metrics_sink_config`` as a `zephon_columnar.observability.MetricsSinkConfig` (a dict
+        of its fields is converted), or None."""
+        from zephon_columnar.observability import MetricsSinkConfig, MetricsSinkMode
+
+        sink = self.metrics_sink_config
+        if sink is None or isinstance(sink, MetricsSinkConfig):
+            config = sink
+        elif isinstance(sink, dict):
+            names = {f.name for f in fields(MetricsSinkConfig)}
+            unknown = sorted(set(sink) - names)
+            if unknown:
+                raise ConfigError(f"options(metrics_sink_config=...): unknown keys {unknown}; valid: {sorted(names)}.")
+            config = MetricsSinkConfig(**sink)
+        else:
+            raise ConfigError(f"options(metrics_sink_config={sink!r}): pass a "
+                              "zephon_columnar.observability.MetricsSinkConfig, a dict of its fields, or None.")
+        if config is not None:
+            try:
+                MetricsSinkMode(config.mode)
+            except ValueError:
+                raise ConfigError(f"MetricsSinkConfig(mode={config.mode!r}): use 'log', 'statsd' or 'both'.") from None
+            if not isinstance(config.flush_interval_s, (int, float)) or config.flush_interval_s < 0:
+                raise ConfigError(f"MetricsSinkConfig(flush_interval_s={config.flush_interval_s!r}): pass seconds >= 0.")
+            if not isinstance(config.max_batch_size, int) or config.max_batch_size < 1:
+                raise ConfigError(f"MetricsSinkConfig(max_batch_size={config.max_batch_size!r}): pass an int >= 1.")
+        return config
 
     def store_options(self) -> Any:
         """``io_options`` as a `zephon_columnar.io.options.StoreOptions` (a dict is converted)."""

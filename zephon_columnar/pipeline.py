@@ -21,6 +21,8 @@ import time
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
+import cloudpickle
+
 from zephon_columnar.engine.aggregate import (
     gather_directory,
     gather_torch,
@@ -28,6 +30,7 @@ from zephon_columnar.engine.aggregate import (
 )
 from zephon_columnar.engine.calibrate import prime_token_mixture
 from zephon_columnar.engine.engine import Engine, EngineRun
+from zephon_columnar.engine.indexed import IndexedPipeline, indexing_obstacle
 from zephon_columnar.engine.warmup import RestoreWarmup
 from zephon_columnar.io.readers import ReaderPool
 from zephon_columnar.engine.replay import (
@@ -515,7 +518,15 @@ class Pipeline:
         `~zephon_columnar.observability.ExecutionTrackingMode`; ``"off"`` turns it off): per
         operator and stage counters in `metrics_snapshot`, `fetch_timing_snapshot`,
         `inflight_summary`. Off, the engine runs no tracking code at all. ``sink``: a
-        `MetricsSinkConfig`, kept in the options (counters are read with the snapshots here)."""
+        `~zephon_columnar.observability.MetricsSinkConfig` (or a dict of its fields): every pass
+        emits `metrics_snapshot` to its log or StatsD sink, every ``flush_interval_s`` seconds and
+        at its end (`zephon_columnar.observability`); by default, as Zephon's, INFO records of the
+        logger ``"zephon.pipeline"``."""
+        from zephon_columnar.observability import MetricsSinkConfig
+
+        off = getattr(tracking, "value", tracking) in (None, "off")
+        if sink is None and not off:  # Zephon's default sink: logs (logger "zephon.pipeline", INFO)
+            sink = MetricsSinkConfig()
         return self.options(execution_tracking=tracking, metrics_sink_config=sink)
 
     def fetch_timing_snapshot(self) -> dict[str, Any] | None:
@@ -544,10 +555,10 @@ class Pipeline:
 
     @property
     def is_indexable(self) -> bool:
-        """Whether the pipeline can serve items by position: every operator ``indexable`` and
-        the work source supports indexing (``StaticMixtureWorkSource`` does not, as in Zephon)."""
-        supports = getattr(self._ws, "supports_indexing", None)
-        return bool(supports is not None and supports()) and all(op.traits().indexable for op in self._ops)
+        """Whether `to_indexable_torch_dataset` works: every operator is 1:1, stateless and keeps
+        order (``indexable`` in its traits), and the work source's stream is finite (a
+        ``StaticMixtureWorkSource`` unless it repeats forever; Zephon's never is)."""
+        return indexing_obstacle(self._ws, self._ops) is None
 
     def validate(self, *, strict: bool = False) -> ValidationReport:
         """Run the validation harness on the operators added with ``add_op`` (built-ins are
@@ -568,20 +579,24 @@ class Pipeline:
         return report
 
     # ------------------------------------------------------------------ iteration
-    def __iter__(self) -> Iterator[Any]:
-        if self._run is not None and not self._run._closed:  # noqa: SLF001
-            raise RuntimeError("Pipeline is already being iterated; close the first iterator (or let it finish) "
-                               "before starting another.")
+    def _auto_validate(self) -> None:
+        """``options(auto_validation=...)``: validate the user operators, once per graph (again
+        only after an operator is added, as in Zephon)."""
         mode = self._options.auto_validation
         user_ops = tuple(op for op in self._ops if not op.builtin)
-        # Validated once per graph: again only after an operator is added (as in Zephon).
         if mode != "off" and user_ops and self._validated != user_ops:
             report = validate_ops(self._ops)
             if not report.ok:
                 if mode == "strict":
                     raise ValidationError(report)
-                warnings.warn(report.format(), stacklevel=2)
+                warnings.warn(report.format(), stacklevel=3)
             self._validated = user_ops
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._run is not None and not self._run._closed:  # noqa: SLF001
+            raise RuntimeError("Pipeline is already being iterated; close the first iterator (or let it finish) "
+                               "before starting another.")
+        self._auto_validate()
         prime_token_mixture(self._ws, self._ops)
         engine = self._engine()
         cursors = None
@@ -602,7 +617,13 @@ class Pipeline:
                 warnings.warn("options(mtp_mode=True) inside a daemon process (a DataLoader worker?): it cannot "
                               "start the engine's side process, so the engine runs in this process.", stacklevel=2)
             self._run = engine.start(cursors, readers=self._take_warmup(engine))
-        return _RunIterator(self._run, None if self._progress is None else Progress(**self._progress))
+        observers: list[Any] = [] if self._progress is None else [Progress(**self._progress)]
+        sink = self._options.metrics_sink()
+        if sink is not None:
+            from zephon_columnar.observability import MetricsEmitter
+
+            observers.append(MetricsEmitter(sink, self.metrics_snapshot))
+        return _RunIterator(self._run, observers)
 
     def show_progress(self, every_s: float = 10.0, *, file: Any = None, use_tqdm: bool | None = None) -> "Pipeline":
         """Report progress while iterating: items, tokens, tokens/s and each lane's position,
@@ -731,44 +752,75 @@ class Pipeline:
         return PipelineIterableDataset(self, stateful=stateful, to_training=to_training or None)
 
     def to_indexable_torch_dataset(self) -> Any:
-        raise ConfigError("to_indexable_torch_dataset(): StaticMixtureWorkSource pipelines are streams, not "
-                          "indexable; use to_torch_dataset().")
+        """A map-style ``torch.utils.data.Dataset``: ``ds[i]`` is the ``i``-th sample of the
+        work source's stream from its start (what one lane reads ``i``-th), through this
+        pipeline's operators, as a dict of tensors (`zephon_columnar.torch.PipelineMapDataset`).
+        The DataLoader's sampler then shuffles and shards (``DistributedSampler``) and its
+        ``batch_size`` batches; ``__getitems__`` reads a whole batch in one columnar pass.
 
-    def __getstate__(self) -> dict[str, Any]:
+        Raises `ConfigError` naming the operator (or the source) that makes the pipeline not
+        indexable: one that is not 1:1 (filter, expand_chat, split_long_samples), reorders
+        (shuffle, ensure_mixture), keeps state (pack_flat, stateful_transform) or batches; or a
+        stream that never ends.
+        """
+        from zephon_columnar.torch import PipelineMapDataset
+
+        self._auto_validate()
+        indexed = IndexedPipeline(self._ws, self._ops, services={"shard_cache": shard_cache_settings(self._options)})
+        return PipelineMapDataset(indexed)
+
+    def _idle_state(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_run"] = None
         state["_warmup"] = None
         return state
 
+    def __copy__(self) -> "Pipeline":
+        twin = type(self).__new__(type(self))
+        twin.__dict__.update(self._idle_state())
+        return twin
+
+    def __getstate__(self) -> dict[str, bytes]:
+        # by value (cloudpickle): the lambdas of map_transform and friends must reach spawned
+        # loader workers, which cannot import them
+        return {"cloudpickled": cloudpickle.dumps(self._idle_state())}
+
+    def __setstate__(self, state: dict[str, bytes]) -> None:
+        self.__dict__.update(cloudpickle.loads(state["cloudpickled"]))
+
 
 class _RunIterator:
-    """The caller's handle on one pass; closing it (or dropping it) stops the engine."""
+    """The caller's handle on one pass; closing it (or dropping it) stops the engine.
 
-    def __init__(self, run: EngineRun, progress: Progress | None = None) -> None:
+    ``observers`` (the progress readout, the metrics sink) see every item delivered
+    (``update(item)``) and the end of the pass (``close()``, once)."""
+
+    def __init__(self, run: EngineRun, observers: list[Any]) -> None:
         self._run = run
-        self._progress = progress
+        self._observers = observers
 
     def __iter__(self) -> "_RunIterator":
         return self
 
     def __next__(self) -> Any:
-        if self._progress is None:
+        if not self._observers:
             return next(self._run)
         try:
             value = next(self._run)
         except StopIteration:
-            self._end_progress()
+            self._end_observers()
             raise
-        self._progress.update(value)
+        for observer in self._observers:
+            observer.update(value)
         return value
 
-    def _end_progress(self) -> None:
-        if self._progress is not None:
-            self._progress.close()
-            self._progress = None
+    def _end_observers(self) -> None:
+        observers, self._observers = self._observers, []
+        for observer in observers:
+            observer.close()
 
     def close(self) -> None:
-        self._end_progress()
+        self._end_observers()
         self._run.close()
 
     def __enter__(self) -> "_RunIterator":

@@ -1,4 +1,5 @@
-"""Torch adapters: the pipeline as a ``torch.utils.data.IterableDataset``.
+"""Torch adapters: the pipeline as a ``torch.utils.data.IterableDataset`` (the stream), or,
+for a 1:1 pipeline over a finite source, as a map-style ``Dataset`` (`PipelineMapDataset`).
 
 The pipeline already batches and runs its own workers, so the simplest use is
 ``DataLoader(ds, batch_size=None, num_workers=0)``; ``ds.state_dict()`` /
@@ -28,14 +29,20 @@ from __future__ import annotations
 import copy
 import multiprocessing
 import multiprocessing.context
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch.utils.data
 
+from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
 
 if TYPE_CHECKING:
+    from zephon_columnar.engine.indexed import IndexedPipeline
     from zephon_columnar.pipeline import Pipeline
+    from zephon_columnar.records import SampleRecord
 
 
 class PipelineIterableDataset(torch.utils.data.IterableDataset):
@@ -154,3 +161,85 @@ def worker_lanes(pipe: "Pipeline", worker: int, workers: int) -> list[int]:
         first = lanes.index(next_lane(lanes, {lane: pending[lane].items for lane in lanes if lane in pending}))
     rotated = lanes[first:] + lanes[:first]
     return sorted(rotated[worker::active])
+
+
+class PipelineMapDataset(torch.utils.data.Dataset):
+    """``Pipeline.to_indexable_torch_dataset()``: sample ``i`` of a 1:1 pipeline by position.
+
+    ``ds[i]`` is the payload of the sample the stream (one lane) yields ``i``-th, as a dict:
+    list-of-number fields (``input_ids``, ``loss_mask``, ...) as 1-D tensors, other fields as
+    Python values. ``ds.record(i)`` is the full `SampleRecord` (payload and meta). Stateless:
+    the loader's sampler decides the order (``DistributedSampler`` for ranks, its
+    ``set_epoch`` for reshuffles), so checkpointing is the sampler's position.
+
+    ``__getitems__`` (which ``DataLoader`` calls with each batch's indices) reads all of a
+    batch's rows in one fetch and runs each operator once on them.
+
+    Example:
+        >>> loader = torch.utils.data.DataLoader(pipe.to_indexable_torch_dataset(), batch_size=8,
+        ...                                      shuffle=True, num_workers=2)  # doctest: +SKIP
+    """
+
+    def __init__(self, indexed: "IndexedPipeline") -> None:
+        super().__init__()
+        self.indexed = indexed
+
+    def __len__(self) -> int:
+        return len(self.indexed)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.__getitems__([_position(index)])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        return samples_of(self.indexed.frame([_position(i) for i in indices]), self.indexed.fields)
+
+    def record(self, index: int) -> "SampleRecord":
+        """The sample at ``index`` as the stream yields it (payload as Python values, and meta)."""
+        return self.indexed.records([_position(index)])[0]
+
+    def close(self) -> None:
+        """Release the operators' resources (open files); the next lookup sets them up again."""
+        self.indexed.close()
+
+
+def _position(index: Any) -> int:
+    if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)):
+        raise TypeError(f"an indexable dataset takes integer positions, got {type(index).__name__} {index!r:.60}; "
+                        "slices and masks are not supported (pass a list of ints to __getitems__).")
+    return int(index)
+
+
+def samples_of(frame: pa.Table, fields: Mapping[int, frozenset[str]] | None = None) -> list[dict[str, Any]]:
+    """The payload rows of ``frame`` as dicts: list-of-number columns as 1-D tensors (views
+    of one writable copy per column), the others as Python values. With ``fields``
+    (``{dataset_id: field names}``), a row leaves out a null field its dataset does not have.
+
+    Example:
+        >>> from zephon_columnar import frame as F
+        >>> rows = samples_of(F.frame_of({"input_ids": [[1, 2, 3], [4]], "name": ["a", "b"]}))
+        >>> rows[0]["input_ids"].tolist(), rows[1]["name"]
+        ([1, 2, 3], 'b')
+    """
+    names = F.payload_names(frame)
+    columns = [_column(frame.column(name)) for name in names]
+    rows = [dict(zip(names, values)) for values in zip(*columns)] if names else [{} for _ in range(frame.num_rows)]
+    if fields:
+        datasets = frame.column(F.DATASET).to_pylist()
+        foreign = {d: [x for x in names if x not in own] for d, own in fields.items()}
+        for row, d in zip(rows, datasets):
+            for x in foreign.get(d, ()):
+                if row[x] is None:
+                    del row[x]
+    return rows
+
+
+def _column(column: pa.ChunkedArray) -> list[Any]:
+    arr = column.combine_chunks()
+    kind = arr.type
+    numeric = (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and (
+        pa.types.is_integer(kind.value_type) or pa.types.is_floating(kind.value_type)
+        or pa.types.is_boolean(kind.value_type))
+    if not numeric or arr.null_count or arr.flatten().null_count:
+        return arr.to_pylist()
+    flat = torch.from_numpy(np.array(arr.flatten().to_numpy(zero_copy_only=False)))  # one writable copy
+    return list(torch.split(flat, pc.list_value_length(arr).to_numpy().tolist()))

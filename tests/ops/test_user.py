@@ -357,8 +357,13 @@ def test_an_op_that_reorders_within_calls_resumes_by_replay():
     assert_resumes_exactly(make, ks=[1, 5, 13])
 
 
-def test_is_indexable_follows_the_work_source_and_the_ops():
-    assert build().is_indexable is False  # StaticMixtureWorkSource is a stream, as in Zephon
+def test_is_indexable_follows_the_ops_traits():
+    assert build().is_indexable  # a finite StaticMixtureWorkSource stream has sample positions
+    assert build().add_op("score", process_columns=_score_columns, preserves_cursor_order=True).is_indexable
+    assert not build().add_op("score", process_columns=_score_columns, preserves_cursor_order=True,
+                                  indexable=False).is_indexable
+    assert not build().add_op("held", process_many=_mark, accumulator=HoldAndDrop,
+                                  preserves_cursor_order=True).is_indexable
 
 
 # ---------------------------------------------------------------- every form, runner and parallelism

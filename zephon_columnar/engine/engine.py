@@ -85,7 +85,7 @@ class Engine:
             # one chunk (frames never cross a marker); K chunks of one frame's rows keep replay to
             # about a frame.
             self.plan = dataclasses.replace(self.plan, flush_every=max(1, -(-self.rows_per_frame // chunk)))
-        self.fields = _fields_by_dataset(work_source.datasets_by_id)
+        self.fields = fields_by_dataset(work_source.datasets_by_id)
         self.mode, self.mode_reason = self._checkpoint_mode()
 
     def _checkpoint_mode(self) -> tuple[str, str]:
@@ -177,7 +177,7 @@ class Engine:
                 cursors[lane] = self.initial_cursor(lane)
         return EngineRun(self, cursors, readers)
 
-def _fields_by_dataset(datasets: Mapping[int, Any]) -> dict[int, frozenset[str]]:
+def fields_by_dataset(datasets: Mapping[int, Any]) -> dict[int, frozenset[str]]:
     """``{dataset_id: payload field names}`` of datasets whose schema is known, when they differ
     (a frame then holds the union, and row views leave out the others' fields)."""
     out = {}

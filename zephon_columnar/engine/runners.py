@@ -31,7 +31,7 @@ from zephon_columnar.errors import WrongTypeError, PipelineError, ZephonError, o
 from zephon_columnar.ops.base import BaseOp, OpContext, StageInfo
 
 
-def _setup_stages(stages: Sequence[Sequence[BaseOp]], services: dict[str, Any]) -> list[list[BaseOp]]:
+def setup_stages(stages: Sequence[Sequence[BaseOp]], services: dict[str, Any]) -> list[list[BaseOp]]:
     copies = []
     for si, ops in enumerate(stages):
         row = []
@@ -61,7 +61,7 @@ def _run_op(op: BaseOp, frame: pa.Table) -> pa.Table:
     return out
 
 
-def _run_stage(ops: Sequence[BaseOp], frame: pa.Table, stage: int = -1, sink: Callable[..., None] | None = None
+def run_stage(ops: Sequence[BaseOp], frame: pa.Table, stage: int = -1, sink: Callable[..., None] | None = None
                ) -> pa.Table:
     """The operators of a stage on ``frame``; with ``sink`` (execution tracking), each one's
     counts are reported to it."""
@@ -79,7 +79,7 @@ class InlineRunner:
 
     def __init__(self, stages: Sequence[Sequence[BaseOp]], services: dict[str, Any], workers: int,
                  metrics: Metrics | None = None) -> None:
-        self._ops = _setup_stages(stages, services)
+        self._ops = setup_stages(stages, services)
         self.workers = 1
         self.metrics = metrics
         self._sink = metrics.add_op if metrics is not None else None
@@ -87,7 +87,7 @@ class InlineRunner:
     def submit(self, stage: int, frame: pa.Table) -> cf.Future:
         fut: cf.Future = cf.Future()
         try:
-            fut.set_result(_run_stage(self._ops[stage], frame, stage, self._sink))
+            fut.set_result(run_stage(self._ops[stage], frame, stage, self._sink))
         except BaseException as err:  # delivered where the result is read, like other runners
             fut.set_exception(err)
         return fut
@@ -121,13 +121,13 @@ class ThreadRunner:
     def _ops(self) -> list[list[BaseOp]]:
         ops = getattr(self._local, "ops", None)
         if ops is None:
-            ops = self._local.ops = _setup_stages(self._stages, self._services)
+            ops = self._local.ops = setup_stages(self._stages, self._services)
             with self._lock:
                 self._copies.append(ops)
         return ops
 
     def _call(self, stage: int, frame: pa.Table) -> pa.Table:
-        return _run_stage(self._ops()[stage], frame, stage, self._sink)
+        return run_stage(self._ops()[stage], frame, stage, self._sink)
 
     def submit(self, stage: int, frame: pa.Table) -> cf.Future:
         return self._pool.submit(self._call, stage, frame)
@@ -154,7 +154,7 @@ _WORKER_SINK: DeltaSink | None = None  # execution tracking: counts sent back wi
 def _process_init(payload: bytes) -> None:
     global _WORKER_OPS, _WORKER_SINK
     stages, services, track = cloudpickle.loads(payload)
-    _WORKER_OPS = _setup_stages(stages, services)
+    _WORKER_OPS = setup_stages(stages, services)
     _WORKER_SINK = DeltaSink() if track else None
 
 
@@ -175,7 +175,7 @@ class _WorkerFailure(Exception):
 def _process_call(stage: int, ipc: bytes) -> bytes | tuple[bytes, dict]:
     assert _WORKER_OPS is not None
     try:
-        out = _run_stage(_WORKER_OPS[stage], F.frame_from_ipc(ipc), stage, _WORKER_SINK)
+        out = run_stage(_WORKER_OPS[stage], F.frame_from_ipc(ipc), stage, _WORKER_SINK)
     except BaseException as err:
         cause = err.__cause__ if isinstance(err, PipelineError) and err.__cause__ is not None else err
         if isinstance(err, ZephonError) and not isinstance(err, PipelineError):
@@ -260,8 +260,8 @@ class ProcessRunner:
             fut: cf.Future = cf.Future()
             try:
                 if self._driver_ops is None:
-                    self._driver_ops = _setup_stages(self._stages, self._services)
-                fut.set_result(_run_stage(self._driver_ops[stage], frame, stage, self._sink))
+                    self._driver_ops = setup_stages(self._stages, self._services)
+                fut.set_result(run_stage(self._driver_ops[stage], frame, stage, self._sink))
             except BaseException as err:  # delivered where the result is read, like the workers' errors
                 fut.set_exception(err)
             return fut

@@ -56,6 +56,7 @@ import pyarrow as pa
 from zephon_columnar import frame as F
 from zephon_columnar.errors import WrongTypeError
 from zephon_columnar.ops.accumulators import PassthroughAccumulator
+from zephon_columnar.ops.polars_frames import polars_frame
 
 if TYPE_CHECKING:
     from zephon_columnar.ops.accumulators import Accumulator, LaneAccumulator, LaneContext
@@ -272,7 +273,7 @@ def run_columns(frame: pa.Table, fn: Any, *, op_name: str, columns_format: Colum
     if columns_format == "polars":
         import polars as pl
 
-        arg: Any = pl.from_arrow(payload, rechunk=True) if payload.num_columns else pl.DataFrame()
+        arg: Any = polars_frame(payload, rechunk=True) if payload.num_columns else pl.DataFrame()
     else:
         arg = payload.combine_chunks().to_batches()[0] if payload.num_rows and payload.num_columns else \
             pa.RecordBatch.from_pylist([], schema=payload.schema)

@@ -25,6 +25,7 @@ import pyarrow as pa
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError, WrongTypeError, ZephonError, operator_failure
 from zephon_columnar.ops.base import BaseOp, FrameOp, OpTraits
+from zephon_columnar.ops.polars_frames import polars_frame
 from zephon_columnar.ops.rows import payload_rows, run_payload_fn, sample_of
 
 
@@ -44,12 +45,6 @@ def _describe(fn: Any) -> str:
     if isinstance(fn, (list, tuple)):
         return "[" + ", ".join(_describe(f) for f in fn) + "]"
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
-
-
-def _polars_frame(frame: pa.Table):
-    import polars as pl
-
-    return pl.from_arrow(frame, rechunk=False)
 
 
 class MapOp(FrameOp):
@@ -85,8 +80,9 @@ class MapOp(FrameOp):
             return run_payload_fn(frame, self.fn, op_name=_describe(self.fn), drop_none=self.drop_none)
         # Expressions see the payload only: pl.all() or a dtype selector must not rewrite the
         # bookkeeping that replay and sample ids depend on.
+        payload = polars_frame(F.payload_of(frame))
         try:
-            out = _polars_frame(F.payload_of(frame)).with_columns(self.fn).to_arrow()
+            out = payload.with_columns(self.fn).to_arrow()
         except Exception as err:  # polars raises many types; name the expression
             raise operator_failure(err, f"map_transform expression {_describe(self.fn)} failed: "
                                         f"{type(err).__name__}: {err}") from err
@@ -114,7 +110,8 @@ class FilterOp(FrameOp):
         self.parallelism = parallelism
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1)
+        # not indexable: a dropped row leaves its position without a sample
+        return OpTraits(preserves_cursor_order=True, indexable=False, parallelism=self.parallelism or 1)
 
     def fingerprint(self) -> dict[str, Any]:
         return {"op": self.name, "predicate": _describe(self.predicate)}
@@ -124,7 +121,7 @@ class FilterOp(FrameOp):
         try:
             if _is_polars_expr(pred):
                 # A null predicate drops the row, as Polars' own filter does.
-                mask = _polars_frame(F.payload_of(frame)).select(pred.fill_null(False)).to_series().to_numpy()
+                mask = polars_frame(F.payload_of(frame)).select(pred.fill_null(False)).to_series().to_numpy()
             elif _is_arrow_expr(pred):
                 return frame.filter(pred)
             else:

@@ -7,7 +7,8 @@ Example:
 from zephon_columnar.work.base import WorkSource
 from zephon_columnar.work.chunk import WorkChunk
 from zephon_columnar.work.mixture import MixtureSpec
+from zephon_columnar.work.positions import SamplePositions
 from zephon_columnar.work.static import StaticMixtureWorkSource
 from zephon_columnar.work.tokens import TokenEstimation
 
-__all__ = ["MixtureSpec", "StaticMixtureWorkSource", "TokenEstimation", "WorkChunk", "WorkSource"]
+__all__ = ["MixtureSpec", "SamplePositions", "StaticMixtureWorkSource", "TokenEstimation", "WorkChunk", "WorkSource"]

@@ -30,6 +30,7 @@ from zephon_columnar.work.chunk import WorkChunk
 
 if TYPE_CHECKING:  # the work layer only reads names and row counts; no io import at runtime
     from zephon_columnar.io.dataset import Dataset
+    from zephon_columnar.work.positions import SamplePositions
 
 
 def check_lane(lane_id: int, canonical_replicas: int) -> None:
@@ -127,6 +128,15 @@ class WorkSource(ABC):
     def continues_after_exhaustion(self) -> frozenset[str]:
         """Components that restart (instead of ending) when their data runs out."""
         return frozenset()
+
+    def supports_indexing(self) -> bool:
+        """Whether the source's samples have positions (`positions`); False by default."""
+        return False
+
+    def positions(self) -> "SamplePositions":
+        """The stream as a random-access array of pointers, for map-style datasets."""
+        raise ConfigError(f"{type(self).__name__} has no sample positions (supports_indexing() is False); "
+                          "iterate it with to_torch_dataset(), or implement supports_indexing() and positions().")
 
     @property
     def requires_token_priming(self) -> bool:

@@ -40,6 +40,7 @@ from zephon_columnar.work.base import WorkSource, check_lane
 from zephon_columnar.work.chunk import WorkChunk
 from zephon_columnar.work.mixture import MixtureSpec
 from zephon_columnar.work.order import DatasetOrder
+from zephon_columnar.work.positions import SamplePositions
 from zephon_columnar.work.tokens import (TokenEstimation, calibration_rows, measured_ratio, ratios_from_state,
                                          sample_weights)
 
@@ -389,12 +390,8 @@ class StaticMixtureWorkSource(WorkSource):
             given = token_estimation.given_ratios(names)
             if given is not None:
                 self._use_ratios(given)
-        self._cursor = _Cursor(
-            g=0, epoch=[0] * len(names), position=[0] * len(names),
-            # a weight-0 component is never drawn: inactive from the start, so it cannot
-            # hold up stop_after_passes
-            active=[w > 0 for w in weights.values()], acc=[0] * len(names),
-        )
+        self._cursor = self._start_cursor()
+        self._positions: SamplePositions | None = None
         self._recipe_json = json.dumps({
             **super().recipe(),
             "seed": seed,
@@ -418,6 +415,14 @@ class StaticMixtureWorkSource(WorkSource):
         })
         self._lane_id, self._replicas = 0, 1
         self._reset_caches()
+
+    def _start_cursor(self) -> _Cursor:
+        """The position before the first chunk."""
+        cfg = self._planner.cfg
+        k = len(cfg.names)
+        # a weight-0 component is never drawn: inactive from the start, so it cannot hold up
+        # stop_after_passes
+        return _Cursor(g=0, epoch=[0] * k, position=[0] * k, active=[w > 0 for w in cfg.weights], acc=[0] * k)
 
     def _reset_caches(self) -> None:
         self._perm_block = -1                  # block whose lane permutation is cached
@@ -505,6 +510,7 @@ class StaticMixtureWorkSource(WorkSource):
         weights = sample_weights(dict(zip(cfg.names, cfg.weights)), tokens_per_sample=per_sample)
         targets = _exact_units(cfg.weights)
         self._planner = _Planner(dataclasses.replace(cfg, units=_exact_units(weights.values()), targets=targets))
+        self._positions = None  # planned with the old draws
         self._reset_caches()
 
     # ---------------------------------------------------------------- WorkSource API
@@ -576,6 +582,46 @@ class StaticMixtureWorkSource(WorkSource):
         clone._lane_id, clone._replicas = lane_id, canonical_replicas
         clone._reset_caches()
         return clone
+
+    # ---------------------------------------------------------------- positions (map-style access)
+    def supports_indexing(self) -> bool:
+        """Whether the global stream is finite, so that its samples have positions: every
+        configuration but a dataset repeating forever (``stop_after_passes=None``)."""
+        return not self._planner.unbounded(self._start_cursor())
+
+    def positions(self) -> SamplePositions:
+        """The global stream, from its first chunk, as a random-access array of pointers
+        (`~zephon_columnar.work.positions.SamplePositions`): position ``p`` is the sample a
+        single lane (``canonical_replicas=1``) reads ``p``-th, whatever this source's lane or
+        position. Planned once (O(chunks x datasets)); a token-unit mixture must be primed.
+
+        Example:
+            >>> from zephon_columnar.io.dataset import Dataset, InMemoryShard
+            >>> ds = Dataset.from_dict("toy", {0: InMemoryShard([{"x": i} for i in range(5)])})
+            >>> ws = StaticMixtureWorkSource([ds], {"toy": 1.0}, chunk_size=2, shuffle_shards=False)
+            >>> len(ws.positions()), ws.sample_id_at(3)
+            (5, (0, 0, 3))
+        """
+        if self._positions is None:
+            where = "StaticMixtureWorkSource.positions()"
+            if not self.supports_indexing():
+                raise ConfigError(f"{where}: the stream never ends (a dataset repeats with no pass limit), so its "
+                                  "samples have no positions; bound it with stop_after_passes=N or max_repeats=N, "
+                                  "or stream it with to_torch_dataset().")
+            if self.requires_token_priming:
+                raise RuntimeError(f"{where}: a token-unit mixture must be primed first (prime(), or a Pipeline's "
+                                   "to_indexable_torch_dataset(), which primes it).")
+            cur, plans = self._start_cursor(), []
+            while (plan := self._planner.plan(cur)) is not None:
+                plans.append(plan)
+            self._positions = SamplePositions([p.size for p in plans], _PlannedChunks(self.clone_for_lane(0, 1), plans))
+        return self._positions
+
+    def sample_id_at(self, index: int) -> tuple[int, int, int]:
+        """``(dataset_id, shard_id, row)`` at position ``index`` of the global stream (Zephon's
+        name; see `positions`)."""
+        d, s, r = self.positions().locate([index]).pointers[0].tolist()
+        return d, s, r
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -698,6 +744,17 @@ class StaticMixtureWorkSource(WorkSource):
         lane = f", lane {self._lane_id}/{self._replicas}" if self._replicas > 1 else ""
         return (f"StaticMixtureWorkSource({dict(zip(cfg.names, cfg.weights))}, chunk_size={cfg.chunk_size}, "
                 f"seed={self._seed}, next chunk {self._cursor.g}{lane})")
+
+
+class _PlannedChunks:
+    """``g -> WorkChunk`` for planned chunks, read with a private copy of the source (its order
+    caches are its own); picklable, for loader workers."""
+
+    def __init__(self, source: StaticMixtureWorkSource, plans: list[_Plan]) -> None:
+        self.source, self.plans = source, plans
+
+    def __call__(self, g: int) -> WorkChunk:
+        return self.source._materialize(self.plans[g])  # noqa: SLF001 - the source's own reader
 
 
 def _read(order: DatasetOrder, rows: int, epoch: int, pos: int, out: np.ndarray) -> None:
