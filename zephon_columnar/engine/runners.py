@@ -190,6 +190,10 @@ def _process_call(stage: int, ipc: bytes) -> bytes | tuple[bytes, dict]:
     return data if _WORKER_SINK is None else (data, _WORKER_SINK.take())
 
 
+_WORKER_DIED = ("a worker process died (killed, crashed, or an operator's setup() failed in it); see its stderr "
+                "above. Rerun with options(runner='threads') to see the error in-process.")
+
+
 class _DecodedFuture(cf.Future):
     """Future of a process call whose IPC bytes are decoded on ``result()`` (and whose counts,
     with execution tracking, are added to ``metrics``)."""
@@ -203,8 +207,7 @@ class _DecodedFuture(cf.Future):
         try:
             data = self._inner.result(timeout)
         except cf.process.BrokenProcessPool as err:
-            raise PipelineError("a worker process died (killed or crashed); see its stderr above. "
-                                "Rerun with options(runner='threads') to see the error in-process.") from err
+            raise PipelineError(_WORKER_DIED) from err
         except _WorkerFailure as failure:
             original = None
             if failure.original is not None:
@@ -265,8 +268,11 @@ class ProcessRunner:
             except BaseException as err:  # delivered where the result is read, like the workers' errors
                 fut.set_exception(err)
             return fut
-        return _DecodedFuture(self._pool.submit(_process_call, stage, F.frame_to_ipc(frame).to_pybytes()),
-                              self.metrics)
+        try:
+            inner = self._pool.submit(_process_call, stage, F.frame_to_ipc(frame).to_pybytes())
+        except cf.process.BrokenProcessPool as err:  # a worker died before this frame was sent
+            raise PipelineError(_WORKER_DIED) from err
+        return _DecodedFuture(inner, self.metrics)
 
     def cancel(self) -> None:
         # Keep handles on the workers: shutdown() forgets them, and close() must reap them.
