@@ -37,6 +37,7 @@ from zephon_columnar.engine.replay import (
     LaneCursor,
     LaneSnapshot,
     build_checkpoint,
+    check_lane_state,
     check_recipe,
     checkpoint_bytes,
     merge_checkpoints,
@@ -708,6 +709,8 @@ class Pipeline:
         if cache is not None:  # the restore warm-up below reads through the shard cache
             fs.configure_shard_cache(**cache)
         check_recipe(recipe, engine.recipe())
+        for lane, cur in lanes.items():
+            check_lane_state(lane, cur, self._ws.datasets_by_id, engine.plan.flush_every)
         for lane in self._owned_cursors(engine, lanes):
             probe = self._ws.clone_for_lane(lane, engine.canonical_replicas)
             cur = lanes[lane]

@@ -164,6 +164,9 @@ class Source:
             pointers, comp_index = chunk.ordered()
             n = len(pointers)
             start = min(skip, n) if chunk_id == chunk0 else 0  # restore: pointers already consumed
+            if chunk_id == chunk0 and skip > n:
+                raise CheckpointError(f"checkpoint lane {lane}: resumes chunk {chunk0} after {skip} rows, but the "
+                                      f"chunk has {n}; the checkpoint is corrupt or belongs to other data.")
             if chunk_id % k == 0 and (chunk_id != chunk0 or marker):
                 if held:
                     yield self._frame(lane, held)
@@ -464,6 +467,8 @@ class Collector:
             pending_rows -= size
         for ev in self.upstream:
             if isinstance(ev, EpochStart):
+                if skip and ev.epoch != self.epoch:
+                    raise self._replay_overrun(skip)
                 epoch, state, rows_in_epoch = ev.epoch, ev.source_state, 0
                 carries = self.shared.epoch_reached(epoch)
                 continue
@@ -486,10 +491,17 @@ class Collector:
             while pending_rows >= size:
                 yield _take_batch(lane, pending, size, by_input, fields)
                 pending_rows -= size
+        if skip:
+            raise self._replay_overrun(skip)
         if batch is None:
             yield from _drain_records(lane, pending, by_input, fields)
         elif pending_rows and not batch.drop_last:
             yield _take_batch(lane, pending, pending_rows, by_input, fields)
+
+    def _replay_overrun(self, left: int) -> CheckpointError:
+        return CheckpointError(
+            f"checkpoint lane {self.shared.ctx.lane}: {self.skip} rows of flush epoch {self.epoch} were delivered, it "
+            f"says, but replaying the epoch gives {self.skip - left}; the checkpoint is corrupt or belongs to other data.")
 
 
 def _take_batch(lane: int, pending: deque, size: int, by_input: bool, fields: Any) -> LaneItem:

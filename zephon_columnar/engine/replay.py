@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
@@ -270,6 +271,7 @@ def parse_checkpoint(ckpt: Any) -> tuple[dict[str, Any], dict[int, "LaneCursor |
     for key in ("recipe", "world", "lanes"):
         if not isinstance(ckpt.get(key), Mapping):
             raise CheckpointError(f"checkpoint field {key!r} is missing or not an object.")
+    check_numbers(ckpt["lanes"], "lanes")
     lanes = {}
     for k, v in ckpt["lanes"].items():
         try:
@@ -287,6 +289,107 @@ def parse_checkpoint(ckpt: Any) -> tuple[dict[str, Any], dict[int, "LaneCursor |
                     v["source_state"] = state
         lanes[lane] = lane_from_json(str(k), v)
     return dict(ckpt["recipe"]), lanes
+
+
+#: Every count, index and position in a checkpoint fits a signed 64-bit int (what the engine's
+#: numpy columns hold); a number past it is corruption, not a long run.
+_NUMBER_LIMIT = 2 ** 63
+
+
+def check_numbers(value: Any, where: str) -> None:
+    """`CheckpointError` naming the first number in ``value`` (nested dicts and lists) that is
+    not finite or whose magnitude is 2**63 or more: restore checks this before any work, so a
+    hostile ``1e30`` is refused at once instead of overflowing (or allocating) later.
+
+    Example:
+        >>> check_numbers({"a": [1, 2.5, {"b": 3}]}, "lanes")
+        >>> check_numbers({"a": [1, {"b": 1e30}]}, "lanes")
+        Traceback (most recent call last):
+        ...
+        zephon_columnar.errors.CheckpointError: checkpoint lanes.a[1].b = 1e+30: not a count or position this engine writes (finite, magnitude under 2**63); the checkpoint is corrupt or was edited.
+    """
+    stack = [(value, where)]
+    while stack:
+        v, at = stack.pop()
+        if isinstance(v, Mapping):
+            stack.extend((x, f"{at}.{k}") for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((x, f"{at}[{i}]") for i, x in enumerate(v))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and not abs(v) < _NUMBER_LIMIT:
+            raise CheckpointError(f"checkpoint {at} = {v!r}: not a count or position this engine writes (finite, "
+                                  "magnitude under 2**63); the checkpoint is corrupt or was edited.")
+
+
+def check_lane_state(lane: int, cur: "LaneCursor | LaneSnapshot", datasets_by_id: Mapping[int, Any],
+                     flush_every: int) -> None:
+    """`CheckpointError` unless a lane's state is one this pipeline could have written: it starts
+    no chunk the work source has not handed out (``global_index``: chunks of every lane so far),
+    and every row reference of a by-reference state points into this pipeline's data (its lane,
+    a chunk the lane has started, a known dataset, one of its shards, a row of that shard).
+    Checked at restore, before any read."""
+    if isinstance(cur, LaneCursor):
+        started = cur.source_state.get("global_index")
+        if isinstance(started, int) and cur.epoch * flush_every > started:
+            raise CheckpointError(f"checkpoint lane {lane}: flush epoch {cur.epoch} starts at chunk "
+                                  f"{cur.epoch * flush_every}, past the chunks the work source has handed out "
+                                  f"(global_index = {started}); the checkpoint is corrupt.")
+        return
+    _check_references(lane, cur, datasets_by_id)
+
+
+def _check_references(lane: int, snapshot: "LaneSnapshot", datasets_by_id: Mapping[int, Any]) -> None:
+    tables = [("pending.rows", snapshot.pending[0])] if snapshot.pending is not None else []
+    for i, (_, rows) in enumerate(snapshot.stages):
+        tables.append((f"stages[{i}].rows", rows))
+    for i, inbox in enumerate(snapshot.inboxes):
+        tables.append((f"stages[{i}].inbox", inbox))
+    for i, queue in enumerate(snapshot.queues):
+        tables += [(f"queues[{i}].rows", it[1]) for it in queue if it[0] == "rows"]
+    shard_rows = {d: _shard_rows(ds) for d, ds in datasets_by_id.items()}
+    last_chunk = snapshot.resume["chunk"]
+    started = snapshot.resume["source_state"].get("global_index")  # chunks of every lane so far
+    if isinstance(started, int) and last_chunk > started:
+        raise CheckpointError(f"checkpoint lane {lane}: resume.chunk = {last_chunk} is past the chunks the work "
+                              f"source has handed out (global_index = {started}); the checkpoint is corrupt.")
+    for where, refs in tables:
+        if refs is None or refs.num_rows == 0:
+            continue
+        cols = {n: refs.column(n).to_numpy() for n in ("__lane", "__chunk", "__dataset", "__shard", "__row")
+                if n in refs.column_names}
+        bad = None
+        if "__lane" in cols and (cols["__lane"] != lane).any():
+            bad = f"a row of lane {int(cols['__lane'][cols['__lane'] != lane][0])}"
+        elif "__chunk" in cols and (cols["__chunk"] > last_chunk).any():
+            bad = f"chunk {int(cols['__chunk'].max())}, after the lane's resume chunk {last_chunk}"
+        elif "__dataset" in cols:
+            for d in np.unique(cols["__dataset"]).tolist():
+                if d not in shard_rows:
+                    bad = f"dataset id {d}, not one of {sorted(shard_rows)}"
+                    break
+                at = cols["__dataset"] == d
+                ids, counts = shard_rows[d]
+                pos = np.searchsorted(ids, cols["__shard"][at])
+                known = (pos < len(ids)) & (ids[np.minimum(pos, len(ids) - 1)] == cols["__shard"][at])
+                if not known.all():
+                    bad = f"shard {int(cols['__shard'][at][~known][0])} of dataset id {d}, which has no such shard"
+                    break
+                over = cols["__row"][at] >= counts[pos]
+                if over.any():
+                    k = int(np.flatnonzero(over)[0])
+                    bad = (f"row {int(cols['__row'][at][k])} of shard {int(cols['__shard'][at][k])} of dataset id {d}, "
+                           f"which has {int(counts[pos][k])} rows")
+                    break
+        if bad is not None:
+            raise CheckpointError(f"checkpoint lane {lane}: {where} refers to {bad}; the checkpoint is corrupt or "
+                                  "belongs to other data.")
+
+
+def _shard_rows(ds: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(shard ids sorted, their row counts) of a dataset (ids are positions without ``ids()``)."""
+    counts = np.asarray(ds.counts(), dtype=np.int64)
+    ids = np.asarray(ds.ids(), dtype=np.int64) if hasattr(ds, "ids") else np.arange(len(counts))
+    order = np.argsort(ids, kind="stable")
+    return ids[order], counts[order]
 
 
 def check_recipe(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:

@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 import warnings
 from dataclasses import dataclass
 from fractions import Fraction
@@ -691,10 +692,20 @@ class StaticMixtureWorkSource(WorkSource):
                     raise ConfigError(f"components.{n}.position is {cur.position[-1]}, not < {r} rows")
                 cur.active.append(_check_bool(f"components.{n}.active", c["active"]))
                 acc = c["accumulator"]
-                try:
-                    accs.append(Fraction(acc if isinstance(acc, str) else "x"))
-                except ValueError:
-                    raise ConfigError(f"components.{n}.accumulator is {acc!r}, not a fraction 'p/q'") from None
+                # Parsed only in the form state_dict writes: Fraction() also takes '1e10000000',
+                # and builds that ten-million-digit number before anything could refuse it.
+                if not (isinstance(acc, str) and _FRACTION.fullmatch(acc)):
+                    raise ConfigError(f"components.{n}.accumulator is {str(acc)[:60]!r}, not a fraction 'p/q' of "
+                                      "integers of at most 400 digits")
+                accs.append(Fraction(acc))
+                if abs(accs[-1]) > len(cfg.names):  # a credit is less than one slot per component
+                    raise ConfigError(f"components.{n}.accumulator is {acc!r}, beyond the ±{len(cfg.names)} an "
+                                      "accumulator reaches")
+            # Every chunk holds 1..chunk_size rows: the rows taken so far bound the chunk count.
+            taken = sum(e * r + pos for e, pos, r in zip(cur.epoch, cur.position, cfg.rows))
+            if not g <= taken + 1 or taken > (g + 1) * cfg.chunk_size:
+                raise ConfigError(f"global_index = {g} chunks cannot have taken the {taken} rows the components' "
+                                  f"epochs and positions say (chunks hold 1 to {cfg.chunk_size} rows)")
         except (KeyError, TypeError, ConfigError) as err:
             raise CheckpointError(f"{where}: the state is malformed: {err}.") from err
         if self._estimation is not None:
@@ -816,6 +827,10 @@ def _shard_ids(ds: Dataset, n_shards: int) -> np.ndarray | None:
         return None
     ids.setflags(write=False)
     return ids
+
+
+#: An accumulator as state_dict writes it: ``str(Fraction)``.
+_FRACTION = re.compile(r"-?[0-9]{1,400}(/[0-9]{1,400})?")
 
 
 def _check_int(what: str, v: Any, *, minimum: int) -> int:

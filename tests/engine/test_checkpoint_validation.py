@@ -1,0 +1,145 @@
+"""Hostile or corrupted checkpoints: every number is checked against the recipe and the data at
+restore (or, for what only a replay can tell, as soon as the replay shows it), and the error is
+a `CheckpointError` naming the field, never an overflow, an index error, a silent change of the
+data or a long stall."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+from zephon_columnar.errors import CheckpointError
+
+DS = Dataset.from_tables("a", [pa.table({"input_ids": [[i, i + 1, i + 2] for i in range(s * 100, s * 100 + 100)]})
+                               for s in range(2)])
+
+
+def by_reference() -> Pipeline:
+    ws = StaticMixtureWorkSource([DS], {"a": 1.0}, seed=1, chunk_size=16, shuffle_within_shard=True)
+    return Pipeline(ws).shuffle(8, seed=1).pack_flat(8, algorithm="wrap").batch(2).options(canonical_replicas=2)
+
+
+def by_replay() -> Pipeline:
+    ws = StaticMixtureWorkSource([DS], {"a": 1.0}, seed=1, chunk_size=16, shuffle_within_shard=True)
+    return (Pipeline(ws).stateful_transform("keep", init_state=list, push=lambda s, rows: (s, rows))
+            .batch(2).options(canonical_replicas=2))
+
+
+def checkpoint_after(build: Callable[[], Pipeline], steps: int) -> dict[str, Any]:
+    pipe = build()
+    it = iter(pipe)
+    for _ in range(steps):
+        next(it)
+    ckpt = json.loads(json.dumps(pipe.checkpoint()))
+    it.close()
+    return ckpt
+
+
+def ids(items) -> list:
+    return [b.to_training()["input_ids"].tolist() for b in items]
+
+
+def lane0(c: dict) -> dict:
+    return c["lanes"]["0"]
+
+
+def source0(c: dict) -> dict:
+    return lane0(c)["resume"]["source_state"]
+
+
+def set_in(path: Callable[[dict], Any], key: Any, value: Any) -> Callable[[dict], None]:
+    def mutate(c: dict) -> None:
+        path(c)[key] = value
+    return mutate
+
+
+REFERENCE_CASES = {
+    "global_index float": (set_in(source0, "global_index", 1e30), r"global_index = 1e\+30: not a count"),
+    "global_index int": (set_in(source0, "global_index", 10**30), r"global_index = 10{30}: not a count"),
+    "epoch float": (set_in(lambda c: source0(c)["components"]["a"], "epoch", 1e18), "epoch must be an int"),
+    "epoch int": (set_in(lambda c: source0(c)["components"]["a"], "epoch", 10**18), "cannot have taken"),
+    "accumulator exponent": (set_in(lambda c: source0(c)["components"]["a"], "accumulator", "1e10000000"),
+                             "accumulator is '1e10000000', not a fraction"),
+    "accumulator large": (set_in(lambda c: source0(c)["components"]["a"], "accumulator", "5/1"),
+                          "beyond the"),
+    "rows of a stage": (set_in(lambda c: lane0(c)["stages"][0]["rows"], "n", 10**12), r"stages\[0\]\.rows"),
+    "a stage's counter": (set_in(lambda c: lane0(c)["stages"][0]["state"], "arrivals", 1e30), "arrivals"),
+    "resume chunk": (set_in(lambda c: lane0(c)["resume"], "chunk", 10**15), "resume.chunk = 10{15} is past"),
+    "resume offset": (set_in(lambda c: lane0(c)["resume"], "offset", float("nan")), "resume.offset = nan"),
+    "a row past its shard": (set_in(lambda c: lane0(c)["stages"][0]["rows"]["cols"]["__row"], 0, 10**9),
+                             "row 1000000000 of shard .* which has 100 rows"),
+    "an unknown shard": (set_in(lambda c: lane0(c)["stages"][0]["rows"]["cols"]["__shard"], 0, 7),
+                         "shard 7 of dataset id 0, which has no such shard"),
+    "an unknown dataset": (set_in(lambda c: lane0(c)["stages"][0]["rows"]["cols"]["__dataset"], 0, 9),
+                           "dataset id 9, not one of"),
+    "another lane's row": (set_in(lambda c: lane0(c)["stages"][0]["rows"]["cols"]["__lane"], 0, 1),
+                           "a row of lane 1"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFERENCE_CASES))
+def test_a_corrupt_by_reference_checkpoint_is_refused_at_restore_naming_the_field(case):
+    mutate, message = REFERENCE_CASES[case]
+    ckpt = checkpoint_after(by_reference, 5)
+    assert lane0(ckpt)["mode"] == "reference" and lane0(ckpt)["stages"][0]["rows"]["n"] > 0
+    mutate(ckpt)
+    with pytest.raises(CheckpointError, match=message):
+        by_reference().restore(ckpt)
+
+
+REPLAY_CASES = {  # what only the replay shows is refused when the lane gets there
+    "delivered rows": ("rows", 10**12, False, "10{12} rows of flush epoch 0 were delivered, it says, but replaying"),
+    "input offset": ("inputs", 10**12, False, "resumes chunk 0 after 10{12} rows, but the chunk has 16"),
+    "flush epoch": ("epoch", 10**12, True, "flush epoch 10{12} starts at chunk .* past the chunks"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REPLAY_CASES))
+def test_a_corrupt_replay_checkpoint_is_refused_naming_the_field(case):
+    field, value, at_restore, message = REPLAY_CASES[case]
+    ckpt = checkpoint_after(by_replay, 3)
+    assert lane0(ckpt)["mode"] == "replay"
+    lane0(ckpt)[field] = value
+    pipe = by_replay()
+    with pytest.raises(CheckpointError, match=message):
+        pipe.restore(ckpt)
+        sum(1 for _ in pipe)
+    if not at_restore:  # the replay is what told: restore() itself took it
+        by_replay().restore(ckpt)
+
+
+@pytest.mark.parametrize("build", [by_reference, by_replay])
+def test_the_untouched_checkpoints_still_restore_exactly(build):
+    full = ids(build())
+    pipe = build()
+    pipe.restore(checkpoint_after(build, 5))
+    assert ids(pipe) == full[5:]
+
+
+def numeric_leaves(value: Any, path: tuple = ()) -> list[tuple]:
+    if isinstance(value, dict):
+        return [leaf for k, v in value.items() for leaf in numeric_leaves(v, path + (k,))]
+    if isinstance(value, list):
+        return [leaf for i, v in enumerate(value) for leaf in numeric_leaves(v, path + (i,))]
+    return [path] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
+
+
+@settings(max_examples=60, deadline=None)
+@given(pick=st.integers(0, 10**6), replay=st.booleans(),
+       value=st.sampled_from([2**63, -(2**63), 10**30, 1e30, float("inf"), float("-inf"), float("nan")]))
+def test_property_any_number_out_of_range_is_refused_at_restore(pick, replay, value):
+    ckpt = checkpoint_after(by_replay if replay else by_reference, 5)
+    leaves = numeric_leaves(ckpt["lanes"])
+    path = leaves[pick % len(leaves)]
+    node = ckpt["lanes"]
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(CheckpointError, match="not a count or position"):
+        (by_replay if replay else by_reference)().restore(ckpt)
