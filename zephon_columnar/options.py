@@ -90,6 +90,9 @@ class RuntimeOptions:
     aggregate_compressor: str = "zstd"
     execution_tracking: Any = "off"
     metrics_sink_config: Any = None
+    #: Seconds a stage call on the threads or process runner may run before the iterator raises
+    #: (naming the operators and the first sample); None: no limit. Not Zephon's.
+    op_timeout_s: float | None = None
 
     # ------------------------------------------------------------------ updates
     @classmethod
@@ -144,6 +147,9 @@ class RuntimeOptions:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "world_size" else 0):
                 raise ConfigError(f"options({name}={v!r}): pass an int >= {1 if name == 'world_size' else 0}.")
+        if self.op_timeout_s is not None and (isinstance(self.op_timeout_s, bool) or not isinstance(
+                self.op_timeout_s, (int, float)) or not 0 < self.op_timeout_s < float("inf")):
+            raise ConfigError(f"options(op_timeout_s={self.op_timeout_s!r}): pass seconds > 0, or None for no limit.")
         if self.mapping_strategy not in (None, "contiguous", "interleaved"):
             raise ConfigError(f"options(mapping_strategy={self.mapping_strategy!r}): use 'contiguous' or 'interleaved'.")
 

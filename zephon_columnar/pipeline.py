@@ -17,6 +17,7 @@ beginning unless `restore()` was called.
 from __future__ import annotations
 
 import multiprocessing
+import threading
 import time
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
@@ -43,7 +44,7 @@ from zephon_columnar.engine.replay import (
     merge_checkpoints,
     parse_checkpoint,
 )
-from zephon_columnar.errors import CheckpointError, ConfigError, WrongTypeError
+from zephon_columnar.errors import CheckpointError, ConfigError, PipelineError, WrongTypeError
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.progress import Progress
 from zephon_columnar.ops.batch import BatchOp
@@ -801,21 +802,40 @@ class _RunIterator:
     def __init__(self, run: EngineRun, observers: list[Any]) -> None:
         self._run = run
         self._observers = observers
+        self._inside = threading.Lock()  # held during next(): a second caller meanwhile is a misuse
+        self._shared_by: str | None = None  # the thread that called next() while another was inside
 
     def __iter__(self) -> "_RunIterator":
         return self
 
     def __next__(self) -> Any:
-        if not self._observers:
-            return next(self._run)
+        if not self._inside.acquire(blocking=False):
+            self._shared_by = threading.current_thread().name
+            raise self._shared_error()
         try:
-            value = next(self._run)
-        except StopIteration:
-            self._end_observers()
-            raise
-        for observer in self._observers:
-            observer.update(value)
-        return value
+            if self._shared_by is not None:
+                raise self._shared_error()
+            if not self._observers:
+                return next(self._run)
+            try:
+                value = next(self._run)
+            except StopIteration:
+                self._end_observers()
+                raise
+            for observer in self._observers:
+                observer.update(value)
+            return value
+        finally:
+            self._inside.release()
+
+    def _shared_error(self) -> PipelineError:
+        # Both threads get it (the one inside next() on its following call): neither may go on
+        # believing it sees the whole stream.
+        return PipelineError(
+            f"one pipeline iterator was used by two threads at once (thread {self._shared_by!r} called next() "
+            "while another thread was inside it); each item goes to one consumer only. Give each thread its own "
+            "pipeline (for disjoint data: options(world_size=N, global_rank=i)), or let one thread iterate and "
+            "hand items to the others through a queue.Queue.")
 
     def _end_observers(self) -> None:
         observers, self._observers = self._observers, []

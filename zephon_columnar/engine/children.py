@@ -1,4 +1,5 @@
-"""Starting child processes (the process runner's workers, the mtp side process) with spawn.
+"""Starting child processes (the process runner's workers, the mtp side process) with spawn, and
+ending them with their parent.
 
 Example:
     >>> import sys
@@ -11,7 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
+import time
 from typing import Any
 
 
@@ -45,3 +49,27 @@ def worker_environment() -> Any:
             os.environ.pop("ZEPHON_COLUMNAR_PROCESS_WORKER", None)
         else:
             os.environ["ZEPHON_COLUMNAR_PROCESS_WORKER"] = old
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Make this child end when its parent does, even by SIGKILL (which runs no clean-up): the
+    kernel's parent-death signal on Linux, and elsewhere a watchdog thread that sees the child
+    re-parented. Without it a killed trainer leaves its workers (and multiprocessing's resource
+    tracker, which they keep open) running forever."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(0)
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(0)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, name="zephon-child-watchdog", daemon=True).start()

@@ -275,7 +275,8 @@ class EngineRun:
         services = {"datasets_by_id": engine.ws.datasets_by_id, "reader_pool": self._readers,
                     "shard_cache": shard_cache_settings(engine.options)}
         self.metrics = Metrics() if engine.options.tracking_on() else None
-        self._runner = RUNNERS[runner_kind](stages, services, engine.workers(), metrics=self.metrics)
+        self._runner = RUNNERS[runner_kind](stages, services, engine.workers(), metrics=self.metrics,
+                                            time_limit_s=engine.options.op_timeout_s)
         try:
             self.chains = {lane: LaneChain(engine, lane, cursors[lane], self._runner) for lane in engine.lanes}
             streams = {lane: iter(chain) for lane, chain in self.chains.items()}

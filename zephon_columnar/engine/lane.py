@@ -283,9 +283,9 @@ class ParallelStep:
 
     def _result(self, fut: Any) -> Any:
         if self.metrics is None:
-            return fut.result()
+            return self.runner.result(fut)
         t0 = time.perf_counter()
-        out = fut.result()
+        out = self.runner.result(fut)
         self.metrics.waited(self.stage, time.perf_counter() - t0)
         self.metrics.in_flight(self.stage, self.lane, len(self.pending) - 1)
         return out
@@ -744,7 +744,8 @@ class Regenerator:
         stage = self.plan.stages[pos]
         if isinstance(stage, ParallelStage):
             before = self.outputs_of(pos - 1, refs, schema)
-            rows = self.chain.runner.submit(self.parallel_index[pos], before).result()
+            runner = self.chain.runner
+            rows = runner.result(runner.submit(self.parallel_index[pos], before))
             return _select(rows, refs, what=", ".join(op.op_name() for op in stage.ops))
         step = self.chain.steps[pos] if pos < len(self.chain.steps) else None
         acc = step.acc if isinstance(step, OrderedStep) else stage.op.lane_accumulator(self.chain.shared.ctx)

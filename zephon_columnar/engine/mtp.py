@@ -30,8 +30,6 @@ import copy
 import multiprocessing
 import os
 import pickle
-import signal
-import sys
 import threading
 import time
 import weakref
@@ -43,7 +41,7 @@ import cloudpickle
 import pyarrow as pa
 
 from zephon_columnar import frame as F
-from zephon_columnar.engine.children import main_module_hidden
+from zephon_columnar.engine.children import die_with_parent, main_module_hidden
 from zephon_columnar.engine.engine import deliver
 from zephon_columnar.errors import PipelineError
 
@@ -77,6 +75,7 @@ class MtpRun:
         opts = engine.options
         self.capacity = opts.mtp_buffer or DEFAULT_MTP_BUFFER
         self._closed = False
+        self._stopped = False  # close() was called (not just the end of the stream)
         self._final: dict[int, Any] | None = None  # the state at the end, kept after the child exits
         self._final_stats: dict[int, dict[str, int]] = {}
         self._final_tracked: list[dict[str, Any]] = []
@@ -122,6 +121,14 @@ class MtpRun:
     def _next_value(self) -> Any:
         if self._closed:
             raise StopIteration
+        try:
+            return self._take_value()
+        except (PipelineError, OSError, EOFError):
+            if self._stopped:  # closed from another thread while this one waited: the end, not an error
+                raise StopIteration from None
+            raise
+
+    def _take_value(self) -> Any:
         c = self._counters
         if c[_SENT] <= self._taken:
             self._wait_for_item()
@@ -146,6 +153,8 @@ class MtpRun:
         while c[_SENT] <= self._taken and time.perf_counter() < spin_until:
             pass  # the usual case when the loader keeps up: no system call at all
         while c[_SENT] <= self._taken:
+            if self._stopped:
+                raise StopIteration
             if self._ended is None:
                 c[_WAITING] = 1
                 if c[_SENT] <= self._taken:  # checked after the flag is up: a wake-up is never missed
@@ -248,9 +257,13 @@ class MtpRun:
                 self._final_tracked = self._ask("tracked")
             except PipelineError:
                 pass
-        self.close()
+        self._close()
 
     def close(self) -> None:
+        self._stopped = True  # asked for (maybe from another thread): a wait it cuts short is the end
+        self._close()
+
+    def _close(self) -> None:
         if self._closed:
             return
         self._closed = True
@@ -259,7 +272,9 @@ class MtpRun:
             self._ctrl.send(("close",))
         except (OSError, ValueError):
             pass
-        self._proc.join(timeout=5)
+        # A side process that does not end within a second is stuck (in a user function, say):
+        # it holds nothing that is not in the checkpoint, so it is killed.
+        self._proc.join(timeout=1.0)
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join(timeout=5)
@@ -321,24 +336,6 @@ def _error_message(err: BaseException) -> tuple[bytes | None, str]:
 
 
 # ---------------------------------------------------------------------- the child
-def _die_with_parent(parent_pid: int) -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
-
-    def watch() -> None:
-        while True:
-            if os.getppid() != parent_pid:
-                os._exit(0)
-            time.sleep(0.5)
-
-    threading.Thread(target=watch, name="zephon-mtp-watchdog", daemon=True).start()
-
-
 class _Child:
     """The child's loop: deliver items into the ring, answer the trainer between items."""
 
@@ -456,7 +453,7 @@ class _Child:
 
 def _child_main(payload: bytes, shm_name: str, counters: Any, slots: Any, items: Any, ctrl: Any, capacity: int,
                 parent_pid: int) -> None:
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     try:
         child = _Child(payload, shm_name, counters, slots, items, ctrl, capacity)
     except BaseException as err:  # noqa: BLE001 - a start-up failure reaches the first next()

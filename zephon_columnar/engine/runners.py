@@ -8,26 +8,34 @@ A runner executes ``stage_index, frame -> frame`` for the parallel stages of a p
 - ``process``: spawned worker processes holding cloudpickled operators; frames cross as
   Arrow IPC streams (no pickled rows).
 
-`ordered_map` submits frames ahead (bounded window) and yields results in submission order,
-which is what makes the output independent of which worker finished first.
+The lanes submit frames ahead and read results in submission order (`engine.lane.ParallelStep`),
+which is what makes the output independent of which worker finished first. They read them
+through ``runner.result(future)``: on the threads and process runners that wait wakes every
+0.1 s, so ``close()`` from another thread releases it, and ``options(op_timeout_s=...)`` turns
+a call that never returns into an error naming its operators and first sample. Worker threads
+are daemons and ``close()`` gives running calls a second, then leaves a stuck one behind; it
+terminates the worker processes when a call is still running: a user function that never
+returns cannot keep the process from exiting.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import os
+import queue
 import threading
+import time
 import traceback
-from collections import deque
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import cloudpickle
 import pyarrow as pa
 
 from zephon_columnar import frame as F
-from zephon_columnar.engine.children import main_module_hidden, worker_environment
+from zephon_columnar.engine.children import die_with_parent, main_module_hidden, worker_environment
 from zephon_columnar.engine.metrics import DeltaSink, Metrics, run_tracked
-from zephon_columnar.errors import WrongTypeError, PipelineError, ZephonError, operator_failure
+from zephon_columnar.errors import PipelineError, WrongTypeError, ZephonError, operator_failure, warn
 from zephon_columnar.ops.base import BaseOp, OpContext, StageInfo
 
 
@@ -72,17 +80,132 @@ def run_stage(ops: Sequence[BaseOp], frame: pa.Table, stage: int = -1, sink: Cal
     return frame
 
 
+#: How often a wait for a worker's result wakes to see whether the iterator was closed or the
+#: call ran past its time limit (a result that is ready is returned at once).
+_WAKE_S = 0.1
+#: How long close() lets running calls finish before it leaves them behind.
+_CLOSE_GRACE_S = 1.0
+
+
+class _WorkerWaits:
+    """``result(future)`` for runners whose calls run elsewhere: released by ``cancel()``, and
+    bounded by ``time_limit_s`` (from when the call started) when one is set."""
+
+    def _init_waits(self, stages: Sequence[Sequence[BaseOp]], time_limit_s: float | None) -> None:
+        self.cancelled = threading.Event()
+        self.time_limit_s = time_limit_s
+        self._stage_names = [" -> ".join(op.op_name() for op in ops) for ops in stages]
+
+    def _mark(self, fut: cf.Future, stage: int, frame: pa.Table) -> cf.Future:
+        fut.stage, fut.input = stage, frame  # type: ignore[attr-defined]  # for a timeout's message
+        return fut
+
+    def result(self, fut: cf.Future) -> pa.Table:
+        while True:
+            try:
+                return fut.result(timeout=_WAKE_S)
+            except cf.TimeoutError:
+                pass
+            if self.cancelled.is_set():
+                raise PipelineError("the pipeline iterator was closed while this call waited for a worker.")
+            if self.time_limit_s is not None:
+                started = getattr(fut, "started_at", None)
+                if started is None and fut.running():  # a process call: from when a worker took it
+                    fut.started_at = started = time.monotonic()  # type: ignore[attr-defined]
+                if started is not None and time.monotonic() - started > self.time_limit_s:
+                    raise self._timed_out(fut)
+
+    def _timed_out(self, fut: cf.Future) -> PipelineError:
+        stage, frame = getattr(fut, "stage", -1), getattr(fut, "input", None)
+        return PipelineError(f"{self.describe(stage, frame)} ran for more than options(op_timeout_s="
+                             f"{self.time_limit_s}) seconds: stuck, or slower than the limit allows. "
+                             "Raise op_timeout_s if it is only slow; the call is abandoned.")
+
+    def describe(self, stage: int, frame: pa.Table | None) -> str:
+        """``operator(s) a -> b (stage s) on N rows of lane l, chunk c ... (first sample: ...)``."""
+        names = self._stage_names[stage] if 0 <= stage < len(self._stage_names) else "?"
+        where = ""
+        if frame is not None and frame.num_rows:
+            first = {n: frame.column(n)[0].as_py() for n in (F.LANE, F.CHUNK, F.OFFSET, F.DATASET, F.SHARD, F.ROW)
+                     if n in frame.column_names}
+            where = (f" on {frame.num_rows} rows of lane {first.get(F.LANE)}, chunk {first.get(F.CHUNK)} from offset "
+                     f"{first.get(F.OFFSET)} (first sample: dataset id {first.get(F.DATASET)}, shard "
+                     f"{first.get(F.SHARD)}, row {first.get(F.ROW)})")
+        return f"operator(s) {names} (stage {stage}){where}"
+
+
+class _DaemonPool:
+    """A fixed set of daemon worker threads taking calls from a queue. Unlike a
+    ``ThreadPoolExecutor``, whose threads the interpreter joins at exit, a call that never
+    returns cannot keep the process alive. Each future gets ``started_at`` when its call starts."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        self._calls: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._shut = False
+        self.threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(workers)]
+        for t in self.threads:
+            t.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
+        if self._shut:
+            raise PipelineError("the pipeline iterator was closed: no more work is taken.")
+        fut: cf.Future = cf.Future()
+        self._calls.put((fut, fn, args))
+        return fut
+
+    def _work(self) -> None:
+        while True:
+            job = self._calls.get()
+            if job is None:
+                return
+            fut, fn, args = job
+            del job
+            if not fut.set_running_or_notify_cancel():
+                continue
+            fut.started_at = time.monotonic()  # type: ignore[attr-defined]
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as err:  # noqa: BLE001 - delivered where the result is read
+                fut.set_exception(err)
+            del fut, args
+
+    def shutdown(self, *, cancel_futures: bool) -> None:
+        """Take no more calls; drop the queued ones; let each thread end after its current call."""
+        self._shut = True
+        if cancel_futures:
+            while True:
+                try:
+                    job = self._calls.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    job[0].cancel()
+        for _ in self.threads:
+            self._calls.put(None)
+
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds in all for the threads to end; whether they all did."""
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self.threads)
+
+
 class InlineRunner:
     """Runs stages in the calling thread; ``submit`` returns a finished future."""
 
     kind = "inline"
 
     def __init__(self, stages: Sequence[Sequence[BaseOp]], services: dict[str, Any], workers: int,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, time_limit_s: float | None = None) -> None:
+        # time_limit_s does not apply: a call here runs in the caller's own thread
         self._ops = setup_stages(stages, services)
         self.workers = 1
         self.metrics = metrics
         self._sink = metrics.add_op if metrics is not None else None
+
+    def result(self, fut: cf.Future) -> pa.Table:
+        return fut.result()
 
     def submit(self, stage: int, frame: pa.Table) -> cf.Future:
         fut: cf.Future = cf.Future()
@@ -101,13 +224,14 @@ class InlineRunner:
                 op.teardown()
 
 
-class ThreadRunner:
-    """A thread pool; each worker thread sets up its own copy of the operators once."""
+class ThreadRunner(_WorkerWaits):
+    """Daemon worker threads; each sets up its own copy of the operators once."""
 
     kind = "threads"
 
     def __init__(self, stages: Sequence[Sequence[BaseOp]], services: dict[str, Any], workers: int,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, time_limit_s: float | None = None) -> None:
+        self._init_waits(stages, time_limit_s)
         self.metrics = metrics
         self._sink = metrics.add_op if metrics is not None else None
         self._stages = stages
@@ -116,7 +240,7 @@ class ThreadRunner:
         self._copies: list[list[list[BaseOp]]] = []
         self._lock = threading.Lock()
         self.workers = workers
-        self._pool = cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zephon-worker")
+        self._pool = _DaemonPool(workers, "zephon-worker")
 
     def _ops(self) -> list[list[BaseOp]]:
         ops = getattr(self._local, "ops", None)
@@ -130,14 +254,21 @@ class ThreadRunner:
         return run_stage(self._ops()[stage], frame, stage, self._sink)
 
     def submit(self, stage: int, frame: pa.Table) -> cf.Future:
-        return self._pool.submit(self._call, stage, frame)
+        return self._mark(self._pool.submit(self._call, stage, frame), stage, frame)
 
     def cancel(self) -> None:
-        """Drop queued work so a waiting caller is released; running calls finish."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Drop queued work and release a waiting caller; running calls finish."""
+        self.cancelled.set()
+        self._pool.shutdown(cancel_futures=True)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.cancel()
+        if not self._pool.join(_CLOSE_GRACE_S):
+            stuck = [t.name for t in self._pool.threads if t.is_alive()]
+            warn(f"closing the pipeline: worker thread(s) {stuck} still inside an operator after "
+                 f"{_CLOSE_GRACE_S} s are left behind (daemon threads: they do not keep the process alive); "
+                 "their operators are not torn down.")
+            return
         with self._lock:
             for ops in self._copies:
                 for row in ops:
@@ -151,8 +282,9 @@ _WORKER_OPS: list[list[BaseOp]] | None = None
 _WORKER_SINK: DeltaSink | None = None  # execution tracking: counts sent back with each frame
 
 
-def _process_init(payload: bytes) -> None:
+def _process_init(payload: bytes, parent_pid: int) -> None:
     global _WORKER_OPS, _WORKER_SINK
+    die_with_parent(parent_pid)
     stages, services, track = cloudpickle.loads(payload)
     _WORKER_OPS = setup_stages(stages, services)
     _WORKER_SINK = DeltaSink() if track else None
@@ -190,24 +322,31 @@ def _process_call(stage: int, ipc: bytes) -> bytes | tuple[bytes, dict]:
     return data if _WORKER_SINK is None else (data, _WORKER_SINK.take())
 
 
-_WORKER_DIED = ("a worker process died (killed, crashed, or an operator's setup() failed in it); see its stderr "
-                "above. Rerun with options(runner='threads') to see the error in-process.")
+_WORKER_DIED = ("a worker process died (killed, crashed, os._exit, or an operator's setup() failed in it){where}; see "
+                "its stderr above. Rerun with options(runner='threads') to see the error in-process.")
 
 
 class _DecodedFuture(cf.Future):
     """Future of a process call whose IPC bytes are decoded on ``result()`` (and whose counts,
     with execution tracking, are added to ``metrics``)."""
 
-    def __init__(self, inner: cf.Future, metrics: Metrics | None = None) -> None:
+    def __init__(self, inner: cf.Future, metrics: Metrics | None, describe: Callable[[], str]) -> None:
         super().__init__()
         self._inner = inner
         self._metrics = metrics
+        self._describe = describe  # what the call computes, for the error if its worker dies
+
+    def done(self) -> bool:
+        return self._inner.done()
+
+    def running(self) -> bool:
+        return self._inner.running()
 
     def result(self, timeout: float | None = None) -> pa.Table:  # type: ignore[override]
         try:
             data = self._inner.result(timeout)
         except cf.process.BrokenProcessPool as err:
-            raise PipelineError(_WORKER_DIED) from err
+            raise PipelineError(_WORKER_DIED.format(where=f" while computing {self._describe()}")) from err
         except _WorkerFailure as failure:
             original = None
             if failure.original is not None:
@@ -228,7 +367,7 @@ class _DecodedFuture(cf.Future):
         return self._inner.cancel()
 
 
-class ProcessRunner:
+class ProcessRunner(_WorkerWaits):
     """Spawned worker processes; operators are cloudpickled once per worker, frames cross as
     Arrow IPC.
 
@@ -237,12 +376,14 @@ class ProcessRunner:
     Until the first one is up (spawn, imports, ``setup``: a few tenths of a second), the driver
     runs the frames itself, as the inline runner would: stateless work gives the same rows
     wherever it runs, and a short job is never slower than inline for having asked for workers.
+    (Not with ``op_timeout_s``: a call the driver runs could not be interrupted.)
     """
 
     kind = "process"
 
     def __init__(self, stages: Sequence[Sequence[BaseOp]], services: dict[str, Any], workers: int,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: Metrics | None = None, time_limit_s: float | None = None) -> None:
+        self._init_waits(stages, time_limit_s)
         self.metrics = metrics
         self._sink = metrics.add_op if metrics is not None else None
         self._stages, self._services = stages, services
@@ -251,15 +392,17 @@ class ProcessRunner:
         payload = cloudpickle.dumps((list(stages), services, metrics is not None))
         self.workers = workers
         self._procs: list[Any] = []
+        self._calls: set[cf.Future] = set()  # submitted to the workers, not finished
         self._pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                            initializer=_process_init, initargs=(payload,))
+                                            initializer=_process_init, initargs=(payload, os.getpid()))
         with main_module_hidden(), worker_environment():
             for _ in range(workers):
                 # done once the worker's initializer ran (or failed: the next submit then reports it)
                 self._pool.submit(_ready).add_done_callback(lambda _: self._up.set())
 
     def submit(self, stage: int, frame: pa.Table) -> cf.Future:
-        if not self._up.is_set():
+        # With a time limit every call goes to a worker: the driver cannot interrupt itself.
+        if not self._up.is_set() and self.time_limit_s is None:
             fut: cf.Future = cf.Future()
             try:
                 if self._driver_ops is None:
@@ -268,55 +411,36 @@ class ProcessRunner:
             except BaseException as err:  # delivered where the result is read, like the workers' errors
                 fut.set_exception(err)
             return fut
+        describe = lambda: self.describe(stage, frame)  # noqa: E731
         try:
             inner = self._pool.submit(_process_call, stage, F.frame_to_ipc(frame).to_pybytes())
         except cf.process.BrokenProcessPool as err:  # a worker died before this frame was sent
-            raise PipelineError(_WORKER_DIED) from err
-        return _DecodedFuture(inner, self.metrics)
+            raise PipelineError(_WORKER_DIED.format(where=f" before {describe()} was sent")) from err
+        self._calls.add(inner)
+        inner.add_done_callback(self._calls.discard)
+        return self._mark(_DecodedFuture(inner, self.metrics, describe), stage, frame)
 
     def cancel(self) -> None:
+        self.cancelled.set()
         # Keep handles on the workers: shutdown() forgets them, and close() must reap them.
         self._procs.extend((getattr(self._pool, "_processes", None) or {}).values())
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
-        """Tell the workers to exit and return: the pool's own manager thread reaps them (a
-        worker ends within ~0.1-0.2 s, its interpreter's teardown, which the end of a pass need
-        not wait for)."""
+        """Tell the workers to exit and return: idle workers end within ~0.1-0.2 s (their
+        interpreter's teardown, which the end of a pass need not wait for; the pool's manager
+        thread reaps them). If a call is still running (its result is abandoned: the work is
+        stateless), the workers are terminated instead, so one stuck in an operator neither
+        outlives the pass nor holds the interpreter's exit."""
         self.cancel()
         for row in self._driver_ops or ():
             for op in row:
                 op.teardown()
+        if any(not f.done() for f in list(self._calls)):
+            for proc in self._procs:
+                if proc.is_alive():
+                    proc.terminate()
 
 
 RUNNERS: dict[str, Callable[..., Any]] = {"inline": InlineRunner, "threads": ThreadRunner, "process": ProcessRunner}
 
-
-def ordered_map(events: Iterator[Any], runner: Any, stage: int, window: int) -> Iterator[Any]:
-    """Run frames of ``events`` through ``stage`` on ``runner``, up to ``window`` ahead, and
-    yield results in input order. Non-frame events (markers) pass through in place.
-
-    The look-ahead starts at zero (the first frame of a pass, or of a restore, gets the workers
-    to itself instead of queueing behind look-ahead reads), then 1, 2, 4, ... up to ``window``
-    frames in flight.
-    """
-    pending: deque[tuple[bool, Any]] = deque()
-    ahead = 0
-    try:
-        for ev in events:
-            if isinstance(ev, pa.Table):
-                pending.append((True, runner.submit(stage, ev)))
-            else:
-                pending.append((False, ev))
-            while pending and (not pending[0][0] or len(pending) > ahead):
-                is_frame, v = pending.popleft()
-                if is_frame:
-                    ahead = min(window, max(1, ahead * 2))
-                yield v.result() if is_frame else v
-        while pending:
-            is_frame, v = pending.popleft()
-            yield v.result() if is_frame else v
-    finally:
-        for is_frame, v in pending:
-            if is_frame:
-                v.cancel()
