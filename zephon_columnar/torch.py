@@ -239,7 +239,8 @@ def _column(column: pa.ChunkedArray) -> list[Any]:
     numeric = (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and (
         pa.types.is_integer(kind.value_type) or pa.types.is_floating(kind.value_type)
         or pa.types.is_boolean(kind.value_type))
-    if not numeric or arr.null_count or arr.flatten().null_count:
+    values = arr.flatten() if numeric else None
+    if values is None or arr.null_count or values.null_count:
         return arr.to_pylist()
-    flat = torch.from_numpy(np.array(arr.flatten().to_numpy(zero_copy_only=False)))  # one writable copy
+    flat = torch.from_numpy(np.array(values.to_numpy(zero_copy_only=False)))  # one writable copy
     return list(torch.split(flat, pc.list_value_length(arr).to_numpy().tolist()))
