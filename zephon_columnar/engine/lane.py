@@ -90,14 +90,18 @@ class LaneShared:
         self.carries: dict[int, dict[int, pa.Table]] = {} if restore is None else \
             {restore.epoch: dict(restore.carries)}
 
-    def note_chunk(self, chunk_id: int, target: Mapping[str, float] | None, keep: int) -> None:
+    def note_chunk(self, chunk_id: int, target: Mapping[str, float] | None) -> None:
         self.targets[chunk_id] = target
-        self.targets.pop(chunk_id - keep, None)
 
-    def epoch_reached(self, epoch: int) -> Mapping[int, pa.Table]:
-        """The collector is in ``epoch``: drop older carries; those of ``epoch``."""
+    def epoch_reached(self, epoch: int, first_chunk: int) -> Mapping[int, pa.Table]:
+        """The collector is in ``epoch`` (whose first chunk is ``first_chunk``): drop older
+        carries, and the targets of older chunks (every stage was drained at the flush point,
+        so no row of theirs is left in the lane; a target is kept until then however far the
+        source reads ahead); the carries of ``epoch``."""
         for e in [e for e in self.carries if e < epoch]:
             del self.carries[e]
+        for c in [c for c in self.targets if c < first_chunk]:
+            del self.targets[c]
         return self.carries.get(epoch, {})
 
 
@@ -174,7 +178,7 @@ class Source:
                 self.next_position = (chunk_id, start, False)  # once handed over, the marker is out
                 yield EpochStart(chunk_id // k, self.states[chunk_id])
             # What the source aimed for, else what the chunk holds (ensure_mixture's target).
-            shared.note_chunk(chunk_id, chunk.target_mixture or chunk.mixture, keep=4 * k)
+            shared.note_chunk(chunk_id, chunk.target_mixture or chunk.mixture)
             comp_map = np.array([comp_ids[name] for name in chunk.component_names], dtype=np.int32)
             components = comp_map[comp_index] if len(comp_index) else np.zeros(0, np.int32)
             while start < n:
@@ -437,7 +441,7 @@ class Collector:
         """After a restore: the rows not yet in a batch, by reference (computed when taken)."""
         self.restored_schema = rows.schema
         if rows.num_rows:
-            self.pending.append([rows, self.epoch, self.state, 0, self.shared.epoch_reached(self.epoch)])
+            self.pending.append([rows, self.epoch, self.state, 0, self._epoch_reached(self.epoch)])
 
     def payload_schema(self) -> pa.Schema | None:
         """The payload schema of the rows not yet in a batch (what recomputing them gives)."""
@@ -460,7 +464,7 @@ class Collector:
         pending = self.pending
         pending_rows = sum(e[0].num_rows for e in pending)
         epoch, state, skip = self.epoch, self.state, self.skip
-        carries = self.shared.epoch_reached(epoch)
+        carries = self._epoch_reached(epoch)
         rows_in_epoch = 0
         while batch is not None and pending_rows >= size:
             yield _take_batch(lane, pending, size, by_input, fields)
@@ -470,7 +474,7 @@ class Collector:
                 if skip and ev.epoch != self.epoch:
                     raise self._replay_overrun(skip)
                 epoch, state, rows_in_epoch = ev.epoch, ev.source_state, 0
-                carries = self.shared.epoch_reached(epoch)
+                carries = self._epoch_reached(epoch)
                 continue
             frame: pa.Table = ev
             if skip:
@@ -497,6 +501,9 @@ class Collector:
             yield from _drain_records(lane, pending, by_input, fields)
         elif pending_rows and not batch.drop_last:
             yield _take_batch(lane, pending, pending_rows, by_input, fields)
+
+    def _epoch_reached(self, epoch: int) -> Mapping[int, pa.Table]:
+        return self.shared.epoch_reached(epoch, epoch * self.engine.plan.flush_every)
 
     def _replay_overrun(self, left: int) -> CheckpointError:
         return CheckpointError(
