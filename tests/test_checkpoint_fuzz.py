@@ -106,8 +106,9 @@ def by_lane(items: list[tuple]) -> dict[int, list[tuple]]:
 RUNNERS = ["inline"] * 4 + ["threads"] * 4 + ["process"]  # process workers cost a spawn: rarer
 
 
+# CI runs a fixed sequence of cases (reproducible); a long run (ZC_FUZZ_CASES, --hypothesis-seed) explores.
 @settings(max_examples=int(os.environ.get("ZC_FUZZ_CASES", "300")), deadline=None,
-          suppress_health_check=[HealthCheck.too_slow])
+          derandomize="ZC_FUZZ_CASES" not in os.environ, suppress_health_check=[HealthCheck.too_slow])
 @given(recipe=recipes(), saved_on=st.sampled_from(RUNNERS), restored_on=st.sampled_from(RUNNERS),
        groups=st.sampled_from([1, 2]), data=st.data())
 def test_fuzz_restore_equals_the_uninterrupted_stream(recipe, saved_on, restored_on, groups, data):
