@@ -65,7 +65,7 @@ def indexing_obstacle(ws: "WorkSource", ops: Sequence[BaseOp]) -> str | None:
             return f"operator {name!r} is not indexable (it is not 1:1 or needs the rows before it)"
         if not traits.preserves_cursor_order:
             return f"operator {name!r} reorders rows"
-        if any(stage.is_ordered() for stage in ([op] if op.builtin else stages_of(op))):
+        if any(stage.is_ordered() for stage in stages_of(op)):
             return (f"operator {name!r} keeps state across rows (an ordered stage or a custom accumulator); "
                     "an indexed sample is computed from its own row alone")
     return None
@@ -91,7 +91,7 @@ class IndexedPipeline:
         prime_token_mixture(ws, ops)
         self._positions = ws.positions()
         self._fields = fields_by_dataset(ws.datasets_by_id) or None
-        self._ops = [stage for op in ops for stage in ([op] if op.builtin else stages_of(op))]
+        self._ops = [stage for op in ops for stage in stages_of(op)]
         self._services = {"datasets_by_id": ws.datasets_by_id, **(services or {})}
         self._reset()
 

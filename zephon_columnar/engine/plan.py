@@ -84,7 +84,7 @@ def compile_plan(ops: Sequence[BaseOp], *, flush_every_k_chunks: int | None) -> 
         if isinstance(given, BatchOp):
             batch = given
             continue
-        for op in ([given] if given.builtin else stages_of(given)):
+        for op in stages_of(given):
             if not op.is_ordered():
                 run.append(op)
                 continue

@@ -168,7 +168,10 @@ DEFAULT_CALL_ROWS = 64
 
 
 def stages_of(op: BaseOp) -> list[BaseOp]:
-    """The operators the plan runs for user operator ``op`` (see the module docstring)."""
+    """The operators the plan runs for ``op``: a built-in runs as it is; a user operator as the
+    module docstring says."""
+    if op.builtin:
+        return [op]
     acc = accumulator_of(op)
     traits = op.traits()
     exact = traits.batch_shape_sensitive or not traits.preserves_cursor_order
