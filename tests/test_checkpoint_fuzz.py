@@ -132,3 +132,16 @@ def test_found_by_the_oracle_ensure_mixture_reads_its_chunks_targets_however_far
     recipe = dict(before=[], split=False, after=[], pack=None, ensure=True, seed=0, chunk=4, flush=1, batch=1,
                   shuffle_seed=0)
     assert collect(build(recipe, runner="threads")) == collect(build(recipe))
+
+
+def test_found_by_the_oracle_a_lane_restored_before_an_epoch_marker_keeps_the_targets_of_the_epoch_it_is_in():
+    # Checkpointed with the next flush epoch's marker still to come and rows of the current
+    # epoch in shuffle's buffer: the restored collector took itself to be in the next epoch and
+    # dropped the current epoch's chunk targets, so ensure_mixture balanced toward no target.
+    recipe = dict(before=[], split=False, after=["shuffle"], pack=None, ensure=True, seed=0, chunk=4, flush=3,
+                  batch=1, shuffle_seed=1)
+    full = collect(build(recipe))
+    head, ckpt = take_and_checkpoint(build(recipe), 2)
+    pipe = build(recipe)
+    pipe.restore(json.loads(json.dumps(ckpt)))
+    assert head + collect(pipe) == full

@@ -576,12 +576,14 @@ class LaneChain:
             self.shared = LaneShared(lane, ws, None, per_item)
             self.shared.targets.update(start.targets)
             self.source = Source(engine, self.shared, ws, resume["chunk"], resume["offset"], resume["marker"])
-            epoch, skip, state = resume["chunk"] // k, 0, resume["source_state"]
+            epochs = _epochs_at(start, k)
+            epoch, skip, state = epochs[-1], 0, resume["source_state"]
         else:
             ws.load_state_dict(start.source_state)
             self.shared = LaneShared(lane, ws, start, per_item)
             self.source = Source(engine, self.shared, ws, start.epoch * k, start.inputs, True)
             epoch, skip, state = start.epoch, start.rows, start.source_state
+            epochs = [epoch] * (len(engine.plan.stages) + 1)  # every stage, then the collector
         self.items = start.items
         self.regen = Regenerator(self)
         # The inline runner computes at submit time: anything it ran ahead would only delay the
@@ -596,7 +598,7 @@ class LaneChain:
                 step: ParallelStep | OrderedStep = ParallelStep(events, runner, parallel_index, window)
                 parallel_index += 1
             else:
-                epoch_box = [epoch]  # the stage's own flush epoch, moved on by its OrderedStep
+                epoch_box = [epochs[ordered_index]]  # the stage's own flush epoch, moved on by its OrderedStep
                 acc = stage.op.lane_accumulator(dataclasses.replace(self.shared.ctx,
                                                                     flush_epoch=lambda box=epoch_box: box[0]))
                 queued = inbox = None
@@ -715,6 +717,20 @@ class LaneChain:
             targets = {c: t for c, t in self.shared.targets.items() if c >= oldest}
         return LaneSnapshot(items=items, resume=resume, stages=tuple(stages), queues=tuple(queues),
                             inboxes=tuple(inboxes), pending=pending, targets=targets)
+
+
+def _epochs_at(snapshot: LaneSnapshot, k: int) -> list[int]:
+    """The flush epoch each ordered stage of a restored lane is in, then the collector's. The
+    source resumes in ``chunk // k`` (one before, when that epoch's marker has yet to go out);
+    what follows a stage is in the same epoch, unless a marker is queued between them: then it
+    is still in the epoch before that marker."""
+    resume = snapshot.resume
+    epoch = max(0, resume["chunk"] // k - int(bool(resume["marker"])))
+    epochs = [epoch]
+    for queue in snapshot.queues:  # what ordered stage j emitted, in front of the next one
+        markers = [item[1] for item in queue if item[0] == "epoch"]
+        epochs.append(markers[0] - 1 if markers else epochs[-1])
+    return epochs
 
 
 def _transit_item(ev: Any) -> tuple[str, Any, Any]:
