@@ -583,7 +583,7 @@ class LaneChain:
             self.shared = LaneShared(lane, ws, start, per_item)
             self.source = Source(engine, self.shared, ws, start.epoch * k, start.inputs, True)
             epoch, skip, state = start.epoch, start.rows, start.source_state
-            epochs = [epoch] * (len(engine.plan.stages) + 1)  # every stage, then the collector
+            epochs = [epoch] * (len(engine.plan.stages) + 1)  # by ordered stage, then the collector
         self.items = start.items
         self.regen = Regenerator(self)
         # The inline runner computes at submit time: anything it ran ahead would only delay the
