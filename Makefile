@@ -14,7 +14,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -U pip
 	# torch is pinned to the CPU wheel on local disk; install it first so nothing pulls another build.
 	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[test]"
+	# The tests start a local Ray cluster (the remote runner): its optional extra is part of the test setup.
+	$(PY) -m pip install -q -e ".[test,ray]"
 	touch $@
 
 demo: venv

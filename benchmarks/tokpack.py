@@ -46,9 +46,12 @@ comma list of
   p=N|none   tokenize(parallelism=N)                  w=N|none  options(max_workers=N)
   r=N|unset  RAYON_NUM_THREADS (unset: not in env)    tp=true|false|unset  TOKENIZERS_PARALLELISM
   mb=N       fetch(max_batch=N) (rows per frame)      fp=N      fetch(parallelism=N)
-  runner=threads|inline|process                       chunk=N   chunk_size (changes the data order)
+  runner=threads|inline|process|remote                chunk=N   chunk_size (changes the data order)
   pb=N       options(prefetch_batches=N) (a prefetch thread N items ahead)
 e.g. --ours ours:  --ours p1r2:p=1,r=2  --ours p2r1:p=2,r=1,w=2
+runner=remote starts a local Ray cluster of os.cpu_count() CPUs before the clock (ray_init_s, reported
+apart: a training job connects to its cluster before its loader starts); its actors' CPU time is not in
+cpu_s (they are the raylet's children, not the benchmark's).
 
 Prints progress to stderr and ONE JSON line to stdout. Usage (from the repo root):
 
@@ -137,6 +140,13 @@ def child_throughput(a) -> dict:
     Z = PP._import_lib(a.module)  # + torch
     for m in filter(None, a.preimport.split(",")):
         importlib.import_module(m)
+    ray_init_s = None
+    if a.runner in ("remote", "ray"):  # a training job connects to its Ray cluster before the loader starts
+        import ray
+
+        t = time.perf_counter()
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+        ray_init_s = time.perf_counter() - t
     rss_imports = PP._rss_kb() / 1024
     before = set(sys.modules)
     sampler = PP.ChildRssSampler()
@@ -165,7 +175,7 @@ def child_throughput(a) -> dict:
            "cores_busy": cpu / wall, "first_batch_s": first, "first4_hash": h.hexdigest()[:16],
            "rss_after_imports_mb": rss_imports, "peak_rss_mb": self_peak + sampler.peak_kb / 1024,
            "peak_rss_children_mb": sampler.peak_kb / 1024, "child_processes": sampler.n_children_max,
-           "lazy_imports": lazy[:40], "env": {k: os.environ.get(k) for k in LIMIT_ENV},
+           "ray_init_s": ray_init_s, "lazy_imports": lazy[:40], "env": {k: os.environ.get(k) for k in LIMIT_ENV},
            "versions": PP._versions()}
     try:
         import tokenizers

@@ -65,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--algorithm", default="wrap", choices=["wrap", "first_fit", "best_fit", "best_fit_wrap"])
     bench.add_argument("--num-bins", type=int, default=16, help="open bins for first_fit / best_fit (default 16)")
     bench.add_argument("--batch", type=int, default=8, help="rows per batch (default 8)")
-    bench.add_argument("--runner", default="threads", choices=["inline", "threads", "process"])
+    bench.add_argument("--runner", default="threads", choices=["inline", "threads", "process", "remote"])
     bench.add_argument("--max-batches", type=int, default=None, help="stop after this many batches")
     bench.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
     bench.add_argument("--json", action="store_true", help="print the figures as one JSON object")

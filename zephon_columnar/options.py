@@ -16,13 +16,14 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from zephon_columnar.errors import ConfigError
 
-Runner = Literal["inline", "threads", "process", "remote"]
+Runner = Literal["inline", "threads", "process", "remote", "ray"]
 MappingStrategy = Literal["contiguous", "interleaved"]
 IpcTransport = Literal["socketpair", "pipe"]
 
@@ -130,11 +131,13 @@ class RuntimeOptions:
         if self._tracking_mode() not in (None, "off", "stages", "nodes"):
             raise ConfigError(f"options(execution_tracking={self.execution_tracking!r}): use 'off', 'stages' or "
                               "'nodes' (or zephon_columnar.observability.ExecutionTrackingMode).")
-        if self.runner not in (None, "inline", "threads", "process", "remote"):
-            raise ConfigError(f"options(runner={self.runner!r}): use 'inline', 'threads' or 'process'.")
-        if self.runner == "remote":
-            raise ConfigError("options(runner='remote'): the Ray runner is not available in this version; "
-                              "use runner='threads' or 'process'.")
+        if self.runner not in (None, "inline", "threads", "process", "remote", "ray"):
+            raise ConfigError(f"options(runner={self.runner!r}): use 'inline', 'threads', 'process' or 'remote' "
+                              "(Ray; also spelled 'ray').")
+        if self.runner in ("remote", "ray") and importlib.util.find_spec("ray") is None:
+            from zephon_columnar.engine.ray_runner import import_ray
+
+            import_ray()  # raises, saying what to install
         for name in ("max_workers", "prefetch_batches", "op_queue_capacity", "canonical_replicas", "dp_degree",
                      "mtp_buffer"):
             v = getattr(self, name)
@@ -196,7 +199,9 @@ class RuntimeOptions:
 
         return StoreOptions.from_any(self.io_options)
 
-    def resolved_runner(self) -> Literal["inline", "threads", "process"]:
+    def resolved_runner(self) -> Literal["inline", "threads", "process", "remote"]:
+        if self.runner == "ray":
+            return "remote"
         return self.runner or "threads"  # type: ignore[return-value]
 
     def resolved_max_workers(self) -> int:

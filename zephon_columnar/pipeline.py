@@ -726,7 +726,7 @@ class Pipeline:
         self._run = None
         if self._warmup is not None:
             self._warmup.cancel()
-        if self._options.resolved_runner() != "process":  # process workers read through their own readers
+        if self._options.resolved_runner() not in ("process", "remote"):  # their workers read with their own readers
             owned = self._owned_cursors(engine, lanes).values()
             first = engine.plan.batch.microbatch_size if engine.plan.batch is not None else 1
             self._warmup = RestoreWarmup.start(self._ws.datasets_by_id, [  # what each lane's first item needs
@@ -736,7 +736,7 @@ class Pipeline:
         """The restore warm-up's readers, for the run ``engine`` is about to start (None: no
         warm-up, or options changed since ``restore()`` so that it read for another run)."""
         warm, self._warmup = self._warmup, None
-        if warm is not None and engine.options.resolved_runner() == "process":
+        if warm is not None and engine.options.resolved_runner() in ("process", "remote"):
             warm.cancel()
             return None
         return warm.pool if warm is not None else None

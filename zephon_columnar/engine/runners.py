@@ -304,20 +304,40 @@ class _WorkerFailure(Exception):
         self.message, self.original = message, original
 
 
+def worker_failure(err: BaseException) -> BaseException:
+    """What a worker process sends back for ``err`` raised by its operators (inside an
+    ``except``): this library's own errors as they are (they pickle), else a `_WorkerFailure`."""
+    if isinstance(err, ZephonError) and not isinstance(err, PipelineError):
+        return err
+    cause = err.__cause__ if isinstance(err, PipelineError) and err.__cause__ is not None else err
+    try:
+        original = cloudpickle.dumps(cause)
+    except Exception:
+        original = None
+    # Tracebacks do not survive pickling; keep the worker's in the message.
+    return _WorkerFailure(f"{err}\n(in a worker process)\n{traceback.format_exc()}", original)
+
+
+def raise_worker_failure(failure: _WorkerFailure) -> None:
+    """Raise, in the caller, the error a worker's `_WorkerFailure` stands for (its original
+    class when it unpickles, see `operator_failure`)."""
+    original = None
+    if failure.original is not None:
+        try:
+            original = cloudpickle.loads(failure.original)
+        except Exception:
+            original = None
+    if original is None:
+        raise PipelineError(failure.message) from None
+    raise operator_failure(original, failure.message) from original
+
+
 def _process_call(stage: int, ipc: bytes) -> bytes | tuple[bytes, dict]:
     assert _WORKER_OPS is not None
     try:
         out = run_stage(_WORKER_OPS[stage], F.frame_from_ipc(ipc), stage, _WORKER_SINK)
     except BaseException as err:
-        cause = err.__cause__ if isinstance(err, PipelineError) and err.__cause__ is not None else err
-        if isinstance(err, ZephonError) and not isinstance(err, PipelineError):
-            raise  # this library's own errors pickle as they are
-        try:
-            original = cloudpickle.dumps(cause)
-        except Exception:
-            original = None
-        # Tracebacks do not survive pickling; keep the worker's in the message.
-        raise _WorkerFailure(f"{err}\n(in a worker process)\n{traceback.format_exc()}", original) from None
+        raise worker_failure(err) from None
     data = F.frame_to_ipc(out).to_pybytes()
     return data if _WORKER_SINK is None else (data, _WORKER_SINK.take())
 
@@ -348,15 +368,7 @@ class _DecodedFuture(cf.Future):
         except cf.process.BrokenProcessPool as err:
             raise PipelineError(_WORKER_DIED.format(where=f" while computing {self._describe()}")) from err
         except _WorkerFailure as failure:
-            original = None
-            if failure.original is not None:
-                try:
-                    original = cloudpickle.loads(failure.original)
-                except Exception:
-                    original = None
-            if original is None:
-                raise PipelineError(failure.message) from None
-            raise operator_failure(original, failure.message) from original
+            raise_worker_failure(failure)
         if isinstance(data, tuple):
             data, deltas = data
             if self._metrics is not None:
@@ -442,5 +454,12 @@ class ProcessRunner(_WorkerWaits):
                     proc.terminate()
 
 
-RUNNERS: dict[str, Callable[..., Any]] = {"inline": InlineRunner, "threads": ThreadRunner, "process": ProcessRunner}
+def _ray_runner(*args: Any, **kw: Any) -> Any:
+    from zephon_columnar.engine.ray_runner import RayRunner  # Ray is an optional extra
+
+    return RayRunner(*args, **kw)
+
+
+RUNNERS: dict[str, Callable[..., Any]] = {"inline": InlineRunner, "threads": ThreadRunner, "process": ProcessRunner,
+                                          "remote": _ray_runner}
 
