@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from _child import run_child
+from _child import interleaved_rounds, run_child
 
 L, B = 2048, 8
 
@@ -42,7 +42,7 @@ def child(a: argparse.Namespace) -> dict:
     ws = Z.StaticMixtureWorkSource(datasets=[ds], mixture=Z.MixtureSpec({"train": 1.0}), seed=42, chunk_size=1024)
     bins = {"num_bins": 16} if a.algorithm == "best_fit" else {}
     p = (Z.Pipeline(ws).pack_flat(L, algorithm=a.algorithm, pad_token_id=0, **bins).batch(B)
-         .options(runner="threads", canonical_replicas=a.lanes))
+         .options(runner="threads", canonical_replicas=a.lane_count))
     tokens = 0
     for b in p:
         tr = b.to_training(return_padding_mask=True)
@@ -50,7 +50,7 @@ def child(a: argparse.Namespace) -> dict:
         tokens += tr["input_ids"].numel() - (int(pad.sum()) if pad is not None else 0)
     wall = time.perf_counter() - t0
     driver_cpu = time.thread_time() - c0
-    return {"lanes": a.lanes, "algorithm": a.algorithm, "tokens": tokens, "seconds": wall,
+    return {"lanes": a.lane_count, "algorithm": a.algorithm, "tokens": tokens, "seconds": wall,
             "tokens_per_s": tokens / wall, "driver_cpu_s": driver_cpu,
             "driver_cpu_s_per_mtok": driver_cpu / (tokens / 1e6),
             "driver_tokens_per_cpu_s": tokens / driver_cpu}
@@ -64,25 +64,20 @@ def main() -> None:
     ap.add_argument("--algorithms", default="wrap,best_fit")
     ap.add_argument("--out", default="")
     ap.add_argument("--child", action="store_true")
-    ap.add_argument("--lane-count", dest="lanes_one", type=int, default=1)
+    ap.add_argument("--lane-count", type=int, default=1, help=argparse.SUPPRESS)  # a child's one lane count
     ap.add_argument("--algorithm", default="wrap")
     a = ap.parse_args()
     if a.child:
-        a.lanes = a.lanes_one
         print(json.dumps(child(a)))
         return
     if not Path(a.corpus, "pretok").is_dir():
         raise SystemExit(f"{a.corpus}/pretok is missing: benchmarks/README.md, setup step 2, writes it")
     variants = [(n, alg) for alg in a.algorithms.split(",") for n in map(int, a.lanes.split(","))]
-    for rnd in range(a.rounds):
-        for lanes, alg in variants[rnd % len(variants):] + variants[:rnd % len(variants)]:
-            row = run_child(str(Path(__file__).resolve()), sys.executable,
-                            ["--corpus", a.corpus, "--lane-count", str(lanes), "--algorithm", alg], timeout=1800)
-            row.update(round=rnd, corpus=os.path.basename(a.corpus.rstrip("/")))
-            print(json.dumps(row), flush=True)
-            if a.out:
-                with open(a.out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+    me = str(Path(__file__).resolve())
+    interleaved_rounds(variants, a.rounds,
+                       lambda v: run_child(me, sys.executable, ["--corpus", a.corpus, "--lane-count", str(v[0]),
+                                                                "--algorithm", v[1]], timeout=1800),
+                       corpus=a.corpus, out=a.out)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from _child import run_child
+from _child import interleaved_rounds, run_child
 
 
 def keep_words(payload: dict) -> dict:
@@ -90,14 +90,9 @@ def main() -> None:
     variants = [(a.zc_python, "zephon_columnar", r) for r in a.runners.split(",")]
     if a.z_python:
         variants += [(a.z_python, "zephon", r) for r in a.runners.split(",")]
-    for rnd in range(a.rounds):
-        for python, module, runner in variants[rnd % len(variants):] + variants[:rnd % len(variants)]:
-            row = run(python, ["--corpus", a.corpus, "--module", module, "--runner", runner])
-            row.update(round=rnd, corpus=os.path.basename(a.corpus.rstrip("/")))
-            print(json.dumps(row), flush=True)
-            if a.out:
-                with open(a.out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+    interleaved_rounds(variants, a.rounds,
+                       lambda v: run(v[0], ["--corpus", a.corpus, "--module", v[1], "--runner", v[2]]),
+                       corpus=a.corpus, out=a.out)
 
 
 if __name__ == "__main__":

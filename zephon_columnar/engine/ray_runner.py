@@ -65,9 +65,6 @@ class StageWorker:
             return worker_failure(err)
         return out if self.sink is None else (out, self.sink.take())
 
-    def ready(self) -> bool:
-        return True
-
 
 class _RemoteFuture(cf.Future):
     """One frame's call: a Ray object reference, sent again to a fresh actor when its actor
