@@ -14,8 +14,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -U pip
 	# torch is pinned to the CPU wheel on local disk; install it first so nothing pulls another build.
 	$(PY) -m pip install -q "torch==2.13.0"
-	# The tests start a local Ray cluster (the remote runner): its optional extra is part of the test setup.
-	$(PY) -m pip install -q -e ".[test,ray]"
+	# The tests start a local Ray cluster (the remote runner) and a local S3 server (object storage):
+	# those optional extras are part of the test setup.
+	$(PY) -m pip install -q -e ".[test,ray,s3]"
 	touch $@
 
 demo: venv

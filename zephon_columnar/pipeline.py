@@ -533,7 +533,9 @@ class Pipeline:
 
     def fetch_timing_snapshot(self) -> dict[str, Any] | None:
         """Fetch's totals (calls, rows, bytes, seconds in workers, rows per worker-second) and the
-        shard cache's downloads, hits and evictions; None without tracking or a run."""
+        shard cache's counts in this process: ``downloads``, ``hits`` (a cached copy reused),
+        ``evictions`` (copies deleted to keep ``CacheOptions.limit_bytes``) and ``retries``
+        (remote requests tried again after a transient error); None without tracking or a run."""
         fetch = [r for r in self._tracked() if r.get("op") == "fetch"]
         if not fetch:
             return None
@@ -541,7 +543,8 @@ class Pipeline:
         rows, busy = sum(r["rows_out"] for r in fetch), sum(r["busy_s"] for r in fetch)
         return {"calls": sum(r["calls"] for r in fetch), "rows": rows, "bytes": sum(r["bytes_out"] for r in fetch),
                 "seconds": busy, "rows_per_s": rows / busy if busy else 0.0,
-                "cache": {"downloads": cache.downloads, "hits": cache.hits, "evictions": cache.evictions}}
+                "cache": {"downloads": cache.downloads, "hits": cache.hits, "evictions": cache.evictions,
+                          "retries": cache.retries}}
 
     def prefetch_timing_snapshot(self) -> dict[str, Any] | None:
         """``prefetch()``'s shard downloads: submitted, completed (bytes, seconds), failed; None

@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import threading
 
+import fsspec
+import fsspec.implementations.memory
 import pytest
 
 from zephon_columnar.errors import DatasetNotFoundError
 from zephon_columnar.io import fs
+from zephon_columnar.io.retry import RetryPolicy
 
 
 def test_local_paths_and_file_urls_resolve_without_fsspec(tmp_path):
@@ -114,3 +117,73 @@ def test_default_cache_follows_the_environment_and_prefetch_keeps_order(private_
     assert all(p.startswith(str(private_cache / "shards")) for p in local)
     assert [open(p, "rb").read() for p in local] == [bytes([i]) * (i + 1) for i in range(5)]
     assert fs.local_path(urls[2]) == local[2]
+
+
+class _BreakingFile:
+    """A remote file whose connection drops once, at byte ``break_at``, as a flaky store's does."""
+
+    def __init__(self, inner, owner: "_FlakyMemoryFS") -> None:
+        self._inner, self._owner = inner, owner
+
+    def read(self, n: int = -1) -> bytes:
+        at, limit = self._inner.tell(), self._owner.break_at
+        if limit is not None:
+            if at >= limit:
+                self._owner.break_at = None
+                raise ConnectionResetError(104, "Connection reset by peer")
+            n = limit - at if n < 0 else min(n, limit - at)
+        return self._inner.read(n)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._inner.close()
+
+
+class _FlakyMemoryFS(fsspec.implementations.memory.MemoryFileSystem):
+    """fsspec's memory filesystem under its own protocol, whose files break once; records the
+    ranges asked for."""
+
+    protocol = "flakymem"
+    break_at: int | None = None
+    ranges: list = []
+
+    @classmethod
+    def _strip_protocol(cls, path: str) -> str:
+        return super()._strip_protocol(path.replace("flakymem://", "memory://", 1))
+
+    def _open(self, path, mode="rb", **kwargs):
+        return _BreakingFile(super()._open(path, mode, **kwargs), self)
+
+    def cat_file(self, path, start=None, end=None, **kwargs):
+        self.ranges.append((start, end))
+        return super().cat_file(path, start=start, end=end, **kwargs)
+
+
+def test_a_download_that_breaks_resumes_where_it_broke(tmp_path, monkeypatch):
+    fsspec.register_implementation("flakymem", _FlakyMemoryFS, clobber=True)
+    flaky = fsspec.filesystem("flakymem")
+    data = os.urandom(10_000)
+    flaky.pipe("/zc-resume/a.bin", data)
+    monkeypatch.setattr(fs, "_COPY_BLOCK", 4000)
+    flaky.break_at, flaky.ranges = 6000, []
+    cache = fs.ShardCache(str(tmp_path / "cache"), download_policy=RetryPolicy(attempts=2, first_delay_s=0.0))
+    local = cache.ensure_local("flakymem:///zc-resume/a.bin")
+    assert open(local, "rb").read() == data
+    assert cache.retries == 1 and cache.downloads == 1
+    assert flaky.ranges == [(6000, 10_000)]  # the second try asked only for the rest
+
+
+def test_a_download_out_of_tries_names_the_url_and_leaves_nothing(tmp_path, monkeypatch):
+    fsspec.register_implementation("flakymem", _FlakyMemoryFS, clobber=True)
+    flaky = fsspec.filesystem("flakymem")
+    flaky.pipe("/zc-resume/b.bin", b"x" * 3000)
+    flaky.break_at = 1000
+    cache = fs.ShardCache(str(tmp_path / "cache"), download_policy=RetryPolicy(attempts=1))
+    with pytest.raises(OSError, match=r"flakymem:///zc-resume/b\.bin: download failed 1 time.*ConnectionResetError"):
+        cache.ensure_local("flakymem:///zc-resume/b.bin")
+    assert os.listdir(tmp_path / "cache") == []  # no partial copy under any name

@@ -9,6 +9,11 @@ Readers only ever read local files: a remote shard is downloaded once into the
 pipeline's ``prefetch()`` operator warms that cache from background threads with
 :meth:`ShardCache.ensure_local`.
 
+Every remote request (listing, sizes, small reads, downloads) is retried after transient
+errors (:mod:`zephon_columnar.io.retry`); a download that breaks half way resumes where it
+broke. The policies are the default cache's (``CacheOptions.open_retry_attempts`` for metadata,
+``download_retry`` and ``download_timeout`` for downloads).
+
 Example:
     >>> list_data_files("data/web_parquet")  # doctest: +SKIP
     ['/abs/data/web_parquet/part-000.parquet', '/abs/data/web_parquet/part-001.parquet']
@@ -24,12 +29,19 @@ import re
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Any, Iterable
+from typing import IO, Any, Callable, Iterable, TypeVar
 
 from zephon_columnar.errors import DatasetNotFoundError, ZephonError
+from zephon_columnar.io.retry import RetryPolicy, retrying
+
+T = TypeVar("T")
 
 _CACHE_ENV = "ZEPHON_COLUMNAR_CACHE"
-_COPY_BLOCK = 8 << 20  # bytes per read when downloading a shard
+_COPY_BLOCK = 8 << 20  # bytes per range request when a download resumes
+# CacheOptions' defaults, as Zephon's: 12 download retries within 180 s; 5 tries of a metadata
+# request with 0.1-2 s between them.
+DOWNLOAD_POLICY = RetryPolicy(attempts=13, deadline_s=180.0)
+METADATA_POLICY = RetryPolicy(attempts=5)
 
 
 # ---------------------------------------------------------------- unreadable files
@@ -141,12 +153,19 @@ def _unstrip(fs: Any, path: str) -> str:
 
 
 # ---------------------------------------------------------------- queries
+def remote_call(url: str, what: str, call: Callable[[], T]) -> T:
+    """``call()`` (a request about the remote ``url``), retried after transient errors with the
+    default cache's metadata policy; ``what`` names the request in the final error."""
+    cache = default_shard_cache()
+    return retrying(call, url=url, what=what, policy=cache.metadata_policy, on_retry=cache.count_retry)
+
+
 def exists(url: str) -> bool:
     """Whether ``url`` (a file or a directory) exists."""
     if is_local(url):
         return os.path.exists(to_local(url))
     fs, path = url_to_fs(url)
-    return bool(fs.exists(path))
+    return bool(remote_call(url, "existence check", lambda: fs.exists(path)))
 
 
 def isdir(url: str) -> bool:
@@ -154,7 +173,7 @@ def isdir(url: str) -> bool:
     if is_local(url):
         return os.path.isdir(to_local(url))
     fs, path = url_to_fs(url)
-    return bool(fs.isdir(path))
+    return bool(remote_call(url, "directory check", lambda: fs.isdir(path)))
 
 
 def file_size(url: str) -> int:
@@ -162,7 +181,7 @@ def file_size(url: str) -> int:
     if is_local(url):
         return os.path.getsize(to_local(url))
     fs, path = url_to_fs(url)
-    return int(fs.size(path))
+    return int(remote_call(url, "size request", lambda: fs.size(path)))
 
 
 def file_info(url: str) -> tuple[int, str]:
@@ -175,7 +194,7 @@ def file_info(url: str) -> tuple[int, str]:
         st = os.stat(to_local(url))
         return st.st_size, str(st.st_mtime_ns)
     fs, path = url_to_fs(url)
-    info = fs.info(path)
+    info = remote_call(url, "metadata request", lambda: fs.info(path))
     tag = next((str(info[k]) for k in ("ETag", "etag", "mtime", "LastModified", "last_modified",
                                        "updated", "created") if info.get(k) is not None), "")
     return int(info["size"]), tag
@@ -210,7 +229,7 @@ def list_data_files(url: str) -> list[str]:
             names = [e.name for e in it if e.is_file() and _is_data_name(e.name)]
         return [os.path.join(root, n) for n in sorted(names)]
     fs, path = url_to_fs(url)
-    entries = fs.ls(path, detail=True)
+    entries = remote_call(url, "directory listing", lambda: fs.ls(path, detail=True))
     files = [e["name"] for e in entries if e.get("type") == "file" and _is_data_name(basename(e["name"]))]
     return [_unstrip(fs, p) for p in sorted(files, key=basename)]
 
@@ -229,6 +248,13 @@ def open_binary(url: str) -> IO[bytes]:
 
 def read_bytes(url: str) -> bytes:
     """The whole content of a (small) file, e.g. ``state.json``."""
+    if is_local(url):
+        with open(to_local(url), "rb") as f:
+            return f.read()
+    return remote_call(url, "read", lambda: _read_all(url))
+
+
+def _read_all(url: str) -> bytes:
     with open_binary(url) as f:
         return f.read()
 
@@ -295,9 +321,13 @@ class ShardCache:
         - Downloads are atomic (temp file + rename): a crash never leaves a partial file under
           the final name, and concurrent callers in other processes at worst download twice.
           Within one process, callers for the same URL wait for a single download.
-        - ``limit_bytes`` (None: no limit) bounds the copies: after a download the least
+        - A download that fails transiently is retried (``download_policy``), resuming after
+          the bytes it already has; metadata requests follow ``metadata_policy``. When the
+          tries run out, :class:`~zephon_columnar.io.retry.RetriesExhaustedError` names the URL.
+        - ``limit_bytes`` (None: no limit) bounds the copies: before a download the least
           recently used copies (by the time they were last returned) are deleted until the
-          rest fit, never the copy just returned. A reader that has a copy open keeps reading
+          rest and the new one fit (and again after it, when downloads overlapped), never the
+          copy just returned. A reader that has a copy open keeps reading
           it (POSIX); one that reopens it later gets a fresh download.
 
     Example:
@@ -306,16 +336,26 @@ class ShardCache:
         '/tmp/shards/5b1c...-a.parquet'
     """
 
-    def __init__(self, root: str | None = None, *, limit_bytes: int | None = None) -> None:
+    def __init__(self, root: str | None = None, *, limit_bytes: int | None = None,
+                 download_policy: RetryPolicy = DOWNLOAD_POLICY, metadata_policy: RetryPolicy = METADATA_POLICY) -> None:
         self._root = root
         self.limit_bytes = limit_bytes
+        self.download_policy = download_policy
+        self.metadata_policy = metadata_policy
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._evict_guard = threading.Lock()
+        self._count_guard = threading.Lock()
         # what this instance did (for tests and fetch statistics)
         self.downloads = 0
         self.hits = 0
         self.evictions = 0
+        self.retries = 0  # remote requests tried again after a transient error (downloads and metadata)
+
+    def count_retry(self, err: BaseException) -> None:
+        """``on_retry`` callback of :func:`~zephon_columnar.io.retry.retrying`: one more retry."""
+        with self._count_guard:
+            self.retries += 1
 
     @property
     def root(self) -> str:
@@ -335,9 +375,21 @@ class ShardCache:
         """
         if is_local(url):
             return to_local(url)
+        try:
+            return self._ensure_remote(url, size)
+        except FileNotFoundError as err:
+            if isinstance(err, DatasetNotFoundError):
+                raise
+            raise DatasetNotFoundError(
+                f"{url}: the file does not exist (any more): {err}. It was there when the dataset was "
+                "discovered; restore it, or discover the dataset again."
+            ) from err
+
+    def _ensure_remote(self, url: str, size: int | None) -> str:
         fs, path = url_to_fs(url)
         if size is None:
-            size = int(fs.size(path))
+            size = int(retrying(lambda: fs.size(path), url=url, what="size request", policy=self.metadata_policy,
+                                on_retry=self.count_retry))
         target = self.cached_path(url, size)
         if _has_size(target, size):
             self._touch(target)
@@ -347,8 +399,10 @@ class ShardCache:
                 self._touch(target)
                 return target
             os.makedirs(self.root, exist_ok=True)
+            if self.limit_bytes is not None:  # make room first: the copies never exceed the limit on disk
+                self._evict(incoming=size)
             self._download(fs, path, url, target, size)
-        if self.limit_bytes is not None:
+        if self.limit_bytes is not None:  # downloads that made room at the same time may overlap
             self._evict(keep=target)
         return target
 
@@ -361,16 +415,20 @@ class ShardCache:
             except OSError:
                 pass
 
-    def _evict(self, *, keep: str) -> None:
-        """Delete the least recently used copies until the cache fits ``limit_bytes``."""
+    def _evict(self, *, keep: str | None = None, incoming: int = 0) -> None:
+        """Delete the least recently used copies (never ``keep``) until they and ``incoming``
+        more bytes fit ``limit_bytes``."""
         with self._evict_guard:
             entries = []
             with os.scandir(self.root) as it:
                 for e in it:
                     if e.is_file() and ".tmp-" not in e.name and e.path != keep:  # not a download in flight
-                        st = e.stat()
+                        try:
+                            st = e.stat()
+                        except FileNotFoundError:  # evicted by another process meanwhile
+                            continue
                         entries.append((st.st_mtime_ns, e.path, st.st_size))
-            total = sum(size for _, _, size in entries) + os.path.getsize(keep)
+            total = sum(size for _, _, size in entries) + incoming + (os.path.getsize(keep) if keep else 0)
             for _, path, size in sorted(entries):
                 if total <= self.limit_bytes:
                     break
@@ -388,20 +446,11 @@ class ShardCache:
     def _download(self, fs: Any, path: str, url: str, target: str, size: int) -> None:
         tmp = _temp_name(target)
         try:
-            with fs.open(path, "rb") as src, open(tmp, "wb") as dst:
-                while True:
-                    block = src.read(_COPY_BLOCK)
-                    if not block:
-                        break
-                    dst.write(block)
-            got = os.path.getsize(tmp)
-            if got != size:
-                raise DatasetNotFoundError(
-                    f"{url}: downloaded {got} bytes but the file has {size}; it changed while "
-                    "being read. Retry once the writer has finished, or rediscover the dataset."
-                )
+            retrying(lambda: _copy_remaining(fs, path, url, tmp, size), url=url, what="download",
+                     policy=self.download_policy, on_retry=self.count_retry)
             os.replace(tmp, target)
-            self.downloads += 1
+            with self._count_guard:
+                self.downloads += 1
         except BaseException:
             _remove_quietly(tmp)
             raise
@@ -417,6 +466,40 @@ class ShardCache:
         with ThreadPoolExecutor(max_workers=min(parallelism, len(urls)),
                                 thread_name_prefix="zephon-shard-prefetch") as pool:
             return list(pool.map(self.ensure_local, urls))
+
+
+class _ShortRead(ConnectionError):
+    """The remote stream ended before the file's size: a dropped connection (retried)."""
+
+
+def _copy_remaining(fs: Any, path: str, url: str, tmp: str, size: int) -> None:
+    """Download the remote file into ``tmp``, or, when an earlier try left a part of it there,
+    only the rest: a retried download resumes where the last try broke.
+
+    The first try is the backend's own streaming download (``get_file``: for s3fs half the CPU
+    of reading through a file object); a resumed one reads ranges (``cat_file``).
+    """
+    have = os.path.getsize(tmp) if os.path.exists(tmp) else 0
+    if have == 0:
+        fs.get_file(path, tmp)
+    else:
+        with open(tmp, "ab") as dst:
+            while have < size:
+                block = fs.cat_file(path, start=have, end=min(have + _COPY_BLOCK, size))
+                if not block:
+                    break
+                dst.write(block)
+                have += len(block)
+    have = os.path.getsize(tmp)
+    if have != size:
+        fs.invalidate_cache(path)  # the size the backend remembers may be the old one
+        now = int(fs.size(path))
+        if now == size and have < size:  # same file, the stream was cut short: a dropped connection
+            raise _ShortRead(f"the stream ended after {have} of {size} bytes")
+        raise DatasetNotFoundError(
+            f"{url}: the file has {now} bytes, not the {size} it had when the dataset was discovered; "
+            "it changed while being read. Retry once the writer has finished, or rediscover the dataset."
+        )
 
 
 def _has_size(path: str, size: int) -> bool:
@@ -439,15 +522,19 @@ def default_shard_cache() -> ShardCache:
         return _default_cache
 
 
-def configure_shard_cache(*, root: str | None = None, limit_bytes: int | None = None) -> ShardCache:
+def configure_shard_cache(*, root: str | None = None, limit_bytes: int | None = None,
+                          download_policy: RetryPolicy = DOWNLOAD_POLICY,
+                          metadata_policy: RetryPolicy = METADATA_POLICY) -> ShardCache:
     """Point this process's default cache at ``root`` (None: ``cache_root()/shards``) with at
-    most ``limit_bytes`` (``options(io_options=...)`` calls it before readers open)."""
+    most ``limit_bytes`` and the given retry policies (``options(io_options=...)`` calls it
+    before readers open)."""
     global _default_cache
     with _default_cache_guard:
         if _default_cache is None or _default_cache._root != root:  # noqa: SLF001
             _default_cache = ShardCache(root, limit_bytes=limit_bytes)
-        else:
-            _default_cache.limit_bytes = limit_bytes
+        _default_cache.limit_bytes = limit_bytes
+        _default_cache.download_policy = download_policy
+        _default_cache.metadata_policy = metadata_policy
         return _default_cache
 
 

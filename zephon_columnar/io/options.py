@@ -8,10 +8,15 @@
 - ``cache.limit_bytes``: the most those copies may take; past it the least recently used
   copies are deleted (never one a reader has open). An int or a size such as ``"50gb"``.
 
+- ``cache.download_retry`` (12), ``cache.download_timeout`` (180 s): a download failing with
+  transient errors is tried that many more times, within that many seconds, each try resuming
+  after the bytes already downloaded; ``cache.open_retry_attempts`` (5): tries of a listing,
+  size or footer request (:mod:`zephon_columnar.io.retry`).
+
 This library reads a remote shard from a local copy whatever ``cache.enabled`` says, so
-``enabled`` only documents intent. The other fields (download retries, row-group cache, Arrow /
-Parquet / Vortex / Lance threads, metadata cache entries) tune Zephon's own machinery: they are
-accepted and validated, and change nothing here.
+``enabled`` only documents intent. The other fields (row-group cache, Arrow / Parquet / Vortex /
+Lance threads, metadata cache entries) tune Zephon's own machinery: they are accepted and
+validated, and change nothing here.
 
 Example:
     >>> opts = StoreOptions(cache=CacheOptions.from_any({"enabled": True, "root": "/tmp/c", "limit_bytes": "2kb"}))

@@ -39,6 +39,7 @@ from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
 from zephon_columnar.io.base import ShardInfo, check_columns, project, shard_info
 from zephon_columnar.io.dataset import Dataset, _check_same_schema, in_column_order, take_rows
+from zephon_columnar.io.retry import RetriesExhaustedError
 from zephon_columnar.memory import buffer_pool
 
 DEFAULT_CACHE_BYTES = 32 << 20  # decoded row groups kept per reader: read-ahead + what is being sliced
@@ -49,7 +50,7 @@ DEFAULT_MAX_OPEN_FILES = 16
 # for huge row groups alike.
 _READAHEAD_START_BYTES = 4 << 20
 _READAHEAD_MAX_BYTES = 64 << 20
-_FOOTER_THREADS = 8
+_FOOTER_THREADS = 16
 
 
 # ---------------------------------------------------------------- discovery
@@ -88,6 +89,11 @@ def discover_parquet(name: str, root: str, files: Sequence[str]) -> Dataset:
                    path=root, shards=shards)
 
 
+def _read_remote_footer(url: str) -> tuple[pq.FileMetaData, int]:
+    with fs.open_binary(url) as f:
+        return pq.read_metadata(f), fs.file_size(url)
+
+
 def _read_footer(url: str) -> tuple[pq.FileMetaData, int]:
     """``(footer, file size)``; a file that is not Parquet becomes a DatasetFormatError, one the
     OS cannot read (permissions, I/O error) an :class:`~zephon_columnar.io.fs.UnreadableFileError`."""
@@ -95,10 +101,10 @@ def _read_footer(url: str) -> tuple[pq.FileMetaData, int]:
         if fs.is_local(url):
             path = fs.to_local(url)
             return pq.read_metadata(path), fs.file_size(path)
-        with fs.open_binary(url) as f:
-            return pq.read_metadata(f), fs.file_size(url)
+        # Range reads of the file's end only (the footer), retried after transient errors.
+        return fs.remote_call(url, "footer read", lambda: _read_remote_footer(url))
     except (pa.ArrowInvalid, OSError) as err:
-        if isinstance(err, FileNotFoundError):
+        if isinstance(err, (FileNotFoundError, RetriesExhaustedError)):
             raise
         if fs.is_read_failure(err):
             raise fs.unreadable_file(url, err) from err
