@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+import time
 import re
 
 import numpy as np
@@ -204,3 +206,24 @@ def test_an_unreadable_file_is_a_permission_error_naming_it_not_a_corrupt_one(pq
             action()
         assert not isinstance(e.value, ValueError)  # not reported as a corrupt file
         assert isinstance(e.value.__cause__, PermissionError)
+
+
+def test_a_corrupt_remote_footer_is_a_format_error_at_once_not_retried(memfs):
+    mem, root = memfs
+    # Valid magic bytes around a footer Arrow cannot parse: Arrow raises an OSError for it.
+    mem.pipe(f"{root}/bad/a.parquet", b"PAR1" + b"x" * 100 + (16).to_bytes(4, "little") + b"PAR1")
+    t0 = time.monotonic()
+    with pytest.raises(DatasetFormatError, match=r"bad/a\.parquet: not a readable Parquet file"):
+        Dataset.from_path("web", f"{root}/bad")
+    assert time.monotonic() - t0 < 0.5  # no retries with backoff: the bytes arrived, they are wrong
+
+
+def test_a_remote_footer_larger_than_the_first_range_is_read_whole(memfs):
+    mem, root = memfs
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"id": np.arange(20_000)}), buf, row_group_size=10)  # 2,000 row groups
+    data = buf.getvalue()
+    assert int.from_bytes(data[-8:-4], "little") > 64 << 10  # the footer is past the first 64 KiB read
+    mem.pipe(f"{root}/many/a.parquet", data)
+    ds = Dataset.from_path("web", f"{root}/many")
+    assert ds.counts().tolist() == [20_000] and ds.shards[0].extra["row_groups"] == (10,) * 2000

@@ -246,6 +246,12 @@ def open_binary(url: str) -> IO[bytes]:
     return fs.open(path, "rb")
 
 
+def read_range(url: str, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of a remote file (one range request where the backend allows)."""
+    fs, path = url_to_fs(url)
+    return fs.cat_file(path, start=start, end=end)
+
+
 def read_bytes(url: str) -> bytes:
     """The whole content of a (small) file, e.g. ``state.json``."""
     if is_local(url):

@@ -51,6 +51,7 @@ DEFAULT_MAX_OPEN_FILES = 16
 _READAHEAD_START_BYTES = 4 << 20
 _READAHEAD_MAX_BYTES = 64 << 20
 _FOOTER_THREADS = 16
+_FOOTER_GUESS_BYTES = 64 << 10  # the first range read of a remote footer (Arrow's own guess)
 
 
 # ---------------------------------------------------------------- discovery
@@ -90,8 +91,16 @@ def discover_parquet(name: str, root: str, files: Sequence[str]) -> Dataset:
 
 
 def _read_remote_footer(url: str) -> tuple[pq.FileMetaData, int]:
-    with fs.open_binary(url) as f:
-        return pq.read_metadata(f), fs.file_size(url)
+    """The footer from range reads of the file's end (retried after transient errors), parsed
+    outside the retries: Arrow reports a corrupt footer as an ``OSError``, which must not be
+    mistaken for a network error."""
+    size = fs.file_size(url)
+    tail = fs.remote_call(url, "footer read", lambda: fs.read_range(url, max(0, size - _FOOTER_GUESS_BYTES), size))
+    if len(tail) >= 8 and tail[-4:] == b"PAR1":
+        needed = int.from_bytes(tail[-8:-4], "little") + 8  # footer length + its 8-byte trailer
+        if len(tail) < needed <= size:
+            tail = fs.remote_call(url, "footer read", lambda: fs.read_range(url, size - needed, size))
+    return pq.read_metadata(pa.BufferReader(tail)), size
 
 
 def _read_footer(url: str) -> tuple[pq.FileMetaData, int]:
@@ -101,8 +110,7 @@ def _read_footer(url: str) -> tuple[pq.FileMetaData, int]:
         if fs.is_local(url):
             path = fs.to_local(url)
             return pq.read_metadata(path), fs.file_size(path)
-        # Range reads of the file's end only (the footer), retried after transient errors.
-        return fs.remote_call(url, "footer read", lambda: _read_remote_footer(url))
+        return _read_remote_footer(url)
     except (pa.ArrowInvalid, OSError) as err:
         if isinstance(err, (FileNotFoundError, RetriesExhaustedError)):
             raise

@@ -2,7 +2,7 @@
 
 Object stores fail transiently all the time: a 500 or 503 ("SlowDown"), a connection reset, a
 response cut short. fsspec backends retry some of these themselves (s3fs and botocore do,
-others do not, and none retries a download that broke half way), so every remote request this
+within their own limits; others do not), so every remote request this
 library makes (listing, sizes, Parquet footers, shard downloads) goes through :func:`retrying`
 as well: transient errors are retried with exponential backoff, and when the tries run out the
 error names the URL and what was being done. Permanent errors (a missing file, a refused
