@@ -15,8 +15,7 @@ request for a key in ``failing_keys`` a 500):
 Uploads (``PUT``) never fail. ``stats()`` counts requests, faults and the object bytes served
 per key (listings not included).
 In another process, ``python -m tests.s3_server --latency-ms 20`` prints the endpoint and serves
-until killed; ``GET /_zephon/stats`` and ``POST /_zephon/config`` (JSON) reach the same counters
-and settings over HTTP.
+until killed.
 
 Example:
     >>> server = FaultyS3Server(latency_s=0.02).start()  # doctest: +SKIP
@@ -26,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import random
@@ -38,7 +36,6 @@ from collections import Counter
 from typing import Any, Iterable
 
 FAULTS = ("500", "503", "reset", "truncate")
-_CONTROL = "/_zephon/"
 # moto needs some credentials; they are not checked.
 TEST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                     "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
@@ -124,8 +121,6 @@ class FaultyS3Server:
     def _wrap(self, app: Any) -> Any:
         def handle(environ: dict, start_response: Any) -> Iterable[bytes]:
             path, method = environ.get("PATH_INFO", "/"), environ["REQUEST_METHOD"]
-            if path.startswith(_CONTROL):
-                return self._control(path[len(_CONTROL):], environ, start_response)
             key = path.lstrip("/")
             with self._lock:
                 latency = self.latency_s
@@ -166,20 +161,6 @@ class FaultyS3Server:
         yield half
         # An exception after the headers makes werkzeug drop the connection mid-body.
         raise ConnectionResetError("injected: connection dropped mid-body")
-
-    def _control(self, what: str, environ: dict, start_response: Any) -> Iterable[bytes]:
-        if what == "config" and environ["REQUEST_METHOD"] == "POST":
-            size = int(environ.get("CONTENT_LENGTH") or 0)
-            self.configure(**json.loads(environ["wsgi.input"].read(size) or b"{}"))
-            body = b"{}"
-        elif what == "reset" and environ["REQUEST_METHOD"] == "POST":
-            self.reset_stats()
-            body = b"{}"
-        else:
-            body = json.dumps(self.stats()).encode()
-        start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
-        return [body]
-
 
 def _is_object(key: str) -> bool:
     """``bucket/key`` rather than a bucket (a listing)."""

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, Callable, Iterable, TypeVar
 
 from zephon_columnar.errors import DatasetNotFoundError, ZephonError
+from zephon_columnar.io.options import CacheOptions
 from zephon_columnar.io.retry import RetryPolicy, retrying
 
 T = TypeVar("T")
@@ -40,8 +41,8 @@ _CACHE_ENV = "ZEPHON_COLUMNAR_CACHE"
 _COPY_BLOCK = 8 << 20  # bytes per range request when a download resumes
 # CacheOptions' defaults, as Zephon's: 12 download retries within 180 s; 5 tries of a metadata
 # request with 0.1-2 s between them.
-DOWNLOAD_POLICY = RetryPolicy(attempts=13, deadline_s=180.0)
-METADATA_POLICY = RetryPolicy(attempts=5)
+DOWNLOAD_POLICY = CacheOptions().download_policy()
+METADATA_POLICY = CacheOptions().metadata_policy()
 
 
 # ---------------------------------------------------------------- unreadable files
@@ -154,10 +155,9 @@ def _unstrip(fs: Any, path: str) -> str:
 
 # ---------------------------------------------------------------- queries
 def remote_call(url: str, what: str, call: Callable[[], T]) -> T:
-    """``call()`` (a request about the remote ``url``), retried after transient errors with the
-    default cache's metadata policy; ``what`` names the request in the final error."""
-    cache = default_shard_cache()
-    return retrying(call, url=url, what=what, policy=cache.metadata_policy, on_retry=cache.count_retry)
+    """``call()`` (a request about the remote ``url``), retried as the default cache's
+    :meth:`ShardCache.remote_call` does."""
+    return default_shard_cache().remote_call(url, what, call)
 
 
 def exists(url: str) -> bool:
@@ -254,15 +254,11 @@ def read_range(url: str, start: int, end: int) -> bytes:
 
 def read_bytes(url: str) -> bytes:
     """The whole content of a (small) file, e.g. ``state.json``."""
-    if is_local(url):
-        with open(to_local(url), "rb") as f:
+    def read() -> bytes:
+        with open_binary(url) as f:
             return f.read()
-    return remote_call(url, "read", lambda: _read_all(url))
 
-
-def _read_all(url: str) -> bytes:
-    with open_binary(url) as f:
-        return f.read()
+    return read() if is_local(url) else remote_call(url, "read", read)
 
 
 def canonical(url: str) -> str:
@@ -358,8 +354,12 @@ class ShardCache:
         self.evictions = 0
         self.retries = 0  # remote requests tried again after a transient error (downloads and metadata)
 
-    def count_retry(self, err: BaseException) -> None:
-        """``on_retry`` callback of :func:`~zephon_columnar.io.retry.retrying`: one more retry."""
+    def remote_call(self, url: str, what: str, call: Callable[[], T]) -> T:
+        """``call()`` (a metadata request about the remote ``url``), retried after transient
+        errors with ``metadata_policy``; ``what`` names the request in the final error."""
+        return retrying(call, url=url, what=what, policy=self.metadata_policy, on_retry=self._count_retry)
+
+    def _count_retry(self, err: BaseException) -> None:
         with self._count_guard:
             self.retries += 1
 
@@ -394,8 +394,7 @@ class ShardCache:
     def _ensure_remote(self, url: str, size: int | None) -> str:
         fs, path = url_to_fs(url)
         if size is None:
-            size = int(retrying(lambda: fs.size(path), url=url, what="size request", policy=self.metadata_policy,
-                                on_retry=self.count_retry))
+            size = int(self.remote_call(url, "size request", lambda: fs.size(path)))
         target = self.cached_path(url, size)
         if _has_size(target, size):
             self._touch(target)
@@ -414,7 +413,8 @@ class ShardCache:
 
     def _touch(self, target: str) -> None:
         """Mark a copy as just used (its mtime orders the evictions)."""
-        self.hits += 1
+        with self._count_guard:
+            self.hits += 1
         if self.limit_bytes is not None:
             try:
                 os.utime(target)
@@ -453,7 +453,7 @@ class ShardCache:
         tmp = _temp_name(target)
         try:
             retrying(lambda: _copy_remaining(fs, path, url, tmp, size), url=url, what="download",
-                     policy=self.download_policy, on_retry=self.count_retry)
+                     policy=self.download_policy, on_retry=self._count_retry)
             os.replace(tmp, target)
             with self._count_guard:
                 self.downloads += 1

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping, TypeVar
 
 from zephon_columnar.errors import ConfigError
+from zephon_columnar.io.retry import RetryPolicy
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
@@ -128,6 +129,14 @@ class CacheOptions(_Options):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"CacheOptions({name}={v!r}): pass an int >= 0.")
+
+    def download_policy(self) -> RetryPolicy:
+        """``download_retry`` retries (so one more try) within ``download_timeout`` seconds."""
+        return RetryPolicy(attempts=self.download_retry + 1, deadline_s=self.download_timeout)
+
+    def metadata_policy(self) -> RetryPolicy:
+        """``open_retry_attempts`` tries of a listing, size or footer request (at least one)."""
+        return RetryPolicy(attempts=max(1, self.open_retry_attempts))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,20 +17,14 @@ from zephon_columnar import frame as F
 from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
 from zephon_columnar.io.base import ShardReader
-from zephon_columnar.io.retry import RetryPolicy
 from zephon_columnar.ops.base import FrameOp, OpContext, OpTraits
 
 
 def shard_cache_settings(options: Any) -> dict[str, Any] | None:
-    """``configure_shard_cache`` arguments from ``RuntimeOptions.io_options`` (None: defaults).
-
-    ``download_retry`` retries (so one more try) within ``download_timeout`` seconds per
-    download; ``open_retry_attempts`` tries of each metadata request.
-    """
+    """``configure_shard_cache`` arguments from ``RuntimeOptions.io_options`` (None: defaults)."""
     cache = options.store_options().cache
     settings = {"root": cache.root, "limit_bytes": cache.limit_bytes,
-                "download_policy": RetryPolicy(attempts=cache.download_retry + 1, deadline_s=cache.download_timeout),
-                "metadata_policy": RetryPolicy(attempts=max(1, cache.open_retry_attempts))}
+                "download_policy": cache.download_policy(), "metadata_policy": cache.metadata_policy()}
     defaults = {"root": None, "limit_bytes": None, "download_policy": fs.DOWNLOAD_POLICY,
                 "metadata_policy": fs.METADATA_POLICY}
     return None if settings == defaults else settings
