@@ -82,7 +82,7 @@ def test_a_worker_that_dies_is_a_pipeline_error_naming_the_stage_and_sample(when
     in_process.close()
 
 
-@pytest.mark.parametrize("runner, mtp", [("threads", False), ("threads", True), ("process", True)])
+@pytest.mark.parametrize("runner, mtp", [("threads", False), ("threads", True), ("process", False), ("process", True)])
 def test_close_from_another_thread_releases_a_next_blocked_on_a_stuck_function(runner, mtp):
     it = iter(stuck(runner, mtp=mtp))
     got: list = []
@@ -97,6 +97,26 @@ def test_close_from_another_thread_releases_a_next_blocked_on_a_stuck_function(r
     consumer.join(HANG_GUARD_S)
     assert not closer.is_alive() and not consumer.is_alive()
     assert 0 < len(got) <= STUCK_AT // 4
+
+
+def hangs_on_row_5(row: dict) -> dict:
+    if row["x"] == 5:
+        time.sleep(10**6)
+    return row
+
+
+def test_close_from_another_thread_releases_a_next_blocked_while_the_process_runner_starts():
+    """Until its first worker is up the process runner computes frames on the driver: a user
+    function stuck there kept the caller's next() blocked after close() (issue 25)."""
+    it = iter(Pipeline(source(2_000)).map_transform(hangs_on_row_5).batch(4).options(runner="process"))
+    got: list = []
+    consumer = run_in_thread(lambda: got.extend(it))
+    time.sleep(1.0)
+    assert consumer.is_alive() and len(got) <= 1  # blocked on row 5 (in the first frames)
+    closer = run_in_thread(it.close)
+    closer.join(HANG_GUARD_S)
+    consumer.join(HANG_GUARD_S)
+    assert not closer.is_alive() and not consumer.is_alive()
 
 
 @pytest.mark.parametrize("runner", ["threads", "process"])

@@ -350,8 +350,7 @@ class EngineRun:
                     # Items made but not delivered go back in front of the collector's rows.
                     refs = [F.refs_of(t) for t in made] + ([snap.pending[0]] if snap.pending else [])
                     pending = (F.concat_frames(refs), F.payload_of(F.concat_frames(made)).schema)
-                    snap = LaneSnapshot(items=snap.items, resume=snap.resume, stages=snap.stages,
-                                        queues=snap.queues, inboxes=snap.inboxes, pending=pending)
+                    snap = dataclasses.replace(snap, pending=pending)
                 out[lane] = snap
             return out
 

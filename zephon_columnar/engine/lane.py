@@ -46,7 +46,8 @@ if TYPE_CHECKING:
 #: Rows of a lane's first frame when it cannot be one batch; frames grow 4x up to the fetch
 #: batch size.
 FIRST_FRAME_ROWS = 64
-#: Work-source states kept per lane for resume points (chunks still in flight).
+#: Work-source states of the most recent chunks a lane keeps whatever else it holds: an uncapped
+#: wrap packer rewinds to one of them (a small checkpoint) when its oldest document is that recent.
 _KEEP_STATES = 256
 
 
@@ -129,10 +130,28 @@ class Source:
         self.shared = shared
         self.ws = ws
         self.k = engine.plan.flush_every
+        # The work-source state before every chunk a checkpoint may resume from: chunks from the
+        # chain's `resume_floor` on (set by the chain), and the last `_KEEP_STATES`.
         self.states: dict[int, Mapping[str, Any]] = {}
+        self.resume_floor: Callable[[], int] = lambda: 0
+        self._prune_above = 2 * _KEEP_STATES
         self._next_pull = chunk  # the chunk ``ws.next_chunk()`` returns next
         self.start = (chunk, offset, marker)
         self.next_position = (chunk, offset, marker)
+
+    def knows_state_before(self, chunk: int) -> bool:
+        return chunk in self.states or chunk == self._next_pull
+
+    def _keep_state(self, chunk: int, state: Mapping[str, Any]) -> None:
+        """Keep the state before ``chunk``; drop those no checkpoint can resume from any more
+        (amortized: only when the kept states have doubled since the last time)."""
+        states = self.states
+        states[chunk] = state
+        if len(states) > self._prune_above:
+            keep_from = min(self.resume_floor(), chunk - _KEEP_STATES)
+            for c in [c for c in states if c < keep_from]:
+                del states[c]
+            self._prune_above = max(2 * _KEEP_STATES, 2 * len(states))
 
     def state_before(self, chunk: int) -> Mapping[str, Any]:
         """The work-source state before chunk ``chunk`` (one in flight, or the next to pull)."""
@@ -219,8 +238,7 @@ class Source:
         ws = self.ws
         while True:
             while not exhausted and (not buffered or samples < ahead):
-                self.states[chunk_id] = ws.state_dict()
-                self.states.pop(chunk_id - _KEEP_STATES, None)
+                self._keep_state(chunk_id, ws.state_dict())
                 chunk = ws.next_chunk()
                 if chunk is None:
                     exhausted = True
@@ -618,6 +636,7 @@ class LaneChain:
             self.steps.append(step)
             events = iter(step)
         self.collector = Collector(engine, self.shared, events, epoch, skip, state)
+        self.source.resume_floor = self._resume_floor
         if isinstance(start, LaneSnapshot) and start.pending is not None:
             refs, schema = start.pending
             self.collector.restore_pending(_LazyRows(refs, self._transit_source(len(engine.plan.stages) - 1, schema),
@@ -630,6 +649,24 @@ class LaneChain:
         return lambda refs: self.regen.outputs_of(pos, refs, schema)
 
     # ------------------------------------------------------------------ snapshot
+    def _resume_floor(self) -> int:
+        """The oldest chunk `snapshot` could resume from now or later: rows only move downstream,
+        so the positions it chooses from (the collector's first row, the first ordered stage's
+        first input, the first row in flight, the source's next row) never move back. Rows a
+        restore holds by reference are not counted: a snapshot keeps them by reference."""
+        chunks = [self.source.next_position[0]]
+        inflight = self.steps[0].in_transit() if isinstance(self.steps[0], ParallelStep) else []
+        if inflight:
+            chunks.append(self.source.position_of(inflight[0])[0])
+        head = self.steps[1] if len(self.steps) > 1 and isinstance(self.steps[1], OrderedStep) else None
+        held = [list(head.inbox) if head is not None else [],
+                [e[0] for e in self.collector.pending] if self.engine.resume_by_input else []]
+        for rows in held:
+            first = next((r for r in rows if not isinstance(r, _LazyRows) and r.num_rows), None)
+            if first is not None:
+                chunks.append(self.source.position_of(first)[0])
+        return min(chunks)
+
     def _rewound(self, items: int) -> LaneSnapshot | None:
         """The whole lane as a source position, when it is one stateless one-row-per-sample stage
         and a packer that can rewind (uncapped wrap): see `LanePacker.rewind`. None otherwise."""
@@ -678,20 +715,27 @@ class LaneChain:
         head = steps[1] if len(steps) > 1 and isinstance(steps[1], OrderedStep) else None
         inbox = [p for p in head.inbox if p.num_rows] if head is not None else []
         one_to_one = not any(getattr(op, "fans_out", True) for op in self.engine.plan.stages[0].ops)
+        # Rows a restore put back by reference come from before this run's first chunk, where the
+        # source has no state: they stay references, and the lane resumes after them.
+        at = None
         if self.engine.resume_by_input and rows:
             # No state and at most one row per input: the first row not yet in a batch says where
             # to resume, and nothing needs to be held by reference.
-            chunk, offset, marker = self.source.position_of(rows[0])
-            rows = []
-        elif one_to_one and inbox:
+            at = self.source.position_of(rows[0])
+            if self.source.knows_state_before(at[0]):
+                rows = []
+            else:
+                at = None
+        if at is None and one_to_one and inbox:
             # The first ordered stage's unpushed input maps to source positions: resume there.
-            chunk, offset, marker = self.source.position_of(inbox[0].refs if isinstance(inbox[0], _LazyRows)
-                                                            else inbox[0])
-            head = None
-        elif inflight:
-            chunk, offset, marker = self.source.position_of(inflight[0])
-        else:
-            chunk, offset, marker = self.source.next_position
+            at = self.source.position_of(inbox[0].refs if isinstance(inbox[0], _LazyRows) else inbox[0])
+            if self.source.knows_state_before(at[0]):
+                head = None
+            else:
+                at = None
+        if at is None:
+            at = self.source.position_of(inflight[0]) if inflight else self.source.next_position
+        chunk, offset, marker = at
         resume = {"chunk": chunk, "offset": offset, "marker": marker,
                   "source_state": self.source.state_before(chunk)}
         stages, queues, inboxes = [], [], []

@@ -386,9 +386,10 @@ class ProcessRunner(_WorkerWaits):
     Every worker is started with the runner (one no-op task each: the pool spawns a process for
     each task it cannot hand to an idle one), without re-running the training script in it.
     Until the first one is up (spawn, imports, ``setup``: a few tenths of a second), the driver
-    runs the frames itself, as the inline runner would: stateless work gives the same rows
-    wherever it runs, and a short job is never slower than inline for having asked for workers.
-    (Not with ``op_timeout_s``: a call the driver runs could not be interrupted.)
+    runs the frames itself, on one daemon thread of its own: stateless work gives the same rows
+    wherever it runs, a short job is never slower than inline for having asked for workers, and
+    the caller waits for those frames as for the workers' (``close()`` from another thread
+    releases it). (Not with ``op_timeout_s``: a call the driver runs could not be interrupted.)
     """
 
     kind = "process"
@@ -400,6 +401,7 @@ class ProcessRunner(_WorkerWaits):
         self._sink = metrics.add_op if metrics is not None else None
         self._stages, self._services = stages, services
         self._driver_ops: list[list[BaseOp]] | None = None  # the driver's copies, while no worker is up
+        self._driver: _DaemonPool | None = None  # the driver's thread for them
         self._up = threading.Event()
         payload = cloudpickle.dumps((list(stages), services, metrics is not None))
         self.workers = workers
@@ -415,14 +417,9 @@ class ProcessRunner(_WorkerWaits):
     def submit(self, stage: int, frame: pa.Table) -> cf.Future:
         # With a time limit every call goes to a worker: the driver cannot interrupt itself.
         if not self._up.is_set() and self.time_limit_s is None:
-            fut: cf.Future = cf.Future()
-            try:
-                if self._driver_ops is None:
-                    self._driver_ops = setup_stages(self._stages, self._services)
-                fut.set_result(run_stage(self._driver_ops[stage], frame, stage, self._sink))
-            except BaseException as err:  # delivered where the result is read, like the workers' errors
-                fut.set_exception(err)
-            return fut
+            if self._driver is None:
+                self._driver = _DaemonPool(1, "zephon-driver")
+            return self._mark(self._driver.submit(self._driver_call, stage, frame), stage, frame)
         describe = lambda: self.describe(stage, frame)  # noqa: E731
         try:
             inner = self._pool.submit(_process_call, stage, F.frame_to_ipc(frame).to_pybytes())
@@ -432,8 +429,15 @@ class ProcessRunner(_WorkerWaits):
         inner.add_done_callback(self._calls.discard)
         return self._mark(_DecodedFuture(inner, self.metrics, describe), stage, frame)
 
+    def _driver_call(self, stage: int, frame: pa.Table) -> pa.Table:
+        if self._driver_ops is None:
+            self._driver_ops = setup_stages(self._stages, self._services)
+        return run_stage(self._driver_ops[stage], frame, stage, self._sink)
+
     def cancel(self) -> None:
         self.cancelled.set()
+        if self._driver is not None:
+            self._driver.shutdown(cancel_futures=True)
         # Keep handles on the workers: shutdown() forgets them, and close() must reap them.
         self._procs.extend((getattr(self._pool, "_processes", None) or {}).values())
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -445,9 +449,10 @@ class ProcessRunner(_WorkerWaits):
         stateless), the workers are terminated instead, so one stuck in an operator neither
         outlives the pass nor holds the interpreter's exit."""
         self.cancel()
-        for row in self._driver_ops or ():
-            for op in row:
-                op.teardown()
+        if self._driver is None or self._driver.join(_CLOSE_GRACE_S):
+            for row in self._driver_ops or ():
+                for op in row:
+                    op.teardown()
         if any(not f.done() for f in list(self._calls)):
             for proc in self._procs:
                 if proc.is_alive():

@@ -21,7 +21,7 @@ from zephon_columnar.errors import warn
 from zephon_columnar.ops.accumulators import LaneContext
 from zephon_columnar.ops.pack.emit import emit_rows
 from zephon_columnar.ops.pack.spec import POSITIONS, PackSpec
-from zephon_columnar.ops.pack.stream import FrameReader, Run, gather, is_list
+from zephon_columnar.ops.pack.stream import TOKEN_SKIP, FrameReader, Run, gather, is_list
 
 
 def _packed_columns(schema: pa.Schema, docs: pa.Table) -> list[str]:
@@ -227,7 +227,9 @@ class LanePacker:
                 self._skip -= len(run)
                 return []
             run, self._skip = run.sub(self._skip), 0
-        if self._window is not None:
+        # A carried frame (`carry()`, with its token skips) primes a fresh lane with rows that were
+        # placed before the flush point: they go back to their packers, not through the window.
+        if self._window is not None and TOKEN_SKIP not in frame.column_names:
             out: list[pa.Table] = []
             for ready in self._window.push(run):
                 out.extend(self._place(ready))
