@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import warnings
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -105,3 +106,56 @@ def operator_failure(err: BaseException, message: str) -> BaseException:
     out = wrapped(message)
     out.__cause__ = err
     return out
+
+
+# ---------------------------------------------------------------------- warnings
+class ZephonWarning(UserWarning):
+    """Base class of every warning zephon_columnar gives on purpose: filter them all with
+    ``warnings.filterwarnings("ignore", category=ZephonWarning)``, or one kind by its subclass."""
+
+
+class DataDroppedWarning(ZephonWarning):
+    """Rows or tokens were dropped on purpose (an oversized document, a stream's final partial
+    row, rows an exact mixture could not place); the counts are in ``metrics_snapshot()``."""
+
+
+class EmptyPassWarning(ZephonWarning):
+    """A whole pass over the data delivered no item (every row filtered out, or none read)."""
+
+
+class ConfigurationWarning(ZephonWarning):
+    """A setting that is probably not what was meant (two data-parallel ranks that receive the
+    same batches, an option with no effect)."""
+
+
+class Notices:
+    """Warnings given once per pass of a pipeline (an iteration): the first time each ``kind``
+    happens, in whichever lane; later occurrences are only counted (by the caller, in the
+    lanes' stats). Thread-safe.
+
+    Example:
+        >>> notices = Notices()
+        >>> with warnings.catch_warnings(record=True) as seen:
+        ...     warnings.simplefilter("always")
+        ...     for lane in range(3):
+        ...         notices.warn("wrap_tail", f"lane {lane} dropped a partial row", DataDroppedWarning)
+        >>> [str(w.message) for w in seen], notices.given()
+        (['lane 0 dropped a partial row'], ['wrap_tail'])
+    """
+
+    def __init__(self) -> None:
+        self._given: set[str] = set()
+        self._lock = threading.Lock()
+
+    def warn(self, kind: str, message: str, category: type[Warning] = ZephonWarning) -> bool:
+        """Warn unless ``kind`` was warned about already; whether this call warned."""
+        with self._lock:
+            if kind in self._given:
+                return False
+            self._given.add(kind)
+        warn(message, category)
+        return True
+
+    def given(self) -> list[str]:
+        with self._lock:
+            return sorted(self._given)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import itertools
 import json
+import warnings
 
 import pytest
 
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+from zephon_columnar.errors import DataDroppedWarning, EmptyPassWarning, PipelineError
 from zephon_columnar.testing import signature
 from tests.ops._tokenizers import make_texts, make_tokenizer
 
@@ -123,3 +125,57 @@ def test_replayed_stage_and_wrap_with_a_shuffle_strategy_resume_unshifted(strate
     full = [signature(x) for x in build()]
     for k in range(0, len(full), 5):
         assert _resume(build, k) == full, k
+
+
+def _filtered(policy: dict, runner: str, *, keep=lambda x: x < 0) -> Pipeline:
+    ws = StaticMixtureWorkSource([_in_memory("d", 500)], {"d": 1.0}, chunk_size=8, seed=0, **policy)
+    return Pipeline(ws).filter(lambda r: keep(r["x"])).batch(1).options(runner=runner)
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads", "process"])
+def test_a_filter_that_drops_every_row_of_a_repeating_source_is_an_error_not_a_spin(runner):
+    """exhausted_policy='repeat' and a filter that keeps nothing: next() spun at 100% CPU forever."""
+    with pytest.raises(PipelineError, match=r"lane 0 read \d+ rows since a row last came through its first stage, "
+                                            r"more than a whole pass of the data \(500 rows\)"):
+        next(iter(_filtered({"exhausted_policy": "repeat"}, runner)))
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads"])
+def test_one_pass_that_delivers_nothing_warns_once(runner):
+    with pytest.warns(EmptyPassWarning, match="this pass read 500 rows of lanes \\[0\\] and delivered nothing") as seen:
+        assert list(_filtered({"stop_after_passes": 1}, runner)) == []
+    assert len([w for w in seen if issubclass(w.category, EmptyPassWarning)]) == 1
+    with warnings.catch_warnings():  # a filter that keeps some rows: no warning, and no error on repeat
+        warnings.simplefilter("error", EmptyPassWarning)
+        assert len(list(_filtered({"stop_after_passes": 1}, runner, keep=lambda x: x == 499))) == 1
+        assert len(list(itertools.islice(_filtered({"exhausted_policy": "repeat"}, runner,
+                                                   keep=lambda x: x == 499), 3))) == 3
+
+
+def test_an_exact_mixture_that_cannot_be_met_is_an_error_not_a_hang():
+    """An endless source, ensure_mixture(max_buffer_size=None) and one component filtered out:
+    next() never returned."""
+    a = _in_memory("a", 500)
+    b = _in_memory("b", 300, start=-300)
+    ws = StaticMixtureWorkSource([a, b], {"a": 0.5, "b": 0.5}, chunk_size=8, seed=0, exhausted_policy="repeat")
+    pipe = Pipeline(ws).filter(lambda r: r["x"] < 0).ensure_mixture(max_buffer_size=None, weight_by="samples").batch(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DataDroppedWarning)
+        with pytest.raises(PipelineError, match=r"lane 0 received \d+ rows, more than a whole pass of the data "
+                                                r"\(1000 rows\), and could emit none: target component\(s\) \['a'\]"):
+            next(iter(pipe))
+
+
+def test_exact_mixture_drops_are_warned_once_per_pass_and_counted():
+    a, b = _in_memory("a", 300), _in_memory("b", 100, start=1000)
+    ws = StaticMixtureWorkSource([a, b], {"a": 0.5, "b": 0.5}, chunk_size=8, seed=0,
+                                 exhausted_policy={"a": "stop", "b": "stop"})
+    pipe = (Pipeline(ws).ensure_mixture(max_buffer_size=None, weight_by="samples", mixture={"a": 0.9, "b": 0.1}).batch(4)
+            .options(canonical_replicas=2))
+    for _ in range(2):  # each pass warns once, whatever the lanes and flush points
+        with pytest.warns(DataDroppedWarning) as seen:
+            list(pipe)
+        drops = [w for w in seen if "ensure_mixture(max_buffer_size=None) dropped" in str(w.message)]
+        assert len(drops) == 1
+    dropped = [r["value"] for r in pipe.metrics_snapshot().records if r.get("name") == "ensure_mixture_dropped"]
+    assert sum(dropped) > 0

@@ -30,7 +30,7 @@ from zephon_columnar.engine.lanes import next_lane, owned_lanes
 from zephon_columnar.engine.plan import OrderedStage, ParallelStage, Plan, compile_plan
 from zephon_columnar.engine.replay import LaneCursor, LaneSnapshot
 from zephon_columnar.engine.runners import RUNNERS
-from zephon_columnar.errors import PipelineError
+from zephon_columnar.errors import EmptyPassWarning, Notices, PipelineError
 from zephon_columnar.io.readers import ReaderPool
 from zephon_columnar.ops.accumulators import restorable_by_reference
 from zephon_columnar.ops.base import BaseOp
@@ -275,10 +275,12 @@ class EngineRun:
         services = {"datasets_by_id": engine.ws.datasets_by_id, "reader_pool": self._readers,
                     "shard_cache": shard_cache_settings(engine.options)}
         self.metrics = Metrics() if engine.options.tracking_on() else None
+        self.notices = Notices()  # warnings about dropped data: once per pass, whichever lane
         self._runner = RUNNERS[runner_kind](stages, services, engine.workers(), metrics=self.metrics,
                                             time_limit_s=engine.options.op_timeout_s)
         try:
-            self.chains = {lane: LaneChain(engine, lane, cursors[lane], self._runner) for lane in engine.lanes}
+            self.chains = {lane: LaneChain(engine, lane, cursors[lane], self._runner, self.notices)
+                           for lane in engine.lanes}
             streams = {lane: iter(chain) for lane, chain in self.chains.items()}
         except BaseException:
             self._runner.close()
@@ -379,6 +381,12 @@ class EngineRun:
             raise StopIteration
         try:
             item = next(self._tail) if self._queue is None else self._get()
+        except StopIteration:
+            stopped = self._stop.is_set()
+            self.close()
+            if not stopped:
+                self._check_empty_pass()
+            raise
         except BaseException:
             stopped = self._stop.is_set()
             self.close()
@@ -394,6 +402,15 @@ class EngineRun:
                                                    items=self.items[item.lane], source_state=item.source_state,
                                                    carries=item.carries)
         return item
+
+    def _check_empty_pass(self) -> None:
+        """At the end of a pass: an `EmptyPassWarning` when rows were read and not one came out of
+        the first stage in any lane (a filter that drops everything)."""
+        read = sum(chain.guard.rows_in for chain in self.chains.values())
+        if read and not any(chain.guard.rows_out for chain in self.chains.values()):
+            self.notices.warn("empty_pass", f"this pass read {read} rows of lanes {sorted(self.chains)} and delivered "
+                              "nothing: the operators before the first ordered stage let no row through (a filter "
+                              "that drops every row?).", EmptyPassWarning)
 
     def _get(self) -> LaneItem:
         assert self._queue is not None and self._thread is not None

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from zephon_columnar import frame as F
 from zephon_columnar.engine.plan import ParallelStage
 from zephon_columnar.engine.replay import LaneCursor, LaneSnapshot
-from zephon_columnar.errors import CheckpointError, PipelineError, ZephonError, operator_failure
+from zephon_columnar.errors import CheckpointError, Notices, PipelineError, ZephonError, operator_failure
 from zephon_columnar.ops.accumulators import LaneContext
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.types import SampleBatch, records_of
@@ -80,13 +80,14 @@ class LaneShared:
     `LaneContext`, the chunks' target mixtures, and (replay mode) the rows each ordered stage
     carried across each flush point (``carries[epoch][stage]``)."""
 
-    def __init__(self, lane: int, ws: WorkSource, restore: LaneCursor | None, rows_per_item: int) -> None:
+    def __init__(self, lane: int, ws: WorkSource, restore: LaneCursor | None, rows_per_item: int,
+                 notices: Notices) -> None:
         recipe = ws.recipe()
         self.targets: dict[int, Mapping[str, float] | None] = {}
         names = {cid: name for name, cid in ws.component_ids().items()}
         seed = recipe.get("seed", 0) if isinstance(recipe.get("seed", 0), int) else 0
         self.ctx = LaneContext(lane=lane, seed=seed, component_names=names, chunk_target=self.targets.get,
-                               rows_per_item=rows_per_item)
+                               rows_per_item=rows_per_item, notices=notices, rows_per_pass=ws.rows_per_pass())
         self.restore = restore
         self.carries: dict[int, dict[int, pa.Table]] = {} if restore is None else \
             {restore.epoch: dict(restore.carries)}
@@ -275,6 +276,7 @@ class ParallelStep:
         self.stage = stage
         self.window = window
         self.pending: deque[tuple[Any, Any]] = deque()
+        self.last_input_rows = 0  # rows of the input of the frame passed on last
 
     def __iter__(self) -> Iterator[Any]:
         pending = self.pending
@@ -289,6 +291,7 @@ class ParallelStep:
                     if fut is not None:
                         ahead = min(self.window, max(1, ahead * 2))
                         out = self._result(fut)
+                        self.last_input_rows = ev0.num_rows
                     else:
                         out = ev0
                     pending.popleft()
@@ -296,6 +299,8 @@ class ParallelStep:
             while pending:
                 ev0, fut = pending[0]
                 out = self._result(fut) if fut is not None else ev0
+                if fut is not None:
+                    self.last_input_rows = ev0.num_rows
                 pending.popleft()
                 yield out
         finally:
@@ -314,6 +319,36 @@ class ParallelStep:
 
     def in_transit(self) -> list[Any]:
         return [ev for ev, _ in self.pending]
+
+
+class EmptyPassGuard:
+    """Between a lane's first stage (fetch and the stateless operators after it) and the rest:
+    counts the source rows that went in and the rows that came out. More than a whole pass of
+    the data in without one row out means every row is filtered out: with a source that
+    repeats, the lane would read forever, so that is a `PipelineError` naming the numbers."""
+
+    def __init__(self, upstream: Iterator[Any], first: ParallelStep, lane: int, rows_per_pass: int | None) -> None:
+        self.upstream = upstream
+        self.first = first
+        self.lane = lane
+        self.limit = rows_per_pass
+        self.rows_in = 0
+        self.rows_out = 0
+        self._in_since_out = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        for ev in self.upstream:
+            if isinstance(ev, pa.Table):
+                self.rows_in += self.first.last_input_rows
+                self.rows_out += ev.num_rows
+                self._in_since_out = 0 if ev.num_rows else self._in_since_out + self.first.last_input_rows
+                if self.limit is not None and self._in_since_out > self.limit:
+                    raise PipelineError(
+                        f"lane {self.lane} read {self._in_since_out} rows since a row last came through its first "
+                        f"stage, more than a whole pass of the data ({self.limit} rows): every row is filtered out, "
+                        "and a source that repeats would be read forever. Check the filter and map conditions "
+                        "against a few rows of each dataset.")
+            yield ev
 
 
 class _LazyRows:
@@ -580,7 +615,8 @@ def _drain_records(lane: int, pending: deque, by_input: bool, fields: Any) -> It
 class LaneChain:
     """A lane's source, steps (aligned with the plan's stages) and collector."""
 
-    def __init__(self, engine: "Engine", lane: int, start: LaneCursor | LaneSnapshot, runner: Any) -> None:
+    def __init__(self, engine: "Engine", lane: int, start: LaneCursor | LaneSnapshot, runner: Any,
+                 notices: Notices) -> None:
         self.engine = engine
         self.lane = lane
         self.runner = runner
@@ -591,14 +627,14 @@ class LaneChain:
         if isinstance(start, LaneSnapshot):
             resume = start.resume
             ws.load_state_dict(resume["source_state"])
-            self.shared = LaneShared(lane, ws, None, per_item)
+            self.shared = LaneShared(lane, ws, None, per_item, notices)
             self.shared.targets.update(start.targets)
             self.source = Source(engine, self.shared, ws, resume["chunk"], resume["offset"], resume["marker"])
             epochs = _epochs_at(start, k)
             epoch, skip, state = epochs[-1], 0, resume["source_state"]
         else:
             ws.load_state_dict(start.source_state)
-            self.shared = LaneShared(lane, ws, start, per_item)
+            self.shared = LaneShared(lane, ws, start, per_item, notices)
             self.source = Source(engine, self.shared, ws, start.epoch * k, start.inputs, True)
             epoch, skip, state = start.epoch, start.rows, start.source_state
             epochs = [epoch] * (len(engine.plan.stages) + 1)  # by ordered stage, then the collector
@@ -635,6 +671,10 @@ class LaneChain:
             step.metrics, step.lane = getattr(runner, "metrics", None), lane  # execution tracking
             self.steps.append(step)
             events = iter(step)
+            if pos == 0:
+                assert isinstance(step, ParallelStep)  # fetch is always first
+                self.guard = EmptyPassGuard(events, step, lane, self.shared.ctx.rows_per_pass)
+                events = iter(self.guard)
         self.collector = Collector(engine, self.shared, events, epoch, skip, state)
         self.source.resume_floor = self._resume_floor
         if isinstance(start, LaneSnapshot) and start.pending is not None:

@@ -37,6 +37,8 @@ from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
 
 import pyarrow as pa
 
+from zephon_columnar.errors import Notices
+
 T = TypeVar("T")
 ReadyBatch = tuple[list[Any], int]
 
@@ -52,7 +54,11 @@ class LaneContext:
     ``stats``: counters the stage may add to (reported by ``Pipeline.metrics_snapshot``).
     ``rows_per_item``: rows in each item the lane delivers (the batch size; 1 for records), for
     stages that size their work by it. ``flush_epoch()``: the flush epoch the stage is in (the
-    number of flush points it has passed, counted from the lane's start).
+    number of flush points it has passed, counted from the lane's start). ``notices``: where a
+    stage warns about data it drops (`Notices`: once per pass of the pipeline, shared by its
+    lanes; the counts go in ``stats``). ``rows_per_pass``: the rows of one pass over every
+    dataset of the work source (None: unknown), for stages that tell a scarce input from a
+    missing one.
     """
 
     lane: int = 0
@@ -62,6 +68,8 @@ class LaneContext:
     stats: dict[str, int] = field(default_factory=dict)
     rows_per_item: int = 1
     flush_epoch: Callable[[], int] = lambda: 0
+    notices: Notices = field(default_factory=Notices)
+    rows_per_pass: int | None = None
 
 
 #: Computes rows again from their references (`frame.refs_of`), in the references' order:

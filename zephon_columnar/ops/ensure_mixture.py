@@ -37,7 +37,8 @@ import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
 from zephon_columnar.references import schema_from_json, schema_to_json, state_column, with_state
-from zephon_columnar.errors import ConfigError, MissingFieldError, operator_failure, warn
+from zephon_columnar.errors import (ConfigError, DataDroppedWarning, MissingFieldError, PipelineError,
+                                    operator_failure, warn)
 from zephon_columnar.ops.accumulators import LaneContext
 from zephon_columnar.ops.base import OrderedOp, OpTraits
 from zephon_columnar.ops.store import RowStore
@@ -109,6 +110,11 @@ class MixtureBuffer:
         self.ids = {name: cid for cid, name in ctx.component_names.items()}
         self.interval = int(1 / op.obsolete_drain_rate) if op.obsolete_drain_rate > 0 else 0
         self.store = RowStore()
+        # Exact mixture only (a diagnostic, not checkpointed): rows received since the last one
+        # went out, and their components. More than a pass of the data without an emission means
+        # a target component never arrives: the lane would read forever.
+        self._waiting_rows = 0
+        self._waiting_components: set[int] = set()
         self._reset()
 
     def _reset(self) -> None:
@@ -295,7 +301,26 @@ class MixtureBuffer:
                 self._set_target(self._resolve_target(chunk))
             self._file(h, weights)
             self._drain(out)
+        if self.op.max_buffer_size is None:
+            self._check_unmet(frame, emitted=bool(out))
         return self._frames(out)
+
+    def _check_unmet(self, frame: pa.Table, emitted: bool) -> None:
+        if emitted:
+            self._waiting_rows, self._waiting_components = 0, set()
+            return
+        self._waiting_rows += frame.num_rows
+        self._waiting_components.update(np.unique(frame.column(F.COMPONENT).to_numpy()).tolist())
+        limit = self.ctx.rows_per_pass
+        if limit is None or self._waiting_rows <= limit:
+            return
+        missing = [self.ctx.component_names.get(k, str(k)) for k in self.target if k not in self._waiting_components]
+        raise PipelineError(
+            f"ensure_mixture(max_buffer_size=None): lane {self.ctx.lane} received {self._waiting_rows} rows, more "
+            f"than a whole pass of the data ({limit} rows), and could emit none: target component(s) {missing} sent "
+            "no row in that time (filtered out?), so the exact mixture cannot be met and the lane would read "
+            "forever. Pass a max_buffer_size (the buffer then drains with the rows it has), or a mixture= without "
+            "those components.")
 
     def _frames(self, handles: list[int]) -> list[pa.Table]:
         if not handles:
@@ -311,9 +336,12 @@ class MixtureBuffer:
             if self.buffered:
                 self.ctx.stats["ensure_mixture_dropped"] = self.ctx.stats.get("ensure_mixture_dropped", 0) + \
                     self.buffered
-                warn(f"ensure_mixture(max_buffer_size=None) dropped {self.buffered} row(s) of lane {self.ctx.lane} "
-                     "at a flush point to keep the mixture exact; raise flush_every_k_chunks to drop fewer, or "
-                     "pass a max_buffer_size.")
+                self.ctx.notices.warn(
+                    "ensure_mixture_dropped",
+                    f"ensure_mixture(max_buffer_size=None) dropped {self.buffered} row(s) of lane {self.ctx.lane} at a "
+                    "flush point to keep the mixture exact (warned once per pass; every drop is counted in "
+                    "metrics_snapshot() as ensure_mixture_dropped); raise flush_every_k_chunks to drop fewer, or pass "
+                    "a max_buffer_size.", DataDroppedWarning)
         else:
             while self.buffered:
                 item = self._emit_one(True)

@@ -115,6 +115,16 @@ class WorkSource(ABC):
             )
         return int(total)
 
+    def rows_per_pass(self) -> int | None:
+        """Rows (of every lane together) after which every dataset has been read at least once
+        from any position: what the engine counts as a whole pass when it checks that rows come
+        through at all (None: unknown). The default, the datasets' rows summed, fits a source
+        that reads each dataset in turn; a weighted mixture overrides it."""
+        try:
+            return sum(len(ds) for ds in self.datasets_by_id.values())
+        except TypeError:  # a dataset without a length
+            return None
+
     def chunk_size_hint(self) -> int | None:
         """Typical number of pointers per chunk, or None when unknown."""
         return None

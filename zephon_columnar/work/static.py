@@ -555,6 +555,22 @@ class StaticMixtureWorkSource(WorkSource):
         shard row counts), shuffle knobs (block sizes resolved), policies and lane assignment."""
         return json.loads(self._recipe_json)
 
+    def rows_per_pass(self) -> int | None:
+        """Rows of the mixed stream in which each dataset with a weight completes a pass:
+        ``max(rows[k] * total / units[k])`` over the sample weights (a dataset that leaves early
+        only shortens it).
+
+        Example:
+            >>> from zephon_columnar.io.dataset import Dataset
+            >>> a = Dataset.from_dict("a", {0: [{"x": 1}] * 60})
+            >>> b = Dataset.from_dict("b", {0: [{"x": 1}] * 50})
+            >>> StaticMixtureWorkSource([a, b], {"a": 0.5, "b": 0.5}).rows_per_pass()
+            120
+        """
+        cfg = self._planner.cfg
+        total = sum(cfg.units)
+        return max((-(-rows * total // units) for rows, units in zip(cfg.rows, cfg.units) if units > 0), default=0)
+
     @property
     def total_samples(self) -> int | float:
         """Pointers this lane will still return: exact (the plan step is run to the end on a
