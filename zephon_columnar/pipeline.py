@@ -44,7 +44,7 @@ from zephon_columnar.engine.replay import (
     merge_checkpoints,
     parse_checkpoint,
 )
-from zephon_columnar.errors import CheckpointError, ConfigError, PipelineError, WrongTypeError
+from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning, PipelineError, WrongTypeError, warn
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.progress import Progress
 from zephon_columnar.ops.batch import BatchOp
@@ -597,10 +597,19 @@ class Pipeline:
                 warnings.warn(report.format(), stacklevel=3)
             self._validated = user_ops
 
+    def _warn_if_every_rank_reads_the_same_data(self) -> None:
+        world = self._options.unsharded_world()
+        if world is not None:
+            warn(f"torch.distributed is initialized with {world} ranks, but this pipeline has no data-parallel "
+                 "options, so every rank receives the same batches. Pass options(dp_degree=..., dp_group_id=...) "
+                 "(data-parallel groups; tensor-parallel peers share a group) or options(world_size=..., "
+                 "global_rank=...) when every rank is its own data-parallel group.", ConfigurationWarning)
+
     def __iter__(self) -> Iterator[Any]:
         if self._run is not None and not self._run._closed:  # noqa: SLF001
             raise RuntimeError("Pipeline is already being iterated; close the first iterator (or let it finish) "
                                "before starting another.")
+        self._warn_if_every_rank_reads_the_same_data()
         self._auto_validate()
         prime_token_mixture(self._ws, self._ops)
         engine = self._engine()
@@ -756,6 +765,7 @@ class Pipeline:
         """
         from zephon_columnar.torch import PipelineIterableDataset
 
+        self._warn_if_every_rank_reads_the_same_data()  # loader workers have no process group to see
         return PipelineIterableDataset(self, stateful=stateful, to_training=to_training or None)
 
     def to_indexable_torch_dataset(self) -> Any:

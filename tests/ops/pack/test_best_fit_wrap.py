@@ -40,7 +40,7 @@ def test_long_documents_emit_full_windows_first():
 
 
 @settings(max_examples=100, deadline=None)
-@given(data=st.data(), max_length=st.integers(1, 12), pool=st.integers(1, 6), age=st.sampled_from([None, 1, 3]),
+@given(data=st.data(), max_length=st.integers(2, 12), pool=st.integers(1, 6), age=st.sampled_from([None, 1, 3]),
        cap=st.sampled_from([None, None, 2, 3]))
 def test_conserves_tokens_at_most_one_split_per_row_and_ignores_frame_cuts(data, max_length, pool, age, cap):
     lengths = data.draw(st.lists(st.integers(0, 2 * max_length + 1), max_size=25), label="lengths")

@@ -74,7 +74,7 @@ def test_eviction_fifo_and_fullest():
 
 
 @settings(max_examples=120, deadline=None)
-@given(data=st.data(), algorithm=st.sampled_from(["first_fit", "best_fit"]), max_length=st.integers(1, 16),
+@given(data=st.data(), algorithm=st.sampled_from(["first_fit", "best_fit"]), max_length=st.integers(2, 16),
        num_bins=st.integers(1, 4), fullest=st.booleans(), min_room=st.integers(1, 3),
        cap=st.sampled_from([None, None, 1, 2, 3]))
 def test_matches_reference_whatever_the_frame_cuts(data, algorithm, max_length, num_bins, fullest, min_room, cap):
@@ -114,7 +114,8 @@ def test_oversized_documents_are_dropped_or_refused():
     docs = docs_of([3, 12, 4])
     packer = fit("first_fit", 8, 2)
     assert bins_of(run(packer, [docs_table(docs)])) == [[0, 2]]
-    assert packer.ctx.stats == {"pack_oversized_docs": 1, "pack_oversized_tokens": 12}
+    assert packer.ctx.stats == {"pack_oversized_docs": 1, "pack_oversized_tokens": 12, "pack_docs_seen": 3,
+                                "pack_tokens_seen": 19}
     with pytest.raises(DatasetFormatError, match=r"12 tokens, longer than max_length=8.*row=1.*drop_oversized"):
         run(fit("first_fit", 8, 2, drop_oversized=False), [docs_table(docs)])
 

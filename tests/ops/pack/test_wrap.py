@@ -44,7 +44,7 @@ def run(packer, frames, flush_after=()) -> list[pa.Table]:
 
 # ---------------------------------------------------------------------- the specification, as a property
 @settings(max_examples=150, deadline=None)
-@given(data=st.data(), max_length=st.integers(1, 12), cap=st.sampled_from([None, None, 1, 2, 3]),
+@given(data=st.data(), max_length=st.integers(2, 12), cap=st.sampled_from([None, None, 1, 2, 3]),
        pad=st.sampled_from([None, 0, 7]), chunked=st.booleans())
 def test_wrap_matches_reference_with_random_pushes_and_flush_points(data, max_length, cap, pad, chunked):
     lengths = data.draw(st.lists(st.integers(0, 3 * max_length + 2), min_size=0, max_size=25), label="lengths")

@@ -44,11 +44,16 @@ class PackFlatOp(OrderedOp):
     """
 
     name = "pack_flat"
+    #: The shortest row worth building. Flat rows are training rows: ``to_training(return_labels=True)``
+    #: shifts them by one token, so a row of 1 token trains on nothing ((B, 0) tensors), and a
+    #: pipeline that builds such rows is refused when it is built, not found out in training.
+    min_max_length = 2
 
     def __init__(self, max_length: int, *, algorithm: PackAlgorithm = "first_fit", parallelism: int | None = None,
                  **options: Any) -> None:
         super().__init__()
-        self.spec = resolve_spec(self.name, max_length, algorithm=algorithm, **options)
+        self.spec = resolve_spec(self.name, max_length, algorithm=algorithm, min_max_length=self.min_max_length,
+                                 **options)
         self.algorithm = algorithm
         self.max_length = self.spec.max_length
         self.parallelism = parallelism
@@ -70,6 +75,10 @@ class PackSequencesOp(PackFlatOp):
     ``packed_samples`` (see `zephon_columnar.ops.pack.sequences`)."""
 
     name = "pack_sequences"
+    #: Rows keep their segments apart (``packed_samples``) and are not shifted into inputs and
+    #: labels here: a row of one 1-token segment is a whole (short) document with its payload,
+    #: not an empty row, so 1 stays allowed.
+    min_max_length = 1
 
     def __init__(self, max_length: int, *, algorithm: PackAlgorithm = "first_fit", length_fn: Any = None,
                  pack_payloads: Any = "keep_list", parallelism: int | None = None, **options: Any) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
-from zephon_columnar.errors import warn
+from zephon_columnar.errors import DataDroppedWarning
 from zephon_columnar.ops.accumulators import LaneContext
 from zephon_columnar.ops.pack.emit import emit_rows
 from zephon_columnar.ops.pack.spec import POSITIONS, PackSpec
@@ -38,6 +38,20 @@ def _packed_columns(schema: pa.Schema, docs: pa.Table) -> list[str]:
     if not names:
         raise RuntimeError(f"cannot tell which columns rows of schema {schema} were packed from")
     return names
+
+
+#: Lane counters (``ctx.stats``) of the packers that drop documents longer than max_length
+#: (first_fit / best_fit with ``drop_oversized=True``): what they dropped, and every non-empty
+#: document and token they were given (dropped or placed), the denominators of the share the
+#: oversized warning reports.
+OVERSIZED_DOCS = "pack_oversized_docs"
+OVERSIZED_TOKENS = "pack_oversized_tokens"
+DOCS_SEEN = "pack_docs_seen"
+TOKENS_SEEN = "pack_tokens_seen"
+
+
+def _percent(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole:.1f}%" if whole else "n/a"
 
 
 def _arrow_type(name: str) -> pa.DataType:
@@ -237,6 +251,38 @@ class LanePacker:
         return self._place(run)
 
     def _place(self, run: Run) -> list[pa.Table]:
+        oversized_before = self.ctx.stats.get(OVERSIZED_DOCS, 0)
+        out = self._place_in_groups(run)
+        if self.ctx.stats.get(OVERSIZED_DOCS, 0) > oversized_before:
+            self._warn_oversized()
+        return out
+
+    def _warn_oversized(self) -> None:
+        """Warn (once per pass, whichever lane is first) that documents longer than max_length
+        were dropped, with this lane's counts so far.
+
+        Why at the first drop and not at the end of the lane with final counts: the end may never
+        come (a source with ``stop_after_passes=None`` repeats forever, and a training loop
+        usually stops after N steps, not at the end of the data), and flush points are off by
+        default, so a warning kept for the end would often never be given: the silent drop this
+        warning exists to end. The counts are this lane's through the whole frame in which the
+        first drop happened (not just up to that document), so the share is an estimate over a
+        frame of documents, and the message says "so far" and where the running totals are."""
+        stats, spec = self.ctx.stats, self.spec
+        docs, tokens = stats.get(OVERSIZED_DOCS, 0), stats.get(OVERSIZED_TOKENS, 0)
+        seen_docs, seen_tokens = stats.get(DOCS_SEEN, 0), stats.get(TOKENS_SEEN, 0)
+        self.ctx.notices.warn(
+            f"{self.op}_oversized",
+            f"{self.op}(max_length={spec.max_length}, algorithm={spec.algorithm!r}) dropped {docs} of {seen_docs} "
+            f"documents ({_percent(docs, seen_docs)}) and {tokens} of {seen_tokens} tokens "
+            f"({_percent(tokens, seen_tokens)}) longer than max_length in lane {self.ctx.lane} so far (warned once "
+            f"per pass; every drop is counted in metrics_snapshot() as {OVERSIZED_DOCS}/{OVERSIZED_TOKENS}, out of "
+            f"{DOCS_SEEN}/{TOKENS_SEEN}). To keep such documents, split them upstream "
+            "(tokenize(split_long_samples=True)) or pack with algorithm='wrap' (or 'best_fit_wrap'); to stop at the "
+            "first one instead, pass drop_oversized=False.",
+            DataDroppedWarning)
+
+    def _place_in_groups(self, run: Run) -> list[pa.Table]:
         if self.spec.homogeneity == "none":
             return [e.frame for e in self._packer(None).push(run)]
         components = run.book.column(F.COMPONENT).to_numpy()[run.seg_book]
@@ -278,9 +324,17 @@ class LanePacker:
         if end:
             dropped = self.ctx.stats.get("pack_dropped_final_tokens", 0) - dropped_before
             if dropped:
-                warn(f"{self.op}(algorithm='wrap') dropped the final partial row of lane {self.ctx.lane} "
-                     f"({dropped} tokens, fewer than max_length={self.spec.max_length}): uncapped wrap emits only "
-                     "full rows.")
+                # Once per pass, not per lane: every lane of a pass ends with a partial row, and as
+                # many warnings as lanes would bury the one thing to know (the counts of all lanes
+                # are in metrics_snapshot()).
+                self.ctx.notices.warn(
+                    "pack_wrap_final_row",
+                    f"{self.op}(algorithm='wrap') dropped the final partial row of lane {self.ctx.lane} ({dropped} "
+                    f"tokens, fewer than max_length={self.spec.max_length}): uncapped wrap emits only full rows "
+                    "(warned once per pass; every lane's drop is counted in metrics_snapshot() as "
+                    "pack_dropped_final_tokens). To keep it, use algorithm='best_fit_wrap' or a capped wrap "
+                    "(max_sequences_per_bin=...): both pad their final row instead.",
+                    DataDroppedWarning)
         return out
 
     # ------------------------------------------------------------------ checkpoints (by reference)

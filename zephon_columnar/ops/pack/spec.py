@@ -120,9 +120,20 @@ def resolve_spec(op: str, max_length: Any, *, num_bins: Any = None, max_sequence
                  emit_positions: Any = True, drop_oversized: Any = None, min_sequence_length: Any = 1,
                  shuffle_strategy: Any = None, shuffle_seed: Any = None, flush_strategy: Any = "fifo",
                  candidate_pool_size: Any = None, max_candidate_age: Any = None, homogeneity: Any = "none",
-                 groups: Any = None) -> PackSpec:
+                 groups: Any = None, min_max_length: int = 1) -> PackSpec:
     """Check every argument (errors name the option and say what to pass) and resolve defaults
-    that depend on the algorithm (``drop_oversized``, ``max_candidate_age``)."""
+    that depend on the algorithm (``drop_oversized``, ``max_candidate_age``).
+
+    ``min_max_length``: the shortest row the operator's output is any use at (not a user
+    option): 2 for ``pack_flat``, whose rows go to ``to_training(return_labels=True)``, which
+    shifts them by one token (a row of 1 token gives (B, 0) inputs and labels).
+
+    Example:
+        >>> resolve_spec("pack_flat", 1, algorithm="wrap", min_max_length=2)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        zephon_columnar.errors.ConfigError: pack_flat(max_length=1): pass the packed row length, an int >= 2 ...
+    """
 
     def positive(name: str, value: Any) -> int | None:
         if value is not None and (not _is_int(value) or value < 1):
@@ -134,8 +145,13 @@ def resolve_spec(op: str, max_length: Any, *, num_bins: Any = None, max_sequence
             raise ConfigError(f"{op}({name}={value!r}): unknown value; use one of {list(allowed)}.")
         return value
 
-    if not _is_int(max_length) or max_length < 1:
-        raise ConfigError(f"{op}(max_length={max_length!r}): pass the packed row length, a positive int.")
+    if not _is_int(max_length) or max_length < max(1, min_max_length):
+        if min_max_length < 2:
+            raise ConfigError(f"{op}(max_length={max_length!r}): pass the packed row length, a positive int.")
+        raise ConfigError(
+            f"{op}(max_length={max_length!r}): pass the packed row length, an int >= {min_max_length} (e.g. the "
+            "sequence length you train on, 2048): to_training(return_labels=True) predicts each token from the one "
+            f"before it, so rows shorter than {min_max_length} tokens give (B, 0) inputs and labels.")
     literal("algorithm", algorithm, ALGORITHMS)
     num_bins = positive("num_bins", num_bins)
     cap = positive("max_sequences_per_bin", max_sequences_per_bin)
