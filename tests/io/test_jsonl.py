@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import zstandard
 
+from zephon_columnar import Pipeline, StaticMixtureWorkSource
 from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import Dataset, jsonl
 from zephon_columnar.io.jsonl import JsonlReader
@@ -110,16 +111,18 @@ def test_zstd_multi_frame_and_missing_final_newline(tmp_path):
     assert ds.open_reader().take(0, np.array([29, 0])).to_pylist() == [rows[29], rows[0]]
 
 
-def test_missing_fields_are_null_and_extra_fields_are_ignored(tmp_path):
+def test_missing_fields_are_null_and_a_projection_ignores_the_other_fields(tmp_path):
     (tmp_path / "a.jsonl").write_text(
         '{"id": 1, "text": "a", "when": "2020-01-01"}\n{"id": 2}\n' + '{"id": 3, "text": "c"}\n' * 1000
         + '{"id": 3, "text": "c", "new": 5}\n' * 200)
     ds = Dataset.from_path("x", str(tmp_path))
-    assert ds.backend["schema"].names == ["id", "text", "when"]
+    assert ds.backend["schema"].names == ["id", "text", "when", "new"]
     got = ds.open_reader().take(0, np.array([0, 1, 1201])).to_pylist()
     # Date-like strings stay strings (pyarrow would infer a timestamp).
-    assert got == [{"id": 1, "text": "a", "when": "2020-01-01"}, {"id": 2, "text": None, "when": None},
-                   {"id": 3, "text": "c", "when": None}]
+    assert got == [{"id": 1, "text": "a", "when": "2020-01-01", "new": None},
+                   {"id": 2, "text": None, "when": None, "new": None},
+                   {"id": 3, "text": "c", "when": None, "new": 5}]
+    assert JsonlReader(ds, columns=["id"]).take(0, np.array([1201, 0])).to_pylist() == [{"id": 3}, {"id": 1}]
 
 
 def test_blank_lines_are_skipped_and_errors_keep_physical_line_numbers(tmp_path):
@@ -181,14 +184,14 @@ def test_two_values_on_one_line_name_the_line(tmp_path):
         reader.take(0, np.arange(995, 1002))
 
 
-def test_a_type_change_after_the_schema_sample_names_the_line(tmp_path):
+def test_a_type_change_after_the_schema_sample_fails_discovery_naming_the_line(tmp_path):
     rows = rows_of(1100)
     rows[1050]["id"] = "not a number"
     path = tmp_path / "a.jsonl"
     path.write_text(lines_of(rows))
-    reader = Dataset.from_path("x", str(path)).open_reader()
-    with pytest.raises(DatasetFormatError, match=rf"{path}:1051: does not match the dataset's schema"):
-        reader.take(0, np.arange(1000, 1100))
+    with pytest.raises(DatasetFormatError, match=rf"^{path}:1051: field 'id' is a string here but a number on line 1\. "
+                                                 "A field must have one JSON type on every line"):
+        Dataset.from_path("x", str(path))
 
 
 def test_a_file_changed_after_discovery_is_detected(jl_dir):
@@ -249,16 +252,20 @@ def test_invalid_utf8_names_file_and_line(tmp_path, suffix):
         Dataset.from_path("x", str(path))
 
 
-def test_invalid_utf8_inside_a_list_is_found_and_outside_the_schema_is_ignored(tmp_path):
+def test_invalid_utf8_inside_a_list_is_found_and_outside_the_projection_is_ignored(tmp_path):
     lines = lines_of(rows_of(1010)).encode().splitlines(keepends=True)
-    lines[1003] = b'{"id": 1003, "other": "\xfe ignored: not a column"}\n'
+    lines[1003] = b'{"id": 1003, "other": "\xfe ignored: not projected"}\n'
     lines[1006] = b'{"id": 1006, "tags": ["a", "b\xc3"]}\n'  # a truncated 2-byte sequence
     path = tmp_path / "a.jsonl"
     path.write_bytes(b"".join(lines))
-    reader = Dataset.from_path("x", str(path)).open_reader()
+    ds = Dataset.from_path("x", str(path))
+    reader = JsonlReader(ds, columns=["id", "tags"])
     assert reader.take(0, np.arange(1000, 1006)).column("id").to_pylist() == list(range(1000, 1006))
     with pytest.raises(DatasetFormatError, match=rf"^{path}:1007: field 'tags' is not valid UTF-8 \(byte 0xc3"):
         reader.take(0, np.arange(1000, 1010))
+    # Every field is a column, so without a projection the bad bytes of 'other' are found too.
+    with pytest.raises(DatasetFormatError, match=rf"^{path}:1004: field 'other' is not valid UTF-8 \(byte 0xfe"):
+        ds.open_reader().take(0, np.arange(1000, 1006))
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
@@ -284,3 +291,128 @@ def test_an_unreadable_file_is_a_permission_error_naming_it_not_a_corrupt_one(tm
             action()
         assert not isinstance(e.value, ValueError)  # not "truncated or corrupt"
         assert isinstance(e.value.__cause__, PermissionError)
+
+
+# ---------------------------------------------------------------- issue 25: the schema of every line
+SUFFIXES = [".jsonl", ".jsonl.gz", ".jsonl.zst"]
+
+
+def write_shard(path, rows: list[dict]) -> None:
+    """``rows`` as JSON Lines (json.dumps), compressed as the suffix of ``path`` says."""
+    data = lines_of(rows).encode()
+    if path.name.endswith(".gz"):
+        data = gzip.compress(data)
+    elif path.name.endswith(".zst"):
+        data = zstandard.ZstdCompressor().compress(data)
+    path.write_bytes(data)
+
+
+def payloads_through_a_pipeline(path) -> list[dict]:
+    """Every row of the dataset at ``path``, read by a Pipeline (one pass), in id order."""
+    ds = Dataset.from_path("late", str(path))
+    ws = StaticMixtureWorkSource([ds], {"late": 1.0}, chunk_size=64)
+    return sorted((record.payload for record in Pipeline(ws)), key=lambda payload: payload["id"])
+
+
+def late_field_rows(n: int, first_late: int) -> list[dict]:
+    """Rows whose fields 'late', 'late_list' and 'meta.late_k' appear from row ``first_late`` on."""
+    rows = []
+    for i in range(n):
+        row = {"id": i, "text": f"row {i}", "meta": {"k": i % 7}}
+        if i >= first_late:
+            row["late"] = f"late {i}"
+            row["late_list"] = [i, i + 1]
+            row["meta"]["late_k"] = 2 * i
+        rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_a_field_that_first_appears_after_line_1000_arrives_in_every_row(tmp_path, suffix):
+    path = tmp_path / f"a{suffix}"
+    write_shard(path, late_field_rows(1500, first_late=1200))
+    got = payloads_through_a_pipeline(path)
+    expected = [{"id": i, "text": f"row {i}",
+                 "meta": {"k": i % 7, "late_k": 2 * i if i >= 1200 else None},
+                 "late": f"late {i}" if i >= 1200 else None,
+                 "late_list": [i, i + 1] if i >= 1200 else None} for i in range(1500)]
+    assert got == expected
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_a_field_whose_type_changes_mid_shard_from_int_to_float_is_a_float_in_every_row(tmp_path, suffix):
+    path = tmp_path / f"a{suffix}"
+    write_shard(path, [{"id": i, "score": i if i < 1100 else i + 0.5} for i in range(1400)])
+    got = payloads_through_a_pipeline(path)
+    assert [row["score"] for row in got] == [float(i) if i < 1100 else i + 0.5 for i in range(1400)]
+    assert all(type(row["score"]) is float for row in got)
+
+
+@pytest.mark.parametrize("suffix", SUFFIXES)
+@pytest.mark.parametrize("field, late_value, named, kind, earlier", [
+    ("label", "one", "label", "a string", "a number"),
+    ("meta", {"k": {"deep": 1}}, "meta.k", "an object", "a number"),
+    ("tags", ["a", 5], "tags[]", "a number", "a string"),
+])
+def test_a_field_whose_type_changes_mid_shard_to_a_conflicting_type_fails_discovery_naming_file_line_and_field(
+        tmp_path, suffix, field, late_value, named, kind, earlier):
+    rows = [{"id": i, "label": i, "meta": {"k": i}, "tags": ["a"]} for i in range(1400)]
+    rows[1300][field] = late_value
+    path = tmp_path / f"a{suffix}"
+    write_shard(path, rows)
+    with pytest.raises(DatasetFormatError, match=rf"^{re.escape(str(path))}:1301: field {re.escape(repr(named))} is "
+                                                 rf"{kind} here but {earlier} on line 1\. A field must have one JSON "
+                                                 r"type on every line .*fix or remove the line\.$"):
+        Dataset.from_path("x", str(path))
+
+
+def test_a_type_conflict_between_scan_blocks_names_the_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(jsonl, "_SCAN_BLOCK", 4096)  # the file is parsed in many blocks
+    rows = [{"id": i, "label": i} for i in range(3000)]
+    rows[2500]["label"] = {"an": "object"}
+    path = tmp_path / "a.jsonl"
+    write_shard(path, rows)
+    with pytest.raises(DatasetFormatError, match=rf"^{re.escape(str(path))}:2501: field 'label' is an object here "
+                                                 r"but a number on an earlier line\."):
+        Dataset.from_path("x", str(path))
+
+
+def test_a_field_that_appears_only_in_a_later_shard_arrives_and_a_conflicting_one_names_that_shard(tmp_path):
+    write_shard(tmp_path / "a.jsonl", [{"id": i, "text": f"a{i}"} for i in range(50)])
+    write_shard(tmp_path / "b.jsonl.zst", [{"id": i, "text": f"b{i}", "extra": [i]} for i in range(50, 80)])
+    got = payloads_through_a_pipeline(tmp_path)
+    assert got == ([{"id": i, "text": f"a{i}", "extra": None} for i in range(50)]
+                   + [{"id": i, "text": f"b{i}", "extra": [i]} for i in range(50, 80)])
+    write_shard(tmp_path / "c.jsonl.gz", [{"id": 80, "text": "c"}, {"id": 81, "text": "c", "extra": "text"}])
+    with pytest.raises(DatasetFormatError, match=rf"^{re.escape(str(tmp_path / 'c.jsonl.gz'))}:2: field 'extra' is a "
+                                                 r"string here but an array in the dataset's files before this one\."):
+        Dataset.from_path("x", str(tmp_path))
+
+
+def test_the_schema_of_every_line_is_cached_with_the_line_index(tmp_path):
+    path = tmp_path / "a.jsonl.gz"
+    write_shard(path, late_field_rows(1300, first_late=1250))
+    schema = Dataset.from_path("x", str(path)).backend["schema"]
+    assert schema.names == ["id", "text", "meta", "late", "late_list"]
+    jsonl.INDEX_CACHE.clear_memory()  # as a fresh process would start
+    before = jsonl.INDEX_CACHE.scans
+    ds = Dataset.from_path("x", str(path))
+    assert jsonl.INDEX_CACHE.scans == before and ds.backend["schema"] == schema
+    assert ds.open_reader().take(0, np.array([1299, 0])).column("late").to_pylist() == ["late 1299", None]
+
+
+def test_a_field_that_first_appears_after_a_malformed_line_still_arrives_and_the_line_is_named_on_read(tmp_path):
+    rows = late_field_rows(1500, first_late=1400)
+    lines = lines_of(rows).splitlines(keepends=True)
+    lines[1300] = '{"id": 1300, "text": "unterminated\n'  # past the strict sample: reported on read
+    path = tmp_path / "a.jsonl"
+    path.write_text("".join(lines))
+    ds = Dataset.from_path("x", str(path))
+    assert ds.backend["schema"].names == ["id", "text", "meta", "late", "late_list"]
+    reader = ds.open_reader()
+    assert reader.take(0, np.array([1499, 1299])).to_pylist() == [
+        {"id": 1499, "text": "row 1499", "meta": {"k": 1499 % 7, "late_k": 2998}, "late": "late 1499",
+         "late_list": [1499, 1500]},
+        {"id": 1299, "text": "row 1299", "meta": {"k": 1299 % 7, "late_k": None}, "late": None, "late_list": None}]
+    with pytest.raises(DatasetFormatError, match=rf"^{re.escape(str(path))}:1301: not valid JSON"):
+        reader.take(0, np.arange(1295, 1305))

@@ -274,7 +274,7 @@ def cache_root() -> str:
     """The root of zephon_columnar's on-disk caches: ``$ZEPHON_COLUMNAR_CACHE`` if set, else
     ``~/.cache/zephon_columnar``. Read at call time so tests and jobs can point it elsewhere.
 
-    Subfolders: ``shards/`` (downloaded remote shards), ``jsonl_index/`` (JSONL line indexes).
+    Subfolders: ``shards/`` (downloaded remote shards), ``jsonl_index/`` (JSONL line indexes and the schema of every line).
     """
     env = os.environ.get(_CACHE_ENV)
     if env:

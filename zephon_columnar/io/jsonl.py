@@ -4,20 +4,28 @@ Files: ``*.jsonl``, ``*.jsonl.gz``, ``*.jsonl.zst`` (and ``*.json`` / ``*.ndjson
 Lines, with the same compressions), in UTF-8. Every non-blank line must be one JSON object; it is
 one row.
 
-Discovery never parses JSON, except ~1000 lines to infer the schema: it counts newlines in
-big binary blocks and keeps the byte offset of every row (a :class:`LineIndex`), cached on disk
-under ``cache_root()/jsonl_index`` keyed by the file's identity, size and modification time, so
-a second discovery of an unchanged file reads the index instead of the file.
+Discovery counts newlines in big binary blocks and keeps the byte offset of every row (a
+:class:`LineIndex`); in the same pass pyarrow parses each block (columnar, no Python object per
+row) to learn the schema of every line. Index and schema are cached on disk under
+``cache_root()/jsonl_index`` keyed by the file's identity, size and modification time, so a
+second discovery of an unchanged file reads the cache instead of parsing the file again.
 
 Blank lines (empty or only spaces, tabs, ``\\r``) are skipped anywhere in a file, as pyarrow,
 pandas and Hugging Face ``datasets`` do; they are not rows, but error messages still give the
 physical 1-based line number.
 
-The schema is inferred once per dataset from the first ~1000 rows of its first non-empty file
-and then imposed on every read (``pyarrow.json.read_json`` with an explicit schema): a field
-missing in a row is null, a field not in the schema is ignored, and strings that look like
-timestamps stay strings (a JSON string is a ``str`` in Zephon's payload). A field that is null in
-every sampled row is typed ``null``, so a later non-null value is an error naming the line.
+The dataset's schema covers every field of every line of every file: a field that first appears
+on line 1,000,000 or only in the last file is a column, null in the rows without it. Types widen
+as Arrow's JSON reader widens them: null and any type give that type, ints and floats give
+``double``, objects merge their fields, arrays their items. A field with two JSON types that do not
+widen (a number on one line, a string or an object on another) fails discovery with a
+DatasetFormatError naming the file, the line and the field. Strings that look like timestamps stay
+strings (a JSON string is a ``str`` in Zephon's payload). The schema is imposed on every read
+(``pyarrow.json.read_json`` with an explicit schema).
+
+Discovery also checks the first ~1000 rows of the first non-empty file strictly: a line there that
+is not one JSON object, or not UTF-8, fails discovery. A bad line further on is left out of the
+schema and reported, with its line number, by the reader when its row is read.
 
 Example:
     >>> ds = discover_jsonl("chat", "data/chat", ["data/chat/a.jsonl.zst"])  # doctest: +SKIP
@@ -36,8 +44,8 @@ import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import IO, Any, Literal, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, Callable, Literal, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -87,16 +95,19 @@ def is_jsonl_name(name: str, *, plain_json: bool = True) -> bool:
 # ---------------------------------------------------------------- line index
 @dataclass(frozen=True)
 class LineIndex:
-    """Byte offsets of the rows of one (decompressed) JSON Lines file.
+    """Byte offsets of the rows of one (decompressed) JSON Lines file, and their schema.
 
     ``offsets`` has ``num_rows + 1`` entries: row ``r`` is the bytes ``[offsets[r],
     offsets[r+1])`` (its line, its newline, and any blank lines after it); the last entry is
     the decompressed size. ``blank_before[i]`` is the row that follows the i-th blank line
     (``num_rows`` for trailing ones), which maps rows back to physical line numbers.
+    ``schema`` is the Arrow schema of every row of the file (widened as the module docstring
+    says; rows pyarrow cannot parse are left out, the reader reports them).
     """
 
     offsets: np.ndarray
     blank_before: np.ndarray
+    schema: pa.Schema = field(default_factory=lambda: pa.schema([]))
 
     @property
     def num_rows(self) -> int:
@@ -111,13 +122,27 @@ class LineIndex:
         return self.offsets.nbytes + self.blank_before.nbytes
 
 
-def _scan_lines(stream: IO[bytes]) -> LineIndex:
-    """Build a :class:`LineIndex` by counting newlines in big blocks (no JSON parsing)."""
+def _scan_lines(stream: IO[bytes], url: str, seed: pa.Schema | None = None) -> LineIndex:
+    """Build a :class:`LineIndex` by counting newlines in big blocks, and infer its schema by
+    parsing each block's complete lines with pyarrow (one call per block).
+
+    ``seed`` is a schema the file's types must agree with (those of the dataset's earlier files):
+    a field whose type conflicts with it, or changes within the file, raises DatasetFormatError
+    naming ``url``, the line and the field.
+    """
     row_starts: list[np.ndarray] = []
     blanks: list[np.ndarray] = []
     carry = b""  # the unfinished last line of the previous block
     base = 0  # file offset of carry[0]
     rows = 0
+    schema = _SchemaSoFar(url, seed)
+
+    def line_numbers(of_rows: np.ndarray) -> np.ndarray:
+        """1-based physical line numbers of rows scanned so far (only on slow paths: the blank
+        lines seen so far are all those before these rows)."""
+        blank_before = np.concatenate(blanks) if blanks else np.zeros(0, dtype=np.int64)
+        return of_rows + 1 + np.searchsorted(blank_before, of_rows, side="right")
+
     while True:
         block = stream.read(_SCAN_BLOCK)
         if not block:
@@ -136,20 +161,27 @@ def _scan_lines(stream: IO[bytes]) -> LineIndex:
         row_starts.append(starts[keep] + base)
         if blank.any():
             blanks.append(rows + np.cumsum(keep)[blank])
-        rows += int(keep.sum())
         end = int(nl[-1]) + 1
+        block_starts = starts[keep]
+        if len(block_starts):
+            # A row runs to the next row's start (blank lines between them included) or `end`.
+            block_ends = np.append(block_starts[1:], end)
+            schema.widen(buf, block_starts, block_ends, np.arange(rows, rows + len(block_starts)), line_numbers)
+        rows += len(block_starts)
         carry = buf[end:]
         base += end
     if carry:  # a last line without a trailing newline
         if carry.strip(_WHITESPACE):
             row_starts.append(np.array([base], dtype=np.int64))
+            last = _terminated(carry)
+            schema.widen(last, np.zeros(1, dtype=np.int64), np.array([len(last)]), np.array([rows]), line_numbers)
             rows += 1
         else:
             blanks.append(np.array([rows], dtype=np.int64))
     total = base + len(carry)
     offsets = np.concatenate(row_starts + [np.array([total], dtype=np.int64)]).astype(np.int64, copy=False)
     blank_before = np.concatenate(blanks).astype(np.int64) if blanks else np.zeros(0, dtype=np.int64)
-    return LineIndex(offsets=offsets, blank_before=blank_before)
+    return LineIndex(offsets=offsets, blank_before=blank_before, schema=schema.schema)
 
 
 def _blank_lines(buf: bytes, arr: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -186,8 +218,8 @@ class _IndexCache:
             self._mem.clear()
             self._mem_bytes = 0
 
-    def get(self, key: str, open_stream: Any) -> LineIndex:
-        """The index for ``key``; ``open_stream()`` gives the decompressed bytes to scan on a miss."""
+    def get(self, key: str, scan: Callable[[], LineIndex]) -> LineIndex:
+        """The index for ``key``; ``scan()`` builds it on a miss."""
         with self._lock:
             hit = self._mem.get(key)
             if hit is not None:
@@ -196,8 +228,7 @@ class _IndexCache:
         path = self._disk_path(key)
         index = _load_index(path)
         if index is None:
-            with open_stream() as stream:
-                index = _scan_lines(stream)
+            index = scan()
             with self._lock:
                 self.scans += 1
             self._save(path, index)
@@ -219,7 +250,8 @@ class _IndexCache:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             out = io.BytesIO()
-            np.savez(out, offsets=index.offsets, blank_before=index.blank_before)
+            np.savez(out, offsets=index.offsets, blank_before=index.blank_before,
+                     schema=np.frombuffer(index.schema.serialize(), dtype=np.uint8))
             fs.atomic_write(path, out.getbuffer())
         except OSError as err:
             if not self._warned:
@@ -233,11 +265,13 @@ def _load_index(path: str) -> LineIndex | None:
     try:
         with np.load(path) as z:
             offsets, blank = z["offsets"], z["blank_before"]
-    except (OSError, KeyError, ValueError):
+            # An index written before schemas were cached has none: rebuild it.
+            schema = pa.ipc.read_schema(pa.py_buffer(z["schema"].tobytes()))
+    except (OSError, KeyError, ValueError):  # pa.ArrowInvalid is a ValueError
         return None  # absent or unreadable: rebuild (and rewrite) it
     if offsets.ndim != 1 or len(offsets) == 0 or offsets.dtype != np.int64:
         return None
-    return LineIndex(offsets=offsets, blank_before=blank.astype(np.int64, copy=False))
+    return LineIndex(offsets=offsets, blank_before=blank.astype(np.int64, copy=False), schema=schema)
 
 
 INDEX_CACHE = _IndexCache()
@@ -269,12 +303,21 @@ def line_index(url: str, local: str, size: int, version: str) -> LineIndex:
     """The :class:`LineIndex` of ``url`` (whose bytes are at the local path ``local``).
 
     Cached in memory and on disk by ``(url, size, version)``: a rewritten file gets a new index.
-    A truncated or corrupt ``.gz``/``.zst`` file is a DatasetFormatError naming it; a file the OS
-    cannot read (permissions, I/O error) an :class:`~zephon_columnar.io.fs.UnreadableFileError`.
+    A truncated or corrupt ``.gz``/``.zst`` file is a DatasetFormatError naming it, as is a field
+    whose type changes within the file; a file the OS cannot read (permissions, I/O error) an
+    :class:`~zephon_columnar.io.fs.UnreadableFileError`.
     """
+    return INDEX_CACHE.get(_index_key(url, size, version), lambda: _scan_file(url, local))
+
+
+def _scan_file(url: str, local: str, seed: pa.Schema | None = None) -> LineIndex:
+    """:func:`_scan_lines` over the decompressed bytes of ``url`` (a local copy at ``local``)."""
     comp = compression_of(url)
     try:
-        return INDEX_CACHE.get(_index_key(url, size, version), lambda: _open_decompressed(local, comp))
+        with _open_decompressed(local, comp) as stream:
+            return _scan_lines(stream, url, seed)
+    except DatasetFormatError:
+        raise  # a bad line: already names the file and line
     except (EOFError, OSError, ValueError) as err:
         error = _read_error(url, err, f"cannot read as {comp or 'uncompressed'} JSON Lines")
         if error is err:
@@ -297,9 +340,11 @@ def _read_error(url: str, err: BaseException, what: str) -> BaseException:
 def discover_jsonl(name: str, root: str, files: Sequence[str]) -> Dataset:
     """A :class:`Dataset` over JSON Lines ``files`` (shard ids in the given order).
 
-    Counts rows from each file's (cached) line index and infers the schema from the first
-    ~1000 rows of the first non-empty file. Remote files are downloaded once into the shard
-    cache (counting lines needs every byte; the reader needs the copy anyway).
+    Counts rows from each file's (cached) line index; the schema is the widening of the
+    schemas of every file (each inferred from all its lines when it was indexed), in shard
+    order. Checks the first ~1000 rows of the first non-empty file strictly. Remote files are
+    downloaded once into the shard cache (counting lines needs every byte; the reader needs the
+    copy anyway).
 
     Example:
         >>> discover_jsonl("chat", "/data/chat", ["/data/chat/a.jsonl"]).total()  # doctest: +SKIP
@@ -322,13 +367,36 @@ def discover_jsonl(name: str, root: str, files: Sequence[str]) -> Dataset:
     shards = tuple(ShardInfo(shard_id=i, path=info.path, num_rows=info.num_rows, num_bytes=info.num_bytes,
                              extra=info.extra) for i, (_, info) in enumerate(found))
     first = next((i for i, s in enumerate(shards) if s.num_rows > 0), None)
-    schema = pa.schema([]) if first is None else _infer_schema(files[first], found[first][0], shards[first].num_bytes)
+    if first is not None:
+        _check_sample(files[first], found[first][0], shards[first].num_bytes)
+    schema = _dataset_schema([(info, index) for index, info in found])
     return Dataset(name=name, backend={"kind": "jsonl", "path": root, "schema": schema},
                    path=root, shards=shards)
 
 
-def _infer_schema(url: str, index: LineIndex, size: int) -> pa.Schema:
-    """The schema of the first ``SCHEMA_SAMPLE_ROWS`` rows of ``url`` (timestamps kept as strings)."""
+def _dataset_schema(files: Sequence[tuple[ShardInfo, LineIndex]]) -> pa.Schema:
+    """The schemas of ``files`` widened into one, in order; a field whose types conflict across
+    files raises DatasetFormatError naming the first line of the later file that conflicts."""
+    schema = pa.schema([])
+    for info, index in files:
+        try:
+            schema = _merge_schemas(schema, index.schema)
+        except _TypeConflict as conflict:
+            # Only the file's widened schema is cached, not where each type came from: scan it
+            # again with the earlier files' types as the seed, which names the line.
+            local = fs.default_shard_cache().ensure_local(info.path, info.extra.get("size", info.num_bytes))
+            _scan_file(info.path, local, seed=schema)
+            raise DatasetFormatError(
+                f"{info.path}: field {conflict.path!r} is {conflict.new} in this file but {conflict.old} "
+                f"in the files before it. {_ONE_TYPE_PER_FIELD}"
+            ) from None
+    return schema
+
+
+def _check_sample(url: str, index: LineIndex, size: int) -> None:
+    """Raise DatasetFormatError naming the line unless each of the first ``SCHEMA_SAMPLE_ROWS``
+    rows of ``url`` is one JSON object in UTF-8 (also when its index came from the cache: a
+    broken file then fails discovery, not the first read of its first rows)."""
     k = min(SCHEMA_SAMPLE_ROWS, index.num_rows)
     local = fs.default_shard_cache().ensure_local(url, size)
     end = int(index.offsets[k])
@@ -349,13 +417,12 @@ def _infer_schema(url: str, index: LineIndex, size: int) -> pa.Schema:
     except pa.ArrowInvalid as err:
         _raise_bad_line(url, index, sample, starts, ends, rows, None)
         raise DatasetFormatError(
-            f"{url}: cannot infer one schema from its first {k} rows ({err}). Give every field one "
-            "JSON type across lines (e.g. always a number, or always a string)."
+            f"{url}: cannot parse its first {k} rows ({err}). Check the file's encoding (UTF-8) "
+            "and line endings."
         ) from err
     if table.num_rows != k:  # two values on one line parse as two rows
         _raise_bad_line(url, index, sample, starts, ends, rows, None)
     _check_utf8(url, index, sample, starts, ends, rows, table)
-    return pa.schema([f.with_type(_timestamps_as_strings(f.type)) for f in table.schema])
 
 
 def _read_exactly(stream: IO[bytes], n: int) -> bytes:
@@ -380,6 +447,228 @@ def _timestamps_as_strings(t: pa.DataType) -> pa.DataType:
     return t
 
 
+# ---------------------------------------------------------------- schema of every line
+_ONE_TYPE_PER_FIELD = (
+    "A field must have one JSON type on every line of every file of a dataset (null is allowed "
+    "anywhere, ints and floats mix and are read as floats, objects may have different keys). Give "
+    "the field one type (e.g. always a string), or fix or remove the line."
+)
+
+
+class _TypeConflict(Exception):
+    """Two types of the field ``path`` that do not widen into one (internal: the caller turns it
+    into a DatasetFormatError naming the line)."""
+
+    def __init__(self, path: str, old: pa.DataType, new: pa.DataType) -> None:
+        super().__init__(path, old, new)
+        self.path, self.old, self.new = path, old, new
+
+
+def _merge_types(old: pa.DataType, new: pa.DataType, path: str) -> pa.DataType:
+    """The type that holds the values of both ``old`` and ``new``, widened as pyarrow's JSON
+    reader widens within a file: null gives way to any type, ints to floats, objects merge their
+    fields (new ones last), arrays their items. Raises :class:`_TypeConflict` otherwise.
+
+    Example:
+        >>> _merge_types(pa.int64(), pa.float64(), "score")
+        DataType(double)
+        >>> _merge_types(pa.struct([("a", pa.int64())]), pa.struct([("b", pa.null())]), "meta")
+        StructType(struct<a: int64, b: null>)
+        >>> try:
+        ...     _merge_types(pa.int64(), pa.string(), "id")
+        ... except _TypeConflict as conflict:
+        ...     print(conflict.path, conflict.old, conflict.new)
+        id int64 string
+    """
+    if old == new:
+        return old
+    if pa.types.is_null(old):
+        return new
+    if pa.types.is_null(new):
+        return old
+    if _is_number(old) and _is_number(new):
+        return pa.float64()
+    if pa.types.is_struct(old) and pa.types.is_struct(new):
+        return pa.struct(_merge_fields(_fields(old), _fields(new), path + "."))
+    if pa.types.is_list(old) and pa.types.is_list(new):
+        return pa.list_(old.value_field.with_type(_merge_types(old.value_type, new.value_type, path + "[]")))
+    raise _TypeConflict(path, old, new)
+
+
+def _merge_schemas(old: pa.Schema, new: pa.Schema) -> pa.Schema:
+    """``old`` widened by ``new`` (see :func:`_merge_types`); fields first seen in ``new`` last."""
+    return pa.schema(_merge_fields(list(old), list(new), ""))
+
+
+def _merge_fields(old: list[pa.Field], new: list[pa.Field], prefix: str) -> list[pa.Field]:
+    new_by_name = {f.name: f for f in new}
+    merged = [f.with_type(_merge_types(f.type, new_by_name[f.name].type, prefix + f.name))
+              if f.name in new_by_name else f for f in old]
+    old_names = {f.name for f in old}
+    return merged + [f for f in new if f.name not in old_names]
+
+
+def _fields(struct: pa.StructType) -> list[pa.Field]:
+    return [struct.field(i) for i in range(struct.num_fields)]
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
+class _SchemaSoFar:
+    """The schema of the rows of one file, widened block by block while :func:`_scan_lines`
+    counts its lines.
+
+    Fast path: each block's complete lines go through one ``pyarrow.json.read_json`` (type
+    inference, no explicit schema), whose schema is merged into the file's so far. Slow path,
+    only when that fails (a line that is not one JSON object, or a field that changes type):
+    ``json.loads`` line by line finds the first line whose field conflicts and raises
+    DatasetFormatError naming it; lines that do not parse are left out of the schema (the
+    reader reports them, with their line numbers, when their rows are read).
+    """
+
+    def __init__(self, url: str, seed: pa.Schema | None) -> None:
+        self.url = url
+        self.schema = pa.schema([])  # of this file's rows
+        self._seed = seed if seed is not None else pa.schema([])  # types of the files before it
+
+    def widen(self, buf: bytes | memoryview, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray,
+              line_numbers: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Widen by ``rows``, consecutive rows whose bytes are ``buf[starts:ends]`` (each range
+        ends with a newline); ``line_numbers(rows)`` gives their physical line numbers."""
+        found = None
+        if _object_lines(buf, starts, ends).all():  # pyarrow crashes on a leading `null` line
+            found = _parsed_schema(memoryview(buf)[int(starts[0]):int(ends[-1])],
+                                   int((ends - starts).max()), len(rows))
+        if found is not None:
+            try:
+                self._merge(found)
+                return
+            except _TypeConflict:
+                pass  # find the line below
+        # Slow path (rare): a line pyarrow cannot parse, or a field that changes type.
+        lines_of_rows = line_numbers(rows)
+        good = self._check_lines(buf, starts, ends, lines_of_rows)
+        kept = np.flatnonzero(good)
+        if len(kept) == 0:
+            return
+        lines = [bytes(buf[s:e]) for s, e in zip(starts[kept].tolist(), ends[kept].tolist())]
+        found = _parsed_schema(b"".join(lines), max(len(line) for line in lines), len(lines))
+        try:
+            if found is not None:
+                self._merge(found)
+                return
+            # Lines Python's json accepts but pyarrow does not: leave those out too, one by one.
+            for line in lines:
+                found = _parsed_schema(line, len(line), 1)
+                if found is not None:
+                    self._merge(found)
+        except _TypeConflict as conflict:  # pyarrow and the line-by-line check disagreed
+            raise DatasetFormatError(
+                f"{self.url}: lines {lines_of_rows[0]}-{lines_of_rows[-1]}: field "
+                f"{conflict.path!r} is {conflict.new} there but {conflict.old} before. {_ONE_TYPE_PER_FIELD}"
+            ) from None
+
+    def _merge(self, found: pa.Schema) -> None:
+        schema = _merge_schemas(self.schema, found)
+        _merge_schemas(self._seed, schema)  # raises if it conflicts with the files before it
+        self.schema = schema
+
+    def _check_lines(self, buf: bytes | memoryview, starts: np.ndarray, ends: np.ndarray,
+                     line_numbers: np.ndarray) -> np.ndarray:
+        """Mask of the lines ``buf[starts:ends]`` (physical ``line_numbers``) that parse to one
+        JSON object; raise DatasetFormatError naming the first line whose field has another JSON
+        type than on an earlier line (or in the files before it)."""
+        kinds: dict[str, tuple[str, str]] = {}  # field path -> (JSON type, where it was seen)
+        for f in self.schema:
+            _seed_kinds(f.type, f.name, "on an earlier line", kinds)
+        for f in self._seed:
+            if f.name not in kinds:
+                _seed_kinds(f.type, f.name, "in the dataset's files before this one", kinds)
+        good = np.zeros(len(starts), dtype=bool)
+        for i, (s, e, line) in enumerate(zip(starts.tolist(), ends.tolist(), line_numbers.tolist())):
+            try:
+                value = json.loads(bytes(buf[s:e]), parse_constant=_reject_constant)
+            except ValueError:  # not JSON, not UTF-8, or NaN/Infinity: the reader reports it
+                continue
+            if isinstance(value, dict):
+                for name, field_value in value.items():
+                    _check_kind(self.url, line, name, field_value, kinds)
+                good[i] = True
+        return good
+
+
+def _parsed_schema(buf: bytes | memoryview, longest_line: int, num_lines: int) -> pa.Schema | None:
+    """The schema pyarrow infers for the ``num_lines`` JSON objects in ``buf`` (timestamps kept
+    as strings), or None if it cannot parse them into that many rows."""
+    block = max(1 << 20, longest_line + 1)
+    options = pajson.ReadOptions(use_threads=len(buf) > 4 * block, block_size=block)
+    try:
+        table = pajson.read_json(pa.BufferReader(buf), read_options=options)
+    except pa.ArrowInvalid:
+        return None
+    if table.num_rows != num_lines:  # two values on one line parse as two rows
+        return None
+    return pa.schema([f.with_type(_timestamps_as_strings(f.type)) for f in table.schema])
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")  # pyarrow rejects NaN and Infinity
+
+
+def _kind_of_type(t: pa.DataType) -> str | None:
+    """The JSON type of the values of ``t`` (None for ``null``: it agrees with any)."""
+    if _is_number(t):
+        return "number"
+    if pa.types.is_boolean(t):
+        return "boolean"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    if pa.types.is_struct(t):
+        return "object"
+    if pa.types.is_list(t):
+        return "array"
+    return None
+
+
+def _seed_kinds(t: pa.DataType, path: str, where: str, kinds: dict[str, tuple[str, str]]) -> None:
+    """Record the JSON type of field ``path`` (of Arrow type ``t``) and of its nested fields."""
+    kind = _kind_of_type(t)
+    if kind is None:
+        return
+    kinds[path] = (kind, where)
+    if kind == "object":
+        for f in _fields(t):
+            _seed_kinds(f.type, f"{path}.{f.name}", where, kinds)
+    elif kind == "array":
+        _seed_kinds(t.value_type, path + "[]", where, kinds)
+
+
+def _check_kind(url: str, line: int, path: str, value: Any, kinds: dict[str, tuple[str, str]]) -> None:
+    """Raise DatasetFormatError if ``value`` (field ``path`` on ``line``) has another JSON type
+    than the field had before; else record it (nested fields too)."""
+    kind = _json_kind(value)
+    if kind == "null":
+        return
+    seen = kinds.setdefault(path, (kind, f"on line {line}"))
+    if seen[0] != kind:
+        raise DatasetFormatError(
+            f"{url}:{line}: field {path!r} is {_with_article(kind)} here but {_with_article(seen[0])} "
+            f"{seen[1]}. {_ONE_TYPE_PER_FIELD}"
+        )
+    if kind == "object":
+        for name, field_value in value.items():
+            _check_kind(url, line, f"{path}.{name}", field_value, kinds)
+    elif kind == "array":
+        for item in value:
+            _check_kind(url, line, path + "[]", item, kinds)
+
+
+def _with_article(kind: str) -> str:
+    return ("an " if kind[0] in "aeiou" else "a ") + kind
+
+
 # ---------------------------------------------------------------- parsing and errors
 def _terminated(buf: bytes | memoryview) -> bytes | memoryview:
     """``buf`` with a final newline (the last line of a file may lack one)."""
@@ -395,14 +684,19 @@ def _check_objects(url: str, index: LineIndex, buf: bytes, starts: np.ndarray, e
     Besides giving a clear error, this guards pyarrow: ``read_json`` crashes the process on a
     buffer that starts with ``null`` and turns a ``null`` line elsewhere into an all-null row.
     """
+    for i in np.flatnonzero(~_object_lines(buf, starts, ends)).tolist():
+        _raise_bad_line(url, index, buf, starts[i:i + 1], ends[i:i + 1], rows[i:i + 1], None)
+
+
+def _object_lines(buf: bytes | memoryview, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Mask of the lines ``buf[starts:ends]`` that start with ``{`` (after optional whitespace)."""
+    is_object = np.ones(len(starts), dtype=bool)
     if len(starts) == 0:
-        return
+        return is_object
     arr = np.frombuffer(buf, dtype=np.uint8)
-    odd = np.flatnonzero(arr[starts] != _LBRACE)
-    for i in odd.tolist():
-        line = buf[int(starts[i]):int(ends[i])]
-        if not bytes(line).lstrip(_WHITESPACE).startswith(b"{"):
-            _raise_bad_line(url, index, buf, starts[i:i + 1], ends[i:i + 1], rows[i:i + 1], None)
+    for i in np.flatnonzero(arr[starts] != _LBRACE).tolist():  # rare: check those in Python
+        is_object[i] = bytes(buf[int(starts[i]):int(ends[i])]).lstrip(_WHITESPACE).startswith(b"{")
+    return is_object
 
 
 def _raise_bad_line(url: str, index: LineIndex, buf: bytes | memoryview, starts: np.ndarray,
@@ -431,9 +725,8 @@ def _raise_bad_line(url: str, index: LineIndex, buf: bytes | memoryview, starts:
             except pa.ArrowInvalid as err:
                 raise DatasetFormatError(
                     f"{where}: does not match the dataset's schema ({err}). The schema {schema} was "
-                    f"inferred from the first {SCHEMA_SAMPLE_ROWS} rows of the first file; give each "
-                    "field the same JSON type on every line (a field null in all sampled rows is "
-                    "typed null), or fix or remove the line."
+                    "inferred from every line of the dataset's files when it was discovered; fix or "
+                    "remove the line (or, if the file changed, rediscover it with Dataset.from_path)."
                 ) from err
 
 
@@ -486,7 +779,8 @@ def _valid(column: pa.ChunkedArray) -> bool:
 def _json_kind(value: Any) -> str:
     if value is None:
         return "null"
-    return {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(value), "value")
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
+            float: "number"}.get(type(value), "value")
 
 
 def _parse_options(schema: pa.Schema) -> pajson.ParseOptions:
