@@ -138,7 +138,7 @@ class Notices:
         >>> with warnings.catch_warnings(record=True) as seen:
         ...     warnings.simplefilter("always")
         ...     for lane in range(3):
-        ...         notices.warn("wrap_tail", f"lane {lane} dropped a partial row", DataDroppedWarning)
+        ...         _ = notices.warn("wrap_tail", f"lane {lane} dropped a partial row", DataDroppedWarning)
         >>> [str(w.message) for w in seen], notices.given()
         (['lane 0 dropped a partial row'], ['wrap_tail'])
     """

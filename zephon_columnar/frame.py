@@ -29,7 +29,10 @@ ROW = "__row"
 COMPONENT = "__component"
 #: Fan-out path of a row (list<int32>): the child index at each fan-out it went through, e.g.
 #: ``[2]`` for the third piece of a document that ``tokenize(split_long_samples=True)`` cut.
-#: Absent or null means ``()``: the row is its source sample itself.
+#: Readers treat absent or null as ``()``. Canonical form, so that a delivered table does not
+#: depend on how rows were cut into frames: after an operator that can fan out (a splitting
+#: tokenize, expand_chat) the column is present on every frame, ``[]`` for rows that were not
+#: cut, never null (`with_lineage_column`, `with_children`, `concat_frames`).
 LINEAGE = "__lineage"
 #: Trailing pad tokens of a packed row (int32), where packing made the row.
 PADDING_LENGTH = "__padding_length"
@@ -83,15 +86,42 @@ def lineage_parts(frame: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     return offsets, values
 
 
+def lineage_array(frame: pa.Table) -> pa.ListArray:
+    """The rows' lineage paths as one list<int32> array without nulls (``[]`` where the column
+    is absent or null)."""
+    offsets, values = lineage_parts(frame)
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, pa.int32()))
+
+
+def _set_lineage(frame: pa.Table, column: pa.Array) -> pa.Table:
+    if LINEAGE in frame.column_names:
+        return frame.set_column(frame.column_names.index(LINEAGE), LINEAGE, column)
+    return frame.append_column(LINEAGE, column)
+
+
+def with_lineage_column(frame: pa.Table) -> pa.Table:
+    """``frame`` with its ``__lineage`` column in canonical form: present, list<int32>, ``[]``
+    for rows without a path, never null. What an operator that can fan out returns for a frame
+    in which no row fanned out, so that whether the column exists never depends on which rows
+    shared a frame. The frame itself when it already is canonical."""
+    if LINEAGE in frame.column_names:
+        column = frame.column(LINEAGE)
+        if column.null_count == 0 and column.type == pa.list_(pa.int32()):
+            return frame
+    return _set_lineage(frame, lineage_array(frame))
+
+
 def with_children(book: pa.Table, parent: np.ndarray, child: np.ndarray) -> pa.Table:
     """Bookkeeping of fan-out children: row ``parent[i]`` of ``book`` for output row i, whose
     lineage is its parent's extended by ``child[i]`` (its index among the parent's children),
-    or left as the parent's where ``child[i] < 0`` (a parent that did not fan out)."""
+    or left as the parent's where ``child[i] < 0`` (a parent that did not fan out).
+
+    The result always has the ``__lineage`` column (``[]`` for rows without a path, never null),
+    even when no row fanned out: whether a row's frame held another row that fanned out must not
+    decide whether its bookkeeping has the column."""
     offsets, values = lineage_parts(book)
     taken = book.take(pa.array(parent))
     extend = (child >= 0).astype(np.int64)
-    if not extend.any() and LINEAGE not in book.column_names:
-        return taken
     plens = np.diff(offsets)[parent]
     new_off = np.zeros(len(parent) + 1, np.int64)
     np.cumsum(plens + extend, out=new_off[1:])
@@ -105,9 +135,7 @@ def with_children(book: pa.Table, parent: np.ndarray, child: np.ndarray) -> pa.T
         within = np.arange(int(plens.sum())) - np.repeat(np.cumsum(plens) - plens, plens)
         flat[inherited] = values[starts + within]
     column = pa.ListArray.from_arrays(pa.array(new_off.astype(np.int32)), pa.array(flat, pa.int32()))
-    if LINEAGE in taken.column_names:
-        return taken.set_column(taken.column_names.index(LINEAGE), LINEAGE, column)
-    return taken.append_column(LINEAGE, column)
+    return _set_lineage(taken, column)
 
 
 def row_keys(frame: pa.Table) -> np.ndarray:
@@ -213,11 +241,14 @@ def with_payload(bookkeeping: pa.Table, payload: pa.Table) -> pa.Table:
 def concat_frames(frames: list[pa.Table]) -> pa.Table:
     """Concatenate frames zero-copy. A column missing or all-null in some frames is filled with
     nulls; a column whose type differs between frames is an error naming it (promoting int to
-    float silently would make the column type depend on how rows were grouped)."""
+    float silently would make the column type depend on how rows were grouped).
+
+    ``__lineage`` is the exception to null filling: rows of a frame without it get ``[]``, never
+    null (see `LINEAGE`), so the joined table is the same however its rows were framed."""
     if len(frames) == 1:
         return frames[0]
     try:
-        return pa.concat_tables(frames, promote_options="default")
+        joined = pa.concat_tables(frames, promote_options="default")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
         types: dict[str, set[str]] = {}
         for f in frames:
@@ -230,6 +261,15 @@ def concat_frames(frames: list[pa.Table]) -> pa.Table:
             f"rows of one lane reached batching with different column types {clash}: an operator "
             "returns different types for the same field in different rows; make it return one type."
         ) from err
+    if LINEAGE in joined.column_names and joined.column(LINEAGE).null_count:
+        # Some frame lacked the column (or had nulls): [] instead, and the column where frames
+        # that have it keep it (after the source bookkeeping, as `with_children` puts it), not
+        # at the end where promotion appends a column the first frame lacked.
+        column = lineage_array(joined)
+        joined = joined.remove_column(joined.column_names.index(LINEAGE))
+        at = joined.column_names.index(COMPONENT) + 1 if COMPONENT in joined.column_names else joined.num_columns
+        joined = joined.add_column(at, LINEAGE, column)
+    return joined
 
 
 def frame_to_ipc(frame: pa.Table) -> pa.Buffer:

@@ -34,15 +34,20 @@ from zephon_columnar.engine.engine import Engine, EngineRun
 from zephon_columnar.engine.indexed import IndexedPipeline, indexing_obstacle
 from zephon_columnar.engine.warmup import RestoreWarmup
 from zephon_columnar.io.readers import ReaderPool
-from zephon_columnar.engine.replay import (
+from zephon_columnar.engine.checkpoint import (
     LaneCursor,
     LaneSnapshot,
+    LaneState,
+    PipelineState,
     build_checkpoint,
     check_lane_state,
     check_recipe,
     checkpoint_bytes,
+    load_checkpoint,
     merge_checkpoints,
     parse_checkpoint,
+    source_state_of,
+    verify_digests,
 )
 from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning, PipelineError, WrongTypeError, warn
 from zephon_columnar.ops.base import BaseOp
@@ -77,10 +82,10 @@ class Pipeline:
         self._ops: list[BaseOp] = [FetchOp()]
         self._options = RuntimeOptions()
         self._prefetch: tuple[int, int] | None = None
-        self._pending: dict[int, LaneCursor] | None = None
+        self._pending: dict[int, LaneState] | None = None
         self._pending_recipe: dict[str, Any] = {}
         self._run: EngineRun | None = None
-        self._last_delivered: dict[int, LaneCursor] | None = None
+        self._last_delivered: dict[int, LaneState] | None = None
         self._warmup: RestoreWarmup | None = None
         self._validated: tuple[BaseOp, ...] = ()  # the user operators the last validation passed
         self._checkpoint_round = 0
@@ -497,7 +502,9 @@ class Pipeline:
         """Counters of the current (or last) run: one record per lane and counter (tokens uncapped
         wrap dropped at the end of a lane, ``pack_dropped_final_tokens``; documents and tokens
         first_fit / best_fit dropped as longer than ``max_length``, ``pack_oversized_docs`` /
-        ``pack_oversized_tokens``; rows strict ``ensure_mixture`` dropped); with
+        ``pack_oversized_tokens``, out of those they were given, ``pack_docs_seen`` /
+        ``pack_tokens_seen``; rows exact ``ensure_mixture`` dropped, ``ensure_mixture_dropped``:
+        what the pass's `~zephon_columnar.errors.DataDroppedWarning` s were about); with
         `enable_observability`, one per operator (``stage``, ``index``, ``op``, ``calls``,
         ``rows_in``/``rows_out``, ``bytes_in``/``bytes_out``, ``busy_s``; ordered stages have
         ``stage == "ordered"``) and one per parallel stage (``wait_s``: the lanes' time blocked
@@ -662,7 +669,7 @@ class Pipeline:
         engine = self._engine()
         return {lane: engine.initial_cursor(lane) for lane in engine.lanes}
 
-    def _owned_cursors(self, engine: Engine, lanes: dict[int, LaneCursor]) -> dict[int, LaneCursor]:
+    def _owned_cursors(self, engine: Engine, lanes: Mapping[int, LaneState]) -> dict[int, LaneState]:
         missing = [lane for lane in engine.lanes if lane not in lanes]
         if missing:
             raise CheckpointError(
@@ -690,8 +697,8 @@ class Pipeline:
         # run; after it, the last run still describes what was delivered).
         engine = self._run.engine if self._run is not None else self._engine()
         delivered = self._delivered()
-        local = build_checkpoint(recipe=engine.recipe(), world=engine.world(),
-                                 lanes={lane: delivered[lane] for lane in engine.lanes if lane in delivered})
+        local = build_checkpoint(PipelineState(recipe=engine.recipe(), world=engine.world(),
+                                               lanes={lane: delivered[lane] for lane in engine.lanes if lane in delivered}))
         opts = self._options
         if opts.world_size == 1 or not collective:
             return local
@@ -716,22 +723,31 @@ class Pipeline:
         """
         if self._run is not None and not self._run._closed:  # noqa: SLF001
             raise RuntimeError("Pipeline.restore() during iteration: close the iterator first.")
-        recipe, lanes = parse_checkpoint(ckpt)
+        ckpt = load_checkpoint(ckpt)
+        saved = parse_checkpoint(ckpt)
+        recipe, lanes = saved.recipe, dict(saved.lanes)
         engine = self._engine()
         cache = shard_cache_settings(self._options)
         if cache is not None:  # the restore warm-up below reads through the shard cache
             fs.configure_shard_cache(**cache)
         check_recipe(recipe, engine.recipe())
         for lane, cur in lanes.items():
-            check_lane_state(lane, cur, self._ws.datasets_by_id, engine.plan.flush_every)
+            check_lane_state(lane, cur, self._ws.datasets_by_id, engine.plan.flush_every,
+                             ordered_stages=len(engine.plan.ordered_stages()))
         for lane in self._owned_cursors(engine, lanes):
             probe = self._ws.clone_for_lane(lane, engine.canonical_replicas)
             cur = lanes[lane]
             # Raises if the source state is not ours.
-            state = cur.source_state if isinstance(cur, LaneCursor) else cur.resume["source_state"]
-            probe.load_state_dict(state)
+            state = source_state_of(cur)
+            try:
+                probe.load_state_dict(state)
+            except CheckpointError as err:
+                where = "source_state" if isinstance(cur, LaneCursor) else "resume.source_state"
+                raise CheckpointError(f"checkpoint lanes.{lane}.{where}: {err}") from err
             if self._ws.requires_token_priming and isinstance(state, Mapping) and state.get("tokens_per_byte"):
                 self._ws.prime(ratios=state["tokens_per_byte"])  # the restored run mixes as the saved one
+        # Last, after the checks that name a field: a lane edited in a way that still parses.
+        verify_digests(ckpt)
         # Every lane is kept: options may still change which lanes this rank owns before iterating.
         self._pending = lanes
         self._pending_recipe = recipe
@@ -742,7 +758,7 @@ class Pipeline:
             owned = self._owned_cursors(engine, lanes).values()
             first = engine.plan.batch.microbatch_size if engine.plan.batch is not None else 1
             self._warmup = RestoreWarmup.start(self._ws.datasets_by_id, [  # what each lane's first item needs
-                cur.pending[0].slice(0, first) for cur in owned if isinstance(cur, LaneSnapshot) and cur.pending is not None])
+                cur.pending.refs.slice(0, first) for cur in owned if isinstance(cur, LaneSnapshot) and cur.pending is not None])
 
     def _take_warmup(self, engine: Engine) -> ReaderPool | None:
         """The restore warm-up's readers, for the run ``engine`` is about to start (None: no

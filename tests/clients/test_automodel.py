@@ -147,6 +147,6 @@ def test_tensor_parallel_peers_get_identical_batches_and_the_same_merged_state(t
     fresh = build_loader(client_corpus)
     fresh.load_state_dict(states[1])  # any rank's copy restores
     assert [as_lists(next(fresh)) for _ in range(4)] == peers[0]["rest"]
-    from zephon_columnar.engine.replay import parse_checkpoint
+    from zephon_columnar.engine.checkpoint import parse_checkpoint
 
-    assert sorted(parse_checkpoint(states[0])[1]) == [0, 1] == sorted(parse_checkpoint(states[1])[1])
+    assert sorted(parse_checkpoint(states[0]).lanes) == [0, 1] == sorted(parse_checkpoint(states[1]).lanes)

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+from zephon_columnar.engine.checkpoint import with_digests
 from zephon_columnar.errors import CheckpointError
 
 DS = Dataset.from_tables("a", [pa.table({"input_ids": [[i, i + 1, i + 2] for i in range(s * 100, s * 100 + 100)]})
@@ -93,7 +94,7 @@ def test_a_corrupt_by_reference_checkpoint_is_refused_at_restore_naming_the_fiel
         by_reference().restore(ckpt)
 
 
-REPLAY_CASES = {  # what only the replay shows is refused when the lane gets there
+REPLAY_CASES = {  # what only the replay shows is refused when the lane gets there (the edit resealed)
     "delivered rows": ("rows", 10**12, False, "10{12} rows of flush epoch 0 were delivered, it says, but replaying"),
     "input offset": ("inputs", 10**12, False, "resumes chunk 0 after 10{12} rows, but the chunk has 16"),
     "flush epoch": ("epoch", 10**12, True, "flush epoch 10{12} starts at chunk .* past the chunks"),
@@ -106,6 +107,9 @@ def test_a_corrupt_replay_checkpoint_is_refused_naming_the_field(case):
     ckpt = checkpoint_after(by_replay, 3)
     assert lane0(ckpt)["mode"] == "replay"
     lane0(ckpt)[field] = value
+    with pytest.raises(CheckpointError, match=message if at_restore else r"lanes\.0: its content does not match"):
+        by_replay().restore(ckpt)  # as edited: the field's own check first, else the digest
+    ckpt = with_digests(ckpt)  # a forged checkpoint: the engine's own checks still refuse it
     pipe = by_replay()
     with pytest.raises(CheckpointError, match=message):
         pipe.restore(ckpt)

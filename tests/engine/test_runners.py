@@ -91,6 +91,9 @@ def test_close_from_another_thread_releases_a_next_blocked_on_a_stuck_function(r
         got.extend(it)  # ends (StopIteration) once closed
 
     consumer = run_in_thread(consume)
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not got and time.monotonic() < deadline:  # started (a side process may take a while on a busy machine)
+        time.sleep(0.05)
     time.sleep(1.5)  # the caller now waits on the stuck row
     closer = run_in_thread(it.close)
     closer.join(HANG_GUARD_S)

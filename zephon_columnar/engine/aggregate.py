@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from zephon_columnar.engine.replay import merge_checkpoints
+from zephon_columnar.engine.checkpoint import merge_checkpoints
 from zephon_columnar.errors import CheckpointError
 
 

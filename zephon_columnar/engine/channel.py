@@ -65,7 +65,15 @@ class Channel:
         """The items queued now, oldest first (a copy; the producer may append meanwhile)."""
         return list(self._items)
 
-    def clear(self) -> None:
-        self._items.clear()
+    def clear(self) -> list[Any]:
+        """Remove every queued item (waking a producer waiting for room); the items removed,
+        oldest first."""
+        removed = []
+        while True:
+            try:
+                removed.append(self._items.popleft())
+            except IndexError:
+                break
         with self._cond:
             self._cond.notify_all()
+        return removed

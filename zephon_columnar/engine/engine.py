@@ -28,7 +28,7 @@ from zephon_columnar.engine.lane import LaneChain, LaneItem
 from zephon_columnar.engine.metrics import Metrics
 from zephon_columnar.engine.lanes import next_lane, owned_lanes
 from zephon_columnar.engine.plan import OrderedStage, ParallelStage, Plan, compile_plan
-from zephon_columnar.engine.replay import LaneCursor, LaneSnapshot
+from zephon_columnar.engine.checkpoint import HeldRows, LaneCursor, LaneSnapshot
 from zephon_columnar.engine.runners import RUNNERS
 from zephon_columnar.errors import EmptyPassWarning, Notices, PipelineError
 from zephon_columnar.io.readers import ReaderPool
@@ -165,7 +165,7 @@ class Engine:
     # ------------------------------------------------------------------ running
     def initial_cursor(self, lane: int) -> LaneCursor:
         ws = self.ws.clone_for_lane(lane, self.canonical_replicas)
-        return LaneCursor(epoch=0, rows=0, items=0, source_state=ws.state_dict())
+        return LaneCursor(epoch=0, rows=0, items=0, inputs=0, source_state=ws.state_dict(), carries={})
 
     def start(self, cursors: Mapping[int, LaneCursor | LaneSnapshot] | None = None, *,
               readers: ReaderPool | None = None) -> "EngineRun":
@@ -269,6 +269,9 @@ class EngineRun:
         self._thread: threading.Thread | None = None
         self._advance = threading.Lock()  # held while the prefetch thread moves the chains
         self._in_hand: LaneItem | None = None  # an item the prefetch thread has not queued yet
+        # Items the prefetch thread made and close() took off the queue: still not delivered, so
+        # a checkpoint after close() puts them back like the queued ones.
+        self._made_before_close: list[LaneItem] = []
         runner_kind = engine.options.resolved_runner()
         stages = [s.ops for s in engine.plan.parallel_stages()]
         self._readers = readers if readers is not None else ReaderPool()
@@ -350,8 +353,8 @@ class EngineRun:
                 made = ahead.get(lane)
                 if made:
                     # Items made but not delivered go back in front of the collector's rows.
-                    refs = [F.refs_of(t) for t in made] + ([snap.pending[0]] if snap.pending else [])
-                    pending = (F.concat_frames(refs), F.payload_of(F.concat_frames(made)).schema)
+                    refs = [F.refs_of(t) for t in made] + ([snap.pending.refs] if snap.pending is not None else [])
+                    pending = HeldRows(refs=F.concat_frames(refs), schema=F.payload_of(F.concat_frames(made)).schema)
                     snap = dataclasses.replace(snap, pending=pending)
                 out[lane] = snap
             return out
@@ -360,7 +363,7 @@ class EngineRun:
         """Rows of items the prefetch thread made that the caller has not received, per lane."""
         if self._queue is None:
             return {}
-        made = [x for x in self._queue.snapshot() if isinstance(x, LaneItem)]
+        made = self._made_before_close + [x for x in self._queue.snapshot() if isinstance(x, LaneItem)]
         if self._in_hand is not None and not any(x is self._in_hand for x in made):
             made.append(self._in_hand)
         out: dict[int, list[pa.Table]] = {}
@@ -436,7 +439,8 @@ class EngineRun:
             if self._thread is not None:
                 # Unblock a pump waiting on a full queue, then let it finish its current item.
                 while self._thread.is_alive():
-                    self._queue.clear()  # type: ignore[union-attr]
+                    removed = self._queue.clear()  # type: ignore[union-attr]
+                    self._made_before_close += [x for x in removed if isinstance(x, LaneItem)]
                     self._runner.cancel()
                     self._thread.join(timeout=0.1)
             else:

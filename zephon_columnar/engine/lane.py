@@ -22,6 +22,7 @@ replays the epoch (`engine.replay`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -33,7 +34,8 @@ import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
 from zephon_columnar.engine.plan import ParallelStage
-from zephon_columnar.engine.replay import LaneCursor, LaneSnapshot
+from zephon_columnar.engine.checkpoint import (EpochMarker, HeldRows, LaneCursor, LaneSnapshot, QueueEntry, ResumePoint,
+                                                StageState)
 from zephon_columnar.errors import CheckpointError, Notices, PipelineError, ZephonError, operator_failure
 from zephon_columnar.ops.accumulators import LaneContext
 from zephon_columnar.ops.base import BaseOp
@@ -81,13 +83,14 @@ class LaneShared:
     carried across each flush point (``carries[epoch][stage]``)."""
 
     def __init__(self, lane: int, ws: WorkSource, restore: LaneCursor | None, rows_per_item: int,
-                 notices: Notices) -> None:
+                 notices: Notices, lanes: int) -> None:
         recipe = ws.recipe()
         self.targets: dict[int, Mapping[str, float] | None] = {}
         names = {cid: name for name, cid in ws.component_ids().items()}
         seed = recipe.get("seed", 0) if isinstance(recipe.get("seed", 0), int) else 0
         self.ctx = LaneContext(lane=lane, seed=seed, component_names=names, chunk_target=self.targets.get,
-                               rows_per_item=rows_per_item, notices=notices, rows_per_pass=ws.rows_per_pass())
+                               rows_per_item=rows_per_item, notices=notices, rows_per_pass=ws.rows_per_pass(),
+                               lanes=lanes)
         self.restore = restore
         self.carries: dict[int, dict[int, pa.Table]] = {} if restore is None else \
             {restore.epoch: dict(restore.carries)}
@@ -283,7 +286,14 @@ class ParallelStep:
         ahead = 0
         try:
             for ev in self.upstream:
-                pending.append((ev, self.runner.submit(self.stage, ev) if isinstance(ev, pa.Table) else None))
+                try:
+                    fut = self.runner.submit(self.stage, ev) if isinstance(ev, pa.Table) else None
+                except BaseException:
+                    # Taken from the source but not computed (the runner was closed meanwhile): a
+                    # checkpoint after close() must still see these rows as not delivered.
+                    pending.append((ev, None))
+                    raise
+                pending.append((ev, fut))
                 if self.metrics is not None:
                     self.metrics.in_flight(self.stage, self.lane, len(pending))
                 while pending and (pending[0][1] is None or len(pending) > ahead):
@@ -323,15 +333,27 @@ class ParallelStep:
 
 class EmptyPassGuard:
     """Between a lane's first stage (fetch and the stateless operators after it) and the rest:
-    counts the source rows that went in and the rows that came out. More than a whole pass of
-    the data in without one row out means every row is filtered out: with a source that
-    repeats, the lane would read forever, so that is a `PipelineError` naming the numbers."""
+    counts the source rows that went in and the rows that came out. Too many rows in without one
+    out means every row is filtered out: with a source that repeats, the lane would read
+    forever, so that is a `PipelineError` naming the numbers.
 
-    def __init__(self, upstream: Iterator[Any], first: ParallelStep, lane: int, rows_per_pass: int | None) -> None:
+    Too many: the only lane of a stream reads every row, and any 2 passes' worth of consecutive
+    rows hold a whole pass (a pass may be reshuffled), so 2 passes say it for certain. One lane of
+    several reads its share of each pass, reshuffled or not: `SHARED_LANE_PASSES` passes' worth of
+    its own rows with none through is, for a filter that keeps even one row, a chance under
+    e**-40 per such run of rows.
+    """
+
+    SHARED_LANE_PASSES = 40
+
+    def __init__(self, upstream: Iterator[Any], first: ParallelStep, lane: int, rows_per_pass: int | None,
+                 only_lane: bool) -> None:
         self.upstream = upstream
         self.first = first
         self.lane = lane
-        self.limit = rows_per_pass
+        self.rows_per_pass = rows_per_pass
+        self.passes = 2 if only_lane else self.SHARED_LANE_PASSES
+        self.limit = None if rows_per_pass is None else self.passes * rows_per_pass
         self.rows_in = 0
         self.rows_out = 0
         self._in_since_out = 0
@@ -345,9 +367,9 @@ class EmptyPassGuard:
                 if self.limit is not None and self._in_since_out > self.limit:
                     raise PipelineError(
                         f"lane {self.lane} read {self._in_since_out} rows since a row last came through its first "
-                        f"stage, more than a whole pass of the data ({self.limit} rows): every row is filtered out, "
-                        "and a source that repeats would be read forever. Check the filter and map conditions "
-                        "against a few rows of each dataset.")
+                        f"stage, more than {self.passes} passes' worth of the data ({self.rows_per_pass} rows a "
+                        "pass): every row is filtered out, and a source that repeats would be read forever. Check "
+                        "the filter and map conditions against a few rows of each dataset.")
             yield ev
 
 
@@ -626,15 +648,15 @@ class LaneChain:
         per_item = engine.plan.batch.microbatch_size if engine.plan.batch is not None else 1
         if isinstance(start, LaneSnapshot):
             resume = start.resume
-            ws.load_state_dict(resume["source_state"])
-            self.shared = LaneShared(lane, ws, None, per_item, notices)
+            ws.load_state_dict(resume.source_state)
+            self.shared = LaneShared(lane, ws, None, per_item, notices, engine.canonical_replicas)
             self.shared.targets.update(start.targets)
-            self.source = Source(engine, self.shared, ws, resume["chunk"], resume["offset"], resume["marker"])
+            self.source = Source(engine, self.shared, ws, resume.chunk, resume.offset, resume.marker)
             epochs = _epochs_at(start, k)
-            epoch, skip, state = epochs[-1], 0, resume["source_state"]
+            epoch, skip, state = epochs[-1], 0, resume.source_state
         else:
             ws.load_state_dict(start.source_state)
-            self.shared = LaneShared(lane, ws, start, per_item, notices)
+            self.shared = LaneShared(lane, ws, start, per_item, notices, engine.canonical_replicas)
             self.source = Source(engine, self.shared, ws, start.epoch * k, start.inputs, True)
             epoch, skip, state = start.epoch, start.rows, start.source_state
             epochs = [epoch] * (len(engine.plan.stages) + 1)  # by ordered stage, then the collector
@@ -657,15 +679,15 @@ class LaneChain:
                                                                     flush_epoch=lambda box=epoch_box: box[0]))
                 queued = inbox = None
                 if isinstance(start, LaneSnapshot):
-                    state_j, rows_j = start.stages[ordered_index]
+                    saved = start.stages[ordered_index]
                     source = self.regen.source_for(pos)
-                    acc.restore(state_j, rows_j, source)
-                    queued = [_LazyRows(item[1], self._transit_source(pos, item[2]), item[2]) if item[0] == "rows" else
-                              EpochStart(item[1], {}) for item in start.queues[ordered_index]]
-                    refs = start.inboxes[ordered_index]
-                    if refs is not None:
+                    _restore_accumulator(acc, saved, source, lane=lane, stage=ordered_index, op=stage.op.op_name())
+                    queued = [EpochStart(e.epoch, {}) if isinstance(e, EpochMarker) else
+                              _LazyRows(e.refs, self._transit_source(pos, e.schema), e.schema) for e in saved.queue]
+                    if saved.inbox is not None:
                         size = OrderedStep.INPUT_SLICE
-                        inbox = [_LazyRows(refs.slice(i, size), source) for i in range(0, refs.num_rows, size)]
+                        inbox = [_LazyRows(saved.inbox.slice(i, size), source)
+                                 for i in range(0, saved.inbox.num_rows, size)]
                 step = OrderedStep(events, stage.op, pos, self.shared, acc, queued, inbox, epoch_box)
                 ordered_index += 1
             step.metrics, step.lane = getattr(runner, "metrics", None), lane  # execution tracking
@@ -673,14 +695,15 @@ class LaneChain:
             events = iter(step)
             if pos == 0:
                 assert isinstance(step, ParallelStep)  # fetch is always first
-                self.guard = EmptyPassGuard(events, step, lane, self.shared.ctx.rows_per_pass)
+                self.guard = EmptyPassGuard(events, step, lane, self.shared.ctx.rows_per_pass,
+                                            only_lane=self.shared.ctx.lanes == 1)
                 events = iter(self.guard)
         self.collector = Collector(engine, self.shared, events, epoch, skip, state)
         self.source.resume_floor = self._resume_floor
         if isinstance(start, LaneSnapshot) and start.pending is not None:
-            refs, schema = start.pending
-            self.collector.restore_pending(_LazyRows(refs, self._transit_source(len(engine.plan.stages) - 1, schema),
-                                                     schema))
+            held = start.pending
+            self.collector.restore_pending(_LazyRows(
+                held.refs, self._transit_source(len(engine.plan.stages) - 1, held.schema), held.schema))
 
     def __iter__(self) -> Iterator[LaneItem]:
         return iter(self.collector)
@@ -724,9 +747,9 @@ class LaneChain:
             # restore held for the collector (a rewound snapshot has nothing in transit).
             rows = self.collector.pending_rows()
             start = self.restored_from
-            return LaneSnapshot(items=items, resume=start.resume, stages=start.stages, queues=([],),
-                                inboxes=(None,), pending=(F.concat_frames(rows), self.collector.payload_schema())
-                                if rows else None)
+            return dataclasses.replace(
+                start, items=items, stages=tuple(dataclasses.replace(s, inbox=None, queue=()) for s in start.stages),
+                pending=HeldRows(refs=F.concat_frames(rows), schema=self.collector.payload_schema()) if rows else None)
         # The oldest row of the packer not delivered yet: in the collector, then in transit.
         after = steps[2] if len(steps) > 2 else None
         downstream = self.collector.pending_rows() + [F.refs_of(ev) for ev in (
@@ -738,9 +761,9 @@ class LaneChain:
         chunk, offset = where
         if chunk not in self.source.states:
             return None  # too far back to regenerate cheaply: held by reference instead
-        resume = {"chunk": chunk, "offset": offset, "marker": False, "source_state": self.source.states[chunk]}
-        return LaneSnapshot(items=items, resume=resume, stages=((state, None),), queues=([],), inboxes=(None,),
-                            pending=None)
+        resume = ResumePoint(chunk=chunk, offset=offset, marker=False, source_state=self.source.states[chunk])
+        return LaneSnapshot(items=items, resume=resume, stages=(StageState(state=state, rows=None, inbox=None, queue=()),),
+                            pending=None, targets={})
 
     def snapshot(self, items: int) -> LaneSnapshot:
         """This lane's state between two deliveries (see the module docstring)."""
@@ -776,31 +799,29 @@ class LaneChain:
         if at is None:
             at = self.source.position_of(inflight[0]) if inflight else self.source.next_position
         chunk, offset, marker = at
-        resume = {"chunk": chunk, "offset": offset, "marker": marker,
-                  "source_state": self.source.state_before(chunk)}
-        stages, queues, inboxes = [], [], []
+        resume = ResumePoint(chunk=chunk, offset=offset, marker=marker, source_state=self.source.state_before(chunk))
+        stages = []
         for pos, step in enumerate(steps):
             if not isinstance(step, OrderedStep):
                 continue
-            stages.append(step.acc.snapshot())
-            inboxes.append(None if step is steps[1] and head is None else step.inbox_refs())
+            state, held = step.acc.snapshot()
             transit = list(step.out)
             following = steps[pos + 1] if pos + 1 < len(steps) else None
             if isinstance(following, ParallelStep):
                 transit = following.in_transit() + transit
-            queues.append([_transit_item(ev) for ev in transit if isinstance(ev, EpochStart) or ev.num_rows])
-        pending = None
-        if rows:
-            pending = (F.concat_frames(rows), self.collector.payload_schema())
+            stages.append(StageState(
+                state=state, rows=held, inbox=None if step is steps[1] and head is None else step.inbox_refs(),
+                queue=tuple(_queue_entry(ev) for ev in transit if isinstance(ev, EpochStart) or ev.num_rows)))
+        pending = HeldRows(refs=F.concat_frames(rows), schema=self.collector.payload_schema()) if rows else None
         targets = {}
         if any(getattr(s.acc, "uses_chunk_targets", False) for s in steps if isinstance(s, OrderedStep)):
             # Rows still in the lane come from chunks at or after the oldest one they name.
-            named = [t for state, t in stages if t is not None] + [t for t in inboxes if t is not None] + \
-                [it[1] for q in queues for it in q if it[0] == "rows"] + ([pending[0]] if pending else [])
+            named = [t for s in stages for t in (s.rows, s.inbox) if t is not None] + \
+                [e.refs for s in stages for e in s.queue if isinstance(e, HeldRows)] + \
+                ([pending.refs] if pending is not None else [])
             oldest = min([int(pc.min(t.column(F.CHUNK)).as_py()) for t in named if t.num_rows] + [chunk])
             targets = {c: t for c, t in self.shared.targets.items() if c >= oldest}
-        return LaneSnapshot(items=items, resume=resume, stages=tuple(stages), queues=tuple(queues),
-                            inboxes=tuple(inboxes), pending=pending, targets=targets)
+        return LaneSnapshot(items=items, resume=resume, stages=tuple(stages), pending=pending, targets=targets)
 
 
 def _epochs_at(snapshot: LaneSnapshot, k: int) -> list[int]:
@@ -809,20 +830,51 @@ def _epochs_at(snapshot: LaneSnapshot, k: int) -> list[int]:
     what follows a stage is in the same epoch, unless a marker is queued between them: then it
     is still in the epoch before that marker."""
     resume = snapshot.resume
-    epoch = max(0, resume["chunk"] // k - int(bool(resume["marker"])))
+    epoch = max(0, resume.chunk // k - int(resume.marker))
     epochs = [epoch]
-    for queue in snapshot.queues:  # what ordered stage j emitted, in front of the next one
-        markers = [item[1] for item in queue if item[0] == "epoch"]
+    for stage in snapshot.stages:  # what ordered stage j emitted, in front of the next one
+        markers = [e.epoch for e in stage.queue if isinstance(e, EpochMarker)]
         epochs.append(markers[0] - 1 if markers else epochs[-1])
     return epochs
 
 
-def _transit_item(ev: Any) -> tuple[str, Any, Any]:
+def _queue_entry(ev: Any) -> QueueEntry:
     if isinstance(ev, EpochStart):
-        return ("epoch", ev.epoch, None)
+        return EpochMarker(epoch=ev.epoch)
     if isinstance(ev, _LazyRows):  # restored and not passed on yet: still references
-        return ("rows", ev.refs, ev.schema)
-    return ("rows", F.refs_of(ev), F.payload_of(ev).schema)
+        return HeldRows(refs=ev.refs, schema=ev.schema)
+    return HeldRows(refs=F.refs_of(ev), schema=F.payload_of(ev).schema)
+
+
+def _restore_accumulator(acc: Any, saved: StageState, source: Any, *, lane: int, stage: int, op: str) -> None:
+    """``acc.restore`` from a checkpoint's stage state. Restore checked the checkpoint's shape
+    and digest; a state an accumulator still cannot read (written by hand, or by a bug) is a
+    `CheckpointError` naming the stage, not the accumulator's own KeyError or TypeError."""
+    where = f"checkpoint lanes.{lane}.stages[{stage}] ({op!r})"
+    try:
+        acc.restore(dict(saved.state), saved.rows, source)
+        # What a well-formed state restores to snapshots back as it was written; a value the
+        # accumulator read another way (a fraction taken as an int, a field it ignored) does not.
+        state, rows = acc.snapshot()
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, AssertionError, OverflowError) as err:
+        raise CheckpointError(f"{where}: its state cannot be restored ({type(err).__name__}: {err}); the checkpoint "
+                              "is damaged or was written by another version.") from err
+    if _canonical(state) != _canonical(saved.state) or not _same_refs(rows, saved.rows):
+        raise CheckpointError(f"{where}: its state does not read back as written ({_canonical(saved.state)[:200]} "
+                              f"restores as {_canonical(state)[:200]}); the checkpoint is damaged.")
+
+
+def _canonical(state: Any) -> str:
+    return json.dumps(state, sort_keys=True, default=repr)
+
+
+def _same_refs(a: pa.Table | None, b: pa.Table | None) -> bool:
+    if a is None or b is None or not a.num_rows or not b.num_rows:
+        return (a is None or not a.num_rows) and (b is None or not b.num_rows)
+    return a.num_rows == b.num_rows and set(a.column_names) == set(b.column_names) and \
+        a.select(b.column_names).equals(b, check_metadata=False)
 
 
 class Regenerator:

@@ -41,13 +41,13 @@ import cloudpickle
 import pyarrow as pa
 
 from zephon_columnar import frame as F
+from zephon_columnar.engine.checkpoint import LaneCursor, LaneSnapshot, lane_from_json, lane_to_json
 from zephon_columnar.engine.children import die_with_parent, main_module_hidden
 from zephon_columnar.engine.engine import deliver
 from zephon_columnar.errors import PipelineError
 
 if TYPE_CHECKING:
     from zephon_columnar.engine.engine import Engine
-    from zephon_columnar.engine.replay import LaneCursor, LaneSnapshot
     from zephon_columnar.pipeline import Pipeline
 
 #: Items the child may deliver ahead of the trainer when ``mtp_buffer`` is not set.
@@ -84,7 +84,7 @@ class MtpRun:
         child._options = opts.updated(mtp_mode=False)  # noqa: SLF001
         child._run = child._warmup = child._pending = None  # noqa: SLF001
         child._ops = _ops_up_to_batch(child._ops)  # noqa: SLF001 - map_batch runs here, on this side
-        state = None if cursors is None else {lane: cur.to_json() for lane, cur in cursors.items()}
+        state = None if cursors is None else {lane: lane_to_json(cur) for lane, cur in cursors.items()}
         ctx = multiprocessing.get_context("spawn")
         self._shm = shared_memory.SharedMemory(create=True, size=max(1 << 16, int(opts.mtp_buffer_bytes)))
         self._counters = ctx.Array("q", 5, lock=False)
@@ -202,7 +202,7 @@ class MtpRun:
         return records_of(table, fields)[0]
 
     # ------------------------------------------------------------------ state
-    def snapshot(self) -> dict[int, "LaneCursor | LaneSnapshot"]:
+    def snapshot(self) -> dict[int, LaneCursor | LaneSnapshot]:
         """Every lane's state after the items this process took."""
         if self._final is not None:
             return dict(self._final)
@@ -232,8 +232,6 @@ class MtpRun:
                 "staged_bytes": int(c[_WRITTEN] - c[_READ]), "capacity_bytes": self._shm.size}
 
     def _ask(self, *request: Any) -> Any:
-        from zephon_columnar.engine.replay import lane_from_json
-
         with self._ctrl_lock:
             self._ctrl.send(request)
             while not self._ctrl.poll(_REPLY_POLL_S):
@@ -244,7 +242,7 @@ class MtpRun:
         if kind == "error":
             raise _rebuild_error(*reply)
         if request[0] == "snapshot":
-            return {int(lane): lane_from_json(lane, js) for lane, js in reply.items()}
+            return {int(lane): lane_from_json(f"lanes.{lane}", js) for lane, js in reply.items()}
         return reply
 
     # ------------------------------------------------------------------ shutdown
@@ -341,10 +339,8 @@ class _Child:
 
     def __init__(self, payload: bytes, shm_name: str, counters: Any, slots: Any, items: Any, ctrl: Any,
                  capacity: int) -> None:
-        from zephon_columnar.engine.replay import lane_from_json
-
         pipeline, state = cloudpickle.loads(payload)
-        cursors = None if state is None else {int(lane): lane_from_json(str(lane), js) for lane, js in state.items()}
+        cursors = None if state is None else {int(lane): lane_from_json(f"lanes.{lane}", js) for lane, js in state.items()}
         self.engine = pipeline._engine()  # noqa: SLF001
         self.run = self.engine.start(cursors)
         self.replay = self.engine.mode == "replay"
@@ -422,7 +418,7 @@ class _Child:
             return
         try:
             if kind == "snapshot":
-                reply = {str(lane): cur.to_json() for lane, cur in self._snapshot(request[1]).items()}
+                reply = {str(lane): lane_to_json(cur) for lane, cur in self._snapshot(request[1]).items()}
             elif kind == "stats":
                 reply = self.run.stats()
             elif kind == "tracked":

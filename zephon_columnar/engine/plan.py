@@ -55,6 +55,9 @@ class Plan:
     def parallel_stages(self) -> list[ParallelStage]:
         return [s for s in self.stages if isinstance(s, ParallelStage)]
 
+    def ordered_stages(self) -> list[OrderedStage]:
+        return [s for s in self.stages if isinstance(s, OrderedStage)]
+
     def fingerprint(self) -> list[dict]:
         """What the operators do to the data (batching excluded: batch size may change on resume)."""
         out = []

@@ -57,7 +57,8 @@ class LaneContext:
     number of flush points it has passed, counted from the lane's start). ``notices``: where a
     stage warns about data it drops (`Notices`: once per pass of the pipeline, shared by its
     lanes; the counts go in ``stats``). ``rows_per_pass``: the rows of one pass over every
-    dataset of the work source (None: unknown), for stages that tell a scarce input from a
+    dataset of the work source (None: unknown), and ``lanes`` the lanes the stream is split
+    into (each reads its share of every pass), for stages that tell a scarce input from a
     missing one.
     """
 
@@ -70,6 +71,7 @@ class LaneContext:
     flush_epoch: Callable[[], int] = lambda: 0
     notices: Notices = field(default_factory=Notices)
     rows_per_pass: int | None = None
+    lanes: int = 1
 
 
 #: Computes rows again from their references (`frame.refs_of`), in the references' order:

@@ -311,16 +311,20 @@ class MixtureBuffer:
             return
         self._waiting_rows += frame.num_rows
         self._waiting_components.update(np.unique(frame.column(F.COMPONENT).to_numpy()).tolist())
-        limit = self.ctx.rows_per_pass
-        if limit is None or self._waiting_rows <= limit:
+        # A pass's worth of rows holds each component at least once, up to the source's rounding
+        # (a few rows): 5 passes leave no doubt for the only lane; a lane of several reads a share
+        # of each pass, so 40 (see engine.lane.EmptyPassGuard).
+        passes = 5 if self.ctx.lanes == 1 else 40
+        per_pass = self.ctx.rows_per_pass
+        if per_pass is None or self._waiting_rows <= passes * per_pass:
             return
         missing = [self.ctx.component_names.get(k, str(k)) for k in self.target if k not in self._waiting_components]
         raise PipelineError(
             f"ensure_mixture(max_buffer_size=None): lane {self.ctx.lane} received {self._waiting_rows} rows, more "
-            f"than a whole pass of the data ({limit} rows), and could emit none: target component(s) {missing} sent "
-            "no row in that time (filtered out?), so the exact mixture cannot be met and the lane would read "
-            "forever. Pass a max_buffer_size (the buffer then drains with the rows it has), or a mixture= without "
-            "those components.")
+            f"than {passes} passes' worth of the data ({per_pass} rows a pass), and could emit none: target "
+            f"component(s) {missing} sent no row in that time (filtered out?), so the exact mixture cannot be met "
+            "and the lane would read forever. Pass a max_buffer_size (the buffer then drains with the rows it has), "
+            "or a mixture= without those components.")
 
     def _frames(self, handles: list[int]) -> list[pa.Table]:
         if not handles:

@@ -16,6 +16,23 @@ from zephon_columnar.errors import WrongTypeError, operator_failure
 from zephon_columnar.records import SampleRecord, check_records, frame_of_records, payloads_to_table, records_of
 
 
+def keep_lineage(out: pa.Table, had_lineage: bool) -> pa.Table:
+    """``out`` with the ``__lineage`` column in canonical form when its input had one.
+
+    Frames rebuilt from records (`frame_of_records`) carry the column only when some record
+    has a non-empty path; after a splitting operator every row must have it (``[]`` for an
+    uncut row), or whether a delivered batch has the column would depend on which rows shared
+    a frame. An input without the column gets none, as before."""
+    if not had_lineage:
+        return out
+    if F.LINEAGE not in out.column_names:
+        # Where frames that have it keep it (after the source bookkeeping, as
+        # `F.with_children` and `frame_of_records` put it), not appended after the payload.
+        at = out.column_names.index(F.COMPONENT) + 1 if F.COMPONENT in out.column_names else out.num_columns
+        out = out.add_column(at, F.LINEAGE, F.lineage_array(out))
+    return F.with_lineage_column(out)
+
+
 def payload_rows(frame: pa.Table) -> list[dict[str, Any]]:
     return F.payload_of(frame).to_pylist()
 
@@ -71,6 +88,7 @@ def run_rows(frame: pa.Table, fn: Callable[[list[SampleRecord]], Any], *, op_nam
     """Apply a records-in, records-out function to the frame's rows; output rows are built from
     the meta they carry (tombstones are dropped rows)."""
     outs = check_records(fn(records_of(frame)), op_name=op_name)
+    had_lineage = F.LINEAGE in frame.column_names
     if not outs or all(r.meta.tombstone for r in outs):
-        return frame.slice(0, 0).select(F.bookkeeping_of(frame).column_names)
-    return frame_of_records(outs, op_name=op_name)
+        return keep_lineage(frame.slice(0, 0).select(F.bookkeeping_of(frame).column_names), had_lineage)
+    return keep_lineage(frame_of_records(outs, op_name=op_name), had_lineage)

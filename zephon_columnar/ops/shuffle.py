@@ -214,8 +214,21 @@ class StreamingShuffle(ShuffleBuffer):
         schema = schema_to_json(self.store.payload_schema())
         return {"arrivals": self.arrivals, "schema": schema}, self.store.refs(self.slots)
 
+    def filled_after(self, arrivals: int) -> int:
+        """Slots holding a row after ``arrivals`` rows since the flush point (every arrival
+        appends during the warm-up, every other one while the buffer grows to its size)."""
+        if arrivals <= self.warmup:
+            return arrivals
+        return self.warmup + min(arrivals - self.warmup, 2 * (self.size - self.warmup)) // 2
+
     def restore(self, state: dict[str, Any], rows: pa.Table | None, source: RowSource) -> None:
-        self.arrivals = int(state["arrivals"])
+        arrivals = state["arrivals"]
+        held = 0 if rows is None else rows.num_rows
+        if isinstance(arrivals, bool) or not isinstance(arrivals, int) or self.filled_after(max(arrivals, 0)) != held \
+                or arrivals < 0:
+            raise ValueError(f"arrivals = {arrivals!r} with {held} rows held: a streaming shuffle of size {self.size} "
+                             "holds another number of rows after that many arrivals")
+        self.arrivals = arrivals
         self.slots = self.store.restore(rows, schema_from_json(state.get("schema")), source)
 
 
@@ -261,5 +274,10 @@ class BlockShuffle(ShuffleBuffer):
         return {"target": self.target, "schema": schema}, self.store.refs(self.held)
 
     def restore(self, state: dict[str, Any], rows: pa.Table | None, source: RowSource) -> None:
-        self.target = int(state["target"])
+        target = state["target"]
+        held = 0 if rows is None else rows.num_rows
+        if isinstance(target, bool) or not isinstance(target, int) or not held < target <= self.size:
+            raise ValueError(f"target = {target!r} with {held} rows held: a block of this shuffle holds fewer rows "
+                             f"than its target, which is at most {self.size}")
+        self.target = target
         self.held = self.store.restore(rows, schema_from_json(state.get("schema")), source)

@@ -42,7 +42,9 @@ import pyarrow as pa
 
 from zephon_columnar.errors import ConfigError, WrongTypeError, operator_failure
 from zephon_columnar.ops.accumulators import LaneContext
+from zephon_columnar import frame as F
 from zephon_columnar.ops.base import BaseOp, OpTraits, OrderedOp
+from zephon_columnar.ops.rows import keep_lineage
 from zephon_columnar.records import SampleRecord, frame_of_records, records_of
 
 WINDOW = 64
@@ -96,6 +98,11 @@ class _LaneState:
         self.state: Any = None
         self.started = False
         self.window: list[SampleRecord] = []
+        # Whether a frame pushed since the last flush point had `__lineage`: the frames this
+        # lane emits keep the column then, even when none of their records was cut (`[]` each),
+        # so that no delivered row lacks it. Reset at the flush point, where everything pushed
+        # since has been emitted, so that replaying the flush epoch after a restore sets it alike.
+        self.lineage = False
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -134,11 +141,11 @@ class _LaneState:
         self.state, self.started = None, False
         return out
 
-    @staticmethod
-    def _frames(batches: list[list[SampleRecord]]) -> list[pa.Table]:
-        return [frame_of_records(b) for b in batches if b]
+    def _frames(self, batches: list[list[SampleRecord]]) -> list[pa.Table]:
+        return [keep_lineage(frame_of_records(b), self.lineage) for b in batches if b]
 
     def push(self, frame: pa.Table) -> list[pa.Table]:
+        self.lineage = self.lineage or F.LINEAGE in frame.column_names
         out = []
         for record in records_of(frame):
             self.window.append(record)
@@ -149,7 +156,9 @@ class _LaneState:
     def flush(self, *, reset: bool, end: bool = False) -> list[pa.Table]:
         out = [self._push_window()] if self.window else []
         out.append(self._flush_state())
-        return self._frames(out)
+        frames = self._frames(out)
+        self.lineage = False
+        return frames
 
     def carry(self) -> pa.Table | None:
         return None

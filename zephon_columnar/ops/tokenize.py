@@ -29,7 +29,9 @@ Semantics (Zephon 0.2.0, B.17, with the choices below):
   last (the last piece can be just ``[EOS]``), every piece at most ``max_length``, and the pieces
   concatenate back to the document. Children repeat their parent's bookkeeping row, in order,
   each with its own lineage: the parent's extended by the piece's index (``(0,)``, ``(1,)``, ...;
-  a document that needs no cut keeps its lineage).
+  a document that needs no cut keeps its lineage). The ``__lineage`` column is on every output
+  row, ``[]`` for a document that needed no cut and was not cut before, never null, whether or
+  not another document of the same frame was cut (the same table however rows are framed).
 - ``missing_field``: ``"error"`` raises naming the field and the sample (dataset, shard, row):
   `MissingFieldError` (a ``KeyError``) when the column is absent, `DatasetFormatError` (a
   ``ValueError``) when a value is null; ``"empty"`` tokenizes ``""``.
@@ -278,6 +280,11 @@ class TokenizeOp(TokenizerOwner, FrameOp):
             book = F.with_children(book, parent, child)
             if upstream is not None:
                 upstream = upstream.take(pa.array(parent))
+        elif self.split_long_samples:
+            # No document of this frame needed a cut, but a splitting tokenize gives every row a
+            # lineage column all the same ([] for an uncut document): otherwise whether a row has
+            # one would depend on which rows shared its frame (fetch batch size, restore).
+            book = F.with_lineage_column(book)
         if upstream is not None:
             columns.extend(upstream.columns)
             names.extend(upstream.column_names)

@@ -44,6 +44,7 @@ from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError, PipelineError, WrongTypeError, operator_failure
 from zephon_columnar.ops.accumulators import Accumulator, CountingAccumulator, LaneContext, PassthroughAccumulator
 from zephon_columnar.ops.base import BaseOp, OpContext, OpTraits, OrderedOp, run_columns
+from zephon_columnar.ops.rows import keep_lineage
 from zephon_columnar.records import SampleRecord, check_records, frame_of_records, records_of
 
 
@@ -256,6 +257,11 @@ class _LaneGroups:
         self.call_rows = call_rows
         self.acc: Accumulator[Any] | None = None
         self.components: set[int] = set()
+        # Whether a frame pushed since the last flush point had `__lineage`: the batches the
+        # accumulator emits keep the column then, even when none of their records was cut, so
+        # that its presence does not depend on how records were grouped. Reset with the
+        # accumulator, so that replaying the flush epoch after a restore sets it alike.
+        self.lineage = False
 
     def _fresh(self) -> Accumulator[Any]:
         if self.acc is None:
@@ -283,7 +289,7 @@ class _LaneGroups:
                                     f"{lane} (records of lanes {sorted({r.meta.lane_id for r in records})}) while "
                                     f"serving lane {self.ctx.lane}; a ready batch holds one lane's records.")
             records = check_records(records, op_name=self.op.op_name(), what=f"accumulator {what}")
-            frame = frame_of_records(records, op_name=self.op.op_name())
+            frame = keep_lineage(frame_of_records(records, op_name=self.op.op_name()), self.lineage)
             if frame.num_rows:
                 out.append(frame)
         return out
@@ -291,6 +297,7 @@ class _LaneGroups:
     def push(self, frame: pa.Table) -> list[pa.Table]:
         acc = self._fresh()
         records = records_of(frame)
+        self.lineage = self.lineage or F.LINEAGE in frame.column_names
         self.components.update(frame.column(F.COMPONENT).unique().to_pylist())
         return self._frames(self._call("push_many", acc.push_many, records), "push_many")
 
@@ -306,8 +313,10 @@ class _LaneGroups:
         if acc.has_pending_data(lane):
             raise PipelineError(f"operator {self.op.op_name()!r}: its accumulator still has pending data for lane "
                                 f"{lane} after flush(reset=True); a flush must emit (or drop) everything it holds.")
-        self.acc, self.components = None, set()  # rebuilt at the next push: fresh after every flush point
-        return self._frames(ready, "flush")
+        frames = self._frames(ready, "flush")
+        # Rebuilt at the next push: fresh after every flush point.
+        self.acc, self.components, self.lineage = None, set(), False
+        return frames
 
     def carry(self) -> pa.Table | None:
         return None

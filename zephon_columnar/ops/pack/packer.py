@@ -224,6 +224,7 @@ class LanePacker:
         self._group_of = group_of
         self._window = _ShuffleWindow(spec, ctx) if spec.shuffle_strategy is not None else None
         self._skip = 0
+        self._rewound_to: dict[str, Any] | None = None  # a rewind state restored, nothing pushed since
 
     def _packer(self, group: Any) -> Packer:
         packer = self._packers.get(group)
@@ -236,6 +237,7 @@ class LanePacker:
         run = self.reader.read(frame)
         if run is None:
             return []
+        self._rewound_to = None
         if self._skip:  # restored by rewinding: these tokens went into rows already delivered
             if self._skip >= len(run):
                 self._skip -= len(run)
@@ -306,6 +308,7 @@ class LanePacker:
 
     def flush(self, *, reset: bool, end: bool = False) -> list[pa.Table]:
         out: list[pa.Table] = []
+        self._rewound_to = None
         dropped_before = self.ctx.stats.get("pack_dropped_final_tokens", 0)
         if self._window is not None:
             for ready in self._window.flush():
@@ -340,7 +343,10 @@ class LanePacker:
     # ------------------------------------------------------------------ checkpoints (by reference)
     def snapshot(self) -> tuple[dict[str, Any], pa.Table | None]:
         """The reader's decisions, each group's packer state, and the documents they hold (by
-        reference, groups in order)."""
+        reference, groups in order); restored from a rewind state and given nothing since, that
+        state."""
+        if self._rewound_to is not None:
+            return dict(self._rewound_to), None
         r = self.reader
         reader = None if r.dtypes is None else {
             "tokens": r.tokens, "fields": [[n, str(r.value_types[n])] for n in r.dtypes]}
@@ -391,7 +397,11 @@ class LanePacker:
             s.shuffle_strategy is None
 
     def restore(self, state: dict[str, Any], rows: pa.Table | None, source: Any) -> None:
-        self._skip = int(state.get("rewind", 0))
+        rewind = state.get("rewind", 0)
+        if isinstance(rewind, bool) or not isinstance(rewind, int) or rewind < 0:
+            raise ValueError(f"rewind = {rewind!r}, expected an int >= 0")
+        self._skip = rewind
+        self._rewound_to = dict(state) if "rewind" in state else None
         if state["reader"] is not None:
             self._force_decisions(self.reader, state["reader"]["tokens"], state["reader"]["fields"])
         offset = 0

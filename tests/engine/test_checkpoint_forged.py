@@ -1,0 +1,25 @@
+"""Forged damage (the digests computed again, as a tool that edits checkpoints would) meets the
+engine's own checks. A malformed value (a key removed, null, a wrong type, a fraction, a negative
+count, a list or text cut) anywhere in the lane's structure (positions, stage list, queues, rows
+held by reference, targets) is refused with a `CheckpointError` or changes nothing. What only the
+digest tells apart, and is not asked of the engine here: an in-range value moved (a position off
+by one), and values inside an operator's own state (its ``state`` dict, its per-row ``__s_*``
+columns, a packed row's ``__segments``) that still parse (see test_checkpoint_damage.py)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.engine.test_checkpoint_damage import MALFORMED, RECIPES, _outcomes
+
+#: Paths inside an operator's own state: the operator reads them, the digest guards them.
+OPERATOR_STATE = re.compile(r"\.state(\.|$)|\.__s_|\.__sf_|__segments|\.schema")
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_forged_malformed_structure_is_refused_by_the_engines_own_checks(recipe):
+    wrong, _, _ = _outcomes(recipe, forged=True)
+    structural = [w for w in wrong if w[1] in MALFORMED and not OPERATOR_STATE.search(w[0])]
+    assert not structural, structural
