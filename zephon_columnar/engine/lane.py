@@ -938,9 +938,10 @@ def _keys(frame: pa.Table) -> list[tuple]:
 
 def _select(rows: pa.Table, refs: pa.Table, *, what: str) -> pa.Table:
     """The rows of ``rows`` that ``refs`` name, in the order of ``refs``."""
-    if rows.num_rows == refs.num_rows and F.LINEAGE not in rows.column_names and F.LINEAGE not in refs.column_names \
-            and rows.column(F.CHUNK).equals(refs.column(F.CHUNK)) and rows.column(F.OFFSET).equals(refs.column(F.OFFSET)):
-        return rows
+    if rows.num_rows == refs.num_rows and rows.column(F.CHUNK).equals(refs.column(F.CHUNK)) \
+            and rows.column(F.OFFSET).equals(refs.column(F.OFFSET)) \
+            and all(np.array_equal(a, b) for a, b in zip(F.lineage_parts(rows), F.lineage_parts(refs))):
+        return rows  # the same rows in the same order (lineage included): nothing to pick
     index = {k: i for i, k in enumerate(_keys(rows))}
     try:
         take = [index[k] for k in _keys(refs)]
