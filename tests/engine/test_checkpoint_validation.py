@@ -147,3 +147,47 @@ def test_property_any_number_out_of_range_is_refused_at_restore(pick, replay, va
     node[path[-1]] = value
     with pytest.raises(CheckpointError, match="not a count or position"):
         (by_replay if replay else by_reference)().restore(ckpt)
+
+
+def by_bins() -> Pipeline:
+    ws = StaticMixtureWorkSource([DS], {"a": 1.0}, seed=1, chunk_size=16, shuffle_within_shard=True)
+    return Pipeline(ws).pack_flat(8, algorithm="first_fit", num_bins=3).batch(2).options(prefetch_batches=2,
+                                                                                        runner="threads")
+
+
+HELD_ROWS_CUT = {  # (build, where, damage, forged too): each used to restore and lose or change rows
+    "pending rows set to null": (by_bins, lambda c: lane0(c)["pending"], "rows", None),
+    "a stage's rows set to null": (by_reference, lambda c: lane0(c)["stages"][0], "rows", None),
+    "a row reference of 1.5": (by_reference, lambda c: lane0(c)["stages"][0]["rows"]["cols"]["__row"], 0, 1.5),
+    "a row reference of -1": (by_reference, lambda c: lane0(c)["stages"][0]["rows"]["cols"]["__row"], 0, -1),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HELD_ROWS_CUT))
+@pytest.mark.parametrize("forged", [False, True])
+def test_held_rows_cut_or_mistyped_are_refused_naming_the_field(case, forged):
+    """Issue 25: held rows cut to null restored without error and silently lost the rows; row
+    references of 1.5 or -1 were accepted and changed the stream. Refused, as edited and even
+    with the digest computed again."""
+    build, where, key, value = HELD_ROWS_CUT[case]
+    ckpt = checkpoint_after(build, 5)
+    assert where(ckpt)[key] not in (None, {"n": 0, "cols": {}})  # rows were held
+    where(ckpt)[key] = value
+    if forged:
+        ckpt = with_digests(ckpt)
+    with pytest.raises(CheckpointError, match=r"checkpoint lanes\.0\.(pending|stages\[0\])\.rows"):
+        build().restore(ckpt)
+
+
+def test_a_packer_bin_moved_is_refused():
+    """Issue 25: a packer's bin number changed in the checkpoint was accepted and changed the
+    stream: the digest refuses it."""
+    ckpt = checkpoint_after(by_bins, 5)
+    state = lane0(ckpt)["stages"][0]["state"]
+    assert state["groups"], state
+    text = json.dumps(state["groups"])
+    digits = [i for i, ch in enumerate(text) if ch.isdigit()]
+    moved = text[:digits[-1]] + str((int(text[digits[-1]]) + 1) % 10) + text[digits[-1] + 1:]
+    lane0(ckpt)["stages"][0]["state"]["groups"] = json.loads(moved)
+    with pytest.raises(CheckpointError, match=r"lanes\.0: its content does not match its digest"):
+        by_bins().restore(ckpt)
