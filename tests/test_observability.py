@@ -79,7 +79,8 @@ def test_text_logs_and_a_dict_config(caplog):
     with caplog.at_level(logging.INFO, logger="plain"):
         list(build("stateless", mtp=False).options(metrics_sink_config=sink))
     (line,) = [r.getMessage() for r in caplog.records if r.name == "plain"]
-    assert line.startswith("plain.items_delivered=") and "{lane=" not in line  # no tracking: no operator gauges
+    # no tracking: lane counters only, no operator or stage gauges
+    assert line.startswith("plain.items_delivered=") and "plain.op." not in line and "plain.stage." not in line
 
 
 @pytest.mark.parametrize("sink, culprit", [

@@ -242,3 +242,19 @@ def test_peers_checkpointed_at_the_same_step_merge_even_when_their_read_ahead_di
     with pytest.raises(CheckpointError, match="has 6 item\\(s\\) of lane 0 delivered, an earlier one 5"):
         Pipeline.merge_checkpoints([peers[0], later.checkpoint()])
     it.close()
+
+
+def test_the_rows_drop_last_drops_are_counted_and_warned_once_per_pass():
+    """batch(drop_last=True), Zephon's default, dropped each lane's last rows short of a batch
+    without a word."""
+    ws = StaticMixtureWorkSource([_in_memory("d", 103)], {"d": 1.0}, chunk_size=8, seed=0, stop_after_passes=1)
+    pipe = Pipeline(ws).batch(4).options(canonical_replicas=2)
+    with pytest.warns(DataDroppedWarning, match=r"batch\(4\) dropped the last \d row\(s\) of lane \d") as seen:
+        delivered = sum(len(b.ids) for b in pipe)
+    assert len([w for w in seen if "drop_last" in str(w.message)]) == 1
+    dropped = sum(r["value"] for r in pipe.metrics_snapshot().records if r.get("name") == "batch_dropped_final_rows")
+    assert delivered + dropped == 103 and 0 < dropped < 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataDroppedWarning)
+        keep = Pipeline(ws).batch(4, drop_last=False).options(canonical_replicas=2)
+        assert sum(len(b.ids) for b in keep) == 103

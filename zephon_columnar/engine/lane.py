@@ -36,7 +36,8 @@ from zephon_columnar import frame as F
 from zephon_columnar.engine.plan import ParallelStage
 from zephon_columnar.engine.checkpoint import (EpochMarker, HeldRows, LaneCursor, LaneSnapshot, QueueEntry, ResumePoint,
                                                 StageState)
-from zephon_columnar.errors import CheckpointError, Notices, PipelineError, ZephonError, operator_failure
+from zephon_columnar.errors import (CheckpointError, DataDroppedWarning, Notices, PipelineError, ZephonError,
+                                    operator_failure)
 from zephon_columnar.ops.accumulators import LaneContext
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.types import SampleBatch, records_of
@@ -576,6 +577,19 @@ class Collector:
             yield from _drain_records(lane, pending, by_input, fields)
         elif pending_rows and not batch.drop_last:
             yield _take_batch(lane, pending, pending_rows, by_input, fields)
+        elif pending_rows:
+            self._dropped_final_rows(pending_rows, size)
+
+    def _dropped_final_rows(self, rows: int, size: int) -> None:
+        """``drop_last=True`` (Zephon's default) at the end of the lane: the rows short of a batch
+        are counted, and warned about once per pass."""
+        ctx = self.shared.ctx
+        ctx.stats["batch_dropped_final_rows"] = ctx.stats.get("batch_dropped_final_rows", 0) + rows
+        ctx.notices.warn("batch_dropped_final_rows",
+                         f"batch({size}) dropped the last {rows} row(s) of lane {ctx.lane}, fewer than a batch "
+                         "(drop_last=True, the default; warned once per pass, every lane's count is in "
+                         f"metrics_snapshot() as batch_dropped_final_rows); pass batch({size}, drop_last=False) to "
+                         "get them as a short batch.", DataDroppedWarning)
 
     def _epoch_reached(self, epoch: int) -> Mapping[int, pa.Table]:
         return self.shared.epoch_reached(epoch, epoch * self.engine.plan.flush_every)
