@@ -187,6 +187,31 @@ def test_stateful_dataloader_resumes_mid_epoch_exactly(workers, step):
     assert head + ids_of(fresh) == full
 
 
+@pytest.mark.parametrize("lanes", [1, 2])
+@pytest.mark.parametrize("k, more", [(1, 0), (2, 1), (3, 2), (5, 0), (6, 2)])
+def test_state_dict_soon_after_a_restore_that_held_prefetched_rows(lanes, k, more):
+    """A restore under the threads runner with prefetch reads ahead at once; a state_dict taken
+    0-2 batches later must still describe what was delivered. It raised 'no work-source state
+    for chunk N' (the read-ahead's chunks had no source state yet)."""
+    def loader():  # a stateless plan (batch only): the prefetched rows are all the state there is
+        ds = build(lanes).options(prefetch_batches=4, runner="threads").to_torch_dataset()
+        return ds, DataLoader(ds, batch_size=None, collate_fn=lambda b: (b.ids, b.to_training()["input_ids"].tolist()))
+
+    full = list(loader()[1])
+    first, it = loader()
+    it = iter(it)
+    head = [next(it) for _ in range(k)]
+    state = json.loads(json.dumps(first.state_dict()))
+    second, it = loader()
+    second.load_state_dict(state)
+    it = iter(it)
+    middle = [next(it) for _ in range(more)]
+    state = json.loads(json.dumps(second.state_dict()))  # soon after the restore: prefetch still filling
+    third, rest = loader()
+    third.load_state_dict(state)
+    assert head + middle + list(rest) == full
+
+
 def _rank_main(rank: int, port: int, results) -> None:
     """One rank of a 2-rank gloo group: the warnings a pipeline gives there, and its first ids,
     without and with data-parallel options."""
