@@ -263,3 +263,15 @@ def test_two_torch_distributed_ranks_without_data_parallel_options_are_warned():
         assert got[rank]["dp"][0] == [] and got[rank]["world"][0] == []
     assert got[0]["none"][1] == got[1]["none"][1]  # what the warning is about
     assert got[0]["dp"][1] != got[1]["dp"][1]
+
+
+def test_process_runner_inside_loader_workers_runs_on_threads_with_a_warning():
+    """Found by the option oracle: DataLoader workers are daemons, which may not start processes;
+    options(runner='process') crashed in them ('daemonic processes are not allowed to have
+    children'). The worker's stages run on threads instead, the data unchanged."""
+    pipe = build(lanes=2).options(runner="process")
+    loader = DataLoader(pipe.to_torch_dataset(return_labels=True), batch_size=None, num_workers=2,
+                        multiprocessing_context="spawn")
+    got = sorted(map(str, rows(loader)))
+    want = sorted(map(str, rows(DataLoader(build(lanes=2).to_torch_dataset(return_labels=True), batch_size=None))))
+    assert got == want and len(got) == 15

@@ -17,6 +17,7 @@ the last delivered item (see `replay.py`).
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import threading
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -30,7 +31,7 @@ from zephon_columnar.engine.lanes import next_lane, owned_lanes
 from zephon_columnar.engine.plan import OrderedStage, ParallelStage, Plan, compile_plan
 from zephon_columnar.engine.checkpoint import HeldRows, LaneCursor, LaneSnapshot
 from zephon_columnar.engine.runners import RUNNERS
-from zephon_columnar.errors import EmptyPassWarning, Notices, PipelineError
+from zephon_columnar.errors import ConfigurationWarning, EmptyPassWarning, Notices, PipelineError, warn
 from zephon_columnar.io.readers import ReaderPool
 from zephon_columnar.ops.accumulators import restorable_by_reference
 from zephon_columnar.ops.base import BaseOp
@@ -273,6 +274,13 @@ class EngineRun:
         # a checkpoint after close() puts them back like the queued ones.
         self._made_before_close: list[LaneItem] = []
         runner_kind = engine.options.resolved_runner()
+        if runner_kind == "process" and multiprocessing.current_process().daemon:
+            # A DataLoader worker is a daemon, which may not start processes: its share of the
+            # lanes runs on threads (the same rows: the runner never changes the data).
+            warn("options(runner='process') inside a daemon process (a DataLoader worker?): it cannot start worker "
+                 "processes, so the stateless stages run on threads here; use the loader's num_workers for "
+                 "processes instead.", ConfigurationWarning)
+            runner_kind = "threads"
         stages = [s.ops for s in engine.plan.parallel_stages()]
         self._readers = readers if readers is not None else ReaderPool()
         services = {"datasets_by_id": engine.ws.datasets_by_id, "reader_pool": self._readers,

@@ -1,0 +1,874 @@
+"""The option oracle: beside the checkpoint fuzz oracle (`tests/test_checkpoint_fuzz.py`, which
+samples operators), this one samples what users *set*: the data (in memory, Arrow tables,
+Parquet, JSONL; datasets smaller than a chunk; mixtures of very different sizes; exhaustion
+policies and endless sources), the work source's ``chunk_size``, and ``options(...)``
+(``flush_every_k_chunks``, ``canonical_replicas`` with data-parallel groups, ``fetch(max_batch)``,
+``max_workers``, ``prefetch_batches``, ``mapping_strategy``, ``mtp_mode``, the runner); then a
+chain of checkpoint/restore *segments* (at step 0, before iterating, at random steps, twice in a
+row, after exhaustion, restores of restores, each segment on its own runner, prefetch depth,
+fetch size and number of groups; per-group checkpoints merged with
+`Pipeline.merge_checkpoints`). Sometimes one segment runs through the torch adapter
+(``to_torch_dataset(**to_training)`` under a plain ``DataLoader`` or torchdata's
+``StatefulDataLoader``, 0 or 2 spawned loader workers): it loads the previous checkpoint,
+checkpoints through ``state_dict()``, and a freshly built dataset/loader continues from
+``load_state_dict``; its tensors (sample ids, ``input_ids``) are compared.
+
+The oracle is the uninterrupted stream of one group with the base options:
+
+- a chain that stays on one group must deliver exactly that stream (the lanes' interleaving too);
+- otherwise each lane's items, segment after segment, must equal that lane's uninterrupted items;
+- another runner / prefetch depth / fetch size / worker count gives the same stream, and the
+  union over G groups gives every lane's items (per lane, as one group delivers them);
+- the adapter without loader workers delivers what the same pipeline delivers from the same
+  checkpoint, in order; with loader workers, each lane's items in order (workers interleave lanes);
+- no crash, no hang: every case runs under a watchdog (``CASE_TIME_LIMIT_S``).
+
+Endless sources (``exhausted_policy="repeat"`` without a pass limit) are compared on a fixed
+number of items: every run then must agree on the common prefix of each lane.
+
+Every failure message carries the drawn recipe as JSON: ``run_case(json.loads(...))`` replays
+it (``python -m tests.test_option_oracle '<json>'`` too).
+
+CI: a fixed, derandomized sequence of ``CI_CASES`` cases::
+
+    .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_option_oracle.py
+
+Long run: ``ZEPHON_ORACLE_CASES=N`` runs N random cases with a random seed, printed on failure
+(``ZEPHON_ORACLE_SEED=S`` replays a seed; ``ZEPHON_ORACLE_SHRINK=0`` skips hypothesis' shrinking;
+``ZEPHON_ORACLE_REPORT=path.jsonl`` logs every failing case there and goes on instead of
+stopping at the first)::
+
+    ZEPHON_ORACLE_CASES=500 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_option_oracle.py
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import warnings
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterator
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import strategies as st
+
+from tests.ops._tokenizers import make_texts, make_tokenizer
+from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+from zephon_columnar.io.dataset import InMemoryShard
+from zephon_columnar.testing import signature
+
+TOKENIZER = make_tokenizer()
+CI_CASES = 60                # ~1 s a case on 2 shared cores: the CI sequence runs in about a minute
+CASE_TIME_LIMIT_S = 30       # a case slower than this is a hang: the watchdog fails it with the recipe
+ENDLESS_ITEMS = 120          # items a run takes (over all its groups) when the source never ends
+FINITE_CAP = 20000          # a "finite" stream longer than this is reported as not ending
+ADAPTER_CASE_TIME_LIMIT_S = 90  # a case with spawned loader workers (each imports torch, Polars, this module)
+_DATA_ROOT: Path | None = None  # Parquet/JSONL files, per case spec (made on first use: see data_root)
+
+
+# ============================================================================ the recipe
+# A recipe is a plain JSON-able dict, so the failure message can print it and `run_case` replay it.
+
+DATASET_ROWS = [1, 2, 3, 5, 8, 13, 30, 64, 120, 300]
+STORAGES = ["memory", "tables", "parquet", "jsonl"]
+STATELESS_STEPS = ["py_map", "py_drop", "pl_map", "pl_filter", "py_filter"]
+ORDERED_STEPS = ["shuffle", "stateful", "ensure"]
+PACK_ALGORITHMS = ["wrap", "first_fit", "best_fit", "best_fit_wrap"]
+
+
+@st.composite
+def datasets_strategy(draw) -> list[dict]:
+    """1..3 datasets; ids unique across them; sizes from 1 row (smaller than any chunk) to 300.
+    Two datasets of very different sizes (e.g. 3 and 300 rows) come up often."""
+    n = draw(st.integers(1, 3))
+    out, start = [], 0
+    for i in range(n):
+        rows = draw(st.sampled_from(DATASET_ROWS))
+        shards = min(rows, draw(st.integers(1, 3)))
+        out.append(dict(name="abc"[i], rows=rows, shards=shards, start=start, weight=draw(st.integers(1, 3)),
+                        storage=draw(st.sampled_from(STORAGES)), text_seed=draw(st.integers(0, 3)),
+                        row_group=draw(st.sampled_from([1, 4, 64]))))
+        start += 1000
+    return out
+
+
+@st.composite
+def exhaustion_strategy(draw, names: list[str]) -> dict:
+    """How the source ends: the default (every dataset one pass, smaller ones repeat), one policy
+    for all or one per dataset, optionally stop_after_passes (only with no 'stop' policy)."""
+    kind = draw(st.sampled_from(["default", "default", "all", "per_dataset"]))
+    if kind == "default":
+        return dict(policy=None, stop_after_passes=None)
+    if kind == "all":
+        policy: Any = draw(st.sampled_from(["stop", "repeat", "redistribute"]))
+    else:
+        policy = {n: draw(st.sampled_from(["stop", "repeat", "redistribute"])) for n in names}
+    policies = set(policy.values()) if isinstance(policy, dict) else {policy}
+    passes = None
+    if "stop" not in policies and draw(st.booleans()):
+        passes = draw(st.integers(1, 2))
+    return dict(policy=policy, stop_after_passes=passes)
+
+
+@st.composite
+def plan_strategy(draw) -> dict:
+    """Stateless plans (maps, filters, batch; no tokenize) or ordered ones (tokenize, then a
+    permutation of shuffle / stateful_transform / ensure_mixture with pack_flat somewhere)."""
+    before = draw(st.lists(st.sampled_from(STATELESS_STEPS), max_size=3, unique=True))
+    plan: dict[str, Any] = dict(kind=draw(st.sampled_from(["stateless", "ordered"])), before=before)
+    if plan["kind"] == "ordered":
+        plan["split"] = draw(st.booleans())
+        ordered = draw(st.permutations(ORDERED_STEPS))[:draw(st.integers(0, 3))]
+        if draw(st.booleans()):
+            ordered.insert(draw(st.integers(0, len(ordered))), "pack")
+        plan["ordered"] = ordered
+        plan["shuffle"] = dict(buffer=draw(st.sampled_from([1, 3, 16])), seed=draw(st.integers(0, 3)),
+                               algorithm=draw(st.sampled_from(["streaming", "block", "block_warmup"])))
+        plan["ensure"] = dict(weight_by=draw(st.sampled_from(["samples", "auto"])),
+                              max_buffer=draw(st.sampled_from([2, 6, 50])))
+        plan["pack"] = dict(algorithm=draw(st.sampled_from(PACK_ALGORITHMS)), max_length=draw(st.sampled_from([6, 16])))
+    batch = draw(st.sampled_from([None, 1, 2, 3, 5]))
+    plan["batch"] = None if batch is None else dict(size=batch, drop_last=draw(st.booleans()))
+    return plan
+
+
+@st.composite
+def run_options_strategy(draw, lanes: int) -> dict:
+    """What may change between runs of one recipe without changing the data: runner (process
+    rarer, it spawns), prefetch depth, fetch's rows per read, workers, groups (a divisor of the
+    lane count), mtp_mode (rare: a spawned side process)."""
+    return dict(runner=draw(st.sampled_from(["inline"] * 4 + ["threads"] * 4 + ["process"])),
+                prefetch=draw(st.sampled_from([None, 1, 2, 8])),
+                max_batch=draw(st.sampled_from([None, 1, 2, 7, 64])),
+                workers=draw(st.integers(1, 3)),
+                groups=draw(st.sampled_from([g for g in range(1, lanes + 1) if lanes % g == 0])),
+                mtp=draw(st.integers(0, 29)) == 0)
+
+
+@st.composite
+def segment_strategy(draw, lanes: int) -> dict:
+    """One link of the checkpoint chain: run options, then how many items each group takes
+    before its checkpoint: 0 (step 0), before iterating at all, a fraction of what is left,
+    everything (after exhaustion) or more than everything; whether to checkpoint twice, and
+    whether after closing the iterator."""
+    take = draw(st.sampled_from(["zero", "no_iter", "fraction", "fraction", "fraction", "all", "past"]))
+    options = draw(run_options_strategy(lanes))
+    # Checkpoint after closing the iterator (sometimes): mtp_mode refuses that by design.
+    close_first = not options["mtp"] and draw(st.sampled_from([False, False, False, True]))
+    return dict(options=options, take=take, fraction=draw(st.integers(0, 100)) / 100, twice=draw(st.booleans()),
+                close_first=close_first)
+
+
+# The torch adapter (`Pipeline.to_torch_dataset`): drawn in 1 of ADAPTER_ONE_IN qualifying
+# cases, with two spawned loader workers in 1 of ADAPTER_WORKERS_ONE_IN of those. A spawned
+# worker imports torch, Polars and this module (2-3 s on 2 shared cores), so both stay rare
+# enough for the CI sequence to keep its time.
+ADAPTER_ONE_IN = 4
+ADAPTER_WORKERS_ONE_IN = 4
+# Keyword arguments of to_torch_dataset (passed to SampleBatch.to_training); never empty, or the
+# adapter would yield SampleBatch objects instead of tensors.
+TO_TRAINING_KWARGS = [{"return_labels": True}, {"return_padding_mask": True},
+                      {"return_labels": True, "return_loss_mask": True, "return_num_valid_tokens": True}]
+
+
+def adapter_qualifies(plan: dict) -> bool:
+    """to_training turns a batch (a SampleBatch, not a record) with a token column into tensors:
+    only ordered plans tokenize, and only a plan that batches yields batches."""
+    return plan["kind"] == "ordered" and plan["batch"] is not None
+
+
+@st.composite
+def adapter_strategy(draw, lanes: int, plan: dict, chain_length: int) -> dict | None:
+    """One adapter segment (or None): where in the chain, which loader (a plain DataLoader with
+    num_workers=0, or torchdata's StatefulDataLoader with 0 or 2 workers), the run options of its
+    pipelines (one group: an adapter is one rank's dataset), how many batches before its state_dict,
+    and, on 0 workers, how many after the restore before it hands a pipeline checkpoint on.
+
+    All of it comes from one drawn seed (a `random.Random`), drawn last: one more choice per case
+    leaves the derandomized CI sequence's other cases as they were (drawn early, the adapter
+    reshuffled them, into a slower sequence); drawn last as several choices, hypothesis' generation
+    mostly overran there and no CI case got an adapter. Shrinking moves the seed too, which is
+    fine: a shrink is kept only while the case still fails."""
+    if not adapter_qualifies(plan):
+        return None
+    rng = random.Random(draw(st.integers(0, 2**32 - 1)))
+    if rng.randrange(ADAPTER_ONE_IN):
+        return None
+    workers = 0 if rng.randrange(ADAPTER_WORKERS_ONE_IN) else 2
+    options = dict(runner=rng.choice(["inline", "threads", "process"]), prefetch=rng.choice([None, 1, 2, 8]),
+                   max_batch=rng.choice([None, 1, 2, 7, 64]), workers=rng.randint(1, 3), groups=1,
+                   mtp=rng.randrange(30) == 0)
+    take = rng.choice(["fraction", "fraction", "fraction", "all", "past"])
+    if workers:
+        # runner="process" cannot start its worker processes inside a loader worker (a daemon):
+        # it crashes there (reported); the threads runner stands in.
+        options["runner"] = "threads" if options["runner"] == "process" else options["runner"]
+        # A StatefulDataLoader whose epoch ended (a StopIteration) resumes into the *next* epoch, a
+        # fresh pass over the workers' datasets, by torchdata's design: take at most everything.
+        take = "all" if take == "past" else take
+    return dict(loader="stateful" if workers else rng.choice(["dataloader", "stateful"]),
+                workers=workers,
+                # With loader workers the loader's state is the only state (no pipeline checkpoint
+                # comes out of it), so that segment comes last and runs to the end.
+                position=chain_length if workers else rng.randint(0, chain_length),
+                options=options, take=take, fraction=rng.randint(0, 100) / 100,
+                more=0 if workers else rng.randint(0, 2),
+                to_training=rng.choice(TO_TRAINING_KWARGS))
+
+
+@st.composite
+def recipes(draw) -> dict:
+    data = draw(datasets_strategy())
+    lanes = draw(st.integers(1, 6))
+    plan = draw(plan_strategy())
+    # flush_every_k_chunks=0 (never flush) is refused, by design, once an ordered stage holds state.
+    stateful = plan["kind"] == "ordered" and bool(plan["ordered"])
+    recipe = dict(
+        data=data,
+        exhaustion=draw(exhaustion_strategy([d["name"] for d in data])),
+        source=dict(chunk_size=draw(st.sampled_from([1, 2, 3, 4, 7, 16, 33, 100, 1024])),
+                    seed=draw(st.integers(0, 5)), shuffle_within_shard=draw(st.booleans())),
+        plan=plan,
+        lanes=lanes,
+        flush_every=draw(st.sampled_from([None, 1, 2, 5] if stateful else [None, 0, 1, 2, 5])),
+        mapping=draw(st.sampled_from([None, "contiguous", "interleaved"])),
+        base=draw(run_options_strategy(lanes)) | {"groups": 1, "mtp": False},
+        other=draw(run_options_strategy(lanes)),          # the same stream on other options
+        chain=draw(st.lists(segment_strategy(lanes), min_size=1, max_size=3)),  # restores of restores
+        tail=draw(run_options_strategy(lanes)),           # the last restore, run to the end
+    )
+    # Optional in replays: a recipe printed before the adapter was drawn has no "adapter" key.
+    recipe["adapter"] = draw(adapter_strategy(lanes, plan, len(recipe["chain"])))
+    return recipe
+
+
+# ============================================================================ data
+def texts_for(spec: dict) -> list[str]:
+    return make_texts(spec["rows"], seed=spec["text_seed"], max_words=12)
+
+
+def shard_bounds(spec: dict) -> list[tuple[int, int]]:
+    """Rows split into ``shards`` near-equal non-empty shards."""
+    n, s = spec["rows"], spec["shards"]
+    cuts = [n * i // s for i in range(s + 1)]
+    return list(zip(cuts, cuts[1:]))
+
+
+def shard_tables(spec: dict) -> list[pa.Table]:
+    texts = texts_for(spec)
+    return [pa.table({"id": pa.array(range(spec["start"] + a, spec["start"] + b), pa.int64()),
+                      "text": pa.array(texts[a:b], pa.string())}) for a, b in shard_bounds(spec)]
+
+
+def data_root() -> Path:
+    """The folder of this run's Parquet/JSONL files, made on first use: the torch adapter's
+    spawned loader workers import this module, and making it at import left an empty temporary
+    folder behind per worker."""
+    global _DATA_ROOT
+    if _DATA_ROOT is None:
+        _DATA_ROOT = Path(tempfile.mkdtemp(prefix="zc_option_oracle_"))
+    return _DATA_ROOT
+
+
+def on_disk(spec: dict) -> Path:
+    """The dataset's Parquet or JSONL folder, written once per spec (cases share them)."""
+    key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    root = data_root() / f"{spec['storage']}-{key}"
+    if root.exists():
+        return root
+    tmp = data_root() / f"tmp-{key}-{os.getpid()}-{threading.get_ident()}"
+    tmp.mkdir(parents=True)
+    for i, table in enumerate(shard_tables(spec)):
+        if spec["storage"] == "parquet":
+            pq.write_table(table, tmp / f"part-{i:03d}.parquet", row_group_size=spec["row_group"])
+        else:
+            with open(tmp / f"part-{i:03d}.jsonl", "w") as f:
+                for row in table.to_pylist():
+                    f.write(json.dumps(row) + "\n")
+    tmp.rename(root)
+    return root
+
+
+def make_dataset(spec: dict) -> Dataset:
+    if spec["storage"] == "memory":
+        return Dataset.from_dict(spec["name"], {i: InMemoryShard(t.to_pylist()) for i, t in enumerate(shard_tables(spec))})
+    if spec["storage"] == "tables":
+        return Dataset.from_tables(spec["name"], shard_tables(spec))
+    return Dataset.from_path(spec["name"], str(on_disk(spec)))
+
+
+def make_source(recipe: dict) -> StaticMixtureWorkSource:
+    ex = recipe["exhaustion"]
+    kwargs: dict[str, Any] = {}
+    if ex["policy"] is not None:
+        kwargs["exhausted_policy"] = ex["policy"]
+    if ex["stop_after_passes"] is not None:
+        kwargs["stop_after_passes"] = ex["stop_after_passes"]
+    data = recipe["data"]
+    return StaticMixtureWorkSource([make_dataset(d) for d in data], {d["name"]: d["weight"] for d in data},
+                                   chunk_size=recipe["source"]["chunk_size"], seed=recipe["source"]["seed"],
+                                   shuffle_within_shard=recipe["source"]["shuffle_within_shard"], **kwargs)
+
+
+def is_endless(recipe: dict) -> bool:
+    """No pass limit, no 'stop' policy and a dataset that repeats: the source never ends."""
+    ex = recipe["exhaustion"]
+    if ex["policy"] is None:
+        return False  # the default: stop_after_passes=1
+    policies = set(ex["policy"].values()) if isinstance(ex["policy"], dict) else {ex["policy"]}
+    return ex["stop_after_passes"] is None and "stop" not in policies and "repeat" in policies
+
+
+# ============================================================================ the plan
+# Named module-level callables (not lambdas): the process runner and mtp_mode ship them by
+# reference, and a readable name shows in the recipe's operator list.
+
+def reverse_text(p: dict) -> dict:
+    return {**p, "text": p["text"][::-1]}
+
+
+def drop_every_fourth(p: dict) -> dict | None:
+    return None if p["id"] % 4 == 1 else p
+
+
+def text_length_not_one_mod_three(p: dict) -> bool:
+    return len(p["text"]) % 3 != 1
+
+
+def holdback_init() -> dict:
+    return {"seen": 0, "held": []}
+
+
+def holdback_push(state: dict, records: list) -> tuple[dict, list]:
+    """A stateful transform whose output depends on its state: every record is stamped with the
+    lane's running count, and the last two records are held back until the next push or flush
+    (so a checkpoint lands with records inside the user's state)."""
+    for r in records:
+        state["seen"] += 1
+        r.payload["seen"] = state["seen"]
+    held = state["held"] + list(records)
+    state["held"] = held[-2:]
+    return state, held[:-2]
+
+
+def holdback_flush(state: dict) -> list:
+    held, state["held"] = state["held"], []
+    return held
+
+
+def build(recipe: dict, run: dict, *, group: int = 0) -> Pipeline:
+    """The pipeline of ``recipe`` on run options ``run`` (runner, depths, groups), as group ``group``."""
+    plan = recipe["plan"]
+    pipe = Pipeline(make_source(recipe))
+    if run["max_batch"] is not None:
+        pipe = pipe.fetch(max_batch=run["max_batch"])
+    for step in plan["before"]:
+        if step == "py_map":
+            pipe = pipe.map_transform(reverse_text)
+        elif step == "py_drop":
+            pipe = pipe.map_transform(drop_every_fourth)
+        elif step == "pl_map":
+            pipe = pipe.map_transform(pl.col("text").str.to_uppercase())
+        elif step == "pl_filter":
+            pipe = pipe.filter(pl.col("id") % 3 != 0)
+        else:
+            pipe = pipe.filter(text_length_not_one_mod_three)
+    if plan["kind"] == "ordered":
+        split = dict(max_length=5, split_long_samples=True) if plan["split"] else {}
+        pipe = pipe.tokenize(TOKENIZER, field="text", special_tokens="eos", **split)
+        for step in plan["ordered"]:
+            if step == "shuffle":
+                s = plan["shuffle"]
+                pipe = pipe.shuffle(s["buffer"], seed=s["seed"], algorithm=s["algorithm"])
+            elif step == "stateful":
+                pipe = pipe.stateful_transform("holdback", init_state=holdback_init, push=holdback_push,
+                                               flush=holdback_flush)
+            elif step == "ensure":
+                e = plan["ensure"]
+                pipe = pipe.ensure_mixture(max_buffer_size=e["max_buffer"], weight_by=e["weight_by"])
+            else:
+                p = plan["pack"]
+                bins = {"num_bins": 2} if p["algorithm"] in ("first_fit", "best_fit") else {}
+                pipe = pipe.pack_flat(p["max_length"], algorithm=p["algorithm"], pad_token_id=0, **bins)
+    if plan["batch"] is not None:
+        pipe = pipe.batch(plan["batch"]["size"], drop_last=plan["batch"]["drop_last"])
+    opts: dict[str, Any] = dict(runner=run["runner"], canonical_replicas=recipe["lanes"], max_workers=run["workers"],
+                                prefetch_batches=run["prefetch"], flush_every_k_chunks=recipe["flush_every"],
+                                mtp_mode=run["mtp"], mapping_strategy=recipe["mapping"])
+    if run["groups"] > 1:
+        opts.update(dp_degree=run["groups"], dp_group_id=group)
+    return pipe.options(**opts)
+
+
+# ============================================================================ running
+def take(pipe: Pipeline, limit: int, *, checkpoints: int = 0, close_first: bool = False) -> tuple[list[tuple], list[dict]]:
+    """Signatures of the first ``limit`` items (fewer if the pass ends), then ``checkpoints``
+    checkpoints in a row (through JSON), taken before the iterator is closed or, with
+    ``close_first``, after (a run that stopped still describes what it delivered)."""
+    it = iter(pipe)
+    out: list[tuple] = []
+    ckpts: list[dict] = []
+    try:
+        while len(out) < limit:
+            try:
+                out.append(signature(next(it)))
+            except StopIteration:
+                break
+        if not close_first:
+            ckpts = [json_round_trip(pipe.checkpoint()) for _ in range(checkpoints)]
+    finally:
+        it.close()
+    if close_first:
+        ckpts = [json_round_trip(pipe.checkpoint()) for _ in range(checkpoints)]
+    return out, ckpts
+
+
+def by_lane(items: list[tuple]) -> dict[int, list[tuple]]:
+    out: dict[int, list[tuple]] = defaultdict(list)
+    for sig in items:
+        out[sig[1]].append(sig)
+    return dict(out)
+
+
+def json_round_trip(ckpt: Any) -> dict:
+    return json.loads(json.dumps(ckpt))
+
+
+# ---------------------------------------------------------------- the torch adapter
+def training_view(tensors: dict) -> tuple:
+    """What the oracle compares of one adapter item (a to_training dict): its sample ids and
+    its input_ids. Enough to tell items apart and to check the tensor values; the lane is not
+    in the dict (see `Case.attribute`)."""
+    return tuple(tuple(int(x) for x in i) for i in tensors["ids"]), tensors["input_ids"].tolist()
+
+
+def expected_view(sig: tuple, to_training: dict) -> tuple:
+    """`training_view` of what to_training(**to_training) makes of the batch with signature
+    ``sig``, computed from its payload: rows right-padded with 0 (to_training's pad_token_id) to
+    the longest; with return_labels the inputs leave out the last position."""
+    rows = json.loads(sig[3])["input_ids"]
+    width = max((len(r) for r in rows), default=0)
+    padded = [r + [0] * (width - len(r)) for r in rows]
+    if to_training.get("return_labels"):
+        padded = [r[:-1] for r in padded]
+    return tuple(tuple(i) for i in sig[2]), padded
+
+
+def make_loader(adapter: dict, ds: Any) -> Any:
+    """The adapter's loader: batch_size=None (the pipeline batches). Loader workers are spawned:
+    a forked worker of a process that ran Polars can deadlock, and the adapter refuses it."""
+    if adapter["loader"] == "dataloader":
+        from torch.utils.data import DataLoader
+
+        return DataLoader(ds, batch_size=None)
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    spawn = dict(multiprocessing_context="spawn", timeout=120) if adapter["workers"] else {}
+    return StatefulDataLoader(ds, batch_size=None, num_workers=adapter["workers"], **spawn)
+
+
+def loader_take(loader: Any, limit: int) -> tuple[Any, list[dict]]:
+    """The loader's iterator and its first ``limit`` items (fewer if the pass ends)."""
+    it = iter(loader)
+    out: list[dict] = []
+    while len(out) < limit:
+        try:
+            out.append(next(it))
+        except StopIteration:
+            break
+    return it, out
+
+
+def close_loader_iterator(it: Any) -> None:
+    """Stop the loader's workers, or close the dataset's generator (and with it the pipeline's
+    run: its threads, its side process), now: garbage collection may come late, and meanwhile a
+    run's threads compete with the next segment's for the 2 cores."""
+    if getattr(it, "_num_workers", 0):
+        it._shutdown_workers()  # what the iterator's __del__ does
+        return
+    generator = getattr(getattr(it, "_dataset_fetcher", None), "dataset_iter", None)
+    if generator is not None and hasattr(generator, "close"):
+        generator.close()
+
+
+class CaseFailure(AssertionError):
+    pass
+
+
+class Case:
+    """One drawn recipe run end to end; ``fail`` raises with the recipe attached."""
+
+    def __init__(self, recipe: dict) -> None:
+        self.recipe = recipe
+        self.endless = is_endless(recipe)
+        # Endless: the reference is longer than all the runs of the chain together (each takes
+        # ENDLESS_ITEMS over its groups), so every lane's items can be checked against it.
+        self.ref_limit = 5 * ENDLESS_ITEMS if self.endless else FINITE_CAP
+        self.log: list[str] = []  # what the case did so far, printed on failure
+
+    def fail(self, what: str) -> None:
+        raise CaseFailure(f"{what}\n  steps: {'; '.join(self.log)}\n  recipe: {json.dumps(self.recipe)}")
+
+    # ---------------------------------------------------------------- comparisons
+    def compare_whole(self, got: list[tuple], ref: list[tuple], what: str) -> None:
+        """One group: the same items in the same order (on the common prefix when endless)."""
+        if self.endless:
+            n = min(len(got), len(ref))
+            got, ref = got[:n], ref[:n]
+        if got != ref:
+            first = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
+            self.fail(f"{what}: stream differs from the uninterrupted one at item {first} (got {len(got)} items, "
+                      f"expected {len(ref)}); got {got[first:first + 1]}, expected {ref[first:first + 1]}")
+
+    def compare_lanes(self, got: list[tuple], ref: list[tuple], what: str) -> None:
+        """Per lane: each lane's items in order (on each lane's common prefix when endless)."""
+        g, r = by_lane(got), by_lane(ref)
+        for lane in sorted(set(g) | set(r)):
+            a, b = g.get(lane, []), r.get(lane, [])
+            if self.endless:
+                n = min(len(a), len(b))
+                a, b = a[:n], b[:n]
+            if a != b:
+                first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+                self.fail(f"{what}: lane {lane} differs from the uninterrupted lane at its item {first} (got {len(a)} "
+                          f"items, expected {len(b)}); got {a[first:first + 1]}, expected {b[first:first + 1]}")
+
+    # ---------------------------------------------------------------- runs
+    def group_limit(self, run: dict) -> int:
+        """Items each group of ``run`` takes when it runs to the end: all (finite) or its share."""
+        return FINITE_CAP if not self.endless else max(1, ENDLESS_ITEMS // run["groups"])
+
+    def run_groups(self, run: dict, ckpt: dict | None) -> list[tuple]:
+        """Every group of ``run`` restores ``ckpt`` (when given) and runs to the end; the items of
+        all groups, group after group."""
+        items = []
+        for g in range(run["groups"]):
+            pipe = build(self.recipe, run, group=g)
+            if ckpt is not None:
+                pipe.restore(ckpt)
+            items += take(pipe, self.group_limit(run))[0]
+        return items
+
+    def reference(self) -> list[tuple]:
+        ref = take(build(self.recipe, self.recipe["base"]), self.ref_limit)[0]
+        if not self.endless and len(ref) >= FINITE_CAP:
+            self.fail(f"a source that should end delivered {FINITE_CAP} items or more")
+        self.log.append(f"reference: {len(ref)} items")
+        return ref
+
+    def check_other_options(self, ref: list[tuple]) -> None:
+        """Another runner, prefetch depth, fetch size, worker count and number of groups: the same
+        stream (one group) or the same lanes (the union over the groups)."""
+        run = self.recipe["other"]
+        items = self.run_groups(run, None)
+        self.log.append(f"other options {run}: {len(items)} items")
+        if run["groups"] == 1:
+            self.compare_whole(items, ref, f"other options {run}")
+        else:
+            self.compare_lanes(items, ref, f"other options {run}")
+
+    def check_chain(self, ref: list[tuple]) -> None:
+        """Segments: each group restores the previous (merged) checkpoint, takes its items and
+        checkpoints; the last segment runs to the end. Delivered items, segment after segment,
+        must be the uninterrupted stream. An adapter segment (torch) sits somewhere in the chain;
+        one with loader workers comes last and runs to the end itself."""
+        delivered: list[tuple] = []
+        ckpt: dict | None = None
+        one_group = True
+        steps = list(self.recipe["chain"])
+        adapter = self.recipe.get("adapter")
+        if adapter is not None:
+            steps.insert(adapter["position"], {"adapter": adapter})
+        for i, seg in enumerate(steps):
+            if "adapter" in seg:
+                items, ckpt = self.adapter_segment(seg["adapter"], ckpt, ref, delivered, f"segment {i} (torch)")
+                # Loader workers each serve some lanes and the loader takes from them in turn:
+                # the lanes' interleaving is the rank's only while every lane is live (a finite
+                # stream's lanes run dry at different times). From here on compare per lane.
+                one_group = one_group and not seg["adapter"]["workers"]
+            else:
+                items, ckpt = self.pipeline_segment(i, seg, ckpt, ref, delivered)
+                one_group = one_group and seg["options"]["groups"] == 1
+            delivered += items
+            self.check_so_far(delivered, ref, one_group, f"after segment {i}")
+            if ckpt is None:  # an adapter segment with loader workers ran to the end
+                break
+        else:  # the last restore runs to the end (a fixed count per group when endless)
+            tail = self.recipe["tail"]
+            rest = self.run_groups(tail, ckpt)
+            self.log.append(f"final restore {tail}: {len(rest)} items")
+            one_group = one_group and tail["groups"] == 1
+            delivered += rest
+        if one_group:
+            self.compare_whole(delivered, ref, "checkpoint chain")
+        else:
+            self.compare_lanes(delivered, ref, "checkpoint chain")
+
+    def pipeline_segment(self, i: int, seg: dict, ckpt: dict | None, ref: list[tuple],
+                         delivered: list[tuple]) -> tuple[list[tuple], dict]:
+        """Every group restores ``ckpt``, takes its items and checkpoints (twice, sometimes);
+        the items of all groups and their (merged) checkpoint."""
+        run = seg["options"]
+        if self.endless:
+            per_group = self.group_limit(run)
+        else:
+            per_group = -(-max(0, len(ref) - len(delivered)) // run["groups"])
+        k = {"zero": 0, "no_iter": 0, "all": per_group, "past": per_group + 3,
+             "fraction": int(seg["fraction"] * per_group)}[seg["take"]]
+        items, ckpts = [], []
+        for g in range(run["groups"]):
+            pipe = build(self.recipe, run, group=g)
+            if ckpt is not None:
+                pipe.restore(ckpt)
+            n_ckpts = 2 if seg["twice"] else 1
+            if seg["take"] == "no_iter":  # a pipeline never iterated (or a pending restore)
+                got, cks = [], [json_round_trip(pipe.checkpoint()) for _ in range(n_ckpts)]
+            else:  # k == 0: step 0 of a started iterator
+                got, cks = take(pipe, k, checkpoints=n_ckpts, close_first=seg["close_first"])
+            if cks[-1] != cks[0]:
+                # The threads runner's read-ahead may change how the same position is written
+                # (resume point, held rows): legitimate only if both resume alike.
+                self.log.append(f"segment {i} group {g}: two checkpoints in a row differ")
+                self.check_same_continuation(cks[0], cks[-1], run, group=g, what=f"segment {i} group {g}")
+            items += got
+            ckpts.append(cks[-1])
+        merged = ckpts[0] if len(ckpts) == 1 else Pipeline.merge_checkpoints(ckpts)
+        self.log.append(f"segment {i} {run} take={seg['take']}:{k}/group -> {len(items)} items")
+        return items, json_round_trip(merged)
+
+    def adapter_segment(self, adapter: dict, ckpt: dict | None, ref: list[tuple], delivered: list[tuple],
+                        what: str) -> tuple[list[tuple], dict | None]:
+        """The pipeline through the torch adapter: a dataset that loads ``ckpt`` (its
+        load_state_dict), under its loader; k batches; the dataset's state_dict (plain
+        DataLoader) or the loader's (StatefulDataLoader); a freshly built dataset and loader
+        load it and go on: ``more`` batches, then the dataset's state_dict hands a pipeline
+        checkpoint to the next segment; with loader workers, to the end (no checkpoint to hand
+        on: None). Returns the signatures of the items the adapter delivered (with lanes)."""
+        run, plain = adapter["options"], adapter["loader"] == "dataloader"
+
+        def dataset(state: dict | None) -> Any:
+            ds = build(self.recipe, run).to_torch_dataset(**adapter["to_training"])
+            if state is not None:
+                ds.load_state_dict({"pipeline": state})  # the adapter's own way in
+            return ds
+
+        left = self.group_limit(run) if self.endless else max(0, len(ref) - len(delivered))
+        k = {"fraction": int(adapter["fraction"] * left), "all": left, "past": left + 3}[adapter["take"]]
+        first = dataset(ckpt)
+        loader = make_loader(adapter, first)
+        it, head = loader_take(loader, k)
+        state = json_round_trip(first.state_dict() if plain else loader.state_dict())
+        close_loader_iterator(it)
+
+        second = dataset(None)
+        loader = make_loader(adapter, second)
+        (second if plain else loader).load_state_dict(state)
+        to_end = adapter["workers"] > 0
+        it, rest = loader_take(loader, (self.group_limit(run) if self.endless else FINITE_CAP) if to_end
+                               else adapter["more"])
+        # Without loader workers the dataset ran in this process: its state_dict is the
+        # pipeline's checkpoint (after loader_take's iter(), which is when a StatefulDataLoader
+        # hands the dataset its state).
+        handed = None if to_end else json_round_trip(second.state_dict()["pipeline"])
+        close_loader_iterator(it)
+        self.log.append(f"{what} {adapter['loader']} workers={adapter['workers']} {run} take={adapter['take']}:{k} "
+                        f"-> {len(head)} items, restored -> {len(rest)} more")
+        views = [training_view(t) for t in head + rest]
+        if to_end:
+            return self.attribute(views, ref, delivered, adapter["to_training"], what), handed
+        # Without loader workers the adapter delivers the pipeline's items in the pipeline's order:
+        # they must be what the same pipeline delivers from ``ckpt`` uninterrupted. That run also
+        # says which lane each item is (the tensors do not, and equal items of two lanes, e.g. a
+        # one-row dataset repeating, would leave the lane a guess that later segments trip on).
+        pipe = build(self.recipe, run)
+        if ckpt is not None:
+            pipe.restore(ckpt)
+        items = take(pipe, k + adapter["more"])[0]
+        expected = [expected_view(sig, adapter["to_training"]) for sig in items]
+        if views != expected:
+            at = next((i for i, (a, b) in enumerate(zip(views, expected)) if a != b), min(len(views), len(expected)))
+            self.fail(f"{what}: the adapter's items differ from the pipeline's at item {at} (got {len(views)} items, "
+                      f"expected {len(expected)}); got {views[at:at + 1]}, expected {expected[at:at + 1]}")
+        return items, handed
+
+    def attribute(self, views: list[tuple], ref: list[tuple], delivered: list[tuple], to_training: dict,
+                  what: str) -> list[tuple]:
+        """The reference items the adapter's items (``views``, in delivery order) are: each must
+        be the next item, not yet delivered, of some lane (its tensors as to_training makes them
+        from that item). The tensors do not say which lane, and loader workers interleave lanes,
+        so the lane is found by value. Two lanes can hold equal items (a dataset that repeats):
+        a wrong pick shows as a dead end later, so the other picks are tried (depth first). Used
+        for the segment that runs to the end only: there, any assignment that fits is as good as
+        the true one (the items are equal), as no later segment counts on the lanes' positions."""
+        lane_items = by_lane(ref)
+        lanes = sorted(lane_items)
+        expected = {lane: [expected_view(sig, to_training) for sig in lane_items[lane]] for lane in lanes}
+        done = by_lane(delivered)
+        start = tuple(len(done.get(lane, [])) for lane in lanes)
+        stack: list[tuple[int, tuple, Any]] = [(0, start, None)]  # (item, per-lane position, picks)
+        tried, furthest = set(), (0, start)
+        while stack:
+            pos, at, picks = stack.pop()
+            while pos < len(views):
+                fits = [j for j, lane in enumerate(lanes)
+                        if at[j] < len(expected[lane]) and expected[lane][at[j]] == views[pos]]
+                if not fits:
+                    break
+                for j in fits[1:]:
+                    state = (pos + 1, at[:j] + (at[j] + 1,) + at[j + 1:])
+                    if state not in tried:
+                        tried.add(state)
+                        stack.append((*state, (lanes[j], picks)))
+                j = fits[0]
+                pos, at, picks = pos + 1, at[:j] + (at[j] + 1,) + at[j + 1:], (lanes[j], picks)
+            else:
+                order = []  # the picked lanes, first item first (picks is a linked list, last first)
+                while picks is not None:
+                    order.append(picks[0])
+                    picks = picks[1]
+                taken = dict(zip(lanes, start))
+                items = []
+                for lane in reversed(order):
+                    items.append(lane_items[lane][taken[lane]])
+                    taken[lane] += 1
+                return items
+            furthest = max(furthest, (pos, at))
+        pos, at = furthest
+        nexts = {lane: expected[lane][at[j]] if at[j] < len(expected[lane]) else "(lane done)"
+                 for j, lane in enumerate(lanes)}
+        self.fail(f"{what}: the adapter's item {pos} of {len(views)} is not the next item of any lane; "
+                  f"got {views[pos]}, lanes' next items {nexts}")
+        raise AssertionError  # unreachable: fail raises
+
+    def check_same_continuation(self, first: dict, second: dict, run: dict, *, group: int, what: str) -> None:
+        """Two checkpoints of one position: restored, they must deliver the same items."""
+        rests = []
+        for ck in (first, second):
+            pipe = build(self.recipe, run, group=group)
+            pipe.restore(ck)
+            rests.append(take(pipe, self.group_limit(run))[0])
+        if rests[0] != rests[1]:
+            self.fail(f"{what}: two checkpoints in a row resume differently ({len(rests[0])} and {len(rests[1])} "
+                      "items)")
+
+    def check_so_far(self, delivered: list[tuple], ref: list[tuple], one_group: bool, what: str) -> None:
+        """The items delivered so far are a prefix of the reference (per lane unless one group)."""
+        if one_group:
+            if delivered != ref[:len(delivered)]:
+                self.compare_whole(delivered, ref[:len(delivered)], what)
+        else:
+            g, r = by_lane(delivered), by_lane(ref)
+            for lane, items in g.items():
+                if items != r.get(lane, [])[:len(items)]:
+                    self.fail(f"{what}: lane {lane}'s first {len(items)} items are not the uninterrupted lane's")
+
+    def run(self) -> None:
+        try:
+            ref = self.reference()
+        except Exception as err:
+            if not is_documented_refusal(err):
+                raise
+            # A source that repeats and a plan that lets no row through raise by design (rather
+            # than spin): the other options must refuse the same way, not hang or deliver.
+            self.log.append(f"reference refused: {err}")
+            try:
+                self.run_groups(self.recipe["other"], None)
+            except Exception as again:
+                if type(again) is type(err) and is_documented_refusal(again):
+                    return
+                raise
+            self.fail("the reference run refused the recipe but the other options delivered")
+        self.check_other_options(ref)
+        self.check_chain(ref)
+
+
+def is_documented_refusal(err: Exception) -> bool:
+    """The one error a valid recipe may end with: every row filtered out of an endless source."""
+    return "more than a whole pass of the data" in str(err)
+
+
+@contextlib.contextmanager
+def watchdog(seconds: float, describe: Any) -> Iterator[None]:
+    """Fail (not hang) a case that runs longer than ``seconds``: SIGALRM raises in the main
+    thread, wherever it blocks. Off the main thread (no signals) it only dumps tracebacks."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_alarm(signum, frame):
+        raise CaseFailure(f"hang: the case ran longer than {seconds} s\n  {describe()}")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def run_case(recipe: dict) -> None:
+    """Replay one recipe (the JSON a failure printed); raises CaseFailure on a mismatch or hang,
+    and any crash annotated with the recipe."""
+    case = Case(recipe)
+
+    def describe() -> str:
+        return f"steps: {'; '.join(case.log)}\n  recipe: {json.dumps(recipe)}"
+
+    adapter = recipe.get("adapter")
+    limit = ADAPTER_CASE_TIME_LIMIT_S if adapter is not None and adapter["workers"] else CASE_TIME_LIMIT_S
+    with watchdog(limit, describe), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dropped-data and empty-pass warnings are expected here
+        try:
+            case.run()
+        except CaseFailure:
+            raise
+        except Exception as err:
+            raise CaseFailure(f"crash: {type(err).__name__}: {err}\n  {describe()}") from err
+
+
+# ============================================================================ CI and long runs
+LONG_RUN = "ZEPHON_ORACLE_CASES" in os.environ
+RUN_SEED = int(os.environ.get("ZEPHON_ORACLE_SEED", random.SystemRandom().randrange(2**32)))
+
+
+def _with_seed(test):
+    """Long runs: a random (printed) seed; CI: derandomized, a fixed sequence."""
+    return seed(RUN_SEED)(test) if LONG_RUN else test
+
+
+@_with_seed
+@settings(max_examples=int(os.environ.get("ZEPHON_ORACLE_CASES", CI_CASES)), deadline=None,
+          derandomize=not LONG_RUN, database=None, print_blob=True,
+          phases=[Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if os.environ.get(
+              "ZEPHON_ORACLE_SHRINK", "1") != "0" else []),
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(recipe=recipes())
+def test_option_oracle(recipe):
+    try:
+        run_case(recipe)
+    except CaseFailure as err:
+        seed_note = f" (ZEPHON_ORACLE_SEED={RUN_SEED})" if LONG_RUN else " (derandomized CI sequence)"
+        report = os.environ.get("ZEPHON_ORACLE_REPORT")
+        if report:  # exploration: log every failing case (one JSON line each) and go on
+            with open(report, "a") as f:
+                f.write(json.dumps({"seed": RUN_SEED if LONG_RUN else None, "message": str(err),
+                                    "recipe": recipe}) + "\n")
+            return
+        raise CaseFailure(f"{err}{seed_note}") from err.__cause__
+
+
+if __name__ == "__main__":  # python -m tests.test_option_oracle '<recipe json>'
+    run_case(json.loads(sys.argv[1]))
+    print("ok")
