@@ -112,9 +112,11 @@ def _cases(ckpt: dict) -> list[tuple[tuple, str, Any]]:
     return cases
 
 
-def _outcomes(recipe: str, forged: bool) -> tuple[list[tuple[str, str, str]], int, int]:
-    """Damage every field of a checkpoint of ``recipe`` taken after 7 items: (the cases that did not
-    end in CheckpointError or the uninterrupted stream, refused, cases)."""
+def _outcomes(recipe: str, forged: bool, keep: Callable[[str, str], bool] = lambda path, damage: True,
+              ) -> tuple[list[tuple[str, str, str]], int, int]:
+    """Damage every field of a checkpoint of ``recipe`` taken after 7 items (the cases ``keep(path,
+    damage)`` selects): (the cases that did not end in CheckpointError or the uninterrupted
+    stream, refused, cases)."""
     build = RECIPES[recipe]
     full = [signature(x) for x in build()]
     pipe = build()
@@ -122,7 +124,7 @@ def _outcomes(recipe: str, forged: bool) -> tuple[list[tuple[str, str, str]], in
     head = [signature(x) for x in itertools.islice(it, 7)]
     ckpt = json.loads(json.dumps(pipe.checkpoint()))
     it.close()
-    cases = _cases(ckpt)
+    cases = [c for c in _cases(ckpt) if keep(".".join(map(str, c[0])), c[1])]
     wrong, refused = [], 0
     for at, damage, new in cases:
         damaged = _damaged(ckpt, at, damage, new)
