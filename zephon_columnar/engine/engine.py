@@ -11,7 +11,7 @@ The tail serves lanes round robin (fewest items first), in the caller's thread u
 ``prefetch_batches`` is set (then a prefetch thread runs it ahead of the caller into a queue of
 that many items). A checkpoint is taken *by reference* (a snapshot of every lane's chain, see
 `lane.py`) when every ordered stage supports it, else *by replay* from the per-lane cursor of
-the last delivered item (see `replay.py`).
+the last delivered item (see `engine.checkpoint`).
 """
 
 from __future__ import annotations

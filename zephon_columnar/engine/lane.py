@@ -16,7 +16,7 @@ the source continues from its position. Nothing already delivered is read again.
 
 Plans with an ordered stage that cannot be described that way (user state) keep the older
 mode: a checkpoint names the flush epoch and how many of its rows were delivered; restore
-replays the epoch (`engine.replay`).
+replays the epoch (`engine.checkpoint`).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ Per lane, in stream order, on one thread:
 
 Records ``push`` or ``flush`` do not return are simply gone: nothing waits for them, and a
 checkpoint does not grow with them. The state is opaque, so a checkpoint resumes by replaying
-the flush epoch (`engine.replay`); everything else about resume is exact as for any operator.
+the flush epoch (`engine.checkpoint`); everything else about resume is exact as for any operator.
 ``transform(records) -> records`` runs after the ordered part, on the runner's workers, once
 per batch of outputs (each ``push``/``flush`` result is one batch).
 
