@@ -521,28 +521,31 @@ class Case:
         raise CaseFailure(f"{what}\n  steps: {'; '.join(self.log)}\n  recipe: {json.dumps(self.recipe)}")
 
     # ---------------------------------------------------------------- comparisons
-    def compare_whole(self, got: list[tuple], ref: list[tuple], what: str) -> None:
-        """One group: the same items in the same order (on the common prefix when endless)."""
+    def _difference(self, got: list[tuple], ref: list[tuple], what: str) -> str | None:
+        """Where ``got`` leaves ``ref`` (on the common prefix when endless), described; None if nowhere."""
         if self.endless:
             n = min(len(got), len(ref))
             got, ref = got[:n], ref[:n]
-        if got != ref:
-            first = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
-            self.fail(f"{what}: stream differs from the uninterrupted one at item {first} (got {len(got)} items, "
-                      f"expected {len(ref)}); got {got[first:first + 1]}, expected {ref[first:first + 1]}")
+        if got == ref:
+            return None
+        first = next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
+        return (f"{what} at item {first} (got {len(got)} items, expected {len(ref)}); got {got[first:first + 1]}, "
+                f"expected {ref[first:first + 1]}")
+
+    def compare_whole(self, got: list[tuple], ref: list[tuple], what: str) -> None:
+        """One group: the same items in the same order (on the common prefix when endless)."""
+        difference = self._difference(got, ref, f"{what}: stream differs from the uninterrupted one")
+        if difference:
+            self.fail(difference)
 
     def compare_lanes(self, got: list[tuple], ref: list[tuple], what: str) -> None:
         """Per lane: each lane's items in order (on each lane's common prefix when endless)."""
         g, r = by_lane(got), by_lane(ref)
         for lane in sorted(set(g) | set(r)):
-            a, b = g.get(lane, []), r.get(lane, [])
-            if self.endless:
-                n = min(len(a), len(b))
-                a, b = a[:n], b[:n]
-            if a != b:
-                first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-                self.fail(f"{what}: lane {lane} differs from the uninterrupted lane at its item {first} (got {len(a)} "
-                          f"items, expected {len(b)}); got {a[first:first + 1]}, expected {b[first:first + 1]}")
+            difference = self._difference(g.get(lane, []), r.get(lane, []),
+                                          f"{what}: lane {lane} differs from the uninterrupted lane")
+            if difference:
+                self.fail(difference)
 
     # ---------------------------------------------------------------- runs
     def group_limit(self, run: dict) -> int:

@@ -224,8 +224,8 @@ class StreamingShuffle(ShuffleBuffer):
     def restore(self, state: dict[str, Any], rows: pa.Table | None, source: RowSource) -> None:
         arrivals = state["arrivals"]
         held = 0 if rows is None else rows.num_rows
-        if isinstance(arrivals, bool) or not isinstance(arrivals, int) or self.filled_after(max(arrivals, 0)) != held \
-                or arrivals < 0:
+        if isinstance(arrivals, bool) or not isinstance(arrivals, int) or arrivals < 0 \
+                or self.filled_after(arrivals) != held:
             raise ValueError(f"arrivals = {arrivals!r} with {held} rows held: a streaming shuffle of size {self.size} "
                              "holds another number of rows after that many arrivals")
         self.arrivals = arrivals

@@ -125,10 +125,8 @@ def _table_from_json(where: str, value: Any) -> pa.Table | None:
                               "(an empty one when there are none): the checkpoint is damaged.")
     if isinstance(value, Mapping) and isinstance(value.get("cols"), Mapping):
         for name, values in value["cols"].items():
-            if name == F.SEGMENTS:  # [[field, ..., closes]] per row: ints, then a bool
-                values = [seg[:-1] if isinstance(seg, list) and seg and isinstance(seg[-1], bool) else [seg]
-                          for row in (values if isinstance(values, list) else [values])
-                          for seg in (row if isinstance(row, list) else [row])]
+            if name == F.SEGMENTS:
+                values = _segment_fields(values)
             if not str(name).startswith(references.FLOAT_STATE_PREFIX) and not _all_ints(values):
                 raise CheckpointError(f"checkpoint {where}: column {name!r} holds a value that is not an int; the "
                                       "checkpoint is damaged.")
@@ -157,6 +155,18 @@ def _table_from_json(where: str, value: Any) -> pa.Table | None:
             raise CheckpointError(f"checkpoint {where}: a segment of column {name!r} has a missing or negative "
                                   "field; the checkpoint is damaged.")
     return table
+
+
+def _segment_fields(rows: Any) -> list[Any]:
+    """The number fields of a ``__segments`` column's JSON form (per row, per segment: the
+    fields, then ``closes``, a bool, which is left out); anything of another shape is kept
+    whole, for `_all_ints` to refuse."""
+    out: list[Any] = []
+    for row in rows if isinstance(rows, list) else [rows]:
+        for seg in row if isinstance(row, list) else [row]:
+            closes_last = isinstance(seg, list) and bool(seg) and isinstance(seg[-1], bool)
+            out.append(seg[:-1] if closes_last else [seg])
+    return out
 
 
 def _all_ints(value: Any) -> bool:
