@@ -67,7 +67,8 @@ from zephon_columnar.validation import (
 from zephon_columnar.work.base import WorkSource
 
 if TYPE_CHECKING:  # the operators themselves are imported when a builder method adds them
-    from zephon_columnar.ops.pack.spec import FlushStrategy, Homogeneity, PackAlgorithm, ShuffleStrategy
+    from zephon_columnar.ops.config import PackingAlgorithm
+    from zephon_columnar.ops.pack.spec import FlushStrategy, Homogeneity, ShuffleStrategy
     from zephon_columnar.ops.shuffle import ShuffleAlgorithm
 
 
@@ -298,7 +299,7 @@ class Pipeline:
         return self
 
     def pack_flat(self, max_length: int, *, num_bins: int | None = None, max_sequences_per_bin: int | None = None,
-                  algorithm: PackAlgorithm = "first_fit", tokens_field: str = "auto", pad_token_id: int | None = None,
+                  algorithm: PackingAlgorithm = "first_fit", tokens_field: str = "auto", pad_token_id: int | None = None,
                   emit_positions: bool = True, drop_oversized: bool | None = None, min_sequence_length: int = 1,
                   shuffle_strategy: ShuffleStrategy | None = None, shuffle_seed: int | None = None, flush_strategy: FlushStrategy = "fifo",
                   candidate_pool_size: int | None = None, max_candidate_age: int | None = None,
@@ -336,7 +337,7 @@ class Pipeline:
             homogeneity=homogeneity, groups=groups, parallelism=parallelism))
 
     def pack_sequences(self, max_length: int, *, num_bins: int | None = None,
-                       max_sequences_per_bin: int | None = None, algorithm: PackAlgorithm = "first_fit",
+                       max_sequences_per_bin: int | None = None, algorithm: PackingAlgorithm = "first_fit",
                        tokens_field: str = "auto", length_fn: Any = None, drop_oversized: bool | None = None,
                        min_sequence_length: int = 1, shuffle_strategy: ShuffleStrategy | None = None,
                        shuffle_seed: int | None = None, flush_strategy: FlushStrategy = "fifo", pack_payloads: Any = "keep_list",

@@ -13,13 +13,16 @@ Example:
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, TypeAlias
 
 import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
+if TYPE_CHECKING:
+    import torch
+
 from zephon_columnar.records import (  # noqa: F401  (the record vocabulary, re-exported here as in Zephon)
     ContributorRef,
     FieldsByDataset,
@@ -30,6 +33,20 @@ from zephon_columnar.records import (  # noqa: F401  (the record vocabulary, re-
     frame_of_records,
     records_of,
 )
+
+# The identifiers of Zephon's data model (all plain ints and tuples of them).
+DatasetId = int
+ShardId = int
+LocalSampleId = int
+LaneId = int
+ChunkId = int
+ChunkOffset = int
+ComponentId = int
+LineageIndex = int
+LineagePath = tuple[LineageIndex, ...]
+#: A record's place in the stream, the order checkpoints and comparisons use:
+#: chunk, offset in the chunk, lineage (fan-out path), then the sample id as a tie-break.
+SampleCursorKey = tuple[ChunkId, ChunkOffset, LineagePath, SampleId]
 
 PositionMode = Literal["preserve", "sequence"]
 TOKEN_FIELD_CANDIDATES = ("input_ids", "tokens", "token_ids", "ids")
@@ -408,3 +425,22 @@ def _owned(value: np.ndarray, dtype: np.dtype, zero_copy: bool) -> np.ndarray:
 # Zero-copy hand-off of Arrow buffers: torch warns that they are read-only; the tensors are
 # views of immutable loader data, so the warning (for that message only) is noise.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+
+
+# What a payload holds: Arrow columns become these when records are made (lists of numbers as
+# numpy arrays), and what user operators may put back.
+SampleNumeric: TypeAlias = "int | float | complex | np.number[Any]"
+SamplePayloadArray: TypeAlias = "np.ndarray[Any, Any] | torch.Tensor"
+SamplePayloadAtom: TypeAlias = ("bytes | memoryview | str | SampleNumeric | np.datetime64 | np.timedelta64 | "
+                                "SamplePayloadArray | None")
+SamplePayload: TypeAlias = "SamplePayloadAtom | list[SamplePayload] | dict[Any, SamplePayload]"
+SamplePayloadDict: TypeAlias = "dict[Any, SamplePayload]"
+#: What flows between operators: a record, or (after ``batch``) a batch of them.
+StreamItem: TypeAlias = "SampleRecord | SampleBatch"
+
+__all__ = [
+    "ChunkId", "ChunkOffset", "ComponentId", "ContributorRef", "DatasetId", "LaneId", "LineageIndex", "LineagePath",
+    "LocalSampleId", "SampleBatch", "SampleCursor", "SampleCursorKey", "SampleId", "SampleMeta", "SampleNumeric",
+    "SamplePayload", "SamplePayloadArray", "SamplePayloadAtom", "SamplePayloadDict", "SampleRecord", "ShardId",
+    "StreamItem",
+]

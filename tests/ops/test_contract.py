@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from tests.ops.pack._helpers import docs_table
-from zephon_columnar.ops.accumulators import LaneContext, restorable_by_reference
+from zephon_columnar.ops.accumulators.lane import LaneContext, restorable_by_reference
 from zephon_columnar.ops.ensure_mixture import EnsureMixtureOp
 from zephon_columnar.ops.pack import PackFlatOp
 from zephon_columnar.ops.shuffle import ShuffleOp

@@ -10,7 +10,7 @@ import pytest
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
-from zephon_columnar.ops.accumulators import LaneContext
+from zephon_columnar.ops.accumulators.lane import LaneContext
 from zephon_columnar.ops.ensure_mixture import EnsureMixtureOp
 from zephon_columnar.testing import assert_resumes_exactly, collect
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
-from zephon_columnar.ops.accumulators import LaneContext
+from zephon_columnar.ops.accumulators.lane import LaneContext
 from zephon_columnar.ops.shuffle import ShuffleOp, warmup_size
 from zephon_columnar.testing import assert_resumes_exactly, collect
 

@@ -224,9 +224,16 @@ def test_an_accumulator_that_keeps_data_after_a_reset_flush_is_an_error():
 
 
 def test_an_accumulator_that_mixes_lanes_is_an_error():
+    shared: list = []  # one buffer behind every lane's accumulator: a batch then holds two lanes' records
+
     class Mixer(CountingAccumulator):
         def push_many(self, elems):
-            return [(list(elems), 1 - elems[0].meta.lane_id)] if elems else []
+            shared.extend(elems)
+            if len({r.meta.lane_id for r in shared}) < 2:
+                return []
+            batch = shared[:]
+            shared.clear()
+            return [(batch, 0)]
 
     pipe = build().add_op("mix", process_many=_mark, preserves_cursor_order=True, accumulator=lambda: Mixer(2))
     with pytest.raises(PipelineError, match="mix.*lane"):

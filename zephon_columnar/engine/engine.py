@@ -33,7 +33,7 @@ from zephon_columnar.engine.checkpoint import HeldRows, LaneCursor, LaneSnapshot
 from zephon_columnar.engine.runners import RUNNERS
 from zephon_columnar.errors import ConfigurationWarning, EmptyPassWarning, Notices, PipelineError, warn
 from zephon_columnar.io.readers import ReaderPool
-from zephon_columnar.ops.accumulators import restorable_by_reference
+from zephon_columnar.ops.accumulators.lane import restorable_by_reference
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.fetch import FetchOp, shard_cache_settings
 from zephon_columnar.ops.pack import PackFlatOp

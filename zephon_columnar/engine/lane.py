@@ -38,7 +38,7 @@ from zephon_columnar.engine.checkpoint import (EpochMarker, HeldRows, LaneCursor
                                                 StageState)
 from zephon_columnar.errors import (CheckpointError, DataDroppedWarning, Notices, PipelineError, ZephonError,
                                     operator_failure)
-from zephon_columnar.ops.accumulators import LaneContext
+from zephon_columnar.ops.accumulators.lane import LaneContext
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.types import SampleBatch, records_of
 from zephon_columnar.work.base import WorkSource

@@ -1,23 +1,13 @@
 """Operators: the contract (`BaseOp`, `OpTraits`, accumulators) and the built-in operators."""
 
-from zephon_columnar.ops.accumulators import (
-    Accumulator,
-    CountingAccumulator,
-    LaneAccumulator,
-    LaneContext,
-    PassthroughAccumulator,
-    ReadyBatch,
-)
+from zephon_columnar.ops.accumulators import Accumulator, CountingAccumulator, PassthroughAccumulator, ReadyBatch
+from zephon_columnar.ops.accumulators.lane import LaneAccumulator, LaneContext
 from zephon_columnar.ops.base import BaseOp, ColumnarOp, OpContext, OpTraits, StageInfo
-from zephon_columnar.ops.pack.spec import (
-    DomainGroups,
-    FlushStrategy,
-    Homogeneity,
-    PackAlgorithm,
-    ShuffleStrategy,
-)
+from zephon_columnar.ops.children import pack_meta, spawn_child, tombstone_meta, tombstones_for_record
+from zephon_columnar.ops.config import LossScope, MissingFieldMode, PackingAlgorithm, SpanSource, SpecialTokensMode
+from zephon_columnar.ops.grouping import DomainGroups
+from zephon_columnar.ops.pack.spec import FlushStrategy, Homogeneity, ShuffleStrategy
 from zephon_columnar.ops.shuffle import ShuffleAlgorithm
-from zephon_columnar.records import pack_meta, spawn_child, tombstone_meta, tombstones_for_record
 
 __all__ = [
     "Accumulator",
@@ -29,12 +19,16 @@ __all__ = [
     "Homogeneity",
     "LaneAccumulator",
     "LaneContext",
+    "LossScope",
+    "MissingFieldMode",
     "OpContext",
     "OpTraits",
-    "PackAlgorithm",
+    "PackingAlgorithm",
     "PassthroughAccumulator",
     "ReadyBatch",
     "ShuffleAlgorithm",
+    "SpanSource",
+    "SpecialTokensMode",
     "ShuffleStrategy",
     "StageInfo",
     "pack_meta",

@@ -57,34 +57,12 @@ from zephon_columnar import frame as F
 from zephon_columnar.errors import WrongTypeError
 from zephon_columnar.ops.accumulators import PassthroughAccumulator
 from zephon_columnar.ops.polars_frames import polars_frame
+from zephon_columnar.ops.traits import OpTraits
 
 if TYPE_CHECKING:
-    from zephon_columnar.ops.accumulators import Accumulator, LaneAccumulator, LaneContext
+    from zephon_columnar.ops.accumulators import Accumulator
+    from zephon_columnar.ops.accumulators.lane import LaneAccumulator, LaneContext
     from zephon_columnar.records import SampleRecord
-
-
-@dataclass(frozen=True, kw_only=True)
-class OpTraits:
-    """How an operator behaves, for the planner (see the module docstring for what reads each).
-
-    ``preserves_cursor_order``: outputs keep the order of their inputs (1:1 maps, filters).
-    ``indexable``: the op can serve a map-style (by position) dataset.
-    ``calibration_replayable``: running it on one record at a time gives the same output.
-    ``parallelism``: preferred worker count for the pure part.
-    ``batch_shape_sensitive``: output depends on how rows are grouped into calls.
-    ``requires_serial_state``: the op must run on one worker.
-    """
-
-    preserves_cursor_order: bool
-    indexable: bool = True
-    calibration_replayable: bool = False
-    parallelism: int = 1
-    batch_shape_sensitive: bool = False
-    requires_serial_state: bool = False
-
-    def workers(self) -> int:
-        """The workers the engine gives the op: ``parallelism``, or 1 with serial state."""
-        return 1 if self.requires_serial_state else max(1, int(self.parallelism))
 
 
 @dataclass(frozen=True, kw_only=True)

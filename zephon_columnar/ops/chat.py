@@ -88,7 +88,7 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, get_args
 
 import numpy as np
 import pyarrow as pa
@@ -103,6 +103,7 @@ from zephon_columnar.errors import (
     operator_failure,
 )
 from zephon_columnar.ops.base import FrameOp, OpContext, OpTraits
+from zephon_columnar.ops.config import LossScope, SpanSource
 from zephon_columnar.ops.rows import sample_of
 from zephon_columnar.ops.tokenizer import (
     TokenizerHandle,
@@ -111,10 +112,8 @@ from zephon_columnar.ops.tokenizer import (
     tokenizer_source,
 )
 
-SpanSource = Literal["auto", "generation_tags", "prefix_diff"]
-LossScope = Literal["all_assistant", "last_span", "after_last_user"]
-SPAN_SOURCES: tuple[str, ...] = ("auto", "generation_tags", "prefix_diff")
-LOSS_SCOPES: tuple[str, ...] = ("all_assistant", "last_span", "after_last_user")
+SPAN_SOURCES: tuple[str, ...] = get_args(SpanSource)
+LOSS_SCOPES: tuple[str, ...] = get_args(LossScope)
 IDS_FIELD = "input_ids"
 _RESERVED_KWARGS = ("messages", "add_generation_prompt")
 _INT32_MAX = 2**31 - 1

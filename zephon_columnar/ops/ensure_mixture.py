@@ -39,7 +39,7 @@ from zephon_columnar import frame as F
 from zephon_columnar.references import schema_from_json, schema_to_json, state_column, with_state
 from zephon_columnar.errors import (ConfigError, DataDroppedWarning, MissingFieldError, PipelineError,
                                     operator_failure, warn)
-from zephon_columnar.ops.accumulators import LaneContext
+from zephon_columnar.ops.accumulators.lane import LaneContext
 from zephon_columnar.ops.base import OrderedOp, OpTraits
 from zephon_columnar.ops.store import RowStore
 from zephon_columnar.records import records_of

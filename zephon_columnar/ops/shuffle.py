@@ -37,7 +37,7 @@ import pyarrow as pa
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
-from zephon_columnar.ops.accumulators import LaneContext, RowSource
+from zephon_columnar.ops.accumulators.lane import LaneContext, RowSource
 from zephon_columnar.ops.base import OrderedOp, OpTraits
 from zephon_columnar.ops.store import RowStore
 from zephon_columnar.references import schema_from_json, schema_to_json

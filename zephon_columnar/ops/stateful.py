@@ -41,7 +41,7 @@ from typing import Any, Callable
 import pyarrow as pa
 
 from zephon_columnar.errors import ConfigError, WrongTypeError, operator_failure
-from zephon_columnar.ops.accumulators import LaneContext
+from zephon_columnar.ops.accumulators.lane import LaneContext
 from zephon_columnar import frame as F
 from zephon_columnar.ops.base import BaseOp, OpTraits, OrderedOp
 from zephon_columnar.ops.rows import keep_lineage

@@ -51,7 +51,7 @@ Example:
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import Any, get_args
 
 import numpy as np
 import pyarrow as pa
@@ -60,6 +60,7 @@ import pyarrow.compute as pc
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError, DatasetFormatError, MissingFieldError, WrongTypeError
 from zephon_columnar.ops.base import FrameOp, OpContext, OpTraits
+from zephon_columnar.ops.config import MissingFieldMode, SpecialTokensMode
 from zephon_columnar.ops.rows import sample_of
 from zephon_columnar.ops.tokenizer import (
     TokenizerOwner,
@@ -67,8 +68,7 @@ from zephon_columnar.ops.tokenizer import (
     truncate_rows,
 )
 
-SpecialTokens = Literal["bos_eos", "bos", "eos", "none", "tokenizer_default"]
-SPECIAL_MODES: tuple[str, ...] = ("bos_eos", "bos", "eos", "none", "tokenizer_default")
+SPECIAL_MODES: tuple[str, ...] = get_args(SpecialTokensMode)
 OUTPUT_FIELDS = ("input_ids", "attention_mask")
 _INT32_MAX = 2**31 - 1
 
@@ -84,10 +84,10 @@ class TokenizeOp(TokenizerOwner, FrameOp):
     fans_out = False
 
     def __init__(self, tokenizer: Any = None, tokenizer_id: str | os.PathLike[str] | None = None, *, field: str,
-                 missing_field: Literal["error", "empty"] = "error", add_attention_mask: bool = True,
+                 missing_field: MissingFieldMode = "error", add_attention_mask: bool = True,
                  max_length: int | None = None, padding: bool | str = False, truncation: bool | str = False,
                  return_tensors: str | None = None, split_long_samples: bool = False, use_fast: bool = True,
-                 preserve_upstream_payload: bool = False, special_tokens: SpecialTokens = "bos_eos",
+                 preserve_upstream_payload: bool = False, special_tokens: SpecialTokensMode = "bos_eos",
                  bos_token_id: int | None = None, eos_token_id: int | None = None,
                  parallelism: int | None = None) -> None:
         super().__init__()

@@ -42,7 +42,8 @@ import pyarrow as pa
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError, PipelineError, WrongTypeError, operator_failure
-from zephon_columnar.ops.accumulators import Accumulator, CountingAccumulator, LaneContext, PassthroughAccumulator
+from zephon_columnar.ops.accumulators import Accumulator, CountingAccumulator, PassthroughAccumulator
+from zephon_columnar.ops.accumulators.lane import LaneContext
 from zephon_columnar.ops.base import BaseOp, OpContext, OpTraits, OrderedOp, run_columns
 from zephon_columnar.ops.rows import keep_lineage
 from zephon_columnar.records import SampleRecord, check_records, frame_of_records, records_of
@@ -282,12 +283,13 @@ class _LaneGroups:
         for item in ready:
             if not (isinstance(item, tuple) and len(item) == 2):
                 raise WrongTypeError(f"operator {self.op.op_name()!r}: accumulator {what} must return a list of "
-                                     f"(records, lane_id) ready batches, got {type(item).__name__}.")
-            records, lane = item
-            if lane != self.ctx.lane or any(r.meta.lane_id != self.ctx.lane for r in records):
-                raise PipelineError(f"operator {self.op.op_name()!r}: accumulator {what} returned a batch for lane "
-                                    f"{lane} (records of lanes {sorted({r.meta.lane_id for r in records})}) while "
-                                    f"serving lane {self.ctx.lane}; a ready batch holds one lane's records.")
+                                     f"(records, wait_ns) ready batches, got {type(item).__name__}.")
+            records, _wait_ns = item  # the wait is a metric of Zephon's pump thread; nothing reads it here
+            lanes = sorted({r.meta.lane_id for r in records})
+            if lanes and lanes != [self.ctx.lane]:
+                raise PipelineError(f"operator {self.op.op_name()!r}: accumulator {what} returned a batch with "
+                                    f"records of lanes {lanes} while serving lane {self.ctx.lane}; a ready batch "
+                                    "holds one lane's records.")
             records = check_records(records, op_name=self.op.op_name(), what=f"accumulator {what}")
             frame = keep_lineage(frame_of_records(records, op_name=self.op.op_name()), self.lineage)
             if frame.num_rows:

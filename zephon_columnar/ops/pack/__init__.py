@@ -30,10 +30,10 @@ from zephon_columnar.ops.pack.spec import (
     DomainGroups,
     FlushStrategy,
     Homogeneity,
-    PackAlgorithm,
+    PackingAlgorithm,
     PackSpec,
     ShuffleStrategy,
 )
 
-__all__ = ["ALGORITHMS", "DomainGroups", "FlushStrategy", "Homogeneity", "PackAlgorithm", "PackFlatOp",
+__all__ = ["ALGORITHMS", "DomainGroups", "FlushStrategy", "Homogeneity", "PackingAlgorithm", "PackFlatOp",
            "PackSequencesOp", "PackSpec", "ShuffleStrategy"]

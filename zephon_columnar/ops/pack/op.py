@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from zephon_columnar.ops.accumulators import LaneContext
+from zephon_columnar.ops.accumulators.lane import LaneContext
 from zephon_columnar.ops.base import OrderedOp, OpTraits
 from zephon_columnar.ops.pack.packer import LanePacker, Packer
-from zephon_columnar.ops.pack.spec import PackAlgorithm, resolve_spec
+from zephon_columnar.ops.config import PackingAlgorithm
+from zephon_columnar.ops.pack.spec import resolve_spec
 
 
 def packer_class(algorithm: str) -> type[Packer]:
@@ -49,7 +50,7 @@ class PackFlatOp(OrderedOp):
     #: pipeline that builds such rows is refused when it is built, not found out in training.
     min_max_length = 2
 
-    def __init__(self, max_length: int, *, algorithm: PackAlgorithm = "first_fit", parallelism: int | None = None,
+    def __init__(self, max_length: int, *, algorithm: PackingAlgorithm = "first_fit", parallelism: int | None = None,
                  **options: Any) -> None:
         super().__init__()
         self.spec = resolve_spec(self.name, max_length, algorithm=algorithm, min_max_length=self.min_max_length,
@@ -80,7 +81,7 @@ class PackSequencesOp(PackFlatOp):
     #: not an empty row, so 1 stays allowed.
     min_max_length = 1
 
-    def __init__(self, max_length: int, *, algorithm: PackAlgorithm = "first_fit", length_fn: Any = None,
+    def __init__(self, max_length: int, *, algorithm: PackingAlgorithm = "first_fit", length_fn: Any = None,
                  pack_payloads: Any = "keep_list", parallelism: int | None = None, **options: Any) -> None:
         from zephon_columnar.ops.pack.sequences import check_pack_payloads
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import DataDroppedWarning
-from zephon_columnar.ops.accumulators import LaneContext
+from zephon_columnar.ops.accumulators.lane import LaneContext
 from zephon_columnar.ops.pack.emit import emit_rows
 from zephon_columnar.ops.pack.spec import POSITIONS, PackSpec
 from zephon_columnar.ops.pack.stream import TOKEN_SKIP, FrameReader, Run, gather, is_list

@@ -1,5 +1,5 @@
 """Packing options: `PackSpec` (every argument of ``pack_flat`` / ``pack_sequences``, checked
-and resolved once) and `DomainGroups`.
+and resolved once).
 
 Example:
     >>> spec = resolve_spec("pack_flat", 2048, algorithm="first_fit", num_bins=16)
@@ -14,70 +14,24 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence, get_args
 
 import numpy as np
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
+from zephon_columnar.ops.config import PackingAlgorithm
+from zephon_columnar.ops.grouping import DomainGroups
 from zephon_columnar.types import TOKEN_FIELD_CANDIDATES
 
-PackAlgorithm = Literal["first_fit", "best_fit", "wrap", "best_fit_wrap"]
 ShuffleStrategy = Literal["random", "length"]
 FlushStrategy = Literal["fifo", "fullest"]
 Homogeneity = Literal["none", "group", "full"]
 
-ALGORITHMS: tuple[str, ...] = ("first_fit", "best_fit", "wrap", "best_fit_wrap")
+ALGORITHMS: tuple[str, ...] = get_args(PackingAlgorithm)
 FIT_ALGORITHMS: tuple[str, ...] = ("first_fit", "best_fit")
 POSITIONS = "positions"
 DEFAULT_CANDIDATE_POOL = 1024
-
-
-class DomainGroups:
-    """Which mixture components may share a packed row: ``{group: [component, ...]}``.
-
-    A component belongs to at most one group; components no group names are groups of their own.
-
-    Example:
-        >>> g = DomainGroups({"prose": ["web", "books"]})
-        >>> g.to_member_map()
-        {'web': 'prose', 'books': 'prose'}
-        >>> g.group_of("code")
-        'code'
-    """
-
-    def __init__(self, groups: Mapping[str, Sequence[str]]) -> None:
-        if not isinstance(groups, Mapping) or not groups:
-            raise ConfigError(f"DomainGroups: pass a non-empty {{group: [component, ...]}} mapping, got {groups!r}.")
-        members: dict[str, str] = {}
-        for group, comps in groups.items():
-            if isinstance(comps, str) or not isinstance(comps, Sequence) or not comps:
-                raise ConfigError(f"DomainGroups: group {group!r} must list its components, got {comps!r}.")
-            for comp in comps:
-                if comp in members:
-                    raise ConfigError(f"DomainGroups: component {comp!r} is in groups {members[comp]!r} and "
-                                      f"{group!r}; a component belongs to at most one group.")
-                members[str(comp)] = str(group)
-        self.groups = {str(g): tuple(str(c) for c in cs) for g, cs in groups.items()}
-        self._members = members
-
-    def to_member_map(self) -> dict[str, str]:
-        return dict(self._members)
-
-    def group_of(self, component: str) -> str:
-        return self._members.get(component, component)
-
-    def validate_against(self, names: Sequence[str]) -> None:
-        unknown = sorted(set(self._members) - set(names))
-        if unknown:
-            raise ConfigError(f"DomainGroups: components {unknown} are not in the mixture (its components: "
-                              f"{sorted(names)}); name mixture components.")
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, DomainGroups) and other.groups == self.groups
-
-    def __repr__(self) -> str:
-        return f"DomainGroups({self.groups!r})"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,7 +39,7 @@ class PackSpec:
     """Resolved packing options (see ``Pipeline.pack_flat`` for each one's meaning)."""
 
     max_length: int
-    algorithm: PackAlgorithm = "wrap"
+    algorithm: PackingAlgorithm = "wrap"
     tokens_field: str = "auto"
     pad_token_id: int = 0
     emit_positions: bool = True

@@ -1,12 +1,8 @@
-"""Accumulators: all state that spans rows.
+"""The engine's accumulators: `LaneAccumulator`, all state that spans rows in a built-in stage.
 
-Two shapes live here:
-
-- `LaneAccumulator`, the engine's own: one instance per lane and ordered stage, fed that
-  lane's frames in order on one thread, with a `LaneContext` saying which lane it serves.
-  Every built-in ordered stage (shuffle, packing, ensure_mixture, stateful_transform) is one.
-- `Accumulator` / `CountingAccumulator` / `PassthroughAccumulator`, Zephon's public API for
-  grouping records into calls of a custom operator (``ReadyBatch = (records, lane_id)``).
+One instance per lane and ordered stage, fed that lane's frames in order on one thread, with a
+`LaneContext` saying which lane it serves. Every built-in ordered stage (shuffle, packing,
+ensure_mixture, stateful_transform, a user operator's `Accumulator`) is one.
 
 The contract every `LaneAccumulator` keeps (what makes runners, frame sizes and restarts
 invisible in the data; `zephon_columnar.testing.assert_frame_split_invariant` checks it):
@@ -23,24 +19,18 @@ invisible in the data; `zephon_columnar.testing.assert_frame_split_invariant` ch
    carried.
 
 Example:
-    >>> acc = CountingAccumulator(max_batch=2)
-    >>> [len(b) for b, _ in acc.push_many([r0, r1, r2])]  # doctest: +SKIP
-    [2]
+    >>> LaneContext(lane=1, seed=7).rows_per_item
+    1
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Mapping, Protocol, TypeVar
+from typing import Any, Callable, Mapping, Protocol
 
 import pyarrow as pa
 
 from zephon_columnar.errors import Notices
-
-T = TypeVar("T")
-ReadyBatch = tuple[list[Any], int]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,81 +115,4 @@ def restorable_by_reference(acc: Any) -> bool:
     return all(callable(getattr(acc, m, None)) for m in ("snapshot", "restore", "rebuild"))
 
 
-class Accumulator(ABC, Generic[T]):
-    """Zephon's accumulator API: groups upstream items into ready batches, per lane."""
-
-    @abstractmethod
-    def push_many(self, elems: list[T]) -> list[ReadyBatch]: ...
-
-    @abstractmethod
-    def flush(self, *, reset: bool = False, lane_id: int | None = None) -> list[ReadyBatch]: ...
-
-    @abstractmethod
-    def has_pending_data(self, lane_id: int | None = None) -> bool: ...
-
-    @property
-    def reads_payload(self) -> bool:
-        return False
-
-    def on_source_exhausted(self, lane_id: int, component_id: int) -> list[ReadyBatch]:
-        return []
-
-    def try_epoch_reset(self, boundary_chunk_id: int, lane_id: int | None = None) -> bool:
-        return False
-
-
-def _lane_of(elem: Any) -> int:
-    return int(getattr(getattr(elem, "meta", None), "lane_id", 0))
-
-
-class CountingAccumulator(Accumulator[T]):
-    """Per-lane buffers emitted every ``max_batch`` items (a group never mixes lanes)."""
-
-    def __init__(self, max_batch: int, max_latency_ms: float | None = None, *, drop_last: bool = False) -> None:
-        if max_batch < 1:
-            raise ValueError(f"CountingAccumulator: max_batch={max_batch}; use a positive count.")
-        self.max_batch = max_batch
-        self.max_latency_ms = max_latency_ms
-        self.drop_last = drop_last
-        self._buffers: dict[int, list[T]] = defaultdict(list)
-
-    def push_many(self, elems: list[T]) -> list[ReadyBatch]:
-        ready = []
-        for e in elems:
-            lane = _lane_of(e)
-            buf = self._buffers[lane]
-            buf.append(e)
-            if len(buf) >= self.max_batch:
-                ready.append((buf, lane))
-                self._buffers[lane] = []
-        return ready
-
-    def flush(self, *, reset: bool = False, lane_id: int | None = None) -> list[ReadyBatch]:
-        lanes = list(self._buffers) if lane_id is None else [lane_id]
-        ready = []
-        for lane in lanes:
-            buf = self._buffers.pop(lane, [])
-            if buf and not self.drop_last:
-                ready.append((buf, lane))
-        return ready
-
-    def has_pending_data(self, lane_id: int | None = None) -> bool:
-        if lane_id is None:
-            return any(self._buffers.values())
-        return bool(self._buffers.get(lane_id))
-
-
-class PassthroughAccumulator(Accumulator[T]):
-    """Each upstream micro-batch becomes one ready batch, per lane."""
-
-    def push_many(self, elems: list[T]) -> list[ReadyBatch]:
-        by_lane: dict[int, list[T]] = defaultdict(list)
-        for e in elems:
-            by_lane[_lane_of(e)].append(e)
-        return [(v, k) for k, v in by_lane.items()]
-
-    def flush(self, *, reset: bool = False, lane_id: int | None = None) -> list[ReadyBatch]:
-        return []
-
-    def has_pending_data(self, lane_id: int | None = None) -> bool:
-        return False
+__all__ = ["LaneAccumulator", "LaneContext", "ReferenceState", "RowSource", "restorable_by_reference"]

@@ -1,0 +1,91 @@
+"""``import zephon`` -> ``zephon_columnar``: the import alias the compatibility harness runs under.
+
+Only on ``sys.path`` while Zephon's own test suite runs against zephon_columnar (``compat/``);
+never installed. ``zephon`` and every ``zephon.X`` resolve to the *same* module objects as
+``zephon_columnar`` and ``zephon_columnar.X`` (so ``zephon.Pipeline is zephon.pipeline.Pipeline``
+holds and classes keep one identity). Zephon's private modules (``zephon._internal`` and any
+other ``zephon._X``) are not our contract: they resolve to placeholders whose every name is a
+class that raises :class:`PrivateInternalUsed` when called, so a test file that imports one at
+module level still loads and only the tests that use it fail, recognisably.
+
+Being a package on ``sys.path`` (rather than a hook installed by the test runner) lets spawned
+processes (multiprocessing's spawn, torch DataLoader workers, Ray workers) resolve ``zephon``
+too: they inherit ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+from typing import Any
+
+import zephon_columnar
+
+ALIAS = "zephon"
+TARGET = "zephon_columnar"
+
+
+class PrivateInternalUsed(RuntimeError):
+    """A test used one of Zephon's private internals, which zephon_columnar does not provide."""
+
+
+class _PrivateMeta(type):
+    """Metaclass of the placeholder names: attribute access yields more placeholders; calls raise."""
+
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return _placeholder(f"{cls.__qualname__}.{name}")
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        raise PrivateInternalUsed(f"{cls.__qualname__} is a private Zephon internal")
+
+    def __getitem__(cls, item: Any) -> Any:
+        return cls
+
+
+def _placeholder(qualname: str) -> type:
+    return _PrivateMeta(qualname.rsplit(".", 1)[-1], (Exception,), {"__qualname__": qualname})
+
+
+class _PrivateModule(types.ModuleType):
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return _placeholder(f"{self.__name__}.{name}")
+
+
+class _AliasLoader(importlib.abc.Loader):
+    def __init__(self, target: str | None) -> None:
+        self._target = target
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        if self._target is None:
+            module = _PrivateModule(spec.name)
+            module.__path__ = []  # a package: private submodules resolve too
+            return module
+        return importlib.import_module(self._target)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        """Nothing to run: the target module ran when it was imported under its own name."""
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if not fullname.startswith(ALIAS + "."):
+            return None
+        rest = fullname[len(ALIAS) + 1:]
+        if any(part.startswith("_") for part in rest.split(".")):
+            return importlib.machinery.ModuleSpec(fullname, _AliasLoader(None), is_package=True)
+        target_name = f"{TARGET}.{rest}"
+        if importlib.util.find_spec(target_name) is None:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(target_name))
+
+
+if not any(isinstance(finder, _AliasFinder) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _AliasFinder())
+sys.modules[ALIAS] = zephon_columnar

@@ -1,0 +1,28 @@
+"""The string options of the operator methods, as ``Literal`` types (Zephon's ``zephon.ops.config``).
+
+One definition each: the operators check their arguments against ``get_args`` of these.
+
+Example:
+    >>> from typing import get_args
+    >>> get_args(PackingAlgorithm)
+    ('first_fit', 'best_fit', 'wrap', 'best_fit_wrap')
+"""
+
+from typing import Literal
+
+SpecialTokensMode = Literal["bos_eos", "bos", "eos", "none", "tokenizer_default"]
+"""Which special tokens ``tokenize`` adds around each document."""
+
+MissingFieldMode = Literal["error", "empty"]
+"""What ``tokenize`` does with a missing or null text field: raise, or tokenize ``""``."""
+
+SpanSource = Literal["auto", "generation_tags", "prefix_diff"]
+"""How ``tokenize_chat`` finds the assistant spans it trains on."""
+
+LossScope = Literal["all_assistant", "last_span", "after_last_user"]
+"""Which assistant spans of a conversation ``tokenize_chat`` puts in the loss."""
+
+PackingAlgorithm = Literal["first_fit", "best_fit", "wrap", "best_fit_wrap"]
+"""How ``pack_flat`` / ``pack_sequences`` fill rows."""
+
+__all__ = ["LossScope", "MissingFieldMode", "PackingAlgorithm", "SpanSource", "SpecialTokensMode"]

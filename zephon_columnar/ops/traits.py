@@ -1,0 +1,39 @@
+"""`OpTraits`: what an operator declares about itself, the one thing the planner reads from it.
+
+Example:
+    >>> OpTraits(preserves_cursor_order=True).workers()
+    1
+    >>> OpTraits(preserves_cursor_order=False, parallelism=4, requires_serial_state=True).workers()
+    1
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpTraits:
+    """How an operator behaves, for the planner (see the module docstring for what reads each).
+
+    ``preserves_cursor_order``: outputs keep the order of their inputs (1:1 maps, filters).
+    ``indexable``: the op can serve a map-style (by position) dataset.
+    ``calibration_replayable``: running it on one record at a time gives the same output.
+    ``parallelism``: preferred worker count for the pure part.
+    ``batch_shape_sensitive``: output depends on how rows are grouped into calls.
+    ``requires_serial_state``: the op must run on one worker.
+    """
+
+    preserves_cursor_order: bool
+    indexable: bool = True
+    calibration_replayable: bool = False
+    parallelism: int = 1
+    batch_shape_sensitive: bool = False
+    requires_serial_state: bool = False
+
+    def workers(self) -> int:
+        """The workers the engine gives the op: ``parallelism``, or 1 with serial state."""
+        return 1 if self.requires_serial_state else max(1, int(self.parallelism))
+
+
+__all__ = ["OpTraits"]
