@@ -116,7 +116,7 @@ def run(target: Target, python: str, out: Path, paths: list[str], timeout_s: int
     current = Path(f"{out}.current")
     base = [python, "-m", "pytest", "-p", "zc_outcomes", "-p", "no:cacheprovider", "--run-integration",
             f"--timeout={timeout_s}", "-o", "log_cli=false", "--color=no", "-q", "--tb=line",
-            f"--ignore={PRIVATE_TREE}"]
+            f"--ignore={PRIVATE_TREE}", "--continue-on-collection-errors"]
     deselected: list[str] = []
     while True:
         current.unlink(missing_ok=True)

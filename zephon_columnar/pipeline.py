@@ -642,7 +642,7 @@ class Pipeline:
         observers: list[Any] = [] if self._progress is None else [Progress(**self._progress)]
         sink = self._options.metrics_sink()
         if sink is not None:
-            from zephon_columnar.observability import MetricsEmitter
+            from zephon_columnar.observability.sink import MetricsEmitter
 
             observers.append(MetricsEmitter(sink, self.metrics_snapshot))
         return _RunIterator(self._run, observers)

@@ -19,7 +19,7 @@ def test_from_any_takes_none_an_instance_or_a_dict_with_nested_dicts():
     assert StoreOptions.from_any(None) == StoreOptions()
     opts = StoreOptions.from_any({"cache": {"enabled": True, "root": "/c", "limit_bytes": "50gb"},
                                   "parquet": {"rg_cache": {"enabled": True}}})
-    assert opts.cache == CacheOptions(enabled=True, root="/c", limit_bytes=50 * 10**9)
+    assert opts.cache == CacheOptions(enabled=True, root="/c", limit_bytes=50 * 2**30)
     assert isinstance(opts.parquet, ParquetOptions) and opts.parquet.rg_cache.enabled
     assert StoreOptions.from_any(opts) is opts
     assert CacheOptions.from_any({"enabled": True, "root": "/d", "limit_bytes": 123}).limit_bytes == 123
@@ -49,7 +49,7 @@ def test_bad_io_options_raise_at_options_naming_the_key(web_dir, value, fragment
 
 def test_parse_bytes_units():
     assert [parse_bytes(v, what="x") for v in (0, "10", "2kb", "2KiB", "1.5mb", " 3 GB ")] == \
-        [0, 10, 2000, 2048, 1_500_000, 3 * 10**9]
+        [0, 10, 2048, 2048, 1_572_864, 3 * 2**30]
 
 
 def test_shard_cache_evicts_the_least_recently_used_copies_past_its_limit(tmp_path, memfs):
@@ -114,4 +114,4 @@ def test_process_workers_read_through_the_cache_io_options_name(tmp_path, web_di
         if {r["pid"] for r in rows} - {os.getpid()} or time.monotonic() > deadline:
             break
     assert {r["pid"] for r in rows} - {os.getpid()}, "no frame reached the worker process"
-    assert {(r["root"], r["limit"]) for r in rows} == {(str(tmp_path / "c"), 3_000_000)}
+    assert {(r["root"], r["limit"]) for r in rows} == {(str(tmp_path / "c"), 3 * 2**20)}

@@ -11,7 +11,7 @@ import pytest
 from zephon_columnar.errors import CheckpointError, ConfigError
 from zephon_columnar.io.dataset import Dataset
 from zephon_columnar.work import StaticMixtureWorkSource, TokenEstimation
-from zephon_columnar.work.tokens import calibration_rows, sample_weights
+from zephon_columnar.work.token_estimation import calibration_rows, sample_weights
 
 from tests.work._helpers import take
 

@@ -23,8 +23,8 @@ from zephon_columnar.ops.fetch import FetchOp
 from zephon_columnar.ops.tokenizer import TokenizerOwner
 
 if TYPE_CHECKING:
-    from zephon_columnar.work.static import StaticMixtureWorkSource
-    from zephon_columnar.work.tokens import TokenEstimation
+    from zephon_columnar.work.static_mixture import StaticMixtureWorkSource
+    from zephon_columnar.work.token_estimation import TokenEstimation
 
 
 def prime_token_mixture(ws: "StaticMixtureWorkSource", ops: Sequence[BaseOp]) -> None:

@@ -23,43 +23,9 @@ import pyarrow as pa
 
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.io.base import ShardInfo, ShardReader, describe_ids, shard_info
+from zephon_columnar.io.memory import InMemoryShard
 
 DatasetFormat = Literal["parquet", "jsonl", "hf", "arrow"]
-
-
-class InMemoryShard:
-    """A shard held in memory: a list of row dicts (or an Arrow table).
-
-    Example:
-        >>> InMemoryShard([{"text": "hello"}]).getsamples([0])
-        [{'text': 'hello'}]
-    """
-
-    def __init__(self, rows: Sequence[Mapping[str, Any]] | pa.Table) -> None:
-        if isinstance(rows, pa.Table):
-            self.table = rows
-        else:
-            rows = list(rows)
-            bad = next((i for i, r in enumerate(rows) if not isinstance(r, Mapping)), None)
-            if bad is not None:
-                raise ConfigError(
-                    f"InMemoryShard row {bad} is a {type(rows[bad]).__name__}, not a dict; "
-                    "pass a list of {column: value} dicts."
-                )
-            self.table = pa.Table.from_pylist(rows)
-
-    def __len__(self) -> int:
-        return self.table.num_rows
-
-    @property
-    def raw_bytes(self) -> int:
-        return self.table.nbytes
-
-    def getsamples(self, indices: Iterable[int]) -> list[dict[str, Any]]:
-        return self.table.take(pa.array(list(indices), pa.int64())).to_pylist()
-
-    def close(self) -> None:
-        pass
 
 
 class TableReader:

@@ -217,7 +217,7 @@ def list_data_files(url: str) -> list[str]:
 
     Not recursive. Hidden files (``.foo``) and ``_``-prefixed files (``_SUCCESS``,
     ``_metadata``, ``_committed_...``) are skipped: writers such as Spark leave them beside
-    the data. Local directories give absolute paths; remote ones give full URLs.
+    the data; so is ``index.json``, the shard index ``build_index`` writes. Local directories give absolute paths; remote ones give full URLs.
 
     Example:
         >>> list_data_files("memory://corpus")  # doctest: +SKIP
@@ -234,8 +234,11 @@ def list_data_files(url: str) -> list[str]:
     return [_unstrip(fs, p) for p in sorted(files, key=basename)]
 
 
+INDEX_FILE = "index.json"
+
+
 def _is_data_name(name: str) -> bool:
-    return not (name.startswith(".") or name.startswith("_"))
+    return not (name.startswith(".") or name.startswith("_") or name == INDEX_FILE)
 
 
 def open_binary(url: str) -> IO[bytes]:
@@ -259,6 +262,15 @@ def read_bytes(url: str) -> bytes:
             return f.read()
 
     return read() if is_local(url) else remote_call(url, "read", read)
+
+
+def write_bytes(url: str, data: bytes) -> None:
+    """Write a (small) file whole: atomically on local disk, one put to object storage."""
+    if is_local(url):
+        atomic_write(to_local(url), data)
+        return
+    fs, path = url_to_fs(url)
+    remote_call(url, "write", lambda: fs.pipe_file(path, data))
 
 
 def canonical(url: str) -> str:

@@ -21,7 +21,7 @@ validated, and change nothing here.
 Example:
     >>> opts = StoreOptions(cache=CacheOptions.from_any({"enabled": True, "root": "/tmp/c", "limit_bytes": "2kb"}))
     >>> opts.cache.limit_bytes
-    2000
+    2048
     >>> StoreOptions.from_any({"cache": {"limit_bytes": 10}}).merge({"cache": {"root": "/x"}}).cache
     CacheOptions(enabled=False, keep_zip=False, validate_hash=None, root='/x', limit_bytes=10, rg_cache_bytes=None, download_retry=12, download_timeout=180.0, open_retry_attempts=5)
 """
@@ -36,32 +36,58 @@ from typing import Any, Mapping, TypeVar
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.io.retry import RetryPolicy
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+# Zephon's units: kb, mb, gb, tb are powers of 1024 (as are kib, mib, gib, tib).
+_UNITS = {"": 1, "b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
 T = TypeVar("T", bound="_Options")
 
 
+def parse_size_bytes(value: str | int | None) -> int | None:
+    """A size as a byte count: ``None`` and blank strings are None, an int is itself, a string is
+    a number with an optional unit (b, kb, mb, gb, tb: powers of 1024; kib ... tib alike).
+
+    Example:
+        >>> parse_size_bytes("750gb"), parse_size_bytes("1.5 MiB"), parse_size_bytes(4096), parse_size_bytes("  ")
+        (805306368000, 1572864, 4096, None)
+        >>> parse_size_bytes("lots")
+        Traceback (most recent call last):
+        ...
+        ValueError: cannot parse a size from 'lots': use a byte count or a number with a unit (b, kb, mb, gb, tb), e.g. '50gb'.
+    """
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"cannot parse a size from {value!r}: pass a byte count (int) or a string such as '50gb'.")
+    text = value.strip().lower()
+    if not text:
+        return None
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([a-z]*)", text)
+    if not m or m.group(2) not in _UNITS:
+        raise ValueError(f"cannot parse a size from {value!r}: use a byte count or a number with a unit "
+                         "(b, kb, mb, gb, tb), e.g. '50gb'.")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
 def parse_bytes(value: Any, *, what: str) -> int | None:
-    """``None``, an int >= 0, or a size string (``"50gb"``, ``"512 MiB"``) as a byte count.
+    """`parse_size_bytes` for the option ``what``: a negative count or anything else unparseable
+    is a `ConfigError` naming the option.
 
     Example:
         >>> parse_bytes("1.5 GiB", what="limit_bytes"), parse_bytes(None, what="x")
         (1610612736, None)
     """
-    if value is None:
-        return None
     if isinstance(value, bool):
         raise ConfigError(f"{what}={value!r}: pass a byte count (int) or a size such as '50gb'.")
-    if isinstance(value, int):
-        if value < 0:
-            raise ConfigError(f"{what}={value!r}: a byte count must be >= 0.")
-        return value
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
-        if m and m.group(2).lower() in _UNITS:
-            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    raise ConfigError(f"{what}={value!r}: pass a byte count (int) or a size such as '50gb' or '512MiB'.")
+    try:
+        size = parse_size_bytes(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what}={value!r}: pass a byte count (int) or a size such as '50gb' or '512MiB'.") from None
+    if size is not None and size < 0:
+        raise ConfigError(f"{what}={value!r}: a byte count must be >= 0.")
+    return size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,3 +223,7 @@ _NESTED: dict[tuple[str, str], type[_Options]] = {
     ("StoreOptions", "parquet"): ParquetOptions, ("StoreOptions", "vortex"): VortexOptions,
     ("StoreOptions", "lance"): LanceOptions, ("ParquetOptions", "rg_cache"): ParquetRGCacheOptions,
 }
+
+
+__all__ = ["ArrowOptions", "CacheOptions", "LanceOptions", "ParquetOptions", "ParquetRGCacheOptions", "StoreOptions",
+           "VortexOptions", "parse_size_bytes"]

@@ -8,7 +8,9 @@ from zephon_columnar.work.base import WorkSource
 from zephon_columnar.work.chunk import WorkChunk
 from zephon_columnar.work.mixture import MixtureSpec
 from zephon_columnar.work.positions import SamplePositions
-from zephon_columnar.work.static import StaticMixtureWorkSource
-from zephon_columnar.work.tokens import TokenEstimation
+from zephon_columnar.work.read_order import ComponentOrder, MixtureReadConfig, MixtureReadMode
+from zephon_columnar.work.static_mixture import StaticMixtureWorkSource
+from zephon_columnar.work.token_estimation import TokenEstimation
 
-__all__ = ["MixtureSpec", "SamplePositions", "StaticMixtureWorkSource", "TokenEstimation", "WorkChunk", "WorkSource"]
+__all__ = ["ComponentOrder", "MixtureReadConfig", "MixtureReadMode", "MixtureSpec", "SamplePositions",
+           "StaticMixtureWorkSource", "TokenEstimation", "WorkChunk", "WorkSource"]

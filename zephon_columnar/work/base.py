@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.work.chunk import WorkChunk
+from zephon_columnar.work.read_order import (ComponentOrder, MixtureComponent, MixtureReadConfig, MixtureReadMode,
+                                             SamplesPerComponent, SourcedSampleId)
 
 if TYPE_CHECKING:  # the work layer only reads names and row counts; no io import at runtime
     from zephon_columnar.io.dataset import Dataset
@@ -155,3 +157,7 @@ class WorkSource(ABC):
 
     def prime(self, counts: Any = None, **kwargs: Any) -> None:
         """Prepare a token-unit mixture (`StaticMixtureWorkSource.prime`); nothing by default."""
+
+
+__all__ = ["ComponentOrder", "MixtureComponent", "MixtureReadConfig", "MixtureReadMode", "SamplesPerComponent",
+           "SourcedSampleId", "WorkChunk", "WorkSource"]

@@ -15,12 +15,15 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
 from zephon_columnar.errors import CheckpointError, ConfigError
 from zephon_columnar.work.mixture import _interleave_permutation
+
+if TYPE_CHECKING:
+    from zephon_columnar.work.read_order import MixtureReadConfig
 
 SampleId = tuple[int, int, int]
 
@@ -126,15 +129,33 @@ class WorkChunk:
             self._ordered = (flat, comp)
         return self._ordered
 
-    def iter_samples(self) -> Iterator[tuple[SampleId, str]]:
-        """Yield ``((dataset_id, shard_id, row), component_name)`` in read order (Python ints).
+    def iter_samples(self, config: "MixtureReadConfig | None" = None) -> Iterator[tuple[SampleId, str]]:
+        """Yield ``((dataset_id, shard_id, row), component_name)`` (Python ints).
 
-        The row view of :meth:`ordered`, for Zephon compatibility; the engine uses the arrays.
+        Without ``config``: the engine's read order (the row view of :meth:`ordered`). With a
+        `~zephon_columnar.work.read_order.MixtureReadConfig`: the order Zephon's reader takes
+        under that config (smooth weighted round robin or weighted random between components,
+        each component as is or shuffled; ``config.seed`` defaults to the chunk's).
         """
+        if config is not None:
+            from zephon_columnar.work.read_order import read_order
+
+            seed = config.seed if config.seed is not None else self.seed
+            lists = {name: [tuple(p) for p in arr.tolist()] for name, arr in self._components.items()}
+            yield from read_order(lists, config, seed)  # type: ignore[misc]
+            return
         ptrs, comp = self.ordered()
         names = self.component_names
         for (d, s, i), k in zip(ptrs.tolist(), comp.tolist()):
             yield (d, s, i), names[k]
+
+    def materialize_order(self, config: "MixtureReadConfig") -> list[tuple[SampleId, str]]:
+        """``list(iter_samples(config))``."""
+        return list(self.iter_samples(config))
+
+    def sample_at(self, index: int, config: "MixtureReadConfig | None" = None) -> tuple[SampleId, str]:
+        """The ``index``-th sample of :meth:`iter_samples`."""
+        return list(self.iter_samples(config))[index]
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:

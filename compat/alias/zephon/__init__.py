@@ -58,6 +58,43 @@ class _PrivateModule(types.ModuleType):
         return _placeholder(f"{self.__name__}.{name}")
 
 
+class _PublicView(types.ModuleType):
+    """``zephon.X`` for a public module: every attribute read, written or deleted is the real
+    ``zephon_columnar.X``'s (so ``monkeypatch.setattr`` reaches the code that runs), except that
+    a private name the real module lacks (``from zephon.X import _helper``) is a placeholder."""
+
+    def __init__(self, name: str, real: types.ModuleType) -> None:
+        super().__init__(name, real.__doc__)
+        object.__setattr__(self, "_real", real)
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in ("_real", "__class__"):
+            return object.__getattribute__(self, name)
+        real = object.__getattribute__(self, "_real")
+        if name == "__dict__":
+            return real.__dict__
+        try:
+            return getattr(real, name)
+        except AttributeError:
+            if name.startswith("_") and not name.startswith("__"):
+                return _placeholder(f"{real.__name__}.{name}")
+            raise
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name.startswith("__") and name.endswith("__"):
+            # The import system stamps __spec__ & co. on the module it loads: keep those on the
+            # view, so the real module keeps its own.
+            object.__setattr__(self, name, value)
+            return
+        setattr(object.__getattribute__(self, "_real"), name, value)
+
+    def __delattr__(self, name: str) -> None:
+        delattr(object.__getattribute__(self, "_real"), name)
+
+    def __dir__(self) -> list[str]:
+        return dir(object.__getattribute__(self, "_real"))
+
+
 class _AliasLoader(importlib.abc.Loader):
     def __init__(self, target: str | None) -> None:
         self._target = target
@@ -67,7 +104,8 @@ class _AliasLoader(importlib.abc.Loader):
             module = _PrivateModule(spec.name)
             module.__path__ = []  # a package: private submodules resolve too
             return module
-        return importlib.import_module(self._target)
+        real = importlib.import_module(self._target)
+        return _PublicView(spec.name, real)
 
     def exec_module(self, module: types.ModuleType) -> None:
         """Nothing to run: the target module ran when it was imported under its own name."""

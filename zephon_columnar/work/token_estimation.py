@@ -36,6 +36,11 @@ import numpy as np
 from zephon_columnar.errors import CheckpointError, ConfigError
 
 Primer = Union[Literal["measure"], Mapping[str, float], float]
+RatioSource = Literal["measured", "pinned", "fallback"]
+
+#: Tokens per stored byte assumed for a dataset that cannot be measured (~4 bytes a token, BPE on
+#: English prose).
+DEFAULT_FALLBACK_TOKENS_PER_BYTE: float = 0.25
 
 # Positional arguments allowed (not keyword-only) because Zephon's TokenEstimation takes them.
 @dataclass(frozen=True)
@@ -53,7 +58,7 @@ class TokenEstimation:
     calibration_samples: int = 2048
     calibration_shards_min: int = 4
     calibration_shards_max: int = 16
-    fallback_tokens_per_byte: float = 0.25
+    fallback_tokens_per_byte: float = DEFAULT_FALLBACK_TOKENS_PER_BYTE
 
     def __post_init__(self) -> None:
         where = "TokenEstimation"
@@ -110,6 +115,147 @@ def _check_ratio(what: str, v: Any) -> float:
             or not math.isfinite(float(v)) or float(v) <= 0:
         raise ConfigError(f"{what}={v!r}: a tokens-per-byte ratio must be a finite number > 0.")
     return float(v)
+
+
+@dataclass(frozen=True)
+class TokenRatio:
+    """One dataset's primed tokens per stored byte, and where it came from.
+
+    Example:
+        >>> TokenRatio.from_state(TokenRatio(0.31, "measured").to_state())
+        TokenRatio(tokens_per_byte=0.31, source='measured')
+    """
+
+    tokens_per_byte: float
+    source: RatioSource
+
+    def __post_init__(self) -> None:
+        if self.source not in ("measured", "pinned", "fallback"):
+            raise ValueError(f"TokenRatio(source={self.source!r}): use 'measured', 'pinned' or 'fallback'.")
+        _check_ratio("TokenRatio(tokens_per_byte)", self.tokens_per_byte)
+
+    def to_state(self) -> list[Any]:
+        """``[tokens_per_byte, source]``, JSON-friendly."""
+        return [float(self.tokens_per_byte), self.source]
+
+    @classmethod
+    def from_state(cls, raw: Any) -> "TokenRatio":
+        if not isinstance(raw, (list, tuple)) or len(raw) != 2:
+            raise ValueError(f"TokenRatio state must be [tokens_per_byte, source], got {raw!r}.")
+        return cls(tokens_per_byte=float(raw[0]), source=raw[1])
+
+
+class PerShardTokenCost:
+    """Expected tokens of one drawn sample, per dataset and shard: the shard's stored bytes per
+    row times the dataset's tokens per byte (at least 1). A dataset whose shards report no
+    bytes falls back to one flat estimate (with a warning).
+
+    Example:
+        >>> import pyarrow as pa
+        >>> from zephon_columnar.io.dataset import Dataset
+        >>> ds = Dataset.from_tables("a", [pa.table({"text": ["x" * 400] * 4})])
+        >>> costs = PerShardTokenCost({"a": ds}, {"a": TokenRatio(0.25, "pinned")})
+        >>> costs.cost("a", (0, 0, 3)) >= 1.0
+        True
+    """
+
+    def __init__(self, datasets: Mapping[str, Any], ratios: Mapping[str, TokenRatio]) -> None:
+        import warnings
+
+        self._by_shard: dict[str, dict[int, float]] = {}
+        self._mean: dict[str, float] = {}
+        flat: list[str] = []
+        for name, dataset in datasets.items():
+            ratio = ratios[name].tokens_per_byte
+            rows = np.asarray(dataset.counts(), np.float64)
+            stored = np.asarray(dataset.raw_bytes(), np.float64)
+            known = (rows > 0) & (stored > 0)
+            if not known.any():
+                flat.append(name)
+                self._by_shard[name], self._mean[name] = {}, max(1.0, ratio)
+                continue
+            ids = np.asarray(dataset.ids())
+            self._by_shard[name] = {int(i): max(1.0, float(b / r * ratio))
+                                    for i, b, r in zip(ids[known], stored[known], rows[known])}
+            self._mean[name] = max(1.0, float(stored[known].sum() / rows[known].sum()) * ratio)
+        if flat:
+            warnings.warn(f"token-aware mixture: no byte sizes for datasets {sorted(flat)}; each is costed with "
+                          "one flat per-sample estimate (differences between its shards are invisible).",
+                          RuntimeWarning, stacklevel=2)
+
+    def cost(self, name: str, sample_id: tuple[int, int, int]) -> float:
+        """Expected delivered tokens of the sample ``sample_id`` of dataset ``name`` (>= 1)."""
+        return self._by_shard[name].get(int(sample_id[1]), self._mean[name])
+
+    def mean_cost(self, name: str) -> float:
+        """Mean expected tokens per sample of dataset ``name`` (>= 1)."""
+        return self._mean[name]
+
+
+def prime_token_ratios(*, datasets: Sequence[Any], dataset_ids: Mapping[str, int], estimation: TokenEstimation,
+                       counting_spec: Callable[[dict[str, Any]], int] | None = None, io_options: Any = None,
+                       seed: int = 0, mp_context: Any = None, pre_tokenize_replay: Any = None) -> dict[str, TokenRatio]:
+    """Each dataset's tokens per stored byte, as a token-unit mixture needs them.
+
+    Pinned ratios (``estimation.primer`` a float, or ``{name: ratio}`` for some datasets) are
+    taken as given; the rest are measured on a calibration sample (`calibration_rows`):
+    ``estimation.measure(payload)`` or ``counting_spec(payload)`` counts each row's tokens. A
+    dataset that cannot be measured (no counter, no row, no token) gets
+    ``estimation.fallback_tokens_per_byte``, with a warning naming it. (The pipeline primes
+    its work source itself, counting with its own tokenizer; this is the standalone form.
+    ``io_options``, ``mp_context`` and ``pre_tokenize_replay`` are accepted for Zephon's
+    signature.)
+
+    Example:
+        >>> est = TokenEstimation(primer=0.3)
+        >>> prime_token_ratios(datasets=[], dataset_ids={"a": 0}, estimation=est)
+        {'a': TokenRatio(tokens_per_byte=0.3, source='pinned')}
+    """
+    import warnings
+
+    if isinstance(estimation.primer, (int, float)) and not isinstance(estimation.primer, bool):
+        return dict.fromkeys(dataset_ids, TokenRatio(float(estimation.primer), "pinned"))
+    pinned: Mapping[str, float] = estimation.primer if isinstance(estimation.primer, Mapping) else {}
+    unknown = sorted(set(pinned) - set(dataset_ids))
+    if unknown:
+        raise ConfigError(f"token_estimation.primer pins unknown datasets: {unknown}. Known datasets: "
+                          f"{sorted(dataset_ids)}.")
+    ratios = {name: TokenRatio(float(pinned[name]), "pinned") for name in dataset_ids if name in pinned}
+    count = estimation.measure or counting_spec
+    by_name = {ds.name: ds for ds in datasets}
+    failed: dict[str, str] = {}
+    for name in [n for n in dataset_ids if n not in ratios]:
+        ds = by_name.get(name)
+        ratio = None
+        if ds is None:
+            failed[name] = "dataset not given"
+        elif count is None:
+            failed[name] = "nothing counts tokens (no measure= and no tokenizer)"
+        else:
+            rows = calibration_rows(np.asarray(ds.counts(), np.int64), estimation, seed=seed,
+                                    dataset_index=dataset_ids[name])
+            reader, ids = ds.open_reader(), np.asarray(ds.ids())
+            try:
+                tokens = np.array([sum(int(count(p)) for p in reader.take(int(ids[s]), rows[rows[:, 0] == s, 1])
+                                       .to_pylist()) for s in np.unique(rows[:, 0])], np.float64)
+            finally:
+                reader.close()
+            counts = np.asarray(ds.counts(), np.float64)
+            per_row = np.divide(np.asarray(ds.raw_bytes(), np.float64), counts, out=np.zeros_like(counts),
+                                where=counts > 0)
+            shard_rows = np.array([np.count_nonzero(rows[:, 0] == s) for s in np.unique(rows[:, 0])], np.float64)
+            stored = float(np.sum(per_row[np.unique(rows[:, 0])] * shard_rows))
+            ratio = float(tokens.sum()) / stored if tokens.sum() > 0 and stored > 0 else None
+            if ratio is None:
+                failed[name] = "no token counted in its calibration rows, or no byte sizes"
+        ratios[name] = (TokenRatio(ratio, "measured") if ratio is not None
+                        else TokenRatio(estimation.fallback_tokens_per_byte, "fallback"))
+    if failed:
+        warnings.warn("token-aware mixture: using fallback_tokens_per_byte="
+                      f"{estimation.fallback_tokens_per_byte} for " + "; ".join(f"{n!r} ({why})" for n, why in
+                                                                              sorted(failed.items()))
+                      + "; the mixture's token shares may be off for them.", RuntimeWarning, stacklevel=2)
+    return {name: ratios[name] for name in dataset_ids}
 
 
 def calibration_rows(counts: np.ndarray, est: TokenEstimation, *, seed: int, dataset_index: int) -> np.ndarray:

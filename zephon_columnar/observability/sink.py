@@ -1,4 +1,4 @@
-"""Observability types (Zephon's names) and the metrics sink.
+"""The metrics sink: `MetricsEmitter` sends a pass's `Pipeline.metrics_snapshot` as gauges.
 
 ``pipeline.enable_observability(sink=MetricsSinkConfig(...))`` (or
 ``options(metrics_sink_config=...)``) makes every pass emit `Pipeline.metrics_snapshot` as
@@ -23,47 +23,14 @@ Example:
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
 import socket
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
-
-class ExecutionTrackingMode(str, enum.Enum):
-    OFF = "off"
-    STAGES = "stages"
-    NODES = "nodes"
-
-
-class MetricsSinkMode(str, enum.Enum):
-    LOG = "log"
-    STATSD = "statsd"
-    BOTH = "both"
-
-
-@dataclass(kw_only=True)
-class MetricsSinkConfig:
-    mode: MetricsSinkMode = MetricsSinkMode.LOG
-    namespace: str = "zephon.pipeline"
-    statsd_host: str = "127.0.0.1"
-    statsd_port: int = 8125
-    default_tags: dict[str, Any] = field(default_factory=dict)
-    json_logs: bool = True
-    max_batch_size: int = 32
-    flush_interval_s: float = 5.0
-
-
-@dataclass(kw_only=True)
-class PipelineSummary:
-    """Per-stage counters of a finished or running pass."""
-
-    records: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_records(self) -> list[dict[str, Any]]:
-        return list(self.records)
+from zephon_columnar.observability.config import MetricsSinkConfig, MetricsSinkMode
+from zephon_columnar.observability.stats import PipelineSummary
 
 
 # Per-operator / per-stage record fields that are labels, not values.

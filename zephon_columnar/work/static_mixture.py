@@ -42,7 +42,7 @@ from zephon_columnar.work.chunk import WorkChunk
 from zephon_columnar.work.mixture import MixtureSpec
 from zephon_columnar.work.order import DatasetOrder
 from zephon_columnar.work.positions import SamplePositions
-from zephon_columnar.work.tokens import (TokenEstimation, calibration_rows, measured_ratio, ratios_from_state,
+from zephon_columnar.work.token_estimation import (TokenEstimation, calibration_rows, measured_ratio, ratios_from_state,
                                          sample_weights)
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 ExhaustedPolicy = Literal["stop", "repeat", "redistribute"]
 LaneAssignment = Literal["permute", "modulo"]
-ShuffleBlockSize = Union[int, Literal["auto", "global"], None]
+ShuffleBlockSpec = Union[int, Literal["auto", "global"], None]
 
 _POLICIES = ("stop", "repeat", "redistribute")
 _STATE_VERSION = 1
@@ -293,7 +293,7 @@ class StaticMixtureWorkSource(WorkSource):
             ``canonical_replicas`` consecutive chunks is dealt by a seeded permutation: one
             chunk per lane per block) or ``"modulo"`` (``g % canonical_replicas``).
         token_estimation: None (the weights are sample proportions) or a
-            :class:`~zephon_columnar.work.tokens.TokenEstimation`: the weights are token
+            :class:`~zephon_columnar.work.token_estimation.TokenEstimation`: the weights are token
             proportions, and the source must be primed (``prime``; a `Pipeline` does it before
             its first chunk) unless the estimation states its ratios. Chunks then carry the
             token weights as ``target_mixture``; the ratios are part of ``state_dict``.
@@ -326,7 +326,7 @@ class StaticMixtureWorkSource(WorkSource):
         seed: int = 0,
         shuffle_shards: bool = True,
         shuffle_within_shard: bool = False,
-        shuffle_block_size: ShuffleBlockSize = None,
+        shuffle_block_size: ShuffleBlockSpec = None,
         exhausted_policy: ExhaustedPolicy | Mapping[str, ExhaustedPolicy] | None = None,
         reshuffle_on_repeat: bool | Mapping[str, bool] = UNSET,
         max_repeats: int | Mapping[str, int | None] | None = None,
@@ -449,7 +449,7 @@ class StaticMixtureWorkSource(WorkSource):
 
     def calibration_pointers(self) -> dict[int, np.ndarray]:
         """``{dataset_id: (n, 3) pointers}``: the rows ``prime`` needs counted (see
-        `~zephon_columnar.work.tokens.calibration_rows`); empty when nothing is measured."""
+        `~zephon_columnar.work.token_estimation.calibration_rows`); empty when nothing is measured."""
         out = {}
         for k, rows in self._calibration_rows().items():
             pointers = np.empty((len(rows), 3), np.int64)
@@ -920,7 +920,7 @@ def _resolve_exhaustion(
     return policies, reshuffle, repeats, stop_after_passes
 
 
-def _resolve_block(option: ShuffleBlockSize, rows: int, largest_shard: int) -> int | None:
+def _resolve_block(option: ShuffleBlockSpec, rows: int, largest_shard: int) -> int | None:
     """Block size for one dataset: frozen in the recipe so a restore cannot drift."""
     if option is None:
         return None
@@ -932,3 +932,6 @@ def _resolve_block(option: ShuffleBlockSize, rows: int, largest_shard: int) -> i
         size = _check_int("StaticMixtureWorkSource: shuffle_block_size (None, an int, 'auto' or 'global')",
                           option, minimum=1)
     return min(size, rows)
+
+
+__all__ = ["ShuffleBlockSpec", "StaticMixtureWorkSource"]
