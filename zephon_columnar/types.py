@@ -61,11 +61,18 @@ class SampleBatch:
 
     __slots__ = ("table", "_records", "_fields")
 
-    def __init__(self, table: pa.Table | Sequence[SampleRecord], *, fields: FieldsByDataset | None = None) -> None:
-        if not isinstance(table, pa.Table):
-            table = frame_of_records(list(table))
+    def __init__(self, table: pa.Table | Sequence[SampleRecord] | None = None, *,
+                 records: Sequence[SampleRecord] | None = None, fields: FieldsByDataset | None = None) -> None:
+        if (table is None) == (records is None):
+            raise TypeError("SampleBatch: pass the rows once, as an Arrow table or as records "
+                            "(SampleBatch(records=[...]), Zephon's form).")
+        given: tuple[SampleRecord, ...] | None = None
+        if table is None or not isinstance(table, pa.Table):
+            given = tuple(records if records is not None else table)  # type: ignore[arg-type]
+            table = frame_of_records(list(given))
         self.table = table
-        self._records: tuple[SampleRecord, ...] | None = None
+        # Records given are kept as given (their payload objects too): ``records`` returns them.
+        self._records: tuple[SampleRecord, ...] | None = given
         self._fields = fields
 
     def __len__(self) -> int:
