@@ -149,7 +149,7 @@ def run_options_strategy(draw, lanes: int) -> dict:
     rarer, it spawns), prefetch depth, fetch's rows per read, workers, groups (a divisor of the
     lane count), mtp_mode (rare: a spawned side process)."""
     return dict(runner=draw(st.sampled_from(["inline"] * 4 + ["threads"] * 4 + ["process"])),
-                prefetch=draw(st.sampled_from([None, 1, 2, 8])),
+                prefetch=draw(st.sampled_from([None, 0, 1, 2, 8])),
                 max_batch=draw(st.sampled_from([None, 1, 2, 7, 64])),
                 workers=draw(st.integers(1, 3)),
                 groups=draw(st.sampled_from([g for g in range(1, lanes + 1) if lanes % g == 0])),
@@ -206,7 +206,7 @@ def adapter_strategy(draw, lanes: int, plan: dict, chain_length: int) -> dict | 
     if rng.randrange(ADAPTER_ONE_IN):
         return None
     workers = 0 if rng.randrange(ADAPTER_WORKERS_ONE_IN) else 2
-    options = dict(runner=rng.choice(["inline", "threads", "process"]), prefetch=rng.choice([None, 1, 2, 8]),
+    options = dict(runner=rng.choice(["inline", "threads", "process"]), prefetch=rng.choice([None, 0, 1, 2, 8]),
                    max_batch=rng.choice([None, 1, 2, 7, 64]), workers=rng.randint(1, 3), groups=1,
                    mtp=rng.randrange(30) == 0)
     take = rng.choice(["fraction", "fraction", "fraction", "all", "past"])

@@ -146,16 +146,18 @@ def _zephon_threads() -> set[str]:
     return {t.name for t in threading.enumerate() if t.name.startswith("zephon")}
 
 
-@pytest.mark.parametrize("prefetch_batches", [None, 3])
+@pytest.mark.parametrize("prefetch_batches", [None, 0, 3])
 def test_prefetch_thread_runs_only_when_asked_for(web_dir, prefetch_batches):
+    # 0 is Zephon's "no batch prefetch": accepted, and no thread, as None.
     pipe = (Pipeline(web_source(web_dir, chunk_size=4)).fetch(max_batch=2).batch(2)
             .options(runner="threads", prefetch_batches=prefetch_batches))
     it = iter(pipe)
     next(it)
     running = "zephon-prefetch" in _zephon_threads()
     it.close()
-    assert running == (prefetch_batches is not None)
-    assert ("prefetch thread 3 items ahead" in pipe.explain()) == (prefetch_batches is not None)
+    assert running == bool(prefetch_batches)
+    assert ("prefetch thread 3 items ahead" in pipe.explain()) == bool(prefetch_batches)
+    assert ("no prefetch thread" in pipe.explain()) == (not prefetch_batches)
 
 
 @pytest.mark.parametrize("runner,prefetch_batches", [("threads", None), ("threads", 2), ("process", None)])

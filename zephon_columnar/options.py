@@ -155,11 +155,13 @@ class RuntimeOptions:
             from zephon_columnar.engine.ray_runner import import_ray
 
             import_ray()  # raises, saying what to install
-        for name in ("max_workers", "prefetch_batches", "op_queue_capacity", "canonical_replicas", "dp_degree",
-                     "mtp_buffer"):
+        for name in ("max_workers", "op_queue_capacity", "canonical_replicas", "dp_degree", "mtp_buffer"):
             v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or v < 1):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ConfigError(f"options({name}={v!r}): pass a positive int (or None for the default).")
+        v = self.prefetch_batches
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise ConfigError(f"options(prefetch_batches={v!r}): pass an int >= 0 (0: no prefetch thread) or None.")
         if self.flush_every_k_chunks is not None and (not isinstance(self.flush_every_k_chunks, int)
                                                       or self.flush_every_k_chunks < 0):
             raise ConfigError(f"options(flush_every_k_chunks={self.flush_every_k_chunks!r}): pass an int >= 0.")

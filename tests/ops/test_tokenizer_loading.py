@@ -188,3 +188,27 @@ def test_callable_output_must_have_input_ids():
     h = load_tokenizer(lambda texts, add_special_tokens=False: {"ids": [[1]] * len(texts)})
     with pytest.raises(TypeError, match="input_ids"):
         h.encode_ids(["a"])
+
+
+_FALLBACK_IDS_IN_A_CHILD = """
+from zephon_columnar.ops.tokenizer import load_tokenizer
+flat, offsets = load_tokenizer(tokenizer_id="__fallback__").encode_ids(["the cat sat", "on the mat"])
+print(flat.tolist(), offsets.tolist())
+"""
+
+
+def test_the_fallback_stub_tokenizer_is_the_same_in_every_process():
+    # Zephon's stub hashes words with Python's per-process salted hash(); ours must give the same
+    # ids in another interpreter (another hash seed), or runners and restarts would disagree.
+    import os
+    import subprocess
+    import sys
+
+    flat, offsets = load_tokenizer(tokenizer_id="__fallback__").encode_ids(["the cat sat", "on the mat"])
+    child = subprocess.run([sys.executable, "-c", _FALLBACK_IDS_IN_A_CHILD], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONHASHSEED": "12345"}, check=True)
+    assert child.stdout.strip() == f"{flat.tolist()} {offsets.tolist()}"
+    assert rows(flat, offsets)[0][0] == rows(flat, offsets)[1][1]  # "the", twice
+    assert min(flat.tolist()) >= 10  # content ids never collide with pad=0, bos=1, eos=2
+    handle = load_tokenizer(tokenizer_id="__fallback__")
+    assert (handle.pad_token_id, handle.bos_token_id, handle.eos_token_id) == (0, 1, 2)

@@ -152,7 +152,7 @@ class Engine:
 
     def uses_prefetch_thread(self) -> bool:
         """Whether a thread runs the tail ahead of the caller: only when asked for with
-        ``prefetch_batches`` (and a runner other than inline).
+        ``prefetch_batches`` > 0 (and a runner other than inline; 0 is Zephon's "no prefetch").
 
         Ordered stages and the batch cut are Python work that holds the GIL: on a thread of
         their own they compete with the caller for it. Measured (benchmarks/RESULTS.md) with
@@ -161,7 +161,7 @@ class Engine:
         (``op_queue_capacity`` frames per lane). A consumer that releases the GIL for long
         stretches (a training step) may still gain from it.
         """
-        return self.options.prefetch_batches is not None and self.options.resolved_runner() != "inline"
+        return bool(self.options.prefetch_batches) and self.options.resolved_runner() != "inline"
 
     # ------------------------------------------------------------------ running
     def initial_cursor(self, lane: int) -> LaneCursor:

@@ -114,6 +114,51 @@ def resolve_tokenizer_path(path: str | os.PathLike[str], *, arg: str = "tokenize
     raise _hub_id_error(name, arg)
 
 
+#: ``tokenizer_id`` of the built-in stub tokenizer (Zephon's name): for tests and dry runs.
+FALLBACK_ID = "__fallback__"
+
+
+class FallbackTokenizer:
+    """A dependency-free stand-in tokenizer for tests and dry runs (``tokenizer_id="__fallback__"``).
+
+    Splits on whitespace and maps each word to a content id from a stable hash (10 ... 10009), so
+    the same text gives the same ids in every process and run; ``pad=0``, ``bos=1``, ``eos=2``.
+    Not a language-model tokenizer: never train on it.
+
+    Example:
+        >>> tok = FallbackTokenizer()
+        >>> ids = tok(["hello world", "hello"])["input_ids"]
+        >>> ids[0][0] == ids[1][0] and all(i >= 10 for i in ids[0]), tok.eos_token_id
+        (True, 2)
+    """
+
+    name_or_path = FALLBACK_ID
+    pad_token, pad_token_id = 0, 0
+    bos_token, bos_token_id = 1, 1
+    eos_token, eos_token_id = 2, 2
+
+    @staticmethod
+    def word_id(word: str) -> int:
+        return int.from_bytes(hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest(), "little") % 10000 + 10
+
+    def __call__(self, texts: list[str] | str, *, add_special_tokens: bool = False, truncation: bool = False,
+                 max_length: int | None = None, **kwargs: Any) -> dict[str, Any]:
+        single = isinstance(texts, str)
+        rows = []
+        for text in [texts] if single else texts:
+            ids = [self.word_id(w) for w in str(text).split()]
+            if add_special_tokens:
+                ids = [self.bos_token_id, *ids, self.eos_token_id]
+            rows.append(ids[:max_length] if truncation and max_length is not None else ids)
+        masks = [[1] * len(r) for r in rows]
+        return {"input_ids": rows[0], "attention_mask": masks[0]} if single else \
+            {"input_ids": rows, "attention_mask": masks}
+
+
+def _is_fallback(value: Any) -> bool:
+    return isinstance(value, str) and value == FALLBACK_ID
+
+
 def check_tokenizer_args(tokenizer: Any = None, tokenizer_id: Any = None) -> None:
     """Cheap up-front check of the arguments ``load_tokenizer`` takes (no loading): raises the
     same ConfigError ``load_tokenizer`` would for a missing/unsupported argument or a hub id."""
@@ -125,6 +170,8 @@ def check_tokenizer_args(tokenizer: Any = None, tokenizer_id: Any = None) -> Non
         )
     if tokenizer is not None and tokenizer_id is not None:
         raise ConfigError("tokenize: pass either tokenizer= or tokenizer_id=, not both.")
+    if _is_fallback(tokenizer_id) or _is_fallback(tokenizer):
+        return
     if tokenizer_id is not None:
         if not isinstance(tokenizer_id, (str, os.PathLike)):
             raise ConfigError(f"tokenizer_id= must be a path (str), got {type(tokenizer_id).__name__}; "
@@ -400,9 +447,9 @@ def path_identity(path: str | os.PathLike[str]) -> str:
 def tokenizer_identity(tokenizer: Any = None, tokenizer_id: Any = None) -> str:
     """Content identity of a tokenizer argument without loading a path (hashes its files)."""
     path = tokenizer_id if tokenizer_id is not None else tokenizer
-    if isinstance(path, (str, os.PathLike)):
+    if isinstance(path, (str, os.PathLike)) and not _is_fallback(path):
         return path_identity(path)
-    return load_tokenizer(tokenizer).identity()
+    return load_tokenizer(tokenizer, tokenizer_id).identity()
 
 
 # ---------------------------------------------------------------------------- loading
@@ -421,7 +468,9 @@ def load_tokenizer(tokenizer: Any = None, tokenizer_id: Any = None) -> Tokenizer
     """
     check_tokenizer_args(tokenizer, tokenizer_id)
     path = tokenizer_id if tokenizer_id is not None else tokenizer
-    if isinstance(path, (str, os.PathLike)):
+    if _is_fallback(path):
+        tokenizer = FallbackTokenizer()
+    elif isinstance(path, (str, os.PathLike)):
         return _load_path(path, arg="tokenizer_id" if tokenizer_id is not None else "tokenizer")
     if _is_rust_tokenizer(tokenizer):
         sp = _heuristic_specials(tokenizer)
@@ -476,6 +525,8 @@ def tokenizer_source(tokenizer: Any, tokenizer_id: Any) -> tuple[str | None, "To
     (wrapped at once: there is nothing to load). Validates the pair of arguments first."""
     check_tokenizer_args(tokenizer, tokenizer_id)
     path = tokenizer_id if tokenizer_id is not None else tokenizer
+    if _is_fallback(path):
+        return None, load_tokenizer(FallbackTokenizer())
     if isinstance(path, (str, os.PathLike)):
         return os.path.abspath(os.path.expanduser(os.fspath(path))), None
     return None, load_tokenizer(tokenizer)
