@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,8 +86,8 @@ def _without_fixture(source: str, name: str) -> str:
 def prepare(target: Target) -> Path:
     """A copy of the sdist to run the tests in."""
     fetch()
-    run_dir = WORK / f"run-{target}"
-    shutil.rmtree(run_dir, ignore_errors=True)
+    # A fresh folder per run: runs may go on side by side.
+    run_dir = Path(tempfile.mkdtemp(prefix=f"run-{target}-", dir=WORK))
     # Zephon's run keeps its package beside the tests (some tests read its source files); the
     # zephon_columnar run must not see it, or ``import zephon`` would find it before the alias.
     hidden = ("zephon", "zephon.egg-info") if target == "columnar" else ()
@@ -95,7 +96,7 @@ def prepare(target: Target) -> Path:
         at_root = Path(directory) == SDIST
         return {n for n in names if n == "__pycache__" or (at_root and n in hidden)}
 
-    shutil.copytree(SDIST, run_dir, ignore=skipped)
+    shutil.copytree(SDIST, run_dir, ignore=skipped, dirs_exist_ok=True)
     if target == "columnar":
         conftest = run_dir / "tests" / "conftest.py"
         conftest.write_text(_without_fixture(conftest.read_text(), CATALOG_FIXTURE))
@@ -109,7 +110,13 @@ def run(target: Target, python: str, out: Path, paths: list[str], timeout_s: int
     that was running as ``crashed`` and goes on with the rest.
     """
     run_dir = prepare(target)
-    out = out.resolve()
+    try:
+        return _run_in(run_dir, target, python, out.resolve(), paths, timeout_s)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _run_in(run_dir: Path, target: Target, python: str, out: Path, paths: list[str], timeout_s: int) -> int:
     out.unlink(missing_ok=True)
     pythonpath = [str(PLUGIN_DIR)] + ([str(ALIAS_DIR)] if target == "columnar" else [])
     env = {**os.environ, "ZC_OUTCOMES": str(out), "PYTHONPATH": os.pathsep.join(pythonpath)}
@@ -195,7 +202,7 @@ def _module_facts(path: Path, helper_private: dict[str, set[str]]) -> _FileFacts
 def _helper_private_names(root: Path) -> dict[str, set[str]]:
     """Per helper module of Zephon's tests, the names whose code touches a private internal."""
     found: dict[str, set[str]] = {}
-    for path in [*root.glob("tests/helpers/*.py"), *root.glob("tests/_*.py"), root / "tests/conftest.py"]:
+    for path in [*root.glob("tests/helpers/*.py"), *root.glob("tests/_*.py"), *root.glob("tests/conftest.py")]:
         module = ".".join(path.relative_to(root).with_suffix("").parts)
         facts = _module_facts(path, {})
         found[module] = {name for name, node in facts.functions.items()
@@ -253,7 +260,7 @@ def deliberate_differences() -> dict[str, str]:
     return {test: reason.strip() for test, reason in rows}
 
 
-def _load(path: Path) -> dict[str, dict]:
+def load_outcomes(path: Path) -> dict[str, dict]:
     return {entry["test"]: entry for entry in map(json.loads, path.read_text().splitlines())}
 
 
@@ -282,7 +289,7 @@ def verdicts(zephon: dict[str, dict], columnar: dict[str, dict], root: Path) -> 
 
 def report(zephon_path: Path, columnar_path: Path, markdown: Path | None, failures: Path | None) -> str:
     fetch()
-    zephon, columnar = _load(zephon_path), _load(columnar_path)
+    zephon, columnar = load_outcomes(zephon_path), load_outcomes(columnar_path)
     result = verdicts(zephon, columnar, SDIST)
     per_file: dict[str, Counter[str]] = defaultdict(Counter)
     for test, (verdict, _) in result.items():
