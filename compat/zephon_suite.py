@@ -142,6 +142,7 @@ def _run_in(run_dir: Path, target: Target, python: str, out: Path, paths: list[s
 # --- the report -------------------------------------------------------------------------------
 
 _PRIVATE_MODULE = re.compile(r"\bzephon\.(?:_\w+)")
+_ATTRIBUTE_CALLS = ("getattr", "setattr", "hasattr", "delattr")
 
 
 @dataclass
@@ -170,6 +171,11 @@ def _mentions_private(node: ast.AST, private_names: set[str]) -> str | None:
                 return "imports a private module"
         if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and _PRIVATE_MODULE.search(sub.value):
             return "names a private module"
+        if (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in _ATTRIBUTE_CALLS
+                and len(sub.args) >= 2 and isinstance(sub.args[1], ast.Constant)
+                and isinstance(sub.args[1].value, str) and sub.args[1].value.startswith("_")
+                and not sub.args[1].value.startswith("__")):
+            return f"reads private attribute {sub.args[1].value} ({sub.func.id})"
     return None
 
 

@@ -226,7 +226,7 @@ def test_options_accumulate_over_calls_and_are_checked_together_at_iteration(web
 def test_zephon_only_options_are_accepted(web_dir):
     pipe = Pipeline(web_source(web_dir)).batch(4).options(
         mtp_mode=False, shm_enabled=True, ipc_transport="pipe", worker_allocation="global",
-        coalesce_tensors=True, shm_min_size=1, aggregate_serializer="msgpack", deterministic=True)
+        shm_coalesce=True, shm_min_item_bytes=1, aggregate_serializer="msgpack", deterministic=True)
     assert len(collect(pipe)) == 30
 
 

@@ -9,7 +9,7 @@ import torch
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
-from zephon_columnar.types import PADDING_LENGTH, SampleBatch
+from zephon_columnar.types import PADDING_LENGTH, SampleBatch, SampleMeta, SampleRecord
 
 
 def make_batch(rows: list[list[int]], *, value_type=pa.int32(), extra: dict | None = None) -> SampleBatch:
@@ -31,10 +31,13 @@ def test_equal_length_rows_become_int64_matrix():
 
 
 def test_ragged_rows_are_padded_and_masked():
-    out = make_batch([[1, 2, 3], [4]]).to_training(
-        return_padding_mask=True, return_num_valid_tokens=True, return_loss_mask=True)
+    out = make_batch([[1, 2, 3], [4]]).to_training(return_padding_mask=True)
     assert out["input_ids"].tolist() == [[1, 2, 3], [4, 0, 0]]
     assert out["padding_mask"].tolist() == [[False, False, False], [False, True, True]]
+    out = make_batch([[1, 2, 3, 4], [5, 6]]).to_training(
+        return_labels=True, return_padding_mask=True, return_num_valid_tokens=True, return_loss_mask=True)
+    assert out["labels"].tolist() == [[2, 3, 4], [6, -100, -100]]
+    assert out["padding_mask"].tolist() == [[False, False, False], [False, False, True]]  # input-aligned
     assert out["num_valid_tokens"] == 4
     assert out["loss_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
 
@@ -96,9 +99,11 @@ def test_errors_name_the_field():
         b.to_training(tokens_field="nope")
     with pytest.raises(ConfigError, match="eos_token_id"):
         b.to_training(eos_mask_loss=True)
+    with pytest.raises(ConfigError, match="requires an explicit eos_token_id"):
+        b.to_training(eos_mask_loss=True, return_labels=True)
     book = F.pointer_frame(lane=0, chunk_id=0, offsets=np.arange(1), pointers=np.zeros((1, 3), np.int64),
                            components=np.zeros(1, np.int32))
-    with pytest.raises(ConfigError, match="no token field"):
+    with pytest.raises(ConfigError, match="Cannot auto-detect tokens field"):
         SampleBatch(F.with_payload(book, pa.table({"text": ["x"]}))).to_training()
 
 
@@ -133,3 +138,90 @@ def test_cu_seqlens_count_the_pad_tail_once():
     pos = pa.array([[0, 1], [0, 1, 0, 1]], pa.list_(pa.int32()))
     out = make_batch([[5, 5], [6, 6, 6, 6]], extra={"positions": pos}).to_training(return_cu_seqlens=True)
     assert out["cu_seqlens"].tolist() == [[0, 2, 4], [0, 2, 4]]
+
+
+# ---------------------------------------------------------------- Zephon's contract
+def rec(i: int, payload, *, pad: int | None = None, lane: int = 0, chunk: int = 0) -> SampleRecord:
+    tags = {} if pad is None else {"padding_length": pad}
+    return SampleRecord(meta=SampleMeta(sample_id=(0, 0, i), lane_id=lane, chunk_id=chunk, tags=tags),
+                        payload=payload)
+
+
+def test_batch_of_records_keeps_them_and_has_zephons_attributes():
+    records = (rec(0, {"input_ids": [1, 2]}, lane=7, chunk=3), rec(1, np.array([3, 4]), lane=7, chunk=4))
+    batch = SampleBatch(records=records)
+    assert len(batch) == 2 and batch.records == records
+    assert batch.ids == ((0, 0, 0), (0, 0, 1))
+    assert batch.lane_ids == (7, 7) and batch.chunk_ids == (3, 4) and batch.lineage_paths == ((), ())
+    arrow = make_batch([[1, 2], [3, 4]])
+    assert arrow.lane_ids == (1, 1) and arrow.chunk_ids == (2, 2)
+
+
+def test_records_with_array_payloads_stack_as_token_rows():
+    for row in (np.array([1, 2, 3]), torch.tensor([1, 2, 3])):
+        out = SampleBatch(records=(rec(0, row), rec(1, row + 3))).to_training(return_labels=True)
+        assert out["input_ids"].dtype == torch.int64
+        assert out["input_ids"].tolist() == [[1, 2], [4, 5]] and out["labels"].tolist() == [[2, 3], [5, 6]]
+        assert out["texts"] == ["", ""]
+    with pytest.raises(TypeError, match="mixed payload types"):
+        SampleBatch(records=(rec(0, np.array([1])), rec(1, {"input_ids": [1]}))).to_training()
+    with pytest.raises(TypeError, match="dict or array-like"):
+        SampleBatch(records=(rec(0, "text"),)).to_training()
+
+
+def test_records_lists_keep_ragged_rows_and_mask_the_pad_tail_by_position():
+    batch = SampleBatch(records=(rec(0, {"input_ids": [5, 0, 7, 0, 0]}, pad=2), rec(1, {"input_ids": [8, 9]})))
+    out = batch.to_training(dtype=None, return_labels=True, return_padding_mask=True, return_loss_mask=True,
+                            return_num_valid_tokens=True)
+    assert out["input_ids"] == [[5, 0, 7, 0], [8]]
+    assert out["labels"] == [[0, 7, -100, -100], [9]]  # the in-content 0 stays supervised
+    assert out["padding_mask"] == [[False, False, False, True], [False]]
+    assert out["loss_mask"] == [[1.0, 1.0, 0.0, 0.0], [1.0]] and out["num_valid_tokens"] == 3
+    with pytest.raises(ConfigError, match="'input_ids'.*dtype=None"):
+        batch.to_training()  # ragged rows do not stack into a tensor
+
+
+def test_records_loss_mask_positions_and_cu_seqlens():
+    payload = {"input_ids": [1, 2, 3, 4, 5], "loss_mask": [0, 1, 1, 0, 1], "positions": [0, 1, 2, 0, 1]}
+    batch = SampleBatch(records=(rec(0, payload),))
+    out = batch.to_training(dtype=np.int64, return_labels=True, return_cu_seqlens=True, flatten=True)
+    assert out["labels"].tolist() == [2, 3, -100, 5] and out["positions"].tolist() == [0, 1, 2, 0]
+    assert out["cu_seqlens"].tolist() == [0, 3, 4] and out["max_seqlen"] == 3
+    assert batch.to_training(dtype=None)["loss_mask"] == [[0, 1, 1, 0, 1]]  # passed through without labels
+    with pytest.raises(ConfigError, match="'loss_mask' present in some payloads"):
+        SampleBatch(records=(rec(0, payload), rec(1, {"input_ids": [1] * 5, "positions": [0] * 5}))).to_training(
+            dtype=None)
+
+
+def test_option_conflicts_are_rejected_before_reading_rows():
+    empty = SampleBatch(records=())
+    assert empty.to_training(return_labels=True, return_num_valid_tokens=True) == \
+        {"ids": [], "texts": [], "num_valid_tokens": 0}
+    for options, message in [({"return_loss_mask": True}, "return_loss_mask requires return_labels=True"),
+                             ({"return_num_valid_tokens": True}, "requires return_labels=True"),
+                             ({"position_mode": "doc"}, "position_mode must be"),
+                             ({"eos_token_id": -1}, "nonnegative integer"),
+                             ({"return_labels": True, "extra_fields": ["loss_mask"]}, "not label-aligned")]:
+        with pytest.raises(ConfigError, match=message):
+            empty.to_training(**options)
+    with pytest.raises(TypeError, match="not a string"):
+        empty.to_training(exclude_fields="ids")
+    with pytest.warns(UserWarning, match="eos_token_id is ignored"):
+        make_batch([[1, 2]]).to_training(eos_token_id=2)
+
+
+def test_arrow_batches_follow_the_same_output_contract():
+    b = make_batch([[1, 2, 3]], extra={"loss_mask": pa.array([[0, 1, 1]], pa.list_(pa.int8())),
+                                       "positions": pa.array([[0, 1, 0]], pa.list_(pa.int32()))})
+    assert b.to_training()["loss_mask"].tolist() == [[0, 1, 1]]
+    out = b.to_training(return_labels=True, return_cu_seqlens=True, flatten=True)
+    assert out["labels"].tolist() == [2, 3] and out["max_seqlen"] == 2 and isinstance(out["max_seqlen"], int)
+    with pytest.raises(ConfigError, match="target keys collide"):
+        b.to_training(rename_fields={"input_ids": "texts"})
+    with pytest.raises(ConfigError, match="source keys not in output"):
+        b.to_training(rename_fields={"labels": "targets"})
+    with pytest.raises(ConfigError, match="cannot overwrite generated field 'input_ids'"):
+        make_batch([[1, 2]], extra={"tokens": pa.array([[1, 2]])}).to_training(
+            tokens_field="tokens", extra_fields=["input_ids"])
+    with pytest.raises(ConfigError, match="requires a 'positions' field"):
+        make_batch([[1, 2]]).to_training(return_cu_seqlens=True)

@@ -33,7 +33,7 @@ NO_OP_OPTIONS = frozenset({
     "per_stage_runner", "mp_context", "worker_allocation", "default_stage_prefetch", "per_stage_prefetch",
     "ipc_transport", "ipc_buffer_bytes", "mixture_config", "allow_latency_flush_in_deterministic",
     "shutdown_mode", "mtp_prefetch",
-    "mtp_auto_checkpoint", "coalesce_tensors", "shm_min_size", "shm_enabled", "shm_coalesce",
+    "mtp_auto_checkpoint", "shm_enabled", "shm_coalesce",
     "shm_min_item_bytes", "shm_min_new_allocation_bytes", "shm_min_forward_bytes", "shm_compact_above_ratio",
     "shm_compact_min_savings_bytes", "shm_max_coalesced_bytes", "max_worker_retries", "aggregate_store",
     "aggregate_serializer", "aggregate_compressor",
@@ -74,8 +74,6 @@ class RuntimeOptions:
     dp_group_id: int | None = None
     canonical_replicas: int | None = None
     mapping_strategy: MappingStrategy | None = None
-    coalesce_tensors: bool = True
-    shm_min_size: int = 4096
     shm_enabled: bool = True
     shm_coalesce: bool = True
     shm_min_item_bytes: int = 4096
@@ -109,7 +107,9 @@ class RuntimeOptions:
         valid = self.field_names()
         unknown = sorted(set(hints) - set(valid))
         if unknown:
-            raise ConfigError(f"options(): unknown option(s) {unknown}. Valid options: {', '.join(valid)}.")
+            raise ConfigError(f"options(): unknown option(s) {unknown}. Valid options: {', '.join(valid)}. (Zephon "
+                              "0.2.0 warns and ignores an unknown option; zephon_columnar refuses it, so that a "
+                              "misspelt option never silently leaves the default in place.)")
         new = dataclasses.replace(self, **hints)
         new.validate_fields()
         return new

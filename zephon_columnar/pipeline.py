@@ -51,6 +51,7 @@ from zephon_columnar.engine.checkpoint import (
 )
 from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning, PipelineError, WrongTypeError, warn
 from zephon_columnar.ops.base import BaseOp
+from zephon_columnar.ops.config import MissingFieldMode, PackingAlgorithm, SpecialTokensMode
 from zephon_columnar.progress import Progress
 from zephon_columnar.ops.batch import BatchOp
 from zephon_columnar.io import fs
@@ -67,7 +68,6 @@ from zephon_columnar.validation import (
 from zephon_columnar.work.base import WorkSource
 
 if TYPE_CHECKING:  # the operators themselves are imported when a builder method adds them
-    from zephon_columnar.ops.config import PackingAlgorithm
     from zephon_columnar.ops.pack.spec import FlushStrategy, Homogeneity, ShuffleStrategy
     from zephon_columnar.ops.shuffle import ShuffleAlgorithm
 
@@ -159,10 +159,12 @@ class Pipeline:
         return self._add(DecodeTextOp(parallelism=parallelism, **kwargs))
 
     def tokenize(self, tokenizer: Any = None, tokenizer_id: str | None = None, *, field: str,
-                 missing_field: str = "error", add_attention_mask: bool = True, max_length: int | None = None,
+                 missing_field: MissingFieldMode = "error", add_attention_mask: bool = True,
+                 max_length: int | None = None,
                  padding: bool | str = False, truncation: bool = False, return_tensors: str | None = None,
                  split_long_samples: bool = False, use_fast: bool = True, preserve_upstream_payload: bool = False,
-                 special_tokens: str = "bos_eos", bos_token_id: int | None = None, eos_token_id: int | None = None,
+                 special_tokens: SpecialTokensMode = "bos_eos", bos_token_id: int | None = None,
+                 eos_token_id: int | None = None,
                  placement: str = "auto", parallelism: int | None = None) -> "Pipeline":
         """Tokenize ``field`` into ``input_ids`` (and ``attention_mask``) list<int32> columns.
 
@@ -417,7 +419,8 @@ class Pipeline:
                 given = [k for k, v in (("process_many", process_many), ("preserves_cursor_order",
                                         preserves_cursor_order), ("parallelism", parallelism)) if v is not None]
                 raise ConfigError(f"add_op({op.op_name()}, {', '.join(given + sorted(kwargs))}=...): an operator "
-                                  "instance brings its own traits and callables; pass only name= and placement=.")
+                                  "instance does not accept the kwargs form's fields: it brings its own traits and "
+                                  "callables; pass only name= and placement=.")
             if name:
                 op.name = name
             return self._add(op)

@@ -13,13 +13,16 @@ Example:
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sized
+from numbers import Integral
 from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, TypeAlias
 
 import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
-from zephon_columnar.errors import ConfigError
+from zephon_columnar.errors import ConfigError, WrongTypeError
+
 if TYPE_CHECKING:
     import torch
 
@@ -54,31 +57,57 @@ PADDING_LENGTH = F.PADDING_LENGTH  # trailing pad count of a packed row, when pa
 
 
 class SampleBatch:
-    """A lane-pure batch of rows, held as an Arrow table (payload + bookkeeping columns).
+    """A lane-pure batch of rows: an Arrow table (payload + bookkeeping columns), or the records
+    it was built from (``SampleBatch(records=[...])``, Zephon's form).
 
-    ``records`` gives row views; ``to_training`` gives torch tensors.
+    ``records`` gives row views; ``to_training`` gives training tensors. A batch built from
+    records keeps them as given (their payloads may be dicts, or numpy arrays / torch tensors of
+    token ids); its Arrow table is built only when asked for (``table``), and only dict payloads
+    have one.
     """
 
-    __slots__ = ("table", "_records", "_fields")
+    __slots__ = ("_table", "_records", "_fields", "_from_records")
 
     def __init__(self, table: pa.Table | Sequence[SampleRecord] | None = None, *,
                  records: Sequence[SampleRecord] | None = None, fields: FieldsByDataset | None = None) -> None:
         if (table is None) == (records is None):
             raise TypeError("SampleBatch: pass the rows once, as an Arrow table or as records "
                             "(SampleBatch(records=[...]), Zephon's form).")
-        given: tuple[SampleRecord, ...] | None = None
-        if table is None or not isinstance(table, pa.Table):
-            given = tuple(records if records is not None else table)  # type: ignore[arg-type]
-            table = frame_of_records(list(given))
-        self.table = table
-        # Records given are kept as given (their payload objects too): ``records`` returns them.
-        self._records: tuple[SampleRecord, ...] | None = given
         self._fields = fields
+        if table is None or not isinstance(table, pa.Table):
+            # Records are kept as given (their payload objects too): ``records`` returns them and
+            # to_training reads their payloads. The table is made on first use of ``table``.
+            self._records: tuple[SampleRecord, ...] | None = tuple(
+                records if records is not None else table)  # type: ignore[arg-type]
+            self._table: pa.Table | None = None
+            self._from_records = True
+        else:
+            self._records = None
+            self._table = table
+            self._from_records = False
+
+    @property
+    def table(self) -> pa.Table:
+        """The batch as an Arrow table. For a batch built from records it is made from them on
+        first use (tombstones left out); that needs dict payloads (WrongTypeError otherwise)."""
+        if self._table is None:
+            self._table = frame_of_records(list(self._records or ()))
+        return self._table
+
+    @table.setter
+    def table(self, value: pa.Table) -> None:
+        self._table = value
+        self._records = None
+        self._from_records = False
 
     def __len__(self) -> int:
+        if self._from_records:
+            return len(self._records or ())
         return self.table.num_rows
 
     def __repr__(self) -> str:
+        if self._from_records and self._table is None:
+            return f"SampleBatch(records={len(self)})"
         return f"SampleBatch(rows={self.table.num_rows}, fields={F.payload_names(self.table)})"
 
     @property
@@ -89,15 +118,38 @@ class SampleBatch:
 
     @property
     def ids(self) -> tuple[SampleId, ...]:
+        """Each row's sample id ``(dataset, shard, row)``, in batch order."""
+        if self._from_records:
+            return tuple(r.meta.sample_id for r in self._records or ())
         t = self.table
         return tuple(zip(*(t.column(c).to_pylist() for c in (F.DATASET, F.SHARD, F.ROW))))
 
     @property
+    def lane_ids(self) -> tuple[LaneId, ...]:
+        """Each row's lane, in batch order (a batch is lane-pure: one value repeated)."""
+        if self._from_records:
+            return tuple(r.meta.lane_id for r in self._records or ())
+        return tuple(int(x) for x in self.table.column(F.LANE).to_pylist())
+
+    @property
+    def chunk_ids(self) -> tuple[ChunkId, ...]:
+        """Each row's chunk id, in batch order."""
+        if self._from_records:
+            return tuple(r.meta.chunk_id for r in self._records or ())
+        return tuple(int(x) for x in self.table.column(F.CHUNK).to_pylist())
+
+    @property
     def lane_id(self) -> int:
+        """The batch's lane (-1 for an empty batch)."""
+        if self._from_records:
+            return int(self._records[0].meta.lane_id) if self._records else -1
         return int(self.table.column(F.LANE)[0].as_py()) if self.table.num_rows else -1
 
     @property
     def lineage_paths(self) -> tuple[tuple[int, ...], ...]:
+        """Each row's lineage (child indices after fan-out; ``()`` for an original row)."""
+        if self._from_records:
+            return tuple(tuple(r.meta.lineage) for r in self._records or ())
         return tuple(F.lineage_paths(self.table))
 
     def column(self, name: str) -> pa.ChunkedArray:
@@ -130,60 +182,118 @@ class SampleBatch:
         pad_token_id: int = 0,
         zero_copy: bool = False,
     ) -> dict[str, Any]:
-        """Training tensors for this batch: ``input_ids`` (B, L) int64 and friends.
+        """Training tensors for this batch: ``input_ids`` (B, L) and friends, plus ``ids``
+        (sample ids) and ``texts`` (payload ``text``, ``""`` where absent) as lists.
 
-        Rows of equal length become a (B, L) view of the Arrow buffer (one dtype copy at most,
-        int32 -> int64). Ragged rows are right-padded with ``pad_token_id`` (default 0) and the
-        pad is masked: ``padding_mask`` is True there, labels there are ``ignore_index``, and it
-        is left out of ``num_valid_tokens``. Packed rows' trailing pad (``meta.padding_length``)
-        is masked the same way.
-
-        Tensors never alias loader memory unless ``zero_copy=True``: then int64 token rows are
-        views of the Arrow buffers (no copy at all), which must not be modified in place (they
-        may be the in-memory dataset itself, or a cached row group read again later).
+        ``tokens_field="auto"`` takes the first of ``input_ids``, ``tokens``, ``token_ids``,
+        ``ids`` the rows have; the output is named ``input_ids`` whatever the field. ``dtype``:
+        ``"auto"`` (torch int64), a torch dtype, a numpy dtype, or None for per-row Python lists
+        (rows may then differ in length). Masks and sequence metadata keep their own dtypes:
+        ``loss_mask`` float32, ``padding_mask`` bool, ``cu_seqlens``/``max_seqlen`` int32.
 
         With ``return_labels`` the inputs are ``tokens[:, :-1]`` and labels ``tokens[:, 1:]``;
-        labels are ``ignore_index`` at pad, where a payload ``loss_mask`` is 0, and (with
-        ``eos_mask_loss``) where the input token is ``eos_token_id``. ``positions`` is forwarded
-        when the payload has it (``position_mode="sequence"`` gives ``0..L-1`` instead);
-        ``cu_seqlens``/``max_seqlen`` come from the zeros of positions. ``ids`` (sample ids)
-        and ``texts`` are always included.
+        extra fields and ``positions`` are sliced like the inputs. Labels are ``ignore_index``
+        at a row's pad tail (``meta.padding_length``), where a payload ``loss_mask`` (shifted
+        into label alignment, ``mask[:, 1:]``) is 0, and (with ``eos_mask_loss``) where the
+        input token is ``eos_token_id``. Without labels a payload ``loss_mask`` is passed
+        through as it is. ``return_loss_mask`` (float ``labels != ignore_index``) and
+        ``return_num_valid_tokens`` (a Python int) need ``return_labels``.
+        ``return_padding_mask``: True at each row's pad tail, input-aligned. ``positions`` is
+        forwarded when the payload has it (``position_mode="sequence"`` gives ``0..L-1`` per row
+        instead); ``cu_seqlens``/``max_seqlen`` come from the zeros of the payload positions
+        (required for them). ``flatten`` reshapes every (B, L) output to (B*L,); then
+        ``max_seqlen`` is a Python int. ``rename_fields`` (``{emitted: new}``; sources must be
+        emitted, targets must not collide) applies before ``exclude_fields``. An empty batch
+        gives lists (``{"ids": [], "texts": []}`` plus what was asked for).
+
+        Arrow-backed batches: rows of equal length become a (B, L) view of the Arrow buffer (one
+        dtype copy at most, int32 -> int64). Ragged rows are right-padded with ``pad_token_id``
+        and the pad is masked like a pad tail (padding mask, labels, valid-token count). Tensors
+        never alias loader memory unless ``zero_copy=True``: then int64 token rows are views of
+        the Arrow buffers, which must not be modified in place. Batches built from records are
+        converted from their payloads (dicts, or numpy arrays / torch tensors of token ids); their
+        rows must have equal lengths unless ``dtype=None``.
+
+        Raises:
+            ValueError (ConfigError): an option conflict (named in the message), a missing or
+                undetectable token field, a field missing from some rows, misaligned
+                ``loss_mask``/``positions``, a bad ``padding_length``, or a rename collision.
+            TypeError: ``exclude_fields`` given as one string, or payloads that are neither
+                dicts nor arrays (or a mix of both).
+
+        Warns:
+            UserWarning: ``eos_token_id`` given without ``eos_mask_loss=True`` (it is ignored).
 
         Example:
             >>> t = batch.to_training(return_labels=True, return_padding_mask=True)  # doctest: +SKIP
             >>> t["input_ids"].dtype, t["labels"].shape  # doctest: +SKIP
             (torch.int64, torch.Size([8, 2047]))
         """
-        if position_mode not in ("preserve", "sequence"):
-            raise ConfigError(f"to_training: position_mode={position_mode!r}; use 'preserve' or 'sequence'.")
-        if eos_mask_loss and eos_token_id is None:
-            raise ConfigError("to_training: eos_mask_loss=True needs eos_token_id=<id of your EOS token>.")
+        _check_training_options(
+            return_labels=return_labels, extra_fields=extra_fields, exclude_fields=exclude_fields,
+            return_num_valid_tokens=return_num_valid_tokens, return_loss_mask=return_loss_mask,
+            return_cu_seqlens=return_cu_seqlens, return_padding_mask=return_padding_mask,
+            eos_mask_loss=eos_mask_loss, eos_token_id=eos_token_id, position_mode=position_mode)
+        if (len(self._records or ()) if self._from_records else self.table.num_rows) == 0:
+            return _empty_training(
+                rename_fields, exclude_fields, return_num_valid_tokens=return_num_valid_tokens,
+                return_loss_mask=return_loss_mask, return_padding_mask=return_padding_mask,
+                return_cu_seqlens=return_cu_seqlens, position_mode=position_mode, flatten=flatten)
+        if self._from_records:
+            out = _records_training(
+                self._records or (), tokens_field=tokens_field, return_labels=return_labels, dtype=dtype,
+                extra_fields=extra_fields, ignore_index=ignore_index, flatten=flatten,
+                return_num_valid_tokens=return_num_valid_tokens, return_loss_mask=return_loss_mask,
+                return_cu_seqlens=return_cu_seqlens, return_padding_mask=return_padding_mask,
+                eos_token_id=eos_token_id if eos_mask_loss else None, position_mode=position_mode)
+        else:
+            out = self._table_training(
+                tokens_field=tokens_field, return_labels=return_labels, dtype=dtype,
+                extra_fields=extra_fields, ignore_index=ignore_index, flatten=flatten,
+                return_num_valid_tokens=return_num_valid_tokens, return_loss_mask=return_loss_mask,
+                return_cu_seqlens=return_cu_seqlens, return_padding_mask=return_padding_mask,
+                eos_token_id=eos_token_id if eos_mask_loss else None, position_mode=position_mode,
+                pad_token_id=pad_token_id, zero_copy=zero_copy)
+        return _rename_and_exclude(out, rename_fields, exclude_fields)
+
+    def _table_training(self, *, tokens_field: str, return_labels: bool, dtype: Any, extra_fields: Sequence[str],
+                        ignore_index: int, flatten: bool, return_num_valid_tokens: bool, return_loss_mask: bool,
+                        return_cu_seqlens: bool, return_padding_mask: bool, eos_token_id: int | None,
+                        position_mode: PositionMode, pad_token_id: int, zero_copy: bool) -> dict[str, Any]:
+        """to_training of an Arrow-backed batch (options already checked; rename/exclude left
+        to the caller): vectorized over the Arrow buffers, no per-row Python loop."""
         table = self.table
         field_name = _resolve_tokens_field(table, tokens_field)
         tokens, lengths = _stack_list_column(table.column(field_name), pad_token_id, field_name)
         b, s = tokens.shape
         pad = _pad_mask(lengths, b, s, table)
-        schema = table.schema
-        names = _Names(schema)
+        names = _Names(table.schema)
+
+        reserved = ("ids", "texts", "input_ids") + (("labels",) if return_labels else ()) \
+            + (("padding_mask",) if return_padding_mask else ())
+        for name in extra_fields:
+            if name in reserved:
+                raise ConfigError(f"to_training: extra_fields cannot overwrite generated field {name!r}; "
+                                  "rename the payload field or drop it from extra_fields.")
 
         loss_mask_payload = None
         if "loss_mask" in names and field_name != "loss_mask":
-            if return_labels and "loss_mask" in extra_fields:
-                raise ConfigError("to_training: 'loss_mask' is consumed automatically with return_labels; "
-                                  "remove it from extra_fields.")
             loss_mask_payload, _ = _stack_list_column(table.column("loss_mask"), 0, "loss_mask")
 
-        positions = None
+        payload_positions = None
+        if "positions" in names:
+            payload_positions, _ = _stack_list_column(table.column("positions"), 0, "positions")
+        if return_cu_seqlens and payload_positions is None:
+            raise ConfigError(_NEEDS_POSITIONS)
+        positions = payload_positions
         if position_mode == "sequence":
             positions = np.broadcast_to(np.arange(s, dtype=np.int64), (b, s))
-        elif "positions" in names:
-            positions, _ = _stack_list_column(table.column("positions"), 0, "positions")
 
         extras = {}
         for name in extra_fields:
             if name not in names:
-                raise ConfigError(f"to_training: extra field {name!r} is not in the batch "
-                                  f"(fields: {F.payload_names(table)}).")
+                raise ConfigError(f"to_training: Extra field {name!r} not found in the batch "
+                                        f"(fields: {F.payload_names(table)}); drop it from extra_fields.")
             extras[name], _ = _stack_list_column(table.column(name), 0, name)
 
         out: dict[str, Any] = {}
@@ -191,22 +301,24 @@ class SampleBatch:
         # the masks below are then built only when asked for.
         if return_labels:
             inputs, labels = tokens[:, :-1], tokens[:, 1:]
-            valid = _valid_mask(pad, loss_mask_payload, inputs, eos_token_id if eos_mask_loss else None,
-                                shape=labels.shape, shift=1)
+            valid = _valid_mask(pad, loss_mask_payload, inputs, eos_token_id, shape=labels.shape, shift=1)
             out["input_ids"] = inputs
             out["labels"] = labels if valid is None else np.where(valid, labels, ignore_index)
             input_pad = None if pad is None else pad[:, :-1]
             if positions is not None:
                 positions = positions[:, :-1]
+            if payload_positions is not None:
+                payload_positions = payload_positions[:, :-1]
             extras = {k: v[:, :-1] for k, v in extras.items()}
         else:
-            valid = _valid_mask(pad, loss_mask_payload, tokens, eos_token_id if eos_mask_loss else None,
-                                shape=tokens.shape, shift=0)
+            valid = None
             input_pad = pad
             out["input_ids"] = tokens
         if positions is not None:
             out["positions"] = positions
         out.update(extras)
+        if loss_mask_payload is not None and not return_labels and "loss_mask" not in out:
+            out["loss_mask"] = loss_mask_payload  # passed through as the payload has it
         shape = out["input_ids"].shape
         if return_loss_mask:
             out["loss_mask"] = np.ones(shape, np.float32) if valid is None else valid.astype(np.float32)
@@ -214,21 +326,450 @@ class SampleBatch:
             input_pad = np.zeros(shape, dtype=bool) if input_pad is None else input_pad
         if return_padding_mask:
             out["padding_mask"] = input_pad
+        meta: dict[str, Any] = {}
         if return_cu_seqlens:
-            out["cu_seqlens"], out["max_seqlen"] = _cu_seqlens(positions, input_pad, flatten)
+            cu, max_seqlen = _cu_seqlens(payload_positions, input_pad, flatten)
+            meta = {"cu_seqlens": cu, "max_seqlen": int(max_seqlen) if flatten else max_seqlen}
         if flatten:
-            out = {k: (v.reshape(-1) if k not in ("cu_seqlens", "max_seqlen") else v) for k, v in out.items()}
-
+            out = {k: v.reshape(-1) for k, v in out.items()}
         out = {k: _convert(v, dtype, k, zero_copy) for k, v in out.items()}
+        out.update({k: (v if isinstance(v, int) else _convert(v, dtype, k, zero_copy)) for k, v in meta.items()})
         if return_num_valid_tokens:
             out["num_valid_tokens"] = int(shape[0] * shape[1]) if valid is None else int(valid.sum())
         out["ids"] = list(self.ids)
         out["texts"] = table.column("text").to_pylist() if "text" in names else [""] * b
-        if rename_fields:
-            out = {rename_fields.get(k, k): v for k, v in out.items()}
-        for name in exclude_fields:
-            out.pop(name, None)
         return out
+
+
+# ---------------------------------------------------------------------- option checks
+_NEEDS_POSITIONS = ("to_training: return_cu_seqlens requires a 'positions' field in every payload (the document "
+                    "boundaries); pack with pack_flat(emit_positions=True), or drop return_cu_seqlens.")
+
+
+def _check_training_options(*, return_labels: bool, extra_fields: Sequence[str], exclude_fields: Sequence[str],
+                            return_num_valid_tokens: bool, return_loss_mask: bool, return_cu_seqlens: bool,
+                            return_padding_mask: bool, eos_mask_loss: bool, eos_token_id: Any,
+                            position_mode: str) -> None:
+    """Reject conflicting or malformed to_training options before any data is read (so an empty
+    batch rejects them too); warn about an ``eos_token_id`` that would be ignored."""
+    if isinstance(exclude_fields, str):
+        raise WrongTypeError(f"to_training: exclude_fields must be a sequence of names, not a string; "
+                             f"write exclude_fields=({exclude_fields!r},).")
+    if return_loss_mask and not return_labels:
+        raise ConfigError("to_training: return_loss_mask requires return_labels=True (the mask is label-aligned); "
+                          "without labels a payload 'loss_mask' is passed through as it is.")
+    if return_padding_mask and "padding_mask" in extra_fields:
+        raise ConfigError("to_training: extra_fields cannot include 'padding_mask' with return_padding_mask=True; "
+                          "drop one of them.")
+    if position_mode not in ("preserve", "sequence"):
+        raise ConfigError(f"to_training: position_mode must be 'preserve' or 'sequence', not {position_mode!r}.")
+    if eos_token_id is not None and (isinstance(eos_token_id, bool) or not isinstance(eos_token_id, Integral)
+                                     or eos_token_id < 0):
+        raise ConfigError(f"to_training: eos_token_id must be a nonnegative integer or None, not {eos_token_id!r}.")
+    if eos_mask_loss and not return_labels:
+        raise ConfigError("to_training: eos_mask_loss requires return_labels=True (it masks the labels whose input "
+                          "token is eos_token_id).")
+    if eos_mask_loss and eos_token_id is None:
+        raise ConfigError("to_training: eos_mask_loss requires an explicit eos_token_id (the id of your EOS token).")
+    if eos_token_id is not None and not eos_mask_loss:
+        warnings.warn("to_training: eos_token_id is ignored when eos_mask_loss=False; pass eos_mask_loss=True to "
+                      "mask the labels predicted from EOS tokens.", UserWarning, stacklevel=3)
+    if return_cu_seqlens and {"cu_seqlens", "max_seqlen"}.intersection(extra_fields):
+        raise ConfigError("to_training: extra_fields cannot include 'cu_seqlens' or 'max_seqlen' with "
+                          "return_cu_seqlens=True; drop one of them.")
+    if return_num_valid_tokens:
+        if not return_labels:
+            raise ConfigError("to_training: return_num_valid_tokens requires return_labels=True (it counts labels).")
+        if "num_valid_tokens" in extra_fields:
+            raise ConfigError("to_training: extra_fields cannot include 'num_valid_tokens' with "
+                              "return_num_valid_tokens=True; drop one of them.")
+    if return_labels and "loss_mask" in extra_fields:
+        raise ConfigError("to_training: extra_fields cannot include 'loss_mask' with return_labels=True: extra "
+                          "fields are input-aligned, not label-aligned. The payload mask already masks the labels; "
+                          "use return_loss_mask=True for the label-aligned mask, or return_labels=False for the "
+                          "raw mask.")
+
+
+def _empty_training(rename_fields: Mapping[str, str] | None, exclude_fields: Sequence[str], *,
+                    return_num_valid_tokens: bool, return_loss_mask: bool, return_padding_mask: bool,
+                    return_cu_seqlens: bool, position_mode: str, flatten: bool) -> dict[str, Any]:
+    """to_training of an empty batch: lists (there is no row to stack), and what was asked for."""
+    out: dict[str, Any] = {"ids": [], "texts": []}
+    if return_num_valid_tokens:
+        out["num_valid_tokens"] = 0
+    if return_loss_mask:
+        out["loss_mask"] = []
+    if return_padding_mask:
+        out["padding_mask"] = []
+    if position_mode == "sequence":
+        out["positions"] = []
+    if return_cu_seqlens:
+        out["cu_seqlens"] = [0] if flatten else []
+        out["max_seqlen"] = 0 if flatten else []
+    return _rename_and_exclude(out, rename_fields, exclude_fields, allow_missing_sources=True)
+
+
+def _rename_and_exclude(out: dict[str, Any], rename_fields: Mapping[str, str] | None,
+                        exclude_fields: Sequence[str], *, allow_missing_sources: bool = False) -> dict[str, Any]:
+    """Apply ``rename_fields`` (every source must be an emitted key, unless the batch is empty;
+    final names must be unique, so swaps are fine), then drop ``exclude_fields`` (final names;
+    absent ones are ignored)."""
+    if rename_fields:
+        missing = [k for k in rename_fields if k not in out]
+        if missing and not allow_missing_sources:
+            raise ConfigError(f"to_training: rename_fields source keys not in output: {missing}; the output has "
+                              f"{list(out)}.")
+        finals = [rename_fields.get(k, k) for k in out]
+        collisions = sorted({k for k in finals if finals.count(k) > 1})
+        if collisions:
+            raise ConfigError(f"to_training: rename_fields target keys collide: {collisions}; give each output "
+                              "a distinct name (or exclude one of them by its name before renaming).")
+        out = {rename_fields.get(k, k): v for k, v in out.items()}
+    for name in exclude_fields:
+        out.pop(name, None)
+    return out
+
+
+# ---------------------------------------------------------------------- batches of records
+_Framework: TypeAlias = "Literal['torch', 'numpy'] | None"
+
+
+def _resolve_dtype(dtype: Any) -> tuple[Any, _Framework]:
+    """(dtype, framework) of to_training's ``dtype``: "auto" is torch int64 (numpy int64 without
+    torch), None is Python lists, a torch dtype is torch, anything numpy understands is numpy."""
+    if dtype is None:
+        return None, None
+    if isinstance(dtype, str) and dtype == "auto":
+        try:
+            import torch
+        except ImportError:
+            return np.dtype(np.int64), "numpy"
+        return torch.long, "torch"
+    if type(dtype).__module__.split(".")[0] == "torch":
+        return dtype, "torch"
+    try:
+        return np.dtype(dtype), "numpy"
+    except TypeError as err:
+        raise ConfigError(f"to_training: dtype={dtype!r} is not a dtype; use 'auto', a torch dtype, a numpy dtype, "
+                          "or None for lists.") from err
+
+
+def _record_pad_length(meta: Any) -> int:
+    """A record's trailing pad count (``meta.padding_length``, or Zephon's
+    ``tags['_packing_metadata']['padding_length']``); 0 when it has none."""
+    n = getattr(meta, "padding_length", None)
+    if n is None:
+        packing = (getattr(meta, "tags", None) or {}).get("_packing_metadata")
+        n = packing.get("padding_length") if packing else None
+    return int(n or 0)
+
+
+def _has_length(value: Any) -> bool:
+    """Whether a payload value can be a token sequence (what tokens_field="auto" accepts)."""
+    return isinstance(value, (int, Sized)) or hasattr(value, "shape") or callable(getattr(value, "item", None))
+
+
+def _row_len(row: Any) -> int | None:
+    try:
+        return len(row)
+    except TypeError:
+        return None
+
+
+def _is_nested(rows: Any) -> bool:
+    """Whether list rows hold containers rather than scalars (not a (B, L) batch)."""
+    return any(isinstance(v, (list, tuple, dict, str, bytes)) or getattr(v, "ndim", 0) != 0
+               for row in rows for v in row)
+
+
+def _stack_rows(rows: list[Any], dtype: Any, fw: _Framework, name: str) -> Any:
+    """One batch of ``rows`` (lists, numpy arrays or torch tensors): a tensor / array of ``dtype``,
+    or a list of per-row lists when ``fw`` is None. Rows of different lengths only stack as lists."""
+    if fw is None:
+        return [list(row) for row in rows]
+    try:
+        if fw == "torch":
+            import torch
+
+            if isinstance(rows[0], torch.Tensor):
+                return torch.stack(list(rows)).to(dtype=dtype)
+            if isinstance(rows[0], np.ndarray):
+                return torch.from_numpy(np.stack(rows)).to(dtype=dtype)
+            return torch.tensor(rows, dtype=dtype)
+        return np.stack([np.asarray(row, dtype=dtype) for row in rows])
+    except (ValueError, RuntimeError, TypeError) as err:
+        lengths = sorted({n for n in map(_row_len, rows) if n is not None})
+        raise ConfigError(f"to_training: the rows of {name!r} do not stack into one {fw} array (row lengths "
+                          f"{lengths[:8]}: {err}). Give every row the same length (pack_flat), or pass dtype=None "
+                          "for per-row lists.") from err
+
+
+def _fill_where(x: Any, cond: Any, value: int, fw: _Framework) -> Any:
+    """``x`` with ``value`` where ``cond`` (a new array; ``x`` is left as it is)."""
+    if fw == "torch":
+        return x.masked_fill(cond, value)
+    return np.where(cond, np.asarray(value).astype(x.dtype), x)
+
+
+def _check_pad_lengths(pads: list[int], lengths: list[int]) -> None:
+    for i, (n, length) in enumerate(zip(pads, lengths)):
+        if not 0 <= n <= length:
+            raise ConfigError(f"to_training: padding_length {n} of the record at index {i} must lie within its "
+                              f"token row's length ({length}); fix the record's meta.")
+
+
+def _records_training(records: Sequence[SampleRecord], *, tokens_field: str, return_labels: bool, dtype: Any,
+                      extra_fields: Sequence[str], ignore_index: int, flatten: bool, return_num_valid_tokens: bool,
+                      return_loss_mask: bool, return_cu_seqlens: bool, return_padding_mask: bool,
+                      eos_token_id: int | None, position_mode: PositionMode) -> dict[str, Any]:
+    """to_training of a batch built from (at least one) records, from their payloads: dicts with
+    a token field, or numpy arrays / torch tensors that are the token rows themselves (then there
+    is no text, extra field, loss mask or positions). Options are already checked; rename and
+    exclude are left to the caller. Payloads are never modified."""
+    payloads = [r.payload for r in records]
+    token_rows, texts, extras, mask_rows, field_name = _payload_rows(payloads, tokens_field, extra_fields)
+    if return_cu_seqlens:
+        if "positions" not in extras:
+            raise ConfigError(_NEEDS_POSITIONS)
+        for i, (tok, pos) in enumerate(zip(token_rows, extras["positions"])):
+            if not isinstance(pos, Sized) or not isinstance(tok, Sized) or len(pos) != len(tok):
+                raise ConfigError(f"to_training: 'positions' must match the token sequence length at index {i} "
+                                  f"(got {pos!r:.60} for {_row_len(tok)} tokens).")
+    dtype, fw = _resolve_dtype(dtype)
+    out: dict[str, Any] = {"ids": [r.meta.sample_id for r in records], "texts": texts}
+    tokens = _stack_rows(token_rows, dtype, fw, field_name)
+    row_lengths = [len(row) for row in tokens] if fw is None else None
+    if fw is not None:
+        width = tokens.shape[1] if tokens.ndim >= 2 else 0
+    pads = [_record_pad_length(r.meta) for r in records] if return_labels or return_padding_mask else []
+    shift = int(return_labels)
+    if return_padding_mask:
+        if fw is not None and tokens.ndim != 2:
+            raise ConfigError(f"to_training: return_padding_mask requires 2-D tokens; {field_name!r} stacks to "
+                              f"shape {tuple(tokens.shape)}.")
+        _check_pad_lengths(pads, row_lengths if fw is None else [width] * len(pads))
+        if fw is None:
+            out["padding_mask"] = [[False] * min(n_row - n, max(0, n_row - shift)) + [True] * max(0, n - shift)
+                                   for n_row, n in zip(row_lengths, pads)]
+        else:
+            cutoff = np.asarray([width - n for n in pads], dtype=np.int64)
+            mask = np.arange(max(0, width - shift))[None, :] >= cutoff[:, None]
+            out["padding_mask"] = _to_fw(mask, fw, tokens)
+
+    if return_labels:
+        if fw is None:
+            out["input_ids"] = [row[:-1] for row in tokens]
+            labels = [row[1:] for row in tokens]
+        else:
+            out["input_ids"], labels = tokens[..., :-1], tokens[..., 1:]
+        if any(pads):
+            _check_pad_lengths(pads, row_lengths if fw is None else [width] * len(pads))
+            # After the shift a row's last ``pad`` labels are its pad tokens (one fewer when the
+            # whole row is pad: the shift drops one of them).
+            label_pads = [n - int(0 < n == (row_lengths[i] if fw is None else width)) for i, n in enumerate(pads)]
+            if fw is None:
+                labels = [row[:len(row) - n] + [ignore_index] * n if n else row for row, n in zip(labels, label_pads)]
+            else:
+                lw = labels.shape[-1]
+                cut = np.asarray([lw - n for n in label_pads], dtype=np.int64)
+                labels = _fill_where(labels, _to_fw(np.arange(lw)[None, :] >= cut[:, None], fw, labels),
+                                     ignore_index, fw)
+        out["labels"] = labels
+    else:
+        out["input_ids"] = tokens
+
+    for name, rows in extras.items():
+        if name in out:
+            raise ConfigError(f"to_training: extra_fields cannot overwrite generated field {name!r}; rename the "
+                              "payload field or drop it from extra_fields.")
+        if name == "positions" and position_mode == "sequence" and not return_cu_seqlens:
+            continue  # replaced below; the payload's positions are only needed for boundaries
+        stacked = _stack_rows(rows, dtype, fw, name)
+        if return_labels:
+            stacked = [row[:-1] for row in stacked] if fw is None else stacked[..., :-1]
+        out[name] = stacked
+
+    if mask_rows is not None:
+        masks = _stack_rows(mask_rows, dtype, fw, "loss_mask")
+        if return_labels:
+            # mask[i] gates token i as a label, i.e. label position i - 1: shift like labels.
+            if fw is None:
+                out["labels"] = [[lab if m else ignore_index for lab, m in zip(row, mrow[1:])]
+                                 for row, mrow in zip(out["labels"], masks)]
+            else:
+                out["labels"] = _fill_where(out["labels"], masks[..., 1:] == 0, ignore_index, fw)
+        elif "loss_mask" not in out:
+            out["loss_mask"] = masks
+
+    if eos_token_id is not None:
+        if fw is None:
+            out["labels"] = [[ignore_index if tok == eos_token_id else lab for tok, lab in zip(trow, lrow)]
+                             for trow, lrow in zip(out["input_ids"], out["labels"])]
+        else:
+            out["labels"] = _fill_where(out["labels"], out["input_ids"] == eos_token_id, ignore_index, fw)
+
+    if return_loss_mask:
+        if fw is None:
+            out["loss_mask"] = [[float(v != ignore_index) for v in row] for row in out["labels"]]
+        elif fw == "torch":
+            out["loss_mask"] = (out["labels"] != ignore_index).float()
+        else:
+            out["loss_mask"] = (out["labels"] != ignore_index).astype(np.float32)
+    num_valid = None
+    if return_num_valid_tokens:
+        if fw is None:
+            num_valid = sum(v != ignore_index for row in out["labels"] for v in row)
+        else:
+            num_valid = (out["labels"] != ignore_index).sum()
+        num_valid = int(num_valid)
+
+    meta: dict[str, Any] = {}
+    if return_cu_seqlens:
+        positions = out["positions"]
+        if fw is not None and tuple(positions.shape) != tuple(out["input_ids"].shape):
+            raise ConfigError(f"to_training: 'positions' must match the input_ids shape "
+                              f"({tuple(positions.shape)} != {tuple(out['input_ids'].shape)}).")
+        meta = dict(zip(("cu_seqlens", "max_seqlen"), _row_cu_seqlens(positions, fw, flatten)))
+
+    if position_mode == "sequence":
+        inputs = out["input_ids"]
+        if (fw is None and _is_nested(inputs)) or (fw is not None and inputs.ndim != 2):
+            raise ConfigError("to_training: position_mode='sequence' requires 2-D input_ids (one token id per "
+                              f"position); {field_name!r} holds nested values.")
+        if fw is None:
+            out["positions"] = [list(range(len(row))) for row in inputs]
+        elif fw == "torch":
+            import torch
+
+            out["positions"] = torch.arange(inputs.shape[1], dtype=inputs.dtype,
+                                            device=inputs.device).repeat(inputs.shape[0], 1)
+        else:
+            out["positions"] = np.tile(np.arange(inputs.shape[1], dtype=inputs.dtype), (inputs.shape[0], 1))
+
+    if flatten:
+        out = {k: v if k in ("ids", "texts") else
+               ([x for row in v for x in row] if fw is None else v.reshape(-1)) for k, v in out.items()}
+    if num_valid is not None:
+        out["num_valid_tokens"] = num_valid
+    out.update(meta)
+    return out
+
+
+def _payload_rows(payloads: list[Any], tokens_field: str, extra_fields: Sequence[str]
+                  ) -> tuple[list[Any], list[str], dict[str, list[Any]], list[Any] | None, str]:
+    """(token rows, texts, extra rows by name (with ``positions`` when the payloads have it),
+    loss-mask rows or None, token field name) of a batch's payloads."""
+    if not isinstance(payloads[0], dict):
+        for i, p in enumerate(payloads):
+            if isinstance(p, dict):
+                raise WrongTypeError(f"to_training: mixed payload types at index {i} (expected all arrays, got "
+                                     "dict); give every record of a batch the same kind of payload.")
+            if not hasattr(p, "shape") or isinstance(p, (str, bytes)):
+                raise WrongTypeError(f"to_training expects dict or array-like (numpy/torch) payloads; the record at "
+                                     f"index {i} has a {type(p).__name__}.")
+        return payloads, [""] * len(payloads), {}, None, "payload"
+    for i, p in enumerate(payloads):
+        if not isinstance(p, dict):
+            raise WrongTypeError(f"to_training: Expected dict payload, got: {type(p).__name__} (record at index {i}); "
+                                 "give every record of a batch the same kind of payload.")
+    texts = [str(p.get("text", "")) for p in payloads]
+    name = tokens_field
+    if tokens_field == "auto":
+        first = payloads[0]
+        found = [c for c in TOKEN_FIELD_CANDIDATES if c in first and _has_length(first[c])]
+        if not found:
+            raise ConfigError(f"to_training: Cannot auto-detect tokens field; payload keys: {list(first)}. Expected "
+                              f"one of: {', '.join(TOKEN_FIELD_CANDIDATES)}; or pass tokens_field=<name>.")
+        name = found[0]
+    for i, p in enumerate(payloads):
+        if name not in p:
+            raise ConfigError(f"to_training: Field {name!r} not found in payload at index {i} (tokens_field); "
+                              "every record needs it.")
+    token_rows = [p[name] for p in payloads]
+    extras: dict[str, list[Any]] = {}
+    for field_name in extra_fields:
+        for i, p in enumerate(payloads):
+            if field_name not in p:
+                raise ConfigError(f"to_training: Extra field {field_name!r} not found in payload at index {i}; "
+                                  "drop it from extra_fields or add it to every record.")
+        extras[field_name] = [p[field_name] for p in payloads]
+    if "positions" in payloads[0] and "positions" not in extras:
+        for i, p in enumerate(payloads):
+            if "positions" not in p:
+                raise ConfigError(f"to_training: 'positions' present in some payloads but missing at index {i}; "
+                                  "give every record positions or none.")
+        extras["positions"] = [p["positions"] for p in payloads]
+    mask_rows = None
+    if "loss_mask" in payloads[0]:
+        for i, (p, tok) in enumerate(zip(payloads, token_rows)):
+            if "loss_mask" not in p:
+                raise ConfigError(f"to_training: 'loss_mask' present in some payloads but missing at index {i}; "
+                                  "give every record a loss_mask or none.")
+            mask = p["loss_mask"]
+            if not isinstance(mask, Sized) or not isinstance(tok, Sized):
+                raise ConfigError(f"to_training: 'loss_mask' and {name!r} must be sequences at index {i}.")
+            if len(mask) != len(tok):
+                raise ConfigError(f"to_training: 'loss_mask' length {len(mask)} does not match {name!r} length "
+                                  f"{len(tok)} at index {i}.")
+        mask_rows = [p["loss_mask"] for p in payloads]
+    return token_rows, texts, extras, mask_rows, name
+
+
+def _to_fw(mask: np.ndarray, fw: _Framework, like: Any) -> Any:
+    """A numpy array as the framework's array (a torch tensor on ``like``'s device)."""
+    if fw == "torch":
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(mask)).to(device=like.device)
+    return mask
+
+
+def _row_cu_seqlens(positions: Any, fw: _Framework, flatten: bool) -> tuple[Any, Any]:
+    """int32 cumulative segment boundaries (a segment starts where the position is 0) and
+    segment maxima of input-aligned positions: per row, padded with the row's length to the
+    batch's largest count ((B, K) and (B,)); flattened, one compact sequence over the batch and
+    a Python int. Lists give Python ints."""
+    if fw is None:
+        if _is_nested(positions):
+            raise ConfigError("to_training: return_cu_seqlens requires 2-D positions (one number per token).")
+        bounds: list[list[int]] = []
+        maxima: list[int] = []
+        flat: list[int] = []
+        offset = 0
+        for row in positions:
+            row = list(row)
+            if row and row[0] != 0:
+                raise ConfigError("to_training: positions must start at zero in every nonempty row "
+                                  f"(a row starts at {row[0]}).")
+            starts = [i for i, v in enumerate(row) if v == 0]
+            cu = starts + [len(row)]
+            maxima.append(max((b - a for a, b in zip(cu, cu[1:])), default=0))
+            flat.extend(offset + s for s in starts)
+            offset += len(row)
+            bounds.append(cu)
+        if flatten:
+            return flat + [offset], max(maxima, default=0)
+        k = max(map(len, bounds), default=0)
+        return [cu + [cu[-1]] * (k - len(cu)) for cu in bounds], maxima
+    arr = positions.detach().cpu().numpy() if fw == "torch" else np.asarray(positions)
+    if arr.ndim != 2:
+        raise ConfigError(f"to_training: return_cu_seqlens requires 2-D positions, not shape {arr.shape}.")
+    b, s = arr.shape
+    if s and bool((arr[:, 0] != 0).any()):
+        raise ConfigError("to_training: positions must start at zero in every nonempty row.")
+    if (arr.size if flatten else s) > 2**31 - 1:
+        raise ConfigError("to_training: cumulative sequence lengths exceed the int32 range; use shorter batches.")
+    if flatten:
+        cu = np.append(np.flatnonzero(arr.reshape(-1) == 0), arr.size).astype(np.int32)
+        return _to_fw(cu, fw, positions), int(np.diff(cu).max(initial=0))
+    starts = arr == 0
+    counts = starts.sum(axis=1)
+    k = int(counts.max(initial=0)) + 1
+    cu = np.full((b, k), s, dtype=np.int32)
+    rows, cols = np.nonzero(starts)
+    cu[rows, np.arange(len(rows)) - (np.cumsum(counts) - counts)[rows]] = cols
+    maxima = np.diff(cu, axis=1).max(axis=1, initial=0).astype(np.int32)
+    return _to_fw(cu, fw, positions), _to_fw(maxima, fw, positions)
 
 
 # ---------------------------------------------------------------------- helpers
@@ -262,15 +803,15 @@ def _resolve_tokens_field(table: pa.Table, tokens_field: str) -> str:
     names = _Names(table.schema)
     if tokens_field != "auto":
         if tokens_field not in names:
-            raise ConfigError(f"to_training: tokens_field={tokens_field!r} is not in the batch "
-                              f"(fields: {F.payload_names(table)}).")
+            raise ConfigError(f"to_training: Field {tokens_field!r} (tokens_field) not found in the batch "
+                              f"(fields: {F.payload_names(table)}); pass one of them.")
         return tokens_field
     for cand in TOKEN_FIELD_CANDIDATES:
         if cand in names:
             return cand
     raise ConfigError(
-        f"to_training: no token field in the batch (looked for {list(TOKEN_FIELD_CANDIDATES)}; "
-        f"fields: {F.payload_names(table)}). Tokenize first or pass tokens_field=<name>."
+        f"to_training: Cannot auto-detect tokens field: no token field in the batch (looked for "
+        f"{list(TOKEN_FIELD_CANDIDATES)}; fields: {F.payload_names(table)}). Tokenize first or pass tokens_field=<name>."
     )
 
 

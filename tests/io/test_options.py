@@ -3,6 +3,7 @@ and ``limit_bytes`` taking effect (least recently used copies evicted) through `
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pyarrow as pa
@@ -12,7 +13,7 @@ import pytest
 import zephon_columnar as zephon
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.io import fs
-from zephon_columnar.io.options import CacheOptions, ParquetOptions, StoreOptions, parse_bytes
+from zephon_columnar.io.options import CacheOptions, ParquetOptions, ParquetRGCacheOptions, StoreOptions, parse_bytes
 
 
 def test_from_any_takes_none_an_instance_or_a_dict_with_nested_dicts():
@@ -115,3 +116,143 @@ def test_process_workers_read_through_the_cache_io_options_name(tmp_path, web_di
             break
     assert {r["pid"] for r in rows} - {os.getpid()}, "no frame reached the worker process"
     assert {(r["root"], r["limit"]) for r in rows} == {(str(tmp_path / "c"), 3 * 2**20)}
+
+
+# Zephon's supplied-field contract: omitted fields never override in a merge; explicit None resets
+# a field to its default (thread counts keep None: "leave the pool as it is").
+
+def test_merge_takes_only_supplied_fields_and_explicit_none_resets():
+    base = CacheOptions(enabled=True, root="/a", limit_bytes="1gb", download_retry=3, open_retry_max_backoff=5.0)
+    assert base.supplied_fields() == {"enabled", "root", "limit_bytes", "download_retry", "open_retry_max_backoff"}
+    assert base.merge(CacheOptions()) == base  # nothing supplied: nothing changes
+    assert base.merge(CacheOptions.from_any({})) == base
+    partial = base.merge(CacheOptions(download_retry=7))
+    assert (partial.download_retry, partial.root, partial.limit_bytes) == (7, "/a", 1 << 30)
+    for name in ("enabled", "root", "limit_bytes", "download_retry", "open_retry_max_backoff"):
+        reset = base.merge(CacheOptions.from_any({name: None}))
+        assert getattr(reset, name) == getattr(CacheOptions(), name)
+        assert all(getattr(reset, other) == getattr(base, other) for other in base.supplied_fields() - {name})
+    assert base.merge(CacheOptions.from_any(None)) == CacheOptions()  # from_any(None) supplies every default
+    assert CacheOptions.from_any(None).supplied_fields() == {f.name for f in dataclasses.fields(CacheOptions)}
+
+
+def test_new_cache_fields_have_zephons_defaults_and_feed_the_metadata_policy():
+    c = CacheOptions()
+    assert (c.open_retry_initial_backoff, c.open_retry_max_backoff, c.min_slack_bytes, c.max_slack_bytes) == \
+        (0.1, 2.0, 512 << 10, 64 << 20)
+    assert c.metadata_policy() == fs.METADATA_POLICY
+    policy = CacheOptions(open_retry_attempts=2, open_retry_initial_backoff=0.5,
+                          open_retry_max_backoff=4).metadata_policy()
+    assert (policy.attempts, policy.first_delay_s, policy.max_delay_s) == (2, 0.5, 4)
+    assert CacheOptions(min_slack_bytes="1kb").min_slack_bytes == 1024
+
+
+@pytest.mark.parametrize("kind, field, default", [("arrow", "cpu_threads", 1), ("arrow", "io_threads", 1),
+                                                  ("vortex", "worker_threads", 1), ("lance", "worker_threads", 2)])
+def test_thread_counts_keep_explicit_none_and_reset_on_a_none_group(kind, field, default):
+    get = lambda opts: getattr(getattr(opts, kind), field)  # noqa: E731
+    assert get(StoreOptions()) == default
+    base = StoreOptions.from_any({kind: {field: 3}})
+    assert get(base.merge(StoreOptions())) == 3
+    kept = base.merge({kind: {field: None}})
+    assert get(kept) is None and get(kept.merge(StoreOptions())) is None
+    assert get(base.merge({kind: None})) == default
+    assert get(base.merge(StoreOptions.from_any(None))) == default
+
+
+@pytest.mark.parametrize("value, fragment", [
+    ({"arrow": {"cpu_threads": 0}}, "arrow.cpu_threads"),
+    ({"arrow": {"io_threads": True}}, "arrow.io_threads"),
+    ({"lance": {"worker_threads": 0}}, "lance.worker_threads"),
+    ({"vortex": {"worker_threads": -1}}, "vortex.worker_threads"),
+    ({"vortex": {"worker_threads": "2"}}, "vortex.worker_threads"),
+    ({"vortex": {"segment_cache_bytes": ""}}, "must not be empty"),
+    ({"vortex": {"segment_cache_bytes": 1.5}}, "vortex.segment_cache_bytes"),
+    ({"parquet": {"use_threads": 1}}, "parquet.use_threads"),
+    ({"parquet": {"rg_cache": {"limit_bytes": 0}}}, "parquet.rg_cache.limit_bytes"),
+    ({"parquet": {"rg_cache": {"limit_bytes": " "}}}, "must not be empty"),
+    ({"parquet": {"rg_cache": {"min_free_bytes": -1}}}, "min_free_bytes"),
+    ({"metadata_cache_entries": "256"}, "metadata_cache_entries"),
+    ({"metadata_cache_entries": -1}, "metadata_cache_entries"),
+    ({"cache": {"open_retry_initial_backoff": -0.5}}, "cache.open_retry_initial_backoff"),
+])
+def test_bad_values_raise_value_errors_naming_the_option(value, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        StoreOptions.from_any(value)
+
+
+def test_zero_is_a_value_where_zephon_allows_it():
+    opts = StoreOptions.from_any({"vortex": {"worker_threads": 0, "segment_cache_bytes": 0},
+                                  "metadata_cache_entries": 0,
+                                  "parquet": {"rg_cache": {"enabled": False, "limit_bytes": 0}}})
+    assert (opts.vortex.worker_threads, opts.vortex.segment_cache_bytes, opts.metadata_cache_entries) == (0, 0, 0)
+    assert StoreOptions().metadata_cache_entries == 256
+    assert StoreOptions.from_any({"metadata_cache_entries": 12}).merge({"metadata_cache_entries": None}) \
+        .metadata_cache_entries == 256
+
+
+def test_wrong_shapes_are_type_errors_and_value_errors():
+    for bad in (lambda: StoreOptions.from_any(3.14), lambda: CacheOptions.from_any(123),
+                lambda: StoreOptions.from_any({"cache": {"metadata_cache_entries": 12}}),
+                lambda: CacheOptions.from_any(True)):
+        with pytest.raises(TypeError) as info:
+            bad()
+        assert isinstance(info.value, ValueError)
+    with pytest.raises(TypeError, match="has moved to parquet.rg_cache"):
+        StoreOptions.from_any({"parquet_rg_cache": {"enabled": False}})
+    with pytest.raises(TypeError, match="metadata_cache_entries"):
+        StoreOptions.from_any({"cache": {"metadata_cache_entries": 12}})
+
+
+def test_from_any_booleans_and_sizes_in_nested_dicts(tmp_path):
+    assert CacheOptions.from_any(False) == CacheOptions()
+    assert ParquetRGCacheOptions.from_any(True).enabled is True
+    assert ParquetRGCacheOptions.from_any(False).supplied_fields() == {"enabled"}
+    rg_dict = {"root": tmp_path, "limit_bytes": "8gb", "min_free_bytes": "2gb"}
+    opts = StoreOptions.from_any({"parquet": {"rg_cache": rg_dict},
+                                  "vortex": {"segment_cache_bytes": "8mb"}})
+    rg = opts.parquet.rg_cache
+    assert (rg.root, rg.limit_bytes, rg.min_free_bytes) == (tmp_path, 8 << 30, 2 << 30)  # a Path stays a Path
+    assert opts.vortex.segment_cache_bytes == 8 << 20
+    assert opts.parquet.use_threads is False and StoreOptions().parquet.rg_cache.enabled is None
+    merged = opts.merge({"parquet": {"rg_cache": {"limit_bytes": "4gb"}}})
+    assert (merged.parquet.rg_cache.root, merged.parquet.rg_cache.limit_bytes) == (tmp_path, 4 << 30)
+    assert opts.merge({"parquet": {"rg_cache": None}}).parquet.rg_cache == ParquetRGCacheOptions()
+
+
+def test_supplied_fields_survive_pickling():
+    import pickle
+
+    opts = StoreOptions.from_any({"arrow": {"cpu_threads": 3, "io_threads": None}, "metadata_cache_entries": 12})
+    back = pickle.loads(pickle.dumps(opts))
+    assert back == opts and back.arrow.supplied_fields() == {"cpu_threads", "io_threads"}
+    assert back.supplied_fields() == {"metadata_cache_entries"} and back.cache.supplied_fields() == frozenset()
+
+
+def test_resolved_parquet_rg_cache_defaults(tmp_path):
+    plain = StoreOptions().resolved_parquet_rg_cache()
+    assert (plain.enabled, plain.limit_bytes) == (False, 4 << 30)
+    big = StoreOptions.from_any({"cache": {"enabled": True, "limit_bytes": "100gb"}}).resolved_parquet_rg_cache()
+    assert (big.enabled, big.limit_bytes) == (True, 10 << 30)
+    assert StoreOptions.from_any({"cache": {"enabled": True, "limit_bytes": "10gb"}}) \
+        .resolved_parquet_rg_cache().limit_bytes == 4 << 30
+    rg_only = StoreOptions.from_any({"cache": {"limit_bytes": "100gb"}, "parquet": {"rg_cache": {"root": tmp_path}}})
+    assert (rg_only.resolved_parquet_rg_cache().enabled, rg_only.resolved_parquet_rg_cache().limit_bytes) == \
+        (True, 4 << 30)  # the shard cache is off: its limit does not count
+    kept = StoreOptions.from_any({"parquet": {"rg_cache": {"limit_bytes": "20gb"}}}).merge({"cache": {"enabled": True}})
+    assert kept.resolved_parquet_rg_cache().limit_bytes == 20 << 30
+    with pytest.raises(ConfigError, match="enabled=True requires parquet.rg_cache.root"):
+        StoreOptions.from_any({"parquet": {"rg_cache": True}}).resolved_parquet_rg_cache()
+
+
+def test_rg_cache_bytes_is_deprecated_and_migrates_unless_the_new_limit_is_set():
+    with pytest.warns(DeprecationWarning, match="rg_cache_bytes is deprecated"):
+        migrated = StoreOptions.from_any({"cache": {"enabled": True, "limit_bytes": "100gb", "rg_cache_bytes": "2gb"}})
+    assert migrated.resolved_parquet_rg_cache().limit_bytes == 2 << 30
+    with pytest.warns(DeprecationWarning):
+        overridden = StoreOptions.from_any({"cache": {"enabled": True, "rg_cache_bytes": "6gb"},
+                                            "parquet": {"rg_cache": {"limit_bytes": "8gb"}}})
+    assert overridden.resolved_parquet_rg_cache().limit_bytes == 8 << 30
+    with pytest.warns(DeprecationWarning):
+        off = StoreOptions(cache=CacheOptions(enabled=True, rg_cache_bytes=0)).resolved_parquet_rg_cache()
+    assert (off.enabled, off.limit_bytes) == (False, 4 << 30)

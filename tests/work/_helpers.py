@@ -41,7 +41,7 @@ def take(ws: Any, n: int) -> list[WorkChunk]:
 
 def per_dataset(chunks: Sequence[WorkChunk], name: str) -> np.ndarray:
     """All pointers of component ``name`` across ``chunks``, in draw order."""
-    parts = [c.components[name] for c in chunks]
+    parts = [c.component_arrays[name] for c in chunks]
     return np.concatenate(parts) if parts else np.empty((0, 3), np.int64)
 
 

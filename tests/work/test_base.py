@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 
-from zephon_columnar.errors import ConfigError
+from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning
 from zephon_columnar.work import WorkChunk, WorkSource
 
 from ._helpers import make_ds
@@ -52,10 +53,51 @@ def test_defaults():
     assert ws.recipe() == {"class": f"{__name__}.OneChunk"}
 
 
-def test_default_clone_is_a_deep_copy_for_one_lane_only():
+def test_default_clone_is_a_deep_copy_bound_to_its_lane():
     ws = OneChunk()
     clone = ws.clone_for_lane(0, 1)
     assert clone is not ws and clone.ds is not ws.ds
     assert len(clone.next_chunk()) == 3 and ws.done is False
-    with pytest.raises(ConfigError, match="cannot be split into 2 lanes"):
-        ws.clone_for_lane(1, 2)
+    assert (clone._lane, clone._canon, ws._lane) == (0, 1, None)  # Zephon's base fields, read by subclasses
+    with pytest.raises(ConfigError, match="already lane 0's clone"):
+        clone.clone_for_lane(0, 1)
+
+
+def test_default_clone_for_several_lanes_warns_that_the_subclass_must_split():
+    # Zephon's default clones for any lane count; a next_chunk that ignores self._lane would give
+    # every lane the same data, which this source does: the warning says so, once (lane 0).
+    ws = OneChunk()
+    with pytest.warns(ConfigurationWarning, match="every lane reads the same data"):
+        first = ws.clone_for_lane(0, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        second = ws.clone_for_lane(1, 2)
+    assert (first._lane, second._lane, second._canon) == (0, 1, 2)
+
+
+def test_the_base_state_check_refuses_another_lane():
+    clone = OneChunk().clone_for_lane(0, 1)
+    clone._verify_base_state(0, 1)
+    with pytest.raises(CheckpointError, match="lane 1 of 2"):
+        clone._verify_base_state(1, 2)
+
+
+class Indexed(OneChunk):
+    """Zephon's indexing API: supports_indexing, __len__, sample_id_at."""
+
+    def supports_indexing(self):
+        return True
+
+    def __len__(self):
+        return 3
+
+    def sample_id_at(self, index):
+        return (0, 0, 2 - index)
+
+
+def test_default_positions_come_from_zephons_indexing_api():
+    pos = Indexed().positions()
+    assert len(pos) == 3
+    assert pos.locate([0, 1, 2]).pointers.tolist() == [[0, 0, 2], [0, 0, 1], [0, 0, 0]]
+    with pytest.raises(ConfigError, match="no sample positions"):
+        OneChunk().positions()

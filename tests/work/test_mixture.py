@@ -35,13 +35,14 @@ def test_zero_weight_is_allowed_if_another_is_positive():
 @pytest.mark.parametrize(
     "weights, fragment",
     [
-        ({}, "no components"),
-        ({"web": -1}, "'web'"),
+        ({}, "MixtureSpec must contain at least one component"),
+        ({"web": -1}, "MixtureSpec weight for component 'web' must be positive"),
         ({"web": math.nan}, "'web'"),
         ({"web": math.inf}, "'web'"),
         ({"web": "0.5"}, "'web'"),
         ({"web": True}, "'web'"),
         ({"web": 0, "code": 0.0}, "sum to 0"),
+        ({"alpha": 0.0}, "MixtureSpec weight for component 'alpha' must be positive"),
         ({1: 1.0}, "must be str"),
         ([("web", 1.0)], "mapping"),
     ],
@@ -56,10 +57,24 @@ def test_validate_for_names_unknown_and_missing_components():
     with pytest.raises(ConfigError) as err:
         spec.validate_for(["web", "code"])
     msg = str(err.value)
-    assert "unknown components ['cod']" in msg and "missing weights for ['code']" in msg
-    with pytest.raises(ConfigError, match="code"):
+    assert "MixtureSpec missing weights for components: code" in msg
+    assert "MixtureSpec contains unknown components: cod" in msg
+    assert "0 to leave it out" in msg
+    with pytest.raises(ConfigError, match="MixtureSpec missing weights for components: code"):
         spec.normalized_for(["web", "code"])
     spec.validate_for(["cod", "web"])  # same names in another order are fine
+
+
+def test_normalized_is_cached_in_the_order_given():
+    spec = MixtureSpec({"beta": 2, "alpha": 1})
+    assert spec.normalized is spec.normalized
+    assert list(spec.normalized) == ["beta", "alpha"]
+    assert spec.normalized == pytest.approx({"beta": 2 / 3, "alpha": 1 / 3})
+
+
+def test_normalized_for_accepts_a_subset_with_the_whole_specs_shares():
+    # As Zephon: only components without a weight raise; the shares are not renormalized.
+    assert MixtureSpec({"a": 1, "b": 3}).normalized_for(["b"]) == {"b": 0.75}
 
 
 # ---------------------------------------------------------------- interleave_order

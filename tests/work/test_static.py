@@ -168,7 +168,7 @@ def test_chunks_are_keyed_by_name_in_dataset_order_with_dataset_ids():
     c = ws.next_chunk()
     assert c.component_names == ("web", "code", "math")
     for i, name in enumerate(c.component_names):
-        assert (c.components[name][:, 0] == i).all()
+        assert (c.component_arrays[name][:, 0] == i).all()
     assert c.target_mixture == {"web": 0.5, "code": 0.3, "math": 0.2}
     assert c.seed == 0 and c.source_exhausted == ()
     assert ws.component_ids() == ws.dataset_ids == {"web": 0, "code": 1, "math": 2}
@@ -192,7 +192,7 @@ def test_pointers_carry_the_datasets_shard_ids_not_positions(knobs):
         want, got = drain(a), drain(b)
         assert len(got) == len(want) > 0
         for cw, cg in zip(want, got):
-            pw, pg = cw.components["m"], cg.components["m"]
+            pw, pg = cw.component_arrays["m"], cg.component_arrays["m"]
             # same data order; the shard column holds ids()[position]
             assert pg[:, 0].tolist() == pw[:, 0].tolist() and pg[:, 2].tolist() == pw[:, 2].tolist()
             assert pg[:, 1].tolist() == ids[pw[:, 1]].tolist()

@@ -250,7 +250,7 @@ class Source:
                     break
                 self._next_pull = chunk_id + 1
                 if prefetcher is not None:
-                    prefetcher.warm(np.concatenate([np.asarray(v).reshape(-1, 3) for v in chunk.components.values()]))
+                    prefetcher.warm(np.concatenate([np.asarray(v).reshape(-1, 3) for v in chunk.component_arrays.values()]))
                 buffered.append((chunk_id, chunk))
                 samples += len(chunk)
                 chunk_id += 1

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Mapping
 
-from zephon_columnar.errors import ConfigError
+import numpy as np
+
+from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning
 from zephon_columnar.work.chunk import WorkChunk
 from zephon_columnar.work.read_order import (ComponentOrder, MixtureComponent, MixtureReadConfig, MixtureReadMode,
                                              SamplesPerComponent, SourcedSampleId)
@@ -33,6 +36,9 @@ from zephon_columnar.work.read_order import (ComponentOrder, MixtureComponent, M
 if TYPE_CHECKING:  # the work layer only reads names and row counts; no io import at runtime
     from zephon_columnar.io.dataset import Dataset
     from zephon_columnar.work.positions import SamplePositions
+
+
+_INDEX_CHUNK = 1024  # samples per chunk of the default positions()
 
 
 def check_lane(lane_id: int, canonical_replicas: int) -> None:
@@ -64,6 +70,15 @@ class WorkSource(ABC):
           it will ever emit.
     """
 
+    # The lane a clone serves (Zephon's base-class fields: a subclass's ``next_chunk`` may read
+    # ``self._lane``); None on the instance the user built, which never yields chunks itself.
+    _lane: int | None = None
+    _canon: int | None = None
+    _cloned: bool = False
+
+    def __init__(self) -> None:
+        self._lane, self._canon, self._cloned = None, None, False
+
     @abstractmethod
     def next_chunk(self) -> WorkChunk | None:
         """The next chunk of this lane, or None when the lane is done."""
@@ -76,32 +91,53 @@ class WorkSource(ABC):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state`` (a :meth:`state_dict` result, possibly JSON round-tripped)."""
 
-    @abstractmethod
     def component_ids(self) -> dict[str, int]:
-        """``{component_name: dataset_id}`` of every component this source may emit."""
+        """``{component_name: id}`` of every component this source may ever emit (ids unique,
+        non-negative, fixed for the life of the source). Every source must implement it."""
+        raise NotImplementedError(f"{type(self).__name__} must implement component_ids().")
 
     @property
-    @abstractmethod
     def datasets_by_id(self) -> dict[int, "Dataset"]:
-        """``{dataset_id: Dataset}``; pointers' first column indexes this."""
+        """``{dataset_id: Dataset}``; pointers' first column indexes this. Every source must
+        implement it."""
+        raise NotImplementedError(f"{type(self).__name__} must implement the datasets_by_id property.")
 
     # ---------------------------------------------------------------- defaults
     def clone_for_lane(self, lane_id: int, canonical_replicas: int) -> "WorkSource":
         """A source that yields only lane ``lane_id``'s chunks out of ``canonical_replicas``.
 
-        The default is a deep copy, which is only correct for a single lane: a generic source
-        does not know how to split its stream, so ``canonical_replicas > 1`` raises
-        :class:`ConfigError`. Sources that can split (e.g. ``StaticMixtureWorkSource``) override
-        this.
+        The default, as Zephon's, is a deep copy bound to the lane (``self._lane``,
+        ``self._canon``): the subclass's ``next_chunk`` must then yield only its lane's chunks.
+        With more than one lane that is the subclass's job, so the default warns once
+        (`~zephon_columnar.errors.ConfigurationWarning`) that a ``next_chunk`` ignoring
+        ``self._lane`` would give every lane the same data. Sources that split their stream
+        themselves (``StaticMixtureWorkSource``) override this.
         """
         check_lane(lane_id, canonical_replicas)
-        if canonical_replicas > 1:
-            raise ConfigError(
-                f"{type(self).__name__} cannot be split into {canonical_replicas} lanes: it does not "
-                "override clone_for_lane. Use canonical_replicas=1, or implement clone_for_lane so "
-                "that each lane yields a disjoint part of the stream."
-            )
-        return copy.deepcopy(self)
+        if self._cloned:
+            raise ConfigError(f"{type(self).__name__}.clone_for_lane: this is already lane {self._lane}'s clone; "
+                              "clone the source you built, not a clone.")
+        if canonical_replicas > 1 and lane_id == 0:
+            warnings.warn(
+                f"{type(self).__name__} uses WorkSource's default clone_for_lane for {canonical_replicas} lanes: "
+                "each lane gets a copy bound to its lane (self._lane). Its next_chunk must yield only that "
+                "lane's chunks, or every lane reads the same data; override clone_for_lane to say how the "
+                "stream splits.", ConfigurationWarning, stacklevel=2)
+        clone = copy.deepcopy(self)
+        clone._cloned = True
+        clone._bind_lane(lane_id, canonical_replicas)
+        return clone
+
+    def _bind_lane(self, lane_id: int, canonical_replicas: int) -> None:
+        """Set the lane this clone serves (a subclass may extend it to seed per-lane cursors)."""
+        self._lane, self._canon = int(lane_id), int(canonical_replicas)
+
+    def _verify_base_state(self, lane_id: int, canonical_replicas: int) -> None:
+        """Refuse a state saved by another lane or lane count (for subclasses whose state
+        records them, as Zephon's base state does)."""
+        if lane_id != self._lane or canonical_replicas != self._canon:
+            raise CheckpointError(f"{type(self).__name__}: the state is lane {lane_id} of {canonical_replicas}, "
+                                  f"this source is lane {self._lane} of {self._canon}; restore each lane's own state.")
 
     @property
     def total_samples(self) -> float:
@@ -146,9 +182,34 @@ class WorkSource(ABC):
         return False
 
     def positions(self) -> "SamplePositions":
-        """The stream as a random-access array of pointers, for map-style datasets."""
-        raise ConfigError(f"{type(self).__name__} has no sample positions (supports_indexing() is False); "
-                          "iterate it with to_torch_dataset(), or implement supports_indexing() and positions().")
+        """The stream as a random-access array of pointers, for map-style datasets.
+
+        The default serves Zephon's indexing API: a source whose ``supports_indexing()`` is
+        True and that implements ``__len__`` and ``sample_id_at(i)`` (Zephon's names) is asked
+        for every sample id once, here."""
+        if not self.supports_indexing():
+            raise ConfigError(f"{type(self).__name__} has no sample positions (supports_indexing() is False); "
+                              "iterate it with to_torch_dataset(), or implement supports_indexing() and positions().")
+        from zephon_columnar.work.positions import SamplePositions
+
+        ids = np.asarray([tuple(self.sample_id_at(i)) for i in range(len(self))], np.int64).reshape(-1, 3)
+        names = {cid: name for name, cid in self.component_ids().items()}
+        single = next(iter(names.values())) if len(names) == 1 else None
+        components = [single if single is not None else names.get(int(d), str(int(d))) for d in ids[:, 0]]
+        chunks: list[WorkChunk] = []
+        start = 0
+        while start < len(ids):  # runs of one component, at most _INDEX_CHUNK samples each
+            end = start + 1
+            while end < len(ids) and end - start < _INDEX_CHUNK and components[end] == components[start]:
+                end += 1
+            chunks.append(WorkChunk({components[start]: ids[start:end]}))
+            start = end
+        return SamplePositions([len(c) for c in chunks], chunks.__getitem__)
+
+    def sample_id_at(self, index: int) -> tuple[int, int, int]:
+        """``(dataset_id, shard_id, row)`` at position ``index`` of the stream (Zephon's
+        indexing API); implemented by indexable sources."""
+        raise NotImplementedError(f"{type(self).__name__} is not indexable: it does not implement sample_id_at().")
 
     @property
     def requires_token_priming(self) -> bool:

@@ -28,18 +28,20 @@ class MixtureSpec:
 
     Weights need not sum to 1: ``{"a": 1, "b": 3}`` is the same mixture as
     ``{"a": 0.25, "b": 0.75}``. A weight of 0 keeps a component in the recipe without ever
-    drawing from it.
+    drawing from it (Zephon 0.2.0 rejects 0; at least one weight must be positive in both).
+    Errors are :class:`ConfigError` (a ``ValueError``) worded as Zephon's.
 
     Example:
-        >>> MixtureSpec({"a": 1, "b": 3}).normalized_for(["b", "a"])
-        {'b': 0.75, 'a': 0.25}
+        >>> spec = MixtureSpec({"a": 1, "b": 3})
+        >>> spec.normalized, spec.normalized_for(["b", "a"])
+        ({'a': 0.25, 'b': 0.75}, {'b': 0.75, 'a': 0.25})
         >>> MixtureSpec({"a": -1})
         Traceback (most recent call last):
         ...
-        zephon_columnar.errors.ConfigError: MixtureSpec: weight of 'a' is -1; weights must be finite numbers >= 0.
+        zephon_columnar.errors.ConfigError: MixtureSpec weight for component 'a' must be positive (or 0 to leave the component out), got -1.
     """
 
-    __slots__ = ("_weights",)
+    __slots__ = ("_weights", "_normalized_cache")
 
     def __init__(self, weights: Mapping[str, float]) -> None:
         if isinstance(weights, MixtureSpec):
@@ -50,31 +52,59 @@ class MixtureSpec:
                 f"got {type(weights).__name__}."
             )
         if not weights:
-            raise ConfigError("MixtureSpec: no components; pass at least one {name: weight}.")
+            raise ConfigError(
+                "MixtureSpec must contain at least one component; pass {component_name: weight}."
+            )
         clean: dict[str, float] = {}
         for name, w in weights.items():
             if not isinstance(name, str):
                 raise ConfigError(f"MixtureSpec: component names must be str, got {name!r}.")
             # bool is an int subclass; a True weight is almost surely a mistake.
             if isinstance(w, bool) or not isinstance(w, numbers.Real):
-                raise ConfigError(f"MixtureSpec: weight of {name!r} is {w!r}; weights must be numbers.")
-            w = float(w)
-            if not math.isfinite(w) or w < 0:
                 raise ConfigError(
-                    f"MixtureSpec: weight of {name!r} is {weights[name]!r}; "
-                    "weights must be finite numbers >= 0."
+                    f"MixtureSpec weight for component {name!r} must be a number, got {w!r}."
                 )
-            clean[name] = w
+            value = float(w)
+            if not math.isfinite(value):
+                raise ConfigError(
+                    f"MixtureSpec weight for component {name!r} must be a finite number, got {w!r}."
+                )
+            if value < 0:
+                raise ConfigError(
+                    f"MixtureSpec weight for component {name!r} must be positive "
+                    f"(or 0 to leave the component out), got {w!r}."
+                )
+            clean[name] = value
         if math.fsum(clean.values()) <= 0:
+            first = next(iter(clean))
             raise ConfigError(
-                f"MixtureSpec: weights {clean} sum to 0; give at least one component a positive weight."
+                f"MixtureSpec weight for component {first!r} must be positive: the weights {clean} "
+                "sum to 0; give at least one component a positive weight."
             )
         self._weights = clean
+        self._normalized_cache: dict[str, float] | None = None
 
     @property
     def weights(self) -> dict[str, float]:
-        """The raw weights as given (a copy), in the order given."""
+        """The raw weights as given (a copy, as floats), in the order given."""
         return dict(self._weights)
+
+    @property
+    def normalized(self) -> dict[str, float]:
+        """Weights divided by their sum, in the order given.
+
+        Computed once: every access returns the same dict (as Zephon's cached property does),
+        so treat it as read-only.
+
+        Example:
+            >>> spec = MixtureSpec({"beta": 2, "alpha": 2})
+            >>> spec.normalized, spec.normalized is spec.normalized
+            ({'beta': 0.5, 'alpha': 0.5}, True)
+        """
+        if self._normalized_cache is None:
+            total = math.fsum(self._weights.values())
+            self._normalized_cache = {n: w / total for n, w in self._weights.items()}
+        return self._normalized_cache
 
     def validate_for(self, components: Iterable[str]) -> None:
         """Raise :class:`ConfigError` unless the weights name exactly ``components``.
@@ -83,46 +113,59 @@ class MixtureSpec:
             >>> MixtureSpec({"a": 1}).validate_for(["a", "b"])
             Traceback (most recent call last):
             ...
-            zephon_columnar.errors.ConfigError: MixtureSpec names ['a'] but the components are ['a', 'b']: missing weights for ['b']. Give every component a weight (0 to leave it out).
+            zephon_columnar.errors.ConfigError: MixtureSpec missing weights for components: b. The spec names ['a'] but the components are ['a', 'b']; give every component a weight (0 to leave it out).
         """
         comps = list(components)
-        unknown = [n for n in self._weights if n not in set(comps)]
+        known = set(comps)
         missing = [n for n in comps if n not in self._weights]
+        unknown = [n for n in self._weights if n not in known]
         if not unknown and not missing:
             return
         parts = []
-        if unknown:
-            parts.append(f"unknown components {unknown}")
         if missing:
-            parts.append(f"missing weights for {missing}")
+            parts.append("MixtureSpec missing weights for components: " + ", ".join(missing) + ".")
+        if unknown:
+            parts.append("MixtureSpec contains unknown components: " + ", ".join(unknown) + ".")
         raise ConfigError(
-            f"MixtureSpec names {list(self._weights)} but the components are {comps}: "
-            + "; ".join(parts)
-            + ". Give every component a weight (0 to leave it out)."
+            " ".join(parts)
+            + f" The spec names {list(self._weights)} but the components are {comps}; "
+            "give every component a weight (0 to leave it out)."
         )
 
     def normalized_for(self, components: Iterable[str]) -> dict[str, float]:
-        """Weights divided by their sum, keyed in the order of ``components``.
+        """The :attr:`normalized` weights of ``components``, keyed in their order.
 
-        Raises :class:`ConfigError` when the names differ (see :meth:`validate_for`).
+        As in Zephon, ``components`` may be a subset of the spec (the shares are still those
+        of the whole spec); a component without a weight raises :class:`ConfigError`. Use
+        :meth:`validate_for` to require exactly the spec's names.
+
+        Example:
+            >>> MixtureSpec({"a": 1, "b": 3}).normalized_for(["b"])
+            {'b': 0.75}
+            >>> MixtureSpec({"a": 1}).normalized_for(["a", "b"])
+            Traceback (most recent call last):
+            ...
+            zephon_columnar.errors.ConfigError: MixtureSpec missing weights for components: b. The spec names ['a']; give every component a weight (0 to leave it out).
         """
         comps = list(components)
-        self.validate_for(comps)
-        normalized = self._normalized()
+        normalized = self.normalized
+        missing = [n for n in comps if n not in normalized]
+        if missing:
+            raise ConfigError(
+                "MixtureSpec missing weights for components: " + ", ".join(missing)
+                + f". The spec names {list(self._weights)}; give every component a weight "
+                "(0 to leave it out)."
+            )
         return {n: normalized[n] for n in comps}
-
-    def _normalized(self) -> dict[str, float]:
-        total = math.fsum(self._weights.values())
-        return {n: w / total for n, w in self._weights.items()}
 
     def __eq__(self, other: object) -> bool:
         # Same mixture = same normalized weights, whatever the scale or order they were given in.
         if not isinstance(other, MixtureSpec):
             return NotImplemented
-        return self._normalized() == other._normalized()
+        return self.normalized == other.normalized
 
     def __hash__(self) -> int:
-        return hash(frozenset(self._normalized().items()))
+        return hash(frozenset(self.normalized.items()))
 
     def __repr__(self) -> str:
         return f"MixtureSpec({self._weights!r})"

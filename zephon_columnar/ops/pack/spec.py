@@ -8,7 +8,7 @@ Example:
     >>> resolve_spec("pack_flat", 2048, algorithm="first_fit")
     Traceback (most recent call last):
     ...
-    zephon_columnar.errors.ConfigError: pack_flat(algorithm='first_fit') needs num_bins=<open bins per lane>, e.g. num_bins=16.
+    zephon_columnar.errors.ConfigError: pack_flat(algorithm='first_fit'): num_bins is required (the open bins per lane), e.g. num_bins=16.
 """
 
 from __future__ import annotations
@@ -131,7 +131,8 @@ def resolve_spec(op: str, max_length: Any, *, num_bins: Any = None, max_sequence
 
     fit = algorithm in FIT_ALGORITHMS
     if fit and num_bins is None:
-        raise ConfigError(f"{op}(algorithm={algorithm!r}) needs num_bins=<open bins per lane>, e.g. num_bins=16.")
+        raise ConfigError(f"{op}(algorithm={algorithm!r}): num_bins is required (the open bins per lane), e.g. "
+                          "num_bins=16.")
     if not fit and num_bins is not None:
         raise ConfigError(f"{op}(num_bins={num_bins}, algorithm={algorithm!r}): {algorithm} keeps no fixed set of "
                           "open bins and takes no num_bins; remove num_bins (it is for first_fit/best_fit).")
