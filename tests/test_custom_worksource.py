@@ -43,3 +43,30 @@ def test_custom_source_end_to_end_and_resume():
     rows = [n for b in Pipeline(EveryThird()).batch(4, drop_last=False) for n in b.to_pydict()["n"]]
     assert rows == list(range(0, 100, 3))
     assert_resumes_exactly(lambda: Pipeline(EveryThird()).batch(4, drop_last=False), ks=[0, 1, 4, 8, 9])
+
+
+class ForgetsItsPosition(EveryThird):
+    """A Zephon-style source that leaves state_dict to the base class (lane identity only)."""
+
+    state_dict = WorkSource.state_dict
+    load_state_dict = WorkSource.load_state_dict
+
+
+def test_a_source_whose_state_holds_no_position_is_warned_about_at_checkpoint():
+    import pytest
+
+    from zephon_columnar.errors import ConfigurationWarning
+
+    pipe = Pipeline(ForgetsItsPosition()).batch(4, drop_last=False)
+    it = iter(pipe)
+    next(it)
+    with pytest.warns(ConfigurationWarning, match="restore starts it from its first chunk"):
+        pipe.checkpoint()
+    it.close()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        first = Pipeline(EveryThird()).batch(4, drop_last=False)
+        next(iter(first))
+        first.checkpoint()  # a source that saves its position: no warning

@@ -691,6 +691,10 @@ class Pipeline:
         Plain Python types only, so ``pickle.dumps``, ``json.dumps`` and ``torch.save`` /
         ``torch.load(weights_only=True)`` all store it. ``as_bytes=True`` (Zephon 0.2.1):
         compact bytes (zstandard-compressed JSON) that ``restore`` takes as they are."""
+        if type(self._ws).state_dict is WorkSource.state_dict:
+            warn(f"{type(self._ws).__name__} does not extend WorkSource.state_dict: the checkpoint holds only its "
+                 "lane identity, so a restore starts it from its first chunk. Return its position from "
+                 "state_dict() (and read it in load_state_dict()).", ConfigurationWarning)
         ckpt = self._checkpoint()
         return checkpoint_bytes(ckpt) if as_bytes else ckpt
 

@@ -38,9 +38,22 @@ class OneChunk(WorkSource):
         return {0: self.ds}
 
 
-def test_abstract_members_are_required():
-    with pytest.raises(TypeError):
-        WorkSource()  # type: ignore[abstract]
+def test_the_members_every_source_implements_raise_until_implemented():
+    ws = WorkSource()  # Zephon's base is instantiable; its required members raise when called
+    for call in (ws.next_chunk, ws.component_ids, lambda: ws.datasets_by_id):
+        with pytest.raises(NotImplementedError, match="must implement"):
+            call()
+    assert ws.continues_after_exhaustion() == frozenset() and ws.requires_token_priming is False
+
+
+def test_the_base_state_is_the_lane_identity_and_refuses_another_lane():
+    clone = WorkSource().clone_for_lane(0, 1)
+    assert clone.state_dict() == {"lane_id": 0, "canonical_replicas": 1, "chunk_size_hint": None}
+    clone.load_state_dict(clone.state_dict())
+    with pytest.raises(CheckpointError, match="lane 1 of 1"):
+        clone.load_state_dict({"lane_id": 1, "canonical_replicas": 1})
+    with pytest.raises(CheckpointError, match="no lane identity"):
+        clone.load_state_dict({"pos": 3})
 
 
 def test_defaults():

@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
@@ -54,12 +53,13 @@ def check_lane(lane_id: int, canonical_replicas: int) -> None:
         )
 
 
-class WorkSource(ABC):
+class WorkSource:
     """Produces the chunks of one lane, deterministically, and can checkpoint its position.
 
-    Subclasses implement :meth:`next_chunk`, :meth:`state_dict`, :meth:`load_state_dict`,
-    :meth:`component_ids` and :attr:`datasets_by_id`. The other members have defaults that a
-    bounded or lane-aware source overrides.
+    Subclasses implement :meth:`next_chunk`, :meth:`component_ids` and :attr:`datasets_by_id`
+    (the base raises ``NotImplementedError`` for them, as Zephon's does), and extend
+    :meth:`state_dict` / :meth:`load_state_dict` with their position. The other members have
+    defaults that a bounded or lane-aware source overrides.
 
     Contract:
         - ``next_chunk()`` returns the next chunk of this lane, or None once the lane is done
@@ -79,17 +79,26 @@ class WorkSource(ABC):
     def __init__(self) -> None:
         self._lane, self._canon, self._cloned = None, None, False
 
-    @abstractmethod
     def next_chunk(self) -> WorkChunk | None:
-        """The next chunk of this lane, or None when the lane is done."""
+        """The next chunk of this lane, or None when the lane is done. Every source implements it."""
+        raise NotImplementedError(f"{type(self).__name__} must implement next_chunk().")
 
-    @abstractmethod
     def state_dict(self) -> dict[str, Any]:
-        """Small JSON-serializable position; must not grow with the samples consumed."""
+        """Small JSON-serializable position; must not grow with the samples consumed.
 
-    @abstractmethod
+        The base state (Zephon's) is only the lane identity: a source with a position extends it
+        (``{**super().state_dict(), "pos": ...}``), or restores would start it from the top."""
+        return {"lane_id": self._lane, "canonical_replicas": self._canon, "chunk_size_hint": self.chunk_size_hint()}
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state`` (a :meth:`state_dict` result, possibly JSON round-tripped)."""
+        """Continue from ``state`` (a :meth:`state_dict` result, possibly JSON round-tripped).
+        The base checks that the state is this lane's."""
+        try:
+            lane, lanes = state["lane_id"], state["canonical_replicas"]
+        except (KeyError, TypeError) as err:
+            raise CheckpointError(f"{type(self).__name__}: the state {state!r} has no lane identity (lane_id, "
+                                  "canonical_replicas); pass what this source's state_dict() returned.") from err
+        self._verify_base_state(None if lane is None else int(lane), None if lanes is None else int(lanes))
 
     def component_ids(self) -> dict[str, int]:
         """``{component_name: id}`` of every component this source may ever emit (ids unique,
@@ -132,7 +141,7 @@ class WorkSource(ABC):
         """Set the lane this clone serves (a subclass may extend it to seed per-lane cursors)."""
         self._lane, self._canon = int(lane_id), int(canonical_replicas)
 
-    def _verify_base_state(self, lane_id: int, canonical_replicas: int) -> None:
+    def _verify_base_state(self, lane_id: int | None, canonical_replicas: int | None) -> None:
         """Refuse a state saved by another lane or lane count (for subclasses whose state
         records them, as Zephon's base state does)."""
         if lane_id != self._lane or canonical_replicas != self._canon:
