@@ -103,6 +103,23 @@ def prepare(target: Target) -> Path:
     return run_dir
 
 
+def zephons_all(root: Path) -> dict[str, list[str]]:
+    """Zephon's declared public surface, ``{module: __all__}``, as its own test of it freezes it
+    (``tests/zephon/test_public_surface.py``'s ``EXPECTED_ALL``)."""
+    tree = ast.parse((root / "tests" / "zephon" / "test_public_surface.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "EXPECTED_ALL"
+                                                for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise ValueError("Zephon's test_public_surface.py has no EXPECTED_ALL: the harness needs updating")
+
+
+def _write_zephons_all(run_dir: Path) -> Path:
+    path = run_dir / "zephon_all.json"
+    path.write_text(json.dumps(zephons_all(run_dir)))
+    return path
+
+
 def run(target: Target, python: str, out: Path, paths: list[str], timeout_s: int) -> int:
     """Run ``paths`` (default: the whole suite) and append one JSON line per test to ``out``.
 
@@ -119,7 +136,8 @@ def run(target: Target, python: str, out: Path, paths: list[str], timeout_s: int
 def _run_in(run_dir: Path, target: Target, python: str, out: Path, paths: list[str], timeout_s: int) -> int:
     out.unlink(missing_ok=True)
     pythonpath = [str(PLUGIN_DIR)] + ([str(ALIAS_DIR)] if target == "columnar" else [])
-    env = {**os.environ, "ZC_OUTCOMES": str(out), "PYTHONPATH": os.pathsep.join(pythonpath)}
+    env = {**os.environ, "ZC_OUTCOMES": str(out), "PYTHONPATH": os.pathsep.join(pythonpath),
+           "ZC_ZEPHON_ALL": str(_write_zephons_all(run_dir))}
     current = Path(f"{out}.current")
     base = [python, "-m", "pytest", "-p", "zc_outcomes", "-p", "no:cacheprovider", "--run-integration",
             f"--timeout={timeout_s}", "-o", "log_cli=false", "--color=no", "-q", "--tb=line",

@@ -31,9 +31,15 @@ ZEPHON_OUTCOMES = ROOT / "compat" / "zephon-0.2.0-outcomes.jsonl"
 #: Zephon's test files run in CI: fast ones (seconds), grown as they pass.
 SELECTION = [
     "tests/zephon/test_init.py",
+    "tests/zephon/test_options.py",
+    "tests/zephon/test_pipeline_iteration.py",
+    "tests/zephon/test_pipeline_state.py",
+    "tests/zephon/io/test_options.py",
     "tests/zephon/ops/test_traits.py",
     "tests/zephon/ops/accumulators/test_base.py",
     "tests/zephon/observability/test_stats.py",
+    "tests/zephon/work/test_base.py",
+    "tests/zephon/work/test_mixture.py",
 ]
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import json
+import os
 import importlib.machinery
 import sys
 import types
@@ -58,6 +60,25 @@ class _PrivateModule(types.ModuleType):
         return _placeholder(f"{self.__name__}.{name}")
 
 
+def _load_zephons_all() -> dict[str, list[str]]:
+    path = os.environ.get("ZC_ZEPHON_ALL")
+    if not path:
+        return {}
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+_ZEPHONS_ALL = _load_zephons_all()
+
+
+def _outside_zephons_all(module: str, name: str) -> bool:
+    """Whether ``name`` is outside Zephon's declared public surface of ``module`` (its
+    ``__all__``, frozen by Zephon's own tests): such a name is Zephon's implementation, not its
+    API, and a test that uses it is treated like one using a private name."""
+    declared = _ZEPHONS_ALL.get(module)
+    return declared is not None and name not in declared
+
+
 class _PublicView(types.ModuleType):
     """``zephon.X`` for a public module: every attribute read, written or deleted is the real
     ``zephon_columnar.X``'s (so ``monkeypatch.setattr`` reaches the code that runs), except that
@@ -66,9 +87,10 @@ class _PublicView(types.ModuleType):
     def __init__(self, name: str, real: types.ModuleType) -> None:
         super().__init__(name, real.__doc__)
         object.__setattr__(self, "_real", real)
+        object.__setattr__(self, "_alias", name)
 
     def __getattribute__(self, name: str) -> Any:
-        if name in ("_real", "__class__"):
+        if name in ("_real", "_alias", "__class__"):
             return object.__getattribute__(self, name)
         real = object.__getattribute__(self, "_real")
         if name == "__dict__":
@@ -76,7 +98,8 @@ class _PublicView(types.ModuleType):
         try:
             return getattr(real, name)
         except AttributeError:
-            if name.startswith("_") and not name.startswith("__"):
+            alias = object.__getattribute__(self, "_alias")
+            if (name.startswith("_") and not name.startswith("__")) or _outside_zephons_all(alias, name):
                 return _placeholder(f"{real.__name__}.{name}")
             raise
 
