@@ -86,11 +86,12 @@ class ContributorRef:
     length: int | None = field(default=None, kw_only=True)
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class SampleMeta:
     """Where a row came from: its source sample, lane, chunk and position in the chunk, its
     lineage (child indices after fan-out) and ``tags`` (``_contributors``, ``_tombstone``,
-    ``padding_length``)."""
+    ``padding_length``). Frozen, as Zephon's: derive another with ``dataclasses.replace`` or
+    `spawn_child`."""
 
     sample_id: SampleId
     lane_id: int
@@ -269,14 +270,9 @@ def records_of(table: pa.Table, fields: FieldsByDataset | None = None) -> list[S
         # cheaper than its keyword __init__, which does nothing else; the doctest checks).
         for d, s, r, ln, c, o, k, g in zip(dataset, shard, row, lane, chunk, offset, comp, lineage):
             meta = new(SampleMeta)
-            meta.sample_id = (d, s, r)
-            meta.lane_id = ln
-            meta.chunk_id = c
-            meta.chunk_offset = o
-            meta.component_sample_counts = {k: 1}
-            meta.component_token_counts = None
-            meta.lineage = g
-            meta.tags = {}
+            # SampleMeta is frozen: its __dict__ is filled directly, as its __init__ would.
+            meta.__dict__.update(sample_id=(d, s, r), lane_id=ln, chunk_id=c, chunk_offset=o,
+                                 component_sample_counts={k: 1}, component_token_counts=None, lineage=g, tags={})
             metas.append(meta)
     else:
         for i in range(n):
