@@ -187,8 +187,8 @@ def spawn_child(parent: SampleMeta, child_idx: int, *, is_last_child: bool = Fal
         [(0,), (1,)]
     """
     if is_last_child and parent.tombstone:
-        raise ValueError("spawn_child: a tombstone has no children that complete it; drop the "
-                         "tombstone's children instead.")
+        raise ValueError("spawn_child: Cannot spawn a closing child from tombstone metadata: a tombstone has "
+                         "no children that complete it; drop the tombstone's children instead.")
     child = parent.child(child_idx)
     if parent.contributors:
         refs = parent.contributors if is_last_child else tuple(

@@ -28,6 +28,11 @@ from zephon_columnar.io.memory import InMemoryShard
 DatasetFormat = Literal["parquet", "jsonl", "hf", "arrow"]
 
 
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)  # the dataset's metadata: a caller must not edit it through a view
+    return array
+
+
 class TableReader:
     """Reader over in-memory Arrow tables, one per shard, looked up by shard id.
 
@@ -129,8 +134,6 @@ class Dataset:
             >>> ds.ids().tolist(), ds.open_reader().take(5, np.array([0])).column("t").to_pylist()
             ([2, 5], ['a'])
         """
-        if not shards:
-            raise ConfigError(f"Dataset {name!r}: from_dict got no shards; pass {{0: InMemoryShard(rows)}}.")
         ids, tables = [], []
         for key in shards:
             ids.append(_check_shard_id(name, key))
@@ -174,7 +177,8 @@ class Dataset:
         if tables:
             tables = [in_column_order(t, tables[0].column_names) for t in tables]
         infos = tuple(
-            ShardInfo(shard_id=i, path=None, num_rows=t.num_rows, num_bytes=t.nbytes)
+            # Stored bytes of an in-memory shard: its content bytes, as Zephon counts them.
+            ShardInfo(shard_id=i, path=None, num_rows=t.num_rows, num_bytes=InMemoryShard(t).raw_bytes)
             for i, t in zip(ids, tables)
         )
         return cls(name=name, backend={"kind": kind, "tables": tuple(tables)}, path=None, shards=infos)
@@ -182,7 +186,7 @@ class Dataset:
     # ---------------------------------------------------------------- metadata
     def ids(self) -> np.ndarray:
         """Shard ids, in the order of ``shards`` (sorted); ``counts()[i]`` is shard ``ids()[i]``'s."""
-        return np.array([s.shard_id for s in self.shards], dtype=np.int64)
+        return _read_only(np.array([s.shard_id for s in self.shards], dtype=np.int64))
 
     def shard(self, shard_id: int) -> ShardInfo:
         """The :class:`ShardInfo` of the shard with id ``shard_id`` (an IndexError naming the
@@ -190,10 +194,13 @@ class Dataset:
         return shard_info(self.shards, shard_id, dataset=self.name)
 
     def counts(self) -> np.ndarray:
-        return np.array([s.num_rows for s in self.shards], dtype=np.int64)
+        """Rows per shard, in the order of ``ids()`` (read-only)."""
+        return _read_only(np.array([s.num_rows for s in self.shards], dtype=np.int64))
 
     def raw_bytes(self) -> np.ndarray:
-        return np.array([s.num_bytes for s in self.shards], dtype=np.int64)
+        """Stored bytes per shard (file sizes; content bytes in memory), in the order of ``ids()``
+        (read-only)."""
+        return _read_only(np.array([s.num_bytes for s in self.shards], dtype=np.int64))
 
     def total(self) -> int:
         return int(sum(s.num_rows for s in self.shards))

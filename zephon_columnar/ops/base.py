@@ -73,12 +73,17 @@ class StageInfo:
     collect_stats: bool = False
 
 
-@dataclass(kw_only=True)
+@dataclass
 class OpContext:
-    """Services the engine offers an operator in ``setup``: ``datasets_by_id`` and friends."""
+    """Services the engine offers an operator in ``setup`` (``datasets_by_id`` and friends) and
+    where the operator sits in the plan (``stage_info``; a default `StageInfo` when not given)."""
 
     services: dict[str, Any] = field(default_factory=dict)
-    stage_info: StageInfo | None = None
+    stage_info: StageInfo = field(default_factory=StageInfo)
+
+    def __post_init__(self) -> None:
+        if self.stage_info is None:  # Zephon's signature takes None for "no plan metadata"
+            self.stage_info = StageInfo()
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.services.get(key, default)

@@ -28,8 +28,8 @@ class DomainGroups:
 
     def __init__(self, groups: Mapping[str, Sequence[str]]) -> None:
         if not isinstance(groups, Mapping) or not groups:
-            raise ConfigError(f"DomainGroups: pass a non-empty {{group: [component, ...]}} mapping, got {groups!r}; "
-                              "for no grouping pass None.")
+            raise ConfigError(f"DomainGroups requires at least one group ({{group: [component, ...]}}), got "
+                              f"{groups!r}; for no grouping pass None.")
         members: dict[str, str] = {}
         owned: dict[str, tuple[str, ...]] = {}
         for group, comps in groups.items():
@@ -37,7 +37,7 @@ class DomainGroups:
                 raise ConfigError(f"DomainGroups: group name must be a non-empty string, got {group!r}.")
             if isinstance(comps, str) or not isinstance(comps, Iterable):
                 raise ConfigError(f"DomainGroups: group {group!r} members must be a list of component names, "
-                                  f"not {comps!r}.")
+                                  f"not a bare string or scalar {comps!r}.")
             listed = list(comps)
             if not listed:
                 raise ConfigError(f"DomainGroups: group {group!r} has no member components.")
@@ -45,11 +45,10 @@ class DomainGroups:
                 if not isinstance(comp, str) or not comp:
                     raise ConfigError(f"DomainGroups: group {group!r} member must be a non-empty string, got {comp!r}.")
                 if comp in members:
-                    where = "twice in group" if members[comp] == group else "in multiple groups"
-                    raise ConfigError(
-                        f"DomainGroups: component {comp!r} appears {where} "
-                        + (f"{group!r}." if members[comp] == group else f"({members[comp]!r} and {group!r}); "
-                           "a component belongs to at most one group."))
+                    if members[comp] == group:
+                        raise ConfigError(f"DomainGroups: component {comp!r} listed twice in group {group!r}.")
+                    raise ConfigError(f"DomainGroups: component {comp!r} appears in multiple groups "
+                                      f"({members[comp]!r} and {group!r}); a component belongs to at most one group.")
                 members[comp] = group
             owned[group] = tuple(listed)
         self.groups = owned
