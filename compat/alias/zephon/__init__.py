@@ -1,12 +1,14 @@
 """``import zephon`` -> ``zephon_columnar``: the import alias the compatibility harness runs under.
 
 Only on ``sys.path`` while Zephon's own test suite runs against zephon_columnar (``compat/``);
-never installed. ``zephon`` and every ``zephon.X`` resolve to the *same* module objects as
-``zephon_columnar`` and ``zephon_columnar.X`` (so ``zephon.Pipeline is zephon.pipeline.Pipeline``
-holds and classes keep one identity). Zephon's private modules (``zephon._internal`` and any
-other ``zephon._X``) are not our contract: they resolve to placeholders whose every name is a
-class that raises :class:`PrivateInternalUsed` when called, so a test file that imports one at
-module level still loads and only the tests that use it fail, recognisably.
+never installed. ``zephon`` *is* ``zephon_columnar``; each ``zephon.X`` is a view of
+``zephon_columnar.X`` whose every attribute read, write and deletion is the real module's (so
+``zephon.pipeline.Pipeline is zephon_columnar.Pipeline`` and ``monkeypatch.setattr`` reaches the
+code that runs). What is not our contract resolves to placeholders, classes that raise
+:class:`PrivateInternalUsed` when called: Zephon's private modules (``zephon._internal``, any
+``zephon._X``), private names of public modules, and names outside Zephon's declared
+``__all__`` of a module (read from ``$ZC_ZEPHON_ALL``). A test file that imports one at module
+level still loads, and only the tests that use it fail, recognisably.
 
 Being a package on ``sys.path`` (rather than a hook installed by the test runner) lets spawned
 processes (multiprocessing's spawn, torch DataLoader workers, Ray workers) resolve ``zephon``
@@ -17,9 +19,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.abc
+import importlib.machinery
+import importlib.util
 import json
 import os
-import importlib.machinery
 import sys
 import types
 from typing import Any
