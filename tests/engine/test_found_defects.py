@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 import warnings
 
 import pytest
@@ -258,3 +259,39 @@ def test_the_rows_drop_last_drops_are_counted_and_warned_once_per_pass():
         warnings.simplefilter("error", DataDroppedWarning)
         keep = Pipeline(ws).batch(4, drop_last=False).options(canonical_replicas=2)
         assert sum(len(b.ids) for b in keep) == 103
+
+
+def test_checkpoint_right_after_the_prefetch_thread_queued_the_item_just_delivered(monkeypatch):
+    """Found by the option oracle (seed 19, a StatefulDataLoader worker's snapshot): the prefetch
+    thread marks the item it is making as "in hand" and clears the mark after queueing it; a
+    checkpoint taken after the caller took that item from the queue but before the mark was
+    cleared counted the item as made-not-delivered, so the restore delivered it again."""
+    from zephon_columnar.engine import engine as engine_module
+
+    original_put = engine_module.Channel.put
+    queued, release = threading.Event(), threading.Event()
+
+    def put_then_pause_once(self, item, stopped):
+        ok = original_put(self, item, stopped)
+        if threading.current_thread().name == "zephon-prefetch" and not queued.is_set():
+            queued.set()
+            release.wait(10)  # the pump stops here, between queueing the item and clearing its mark
+        return ok
+
+    def build():
+        ws = StaticMixtureWorkSource([_in_memory("d", 40)], {"d": 1.0}, chunk_size=8, seed=0, stop_after_passes=1)
+        return Pipeline(ws).shuffle(8, seed=1).batch(4).options(runner="threads", prefetch_batches=2)
+
+    full = [signature(x) for x in build()]
+    monkeypatch.setattr(engine_module.Channel, "put", put_then_pause_once)
+    pipe = build()
+    it = iter(pipe)
+    head = [signature(next(it))]
+    assert queued.wait(10)
+    ckpt = json.loads(json.dumps(pipe.checkpoint()))
+    release.set()
+    it.close()
+    monkeypatch.setattr(engine_module.Channel, "put", original_put)
+    resumed = build()
+    resumed.restore(ckpt)
+    assert head + [signature(x) for x in resumed] == full

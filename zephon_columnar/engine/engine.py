@@ -270,6 +270,9 @@ class EngineRun:
         self._thread: threading.Thread | None = None
         self._advance = threading.Lock()  # held while the prefetch thread moves the chains
         self._in_hand: LaneItem | None = None  # an item the prefetch thread has not queued yet
+        # The item the caller took last: the prefetch thread clears ``_in_hand`` only after it
+        # queued the item, so the caller may already hold it then (see `_undelivered`).
+        self._last_taken: LaneItem | None = None
         # Items the prefetch thread made and close() took off the queue: still not delivered, so
         # a checkpoint after close() puts them back like the queued ones.
         self._made_before_close: list[LaneItem] = []
@@ -372,8 +375,9 @@ class EngineRun:
         if self._queue is None:
             return {}
         made = self._made_before_close + [x for x in self._queue.snapshot() if isinstance(x, LaneItem)]
-        if self._in_hand is not None and not any(x is self._in_hand for x in made):
-            made.append(self._in_hand)
+        hand = self._in_hand
+        if hand is not None and hand is not self._last_taken and not any(x is hand for x in made):
+            made.append(hand)  # made, not queued yet (the pump waits for room): not delivered
         out: dict[int, list[pa.Table]] = {}
         for item in made:
             out.setdefault(item.lane, []).append(item.table)
@@ -436,6 +440,7 @@ class EngineRun:
             raise StopIteration
         if isinstance(got, _Failure):
             raise got.err
+        self._last_taken = got
         return got
 
     def close(self) -> None:
