@@ -1,4 +1,4 @@
-"""`CountingAccumulator`: calls of ``max_batch`` records, per lane (optionally also by time).
+"""`CountingAccumulator`: calls of ``max_batch`` records, per lane.
 
 Example:
     >>> from zephon_columnar.records import SampleMeta, SampleRecord
@@ -12,7 +12,6 @@ Example:
 
 from __future__ import annotations
 
-import time
 from typing import Any, Sequence, TypeVar
 
 from zephon_columnar.ops.accumulators.base import Accumulator, ReadyBatch
@@ -28,9 +27,10 @@ def lane_of(elem: Any) -> int:
 class CountingAccumulator(Accumulator[T]):
     """Per-lane buffers emitted every ``max_batch`` elements: a batch never mixes lanes.
 
-    ``max_latency_ms``: also emit a lane's buffer once its first element has waited that long
-    (wall-clock: batches then depend on timing, so leave it None for deterministic runs).
-    ``drop_last``: ``flush`` discards partial buffers instead of emitting them.
+    ``max_latency_ms`` is accepted for Zephon's signature and never cuts a group: Zephon emits a
+    buffer that waited that long, which makes calls depend on timing; this engine is always
+    deterministic, so groups are cut by count only. ``drop_last``: ``flush`` discards partial
+    buffers instead of emitting them.
     """
 
     def __init__(self, max_batch: int, max_latency_ms: int | None = None, *, drop_last: bool = False) -> None:
@@ -40,7 +40,6 @@ class CountingAccumulator(Accumulator[T]):
         self.max_latency_ms = max_latency_ms
         self.drop_last = drop_last
         self._buffers: dict[int, list[T]] = {}
-        self._first_ns: dict[int, int] = {}
 
     def has_pending_data(self, lane_id: int | None = None) -> bool:
         if lane_id is None:
@@ -49,34 +48,23 @@ class CountingAccumulator(Accumulator[T]):
 
     def push_many(self, elems: Sequence[T]) -> list[ReadyBatch[T]]:
         ready: list[ReadyBatch[T]] = []
-        timed = self.max_latency_ms is not None
-        now = time.perf_counter_ns() if timed else 0
         for elem in elems:
             lane = lane_of(elem)
             buf = self._buffers.setdefault(lane, [])
-            if timed and not buf:
-                self._first_ns[lane] = now
             buf.append(elem)
-            waited = now - self._first_ns.get(lane, now)
-            if len(buf) >= self.max_batch or (timed and waited >= self.max_latency_ms * 1_000_000):  # type: ignore[operator]
-                ready.append(self._emit(lane))
+            if len(buf) >= self.max_batch:
+                ready.append((buf, 0))
+                self._buffers[lane] = []
         return ready
 
     def flush(self, *, reset: bool = False, lane_id: int | None = None) -> list[ReadyBatch[T]]:
         lanes = list(self._buffers) if lane_id is None else [lane_id]
         ready: list[ReadyBatch[T]] = []
         for lane in lanes:
-            if self._buffers.get(lane) and not self.drop_last:
-                ready.append(self._emit(lane))
-            self._buffers.pop(lane, None)
-            self._first_ns.pop(lane, None)
+            buf = self._buffers.pop(lane, None)
+            if buf and not self.drop_last:
+                ready.append((buf, 0))
         return ready
-
-    def _emit(self, lane: int) -> ReadyBatch[T]:
-        first = self._first_ns.pop(lane, None)
-        waited = time.perf_counter_ns() - first if first is not None else 0
-        batch, self._buffers[lane] = self._buffers[lane], []
-        return (batch, waited)
 
 
 __all__ = ["CountingAccumulator"]
