@@ -2,9 +2,9 @@
 
 Zephon's source distribution on the package index ships its test suite. This script downloads it
 (never copied into this repository), runs its test files unchanged against zephon_columnar
-through an import alias (``compat/alias/zephon``: ``zephon`` and ``zephon.X`` *are*
-``zephon_columnar`` and ``zephon_columnar.X``), and reports pass / fail / excluded per file,
-side by side with the same files run on Zephon 0.2.0 itself.
+through an import alias (``compat/alias/zephon``: ``zephon`` is ``zephon_columnar`` and
+``zephon.X`` a view of ``zephon_columnar.X``), and reports, per file, what passes, what fails and
+what is excluded, side by side with the same files run on Zephon 0.2.0 itself.
 
 Commands (from the repository root)::
 
@@ -18,7 +18,10 @@ What "excluded" means: a test that reaches into Zephon's private modules (``zeph
 and any ``zephon._X``) or private attributes is not our contract. The report names such a test
 *private* when its own code, or a fixture or helper it uses from the same file, mentions a
 private module, a name imported from one, or an ``obj._attribute`` (see :func:`private_tests`);
-or when it failed on a placeholder of a private name (the alias's ``PrivateInternalUsed``).
+or when it failed on a placeholder (the alias's ``PrivateInternalUsed``: a private name, or a
+name outside Zephon's declared ``__all__`` of its module). *Repository* tests check Zephon's
+repository, not its API (`REPOSITORY_TESTS`). *Deliberate* differences are listed, with their
+reasons, in docs/compatibility.md.
 
 The one change to Zephon's files: its root ``conftest.py`` resets Zephon's private shard catalog
 around every test (an autouse fixture); that fixture is removed for the zephon_columnar run.
