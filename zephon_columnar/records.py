@@ -135,8 +135,13 @@ class SampleMeta:
 
     @property
     def padding_length(self) -> int | None:
-        """Trailing pad tokens of a ``pack_flat`` row, else None."""
-        return self.tags.get("padding_length")
+        """Trailing pad tokens of a packed row (our ``tags["padding_length"]``, or Zephon's
+        ``tags["_packing_metadata"]["padding_length"]``), else None."""
+        n = self.tags.get("padding_length")
+        if n is None:
+            packing = self.tags.get("_packing_metadata")
+            n = packing.get("padding_length") if isinstance(packing, Mapping) else None
+        return n
 
     @property
     def contributors(self) -> tuple[ContributorRef, ...]:

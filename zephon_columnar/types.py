@@ -454,14 +454,9 @@ def _resolve_dtype(dtype: Any) -> tuple[Any, _Framework]:
                           "or None for lists.") from err
 
 
-def _record_pad_length(meta: Any) -> int:
-    """A record's trailing pad count (``meta.padding_length``, or Zephon's
-    ``tags['_packing_metadata']['padding_length']``); 0 when it has none."""
-    n = getattr(meta, "padding_length", None)
-    if n is None:
-        packing = (getattr(meta, "tags", None) or {}).get("_packing_metadata")
-        n = packing.get("padding_length") if packing else None
-    return int(n or 0)
+def _record_pad_length(meta: SampleMeta) -> int:
+    """A record's trailing pad count (`SampleMeta.padding_length`); 0 when it has none."""
+    return int(meta.padding_length or 0)
 
 
 def _has_length(value: Any) -> bool:

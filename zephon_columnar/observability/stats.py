@@ -32,6 +32,31 @@ def _ratio(part: float, whole: float) -> float:
     return part / whole if whole > 0 else 0.0
 
 
+@dataclass
+class _PlanSummary:
+    """What every pipeline-wide summary has: which plan, how often it reports, how finely it
+    tracks; ``merge`` keeps its own values and takes the other's where it has none."""
+
+    plan_id: str | None = None
+    reporting_interval_s: float | None = None
+    tracking_mode: ExecutionTrackingMode = ExecutionTrackingMode.OFF
+
+    def merge(self, other: Any) -> None:
+        raise NotImplementedError
+
+    def _merge_plan(self, other: "_PlanSummary") -> None:
+        if self.plan_id is None:
+            self.plan_id = other.plan_id
+        if self.reporting_interval_s is None:
+            self.reporting_interval_s = other.reporting_interval_s
+
+    def clone(self) -> Any:
+        """An independent copy (later deltas applied to either do not reach the other)."""
+        clone = type(self)(self.plan_id, self.reporting_interval_s, self.tracking_mode)
+        clone.merge(self)
+        return clone
+
+
 @dataclass(slots=True)
 class NodeMetricsDelta:
     """One operator's work since its last report."""
@@ -267,21 +292,16 @@ class FetchStageSummary:
 
 
 @dataclass
-class FetchTimingSummary:
+class FetchTimingSummary(_PlanSummary):
     """Fetch metrics of a pipeline, per stage."""
 
-    plan_id: str | None = None
-    reporting_interval_s: float | None = None
-    tracking_mode: ExecutionTrackingMode = ExecutionTrackingMode.OFF
     stages: MutableMapping[int, FetchStageSummary] = field(default_factory=dict)
 
     def apply(self, delta: FetchTimingDelta) -> None:
         self.stages.setdefault(delta.stage_index, FetchStageSummary(index=delta.stage_index)).apply(delta)
 
     def merge(self, other: "FetchTimingSummary") -> None:
-        self.plan_id = self.plan_id if self.plan_id is not None else other.plan_id
-        if self.reporting_interval_s is None:
-            self.reporting_interval_s = other.reporting_interval_s
+        self._merge_plan(other)
         for index, stage in other.stages.items():
             self.stages.setdefault(index, FetchStageSummary(index=index)).merge(stage)
 
@@ -293,11 +313,6 @@ class FetchTimingSummary:
         return [record for stage in self.iter_stages()
                 for record in stage.to_records(plan_id=self.plan_id, stage_name=(stage_names or {}).get(stage.index),
                                                tracking_mode=self.tracking_mode, include_shards=include_shards)]
-
-    def clone(self) -> "FetchTimingSummary":
-        clone = FetchTimingSummary(self.plan_id, self.reporting_interval_s, self.tracking_mode)
-        clone.merge(self)
-        return clone
 
     def has_samples(self) -> bool:
         return any(stage.totals.samples > 0 for stage in self.stages.values())
@@ -340,28 +355,18 @@ class PrefetchTimingTotals:
 
 
 @dataclass
-class PrefetchTimingSummary:
+class PrefetchTimingSummary(_PlanSummary):
     """Prefetch metrics of a pipeline, per stage; ``success_rate`` over all of them."""
 
-    plan_id: str | None = None
-    reporting_interval_s: float | None = None
-    tracking_mode: ExecutionTrackingMode = ExecutionTrackingMode.OFF
     stages: MutableMapping[int, PrefetchTimingTotals] = field(default_factory=dict)
 
     def apply(self, delta: PrefetchTimingDelta) -> None:
         self.stages.setdefault(delta.stage_index, PrefetchTimingTotals()).apply(delta)
 
     def merge(self, other: "PrefetchTimingSummary") -> None:
-        self.plan_id = self.plan_id if self.plan_id is not None else other.plan_id
-        if self.reporting_interval_s is None:
-            self.reporting_interval_s = other.reporting_interval_s
+        self._merge_plan(other)
         for index, totals in other.stages.items():
             self.stages.setdefault(index, PrefetchTimingTotals()).merge(totals)
-
-    def clone(self) -> "PrefetchTimingSummary":
-        clone = PrefetchTimingSummary(self.plan_id, self.reporting_interval_s, self.tracking_mode)
-        clone.merge(self)
-        return clone
 
     def has_samples(self) -> bool:
         return any(totals.samples > 0 for totals in self.stages.values())
@@ -373,13 +378,10 @@ class PrefetchTimingSummary:
 
 
 @dataclass
-class PipelineSummary:
+class PipelineSummary(_PlanSummary):
     """A pipeline's operator metrics, per stage, plus the engine's own counters (``records``:
     ``{lane, name, value}`` and per-stage dicts, what ``Pipeline.metrics_snapshot`` fills)."""
 
-    plan_id: str | None = None
-    reporting_interval_s: float | None = None
-    tracking_mode: ExecutionTrackingMode = ExecutionTrackingMode.OFF
     stages: MutableMapping[int, StageSummary] = field(default_factory=dict)
     total_wait_ratio: float | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
@@ -388,9 +390,7 @@ class PipelineSummary:
         self.stages.setdefault(delta.stage_index, StageSummary(delta.stage_index, delta.stage_name)).apply(delta)
 
     def merge(self, other: "PipelineSummary") -> None:
-        self.plan_id = self.plan_id if self.plan_id is not None else other.plan_id
-        if self.reporting_interval_s is None:
-            self.reporting_interval_s = other.reporting_interval_s
+        self._merge_plan(other)
         for index, stage in other.stages.items():
             self.stages.setdefault(index, StageSummary(stage.index, stage.name)).merge(stage)
         self.records = self.records + other.records
@@ -406,8 +406,7 @@ class PipelineSummary:
                 for stage in self.iter_stages() for node in stage.iter_nodes()] + list(self.records)
 
     def clone(self) -> "PipelineSummary":
-        clone = PipelineSummary(self.plan_id, self.reporting_interval_s, self.tracking_mode)
-        clone.merge(self)
+        clone = super().clone()
         clone.total_wait_ratio = self.total_wait_ratio
         return clone
 

@@ -235,17 +235,17 @@ def prime_token_ratios(*, datasets: Sequence[Any], dataset_ids: Mapping[str, int
             rows = calibration_rows(np.asarray(ds.counts(), np.int64), estimation, seed=seed,
                                     dataset_index=dataset_ids[name])
             reader, ids = ds.open_reader(), np.asarray(ds.ids())
-            try:
-                tokens = np.array([sum(int(count(p)) for p in reader.take(int(ids[s]), rows[rows[:, 0] == s, 1])
-                                       .to_pylist()) for s in np.unique(rows[:, 0])], np.float64)
+            try:  # tokens of each calibration row, in the order of ``rows``
+                tokens = np.zeros(len(rows), np.float64)
+                for shard in np.unique(rows[:, 0]):
+                    at = np.flatnonzero(rows[:, 0] == shard)
+                    payloads = reader.take(int(ids[shard]), rows[at, 1]).to_pylist()
+                    tokens[at] = [int(count(p)) for p in payloads]
             finally:
                 reader.close()
-            counts = np.asarray(ds.counts(), np.float64)
-            per_row = np.divide(np.asarray(ds.raw_bytes(), np.float64), counts, out=np.zeros_like(counts),
-                                where=counts > 0)
-            shard_rows = np.array([np.count_nonzero(rows[:, 0] == s) for s in np.unique(rows[:, 0])], np.float64)
-            stored = float(np.sum(per_row[np.unique(rows[:, 0])] * shard_rows))
-            ratio = float(tokens.sum()) / stored if tokens.sum() > 0 and stored > 0 else None
+            # As the work source's own priming measures it.
+            per_row = np.asarray(ds.raw_bytes(), np.float64) / np.maximum(np.asarray(ds.counts(), np.float64), 1)
+            ratio = measured_ratio(tokens, rows[:, 0], per_row)
             if ratio is None:
                 failed[name] = "no token counted in its calibration rows, or no byte sizes"
         ratios[name] = (TokenRatio(ratio, "measured") if ratio is not None
