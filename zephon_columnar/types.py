@@ -754,17 +754,8 @@ def _row_cu_seqlens(positions: Any, fw: _Framework, flatten: bool) -> tuple[Any,
         raise ConfigError("to_training: positions must start at zero in every nonempty row.")
     if (arr.size if flatten else s) > 2**31 - 1:
         raise ConfigError("to_training: cumulative sequence lengths exceed the int32 range; use shorter batches.")
-    if flatten:
-        cu = np.append(np.flatnonzero(arr.reshape(-1) == 0), arr.size).astype(np.int32)
-        return _to_fw(cu, fw, positions), int(np.diff(cu).max(initial=0))
-    starts = arr == 0
-    counts = starts.sum(axis=1)
-    k = int(counts.max(initial=0)) + 1
-    cu = np.full((b, k), s, dtype=np.int32)
-    rows, cols = np.nonzero(starts)
-    cu[rows, np.arange(len(rows)) - (np.cumsum(counts) - counts)[rows]] = cols
-    maxima = np.diff(cu, axis=1).max(axis=1, initial=0).astype(np.int32)
-    return _to_fw(cu, fw, positions), _to_fw(maxima, fw, positions)
+    cu, maxima = _segment_bounds(arr == 0, flatten)
+    return _to_fw(cu, fw, positions), (maxima if flatten else _to_fw(maxima, fw, positions))
 
 
 # ---------------------------------------------------------------------- helpers
@@ -923,18 +914,30 @@ def _cu_seqlens(positions: np.ndarray | None, pad: np.ndarray, flatten: bool) ->
         # The pad tail is one segment of its own (as packing emits it), not one per position.
         first_pad = pad & ~np.concatenate([np.zeros((b, 1), bool), pad[:, :-1]], axis=1)
         starts = (starts & ~pad) | first_pad
+    cu, max_seqlen = _segment_bounds(starts, flatten)
+    return cu, np.array(max_seqlen, dtype=np.int32)
+
+
+def _segment_bounds(starts: np.ndarray, flatten: bool) -> tuple[np.ndarray, Any]:
+    """int32 cumulative segment boundaries from a (B, S) bool mask of segment starts, and the
+    longest segment: per row ((B, K) boundaries padded with S, and (B,) int32 maxima), or over
+    the flattened batch ((N + 1,) boundaries and a Python int). Vectorized: one scatter.
+
+    Example:
+        >>> starts = np.array([[True, False, True], [True, False, False]])
+        >>> cu, longest = _segment_bounds(starts, False)
+        >>> cu.tolist(), longest.tolist(), _segment_bounds(starts, True)[0].tolist()
+        ([[0, 2, 3], [0, 3, 3]], [2, 3], [0, 2, 3, 6])
+    """
+    b, s = starts.shape
     if flatten:
-        idx = np.flatnonzero(starts.reshape(-1))
-        cu = np.append(idx, b * s).astype(np.int32)
-        return cu, np.array(int(np.diff(cu).max()) if len(cu) > 1 else 0, dtype=np.int32)
+        cu = np.append(np.flatnonzero(starts.reshape(-1)), b * s).astype(np.int32)
+        return cu, int(np.diff(cu).max(initial=0))
     counts = starts.sum(axis=1)
-    k = int(counts.max()) + 1 if b else 1
-    cu = np.full((b, k), s, dtype=np.int32)
-    r, c = np.nonzero(starts)
-    slot = np.arange(len(r)) - np.repeat(np.cumsum(counts) - counts, counts)
-    cu[r, slot] = c
-    max_seqlen = np.diff(cu, axis=1).max(axis=1).astype(np.int32) if k > 1 else np.zeros(b, np.int32)
-    return cu, max_seqlen
+    cu = np.full((b, int(counts.max(initial=0)) + 1), s, dtype=np.int32)
+    rows, cols = np.nonzero(starts)  # row-major: each row's starts in order
+    cu[rows, np.arange(len(rows)) - np.repeat(np.cumsum(counts) - counts, counts)] = cols
+    return cu, np.diff(cu, axis=1).max(axis=1, initial=0).astype(np.int32)
 
 
 def _convert(value: np.ndarray, dtype: Any, name: str, zero_copy: bool) -> Any:
