@@ -106,19 +106,21 @@ def datasets_strategy(draw) -> list[dict]:
 @st.composite
 def exhaustion_strategy(draw, names: list[str]) -> dict:
     """How the source ends: the default (every dataset one pass, smaller ones repeat), one policy
-    for all or one per dataset, optionally stop_after_passes (only with no 'stop' policy)."""
+    for all or one per dataset, optionally stop_after_passes (only when all repeat) or max_repeats."""
     kind = draw(st.sampled_from(["default", "default", "all", "per_dataset"]))
     if kind == "default":
-        return dict(policy=None, stop_after_passes=None)
+        return dict(policy=None, stop_after_passes=None, max_repeats=None)
     if kind == "all":
         policy: Any = draw(st.sampled_from(["stop", "repeat", "redistribute"]))
     else:
         policy = {n: draw(st.sampled_from(["stop", "repeat", "redistribute"])) for n in names}
     policies = set(policy.values()) if isinstance(policy, dict) else {policy}
-    passes = None
-    if "stop" not in policies and draw(st.booleans()):
-        passes = draw(st.integers(1, 2))
-    return dict(policy=policy, stop_after_passes=passes)
+    passes = repeats = None
+    if policies == {"repeat"} and draw(st.booleans()):
+        passes = draw(st.integers(1, 2))  # a pass floor needs every dataset to repeat
+    elif "repeat" in policies and draw(st.booleans()):
+        repeats = draw(st.integers(0, 2))  # the repeating datasets end after 1 + N passes
+    return dict(policy=policy, stop_after_passes=passes, max_repeats=repeats)
 
 
 @st.composite
@@ -315,6 +317,8 @@ def make_source(recipe: dict) -> StaticMixtureWorkSource:
         kwargs["exhausted_policy"] = ex["policy"]
     if ex["stop_after_passes"] is not None:
         kwargs["stop_after_passes"] = ex["stop_after_passes"]
+    if ex.get("max_repeats") is not None:
+        kwargs["max_repeats"] = ex["max_repeats"]
     data = recipe["data"]
     return StaticMixtureWorkSource([make_dataset(d) for d in data], {d["name"]: d["weight"] for d in data},
                                    chunk_size=recipe["source"]["chunk_size"], seed=recipe["source"]["seed"],
@@ -322,12 +326,14 @@ def make_source(recipe: dict) -> StaticMixtureWorkSource:
 
 
 def is_endless(recipe: dict) -> bool:
-    """No pass limit, no 'stop' policy and a dataset that repeats: the source never ends."""
+    """No pass limit, no 'stop' policy and a dataset that repeats without a cap: the source
+    never ends."""
     ex = recipe["exhaustion"]
     if ex["policy"] is None:
         return False  # the default: stop_after_passes=1
     policies = set(ex["policy"].values()) if isinstance(ex["policy"], dict) else {ex["policy"]}
-    return ex["stop_after_passes"] is None and "stop" not in policies and "repeat" in policies
+    return (ex["stop_after_passes"] is None and ex.get("max_repeats") is None and "stop" not in policies
+            and "repeat" in policies)
 
 
 # ============================================================================ the plan

@@ -50,8 +50,9 @@ class ConfigError(ZephonError, ValueError):
     """A wrong option or argument (unknown mixture component, bad chunk size, ...)."""
 
 
-class CheckpointError(ZephonError, ValueError):
-    """A checkpoint is malformed or was taken with a different data recipe."""
+class CheckpointError(ZephonError, ValueError, RuntimeError):
+    """A checkpoint is malformed or was taken with a different data recipe (also a
+    ``RuntimeError``, the class Zephon raises for a state it cannot load)."""
 
 
 class PipelineError(ZephonError, RuntimeError):
@@ -123,9 +124,9 @@ class EmptyPassWarning(ZephonWarning):
     """A whole pass over the data delivered no item (every row filtered out, or none read)."""
 
 
-class ConfigurationWarning(ZephonWarning):
+class ConfigurationWarning(ZephonWarning, RuntimeWarning):
     """A setting that is probably not what was meant (two data-parallel ranks that receive the
-    same batches, an option with no effect)."""
+    same batches, an option with no effect); also a ``RuntimeWarning``, as Zephon's are."""
 
 
 class Notices:

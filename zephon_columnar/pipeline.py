@@ -427,6 +427,9 @@ class Pipeline:
         if not isinstance(op, str):
             raise WrongTypeError(f"add_op({type(op).__name__}): pass a BaseOp instance, or a name and "
                                  "process_many= (the kwargs form).")
+        if name is not None:
+            raise ConfigError(f"add_op({op!r}, name={name!r}, ...): the kwargs form takes the operator's name "
+                              "positionally; drop name= (it renames operator instances only).")
         if preserves_cursor_order is None:
             raise ConfigError(f"add_op({op!r}, ...): preserves_cursor_order= is required: True if the operator "
                               "emits records in the order it got them, else False.")
@@ -752,8 +755,8 @@ class Pipeline:
             except CheckpointError as err:
                 where = "source_state" if isinstance(cur, LaneCursor) else "resume.source_state"
                 raise CheckpointError(f"checkpoint lanes.{lane}.{where}: {err}") from err
-            if self._ws.requires_token_priming and isinstance(state, Mapping) and state.get("tokens_per_byte"):
-                self._ws.prime(ratios=state["tokens_per_byte"])  # the restored run mixes as the saved one
+            if self._ws.requires_token_priming and isinstance(state, Mapping) and state.get("token_ratios"):
+                self._ws.prime(ratios=state["token_ratios"])  # the restored run mixes as the saved one
         # Last, after the checks that name a field: a lane edited in a way that still parses.
         verify_digests(ckpt)
         # Every lane is kept: options may still change which lanes this rank owns before iterating.

@@ -113,7 +113,8 @@ class ValidationReport:
     def format(self) -> str:
         if not self.issues:
             return "validation: no issues"
-        return "\n".join(f"[{i.severity}] {i.code} in {i.op_name}: {i.message}" for i in self.issues)
+        return "\n".join(f"[{i.severity}] {i.code} in {i.op_name}: {i.message}"
+                         + (f" → {i.doc_link}" if i.doc_link else "") for i in self.issues)
 
 
 class ValidationError(PipelineError):
@@ -494,8 +495,8 @@ def _differs(name: str, first: _Outcome, second: _Outcome, changed_captured: lis
     """Two fresh copies gave different results for the same input: unseeded randomness, or
     state they share (captured by the op's code) carried from one call to the next."""
     seen = first.difference(second)
-    if changed_captured:
-        return Issue("error", "OP_CROSS_CALL_STATE", name, (
+    if changed_captured:  # Zephon's code for it; the message says where the difference comes from
+        return Issue("error", "OP_NONDETERMINISTIC", name, (
             f"the same input gave different results on two fresh copies of the op ({seen}), and a call changed "
             f"state its code captures ({', '.join(changed_captured)}): output depends on earlier calls. Keep state "
             "across calls in the accumulator (accumulator()), which the engine rebuilds at every flush point."))

@@ -61,13 +61,13 @@ def set_in(path: Callable[[dict], Any], key: Any, value: Any) -> Callable[[dict]
 
 
 REFERENCE_CASES = {
-    "global_index float": (set_in(source0, "global_index", 1e30), r"global_index = 1e\+30: not a count"),
-    "global_index int": (set_in(source0, "global_index", 10**30), r"global_index = 10{30}: not a count"),
-    "epoch float": (set_in(lambda c: source0(c)["components"]["a"], "epoch", 1e18), "epoch must be an int"),
-    "epoch int": (set_in(lambda c: source0(c)["components"]["a"], "epoch", 10**18), "cannot have taken"),
-    "accumulator exponent": (set_in(lambda c: source0(c)["components"]["a"], "accumulator", "1e10000000"),
+    "global_index float": (set_in(source0, "global_chunk_index", 1e30), r"global_chunk_index = 1e\+30: not a count"),
+    "global_index int": (set_in(source0, "global_chunk_index", 10**30), r"global_chunk_index = 10{30}: not a count"),
+    "epoch float": (set_in(lambda c: source0(c)["cursor_states"]["a"], "epoch", 1e18), "epoch must be an int"),
+    "epoch int": (set_in(lambda c: source0(c)["cursor_states"]["a"], "epoch", 10**18), "cannot have taken"),
+    "accumulator exponent": (set_in(lambda c: source0(c)["cursor_states"]["a"], "accumulator", "1e10000000"),
                              "accumulator is '1e10000000', not a fraction"),
-    "accumulator large": (set_in(lambda c: source0(c)["components"]["a"], "accumulator", "5/1"),
+    "accumulator large": (set_in(lambda c: source0(c)["cursor_states"]["a"], "accumulator", "5/1"),
                           "beyond the"),
     "rows of a stage": (set_in(lambda c: lane0(c)["stages"][0]["rows"], "n", 10**12), r"stages\[0\]\.rows"),
     "a stage's counter": (set_in(lambda c: lane0(c)["stages"][0]["state"], "arrivals", 1e30), "arrivals"),

@@ -161,7 +161,7 @@ def test_not_indexable_names_the_operator(sources, build, culprit):
 
 
 def test_endless_stream_is_not_indexable(sources):
-    pipe = Pipeline(mixture(sources, stop_after_passes=None))
+    pipe = Pipeline(mixture(sources, exhausted_policy="repeat"))
     assert not pipe.is_indexable
     with pytest.raises(ConfigError, match="stream never ends"):
         pipe.to_indexable_torch_dataset()

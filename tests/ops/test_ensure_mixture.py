@@ -90,7 +90,7 @@ def token_shares(pipe, batches: int, window: int) -> list[float]:
 
 
 def skewed_pipe(weights, **ensure):
-    ws = StaticMixtureWorkSource(list(_skewed()), weights, chunk_size=64, seed=2, stop_after_passes=None,
+    ws = StaticMixtureWorkSource(list(_skewed()), weights, chunk_size=64, seed=2,
                                  exhausted_policy="repeat")
     pipe = Pipeline(ws)
     if ensure:

@@ -145,11 +145,17 @@ def test_pad_id_falls_back_to_eos_and_else_fails():
         TokenizeOp(bare, field="text", special_tokens="none", max_length=8, padding="max_length")
 
 
+@pytest.mark.parametrize("padding", [True, "longest"])
+def test_padding_to_the_longest_leaves_rows_for_the_batch_to_pad(tok, padding):
+    # Zephon pads to the longest row of a tokenizer call, which depends on how rows are grouped;
+    # here the rows stay as they are and to_training pads each batch to its longest row.
+    texts = ["a b c d e f", "a", "b c"]
+    padded = run(TokenizeOp(tok, field="text", padding=padding), texts=texts)
+    plain = run(TokenizeOp(tok, field="text"), texts=texts)
+    assert ids(padded) == ids(plain) and len({len(r) for r in ids(padded)}) == 3
+
+
 def test_option_errors(tok):
-    with pytest.raises(ConfigError, match="grouped into frames"):
-        TokenizeOp(tok, field="text", padding="longest")
-    with pytest.raises(ConfigError, match="grouped into frames"):
-        TokenizeOp(tok, field="text", padding=True)
     with pytest.raises(ConfigError, match="needs max_length"):
         TokenizeOp(tok, field="text", padding="max_length")
     with pytest.raises(ConfigError, match="truncation=True needs max_length"):

@@ -40,8 +40,9 @@ def take(ws: Any, n: int) -> list[WorkChunk]:
 
 
 def per_dataset(chunks: Sequence[WorkChunk], name: str) -> np.ndarray:
-    """All pointers of component ``name`` across ``chunks``, in draw order."""
-    parts = [c.component_arrays[name] for c in chunks]
+    """All pointers of component ``name`` across ``chunks``, in draw order (a chunk without
+    rows of ``name`` leaves it out)."""
+    parts = [c.component_arrays[name] for c in chunks if name in c.component_arrays]
     return np.concatenate(parts) if parts else np.empty((0, 3), np.int64)
 
 

@@ -36,7 +36,7 @@ def test_union_of_lanes_is_the_base_stream(replicas, mode, passes):
 def test_permute_deals_one_chunk_per_lane_per_block(replicas):
     owners = {}
     for lane in range(replicas):
-        for c in take(build(stop_after_passes=None).clone_for_lane(lane, replicas), 12):
+        for c in take(build(exhausted_policy="repeat").clone_for_lane(lane, replicas), 12):
             owners[c.global_index] = lane
     for b in range(12):
         block = [owners[g] for g in range(b * replicas, (b + 1) * replicas)]
@@ -46,7 +46,7 @@ def test_permute_deals_one_chunk_per_lane_per_block(replicas):
 
 
 def test_modulo_assignment():
-    lane = build("modulo", stop_after_passes=None).clone_for_lane(2, 3)
+    lane = build("modulo", exhausted_policy="repeat").clone_for_lane(2, 3)
     assert [c.global_index for c in take(lane, 5)] == [2, 5, 8, 11, 14]
 
 
@@ -90,21 +90,21 @@ def test_lanes_materialize_only_the_chunks_they_own(monkeypatch):
         return real(self, epoch, start, n, out=out)
 
     monkeypatch.setattr(DatasetOrder, "take", counting)
-    take(build(stop_after_passes=None), 40)
+    take(build(exhausted_policy="repeat"), 40)
     base_calls = len(calls)
     calls.clear()
-    lane = build(stop_after_passes=None).clone_for_lane(3, 8)
+    lane = build(exhausted_policy="repeat").clone_for_lane(3, 8)
     got = take(lane, 5)                      # 5 of the first 40 global chunks
     assert max(c.global_index for c in got) < 40
     assert 0 < len(calls) <= base_calls / 8 * 1.5
 
 
 def test_clones_are_independent():
-    base = build(stop_after_passes=None)
+    base = build(exhausted_policy="repeat")
     one, two = base.clone_for_lane(0, 2), base.clone_for_lane(0, 2)
     first = take(one, 3)
     assert same_chunks(take(two, 3), first)
-    assert base.state_dict()["global_index"] == 0
+    assert base.state_dict()["global_chunk_index"] == 0
 
 
 @pytest.mark.parametrize("lane, replicas", [(2, 2), (-1, 2), (0, 0), (0.5, 2)])

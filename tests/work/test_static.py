@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon_columnar.errors import CheckpointError, ConfigError
+from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning
 from zephon_columnar.work import MixtureSpec, StaticMixtureWorkSource, WorkChunk
 
 from ._helpers import (
@@ -109,12 +109,19 @@ def test_stop_after_passes_every_dataset_completes_its_passes(sizes, raw, chunk,
     assert any(len(drawn[ds.name]) == passes * len(ds) for ds in dss)
 
 
-def test_stop_after_passes_none_repeats_forever():
-    ws = source([make_ds("a", [5])], {"a": 1}, chunk_size=4, stop_after_passes=None)
+def test_repeat_without_a_cap_repeats_forever():
+    ws = source([make_ds("a", [5])], {"a": 1}, chunk_size=4, exhausted_policy="repeat")
     assert ws.total_samples == math.inf
-    with pytest.raises(TypeError, match="unbounded"):
+    with pytest.raises(TypeError, match="infinite work source"):
         len(ws)
     assert len(take(ws, 50)) == 50
+
+
+def test_stop_after_passes_none_without_a_policy_stops_every_dataset():
+    # Zephon: no floor and no exhausted_policy means 'stop' for every dataset.
+    ws = source([make_ds("a", [5])], {"a": 1}, chunk_size=4, stop_after_passes=None)
+    assert ws.recipe()["exhausted_policy"] == {"a": "stop"}
+    assert [len(c) for c in drain(ws)] == [4, 1]
 
 
 # ---------------------------------------------------------------- ratios and determinism
@@ -125,29 +132,29 @@ def test_stop_after_passes_none_repeats_forever():
 @settings(max_examples=40, deadline=None)
 def test_long_run_ratio_is_exact_within_two_samples_at_every_chunk(raw, chunk):
     dss = [make_ds(f"d{i}", [10**6]) for i in range(len(raw))]
-    ws = source(dss, {ds.name: w for ds, w in zip(dss, raw)}, chunk_size=chunk, stop_after_passes=None)
+    ws = source(dss, {ds.name: w for ds, w in zip(dss, raw)}, chunk_size=chunk, exhausted_policy="repeat")
     w = np.array(raw) / sum(raw)
     got = np.zeros(len(raw))
     for m in range(1, 121):
         c = ws.next_chunk()
         assert len(c) == chunk
-        got += [len(c.components[ds.name]) for ds in dss]
+        got += [len(c.components.get(ds.name, ())) for ds in dss]
         assert np.abs(got - m * chunk * w).max() < 2
 
 
 def quotas(chunks, names):
-    return [[len(c.components[n]) for n in names] for c in chunks]
+    return [[len(c.components.get(n, ())) for n in names] for c in chunks]
 
 
 def test_bresenham_quotas_largest_remainder_ties_to_the_lower_index():
     dss = [make_ds(n, [1000]) for n in "abc"]
-    ws = source(dss, {"a": 0.5, "b": 0.25, "c": 0.25}, chunk_size=6, stop_after_passes=None)
+    ws = source(dss, {"a": 0.5, "b": 0.25, "c": 0.25}, chunk_size=6, exhausted_policy="repeat")
     # acc 3/1.5/1.5 -> 3/1/1 and the spare slot to b (tie with c); then acc 3/1/2 exactly
     assert quotas(take(ws, 3), "abc") == [[3, 2, 1], [3, 1, 2], [3, 2, 1]]
-    ws = source(dss, {"a": 0.7, "b": 0.2, "c": 0.1}, chunk_size=16, stop_after_passes=None)
+    ws = source(dss, {"a": 0.7, "b": 0.2, "c": 0.1}, chunk_size=16, exhausted_policy="repeat")
     # acc 11.2/3.2/1.6 -> 11/3/1 and the spare slot to the largest remainder, c
     assert quotas(take(ws, 1), "abc") == [[11, 3, 2]]
-    equal = source(dss, {"a": 1, "b": 1, "c": 1}, chunk_size=1, stop_after_passes=None)
+    equal = source(dss, {"a": 1, "b": 1, "c": 1}, chunk_size=1, exhausted_policy="repeat")
     assert quotas(take(equal, 6), "abc") == [[1, 0, 0], [0, 1, 0], [0, 0, 1]] * 2
 
 
@@ -209,13 +216,13 @@ def test_repeat_restarts_each_pass_reshuffled_or_not(reshuffle):
     passes = [drawn[i:i + 10] for i in range(0, 60, 10)]
     assert all(set(p) == all_pairs(ds) for p in passes)
     assert (passes[0] != passes[1]) == reshuffle
-    assert ws.continues_after_exhaustion() == frozenset({"a"})
+    assert ws.continues_after_exhaustion() == frozenset()  # a repeat restarts: the source never goes on without it
 
 
 @pytest.mark.parametrize("reshuffle", [True, False])
 def test_dataset_much_smaller_than_a_chunk_wraps_pass_after_pass(reshuffle):
     ds = make_ds("a", [2, 1])
-    ws = source([ds], {"a": 1}, chunk_size=20, stop_after_passes=None, reshuffle_on_repeat=reshuffle,
+    ws = source([ds], {"a": 1}, chunk_size=20, exhausted_policy="repeat", reshuffle_on_repeat=reshuffle,
                 shuffle_within_shard=True)
     drawn = pairs(per_dataset(take(ws, 3), "a"))
     passes = [tuple(drawn[i:i + 3]) for i in range(0, 60, 3)]
@@ -223,26 +230,64 @@ def test_dataset_much_smaller_than_a_chunk_wraps_pass_after_pass(reshuffle):
     assert (len(set(passes)) == 1) == (not reshuffle)
 
 
-def test_max_repeats_caps_passes_then_leaves_like_redistribute():
+def test_max_repeats_caps_passes_then_ends_the_source_like_stop():
+    # Zephon: a capped repeat is terminal; once its 1 + N passes run out the source ends.
     small, big = make_ds("small", [20]), make_ds("big", [200])
-    ws = source([small, big], {"small": 1, "big": 1}, chunk_size=10, max_repeats=1)
-    assert ws.total_samples == 440
+    ws = source([small, big], {"small": 1, "big": 1}, chunk_size=10, exhausted_policy="repeat", max_repeats=1)
+    assert ws.total_samples == 80
     chunks = drain(ws)
-    assert [len(c) for c in chunks] == [10] * 44
-    assert len(per_dataset(chunks, "small")) == 40 and len(per_dataset(chunks, "big")) == 400
-    gone = next(i for i, c in enumerate(chunks) if "small" in c.source_exhausted)
-    assert all(len(c.components["small"]) == 0 for c in chunks[gone + 1:])
-    assert chunks[gone + 1].target_mixture == {"big": 1.0}
+    assert [len(c) for c in chunks] == [10] * 8
+    assert len(per_dataset(chunks, "small")) == 40 and len(per_dataset(chunks, "big")) == 40
+    assert [c.source_exhausted for c in chunks] == [()] * 7 + [("small",)]
     assert_passes_are_permutations(small, per_dataset(chunks, "small"))
 
 
-def test_max_repeats_per_dataset_leaves_the_others_unbounded():
-    ws = source([make_ds("a", [8]), make_ds("b", [8])], {"a": 1, "b": 1}, chunk_size=4,
-                max_repeats={"a": 0})
-    assert ws.total_samples == math.inf
-    chunks = take(ws, 30)
-    assert len(per_dataset(chunks, "a")) == 8 and len(per_dataset(chunks, "b")) == 112
-    assert ws.continues_after_exhaustion() == frozenset({"b"})
+def test_max_repeats_per_dataset_caps_only_the_named_dataset():
+    ws = source([make_ds("a", [8]), make_ds("b", [6])], {"a": 1, "b": 1}, chunk_size=4,
+                exhausted_policy="repeat", max_repeats={"a": 0})
+    assert ws.total_samples == 16
+    chunks = drain(ws)
+    assert len(per_dataset(chunks, "a")) == 8 and len(per_dataset(chunks, "b")) == 8  # b wrapped once
+    assert chunks[-1].source_exhausted == ("a",)   # b repeats: never announced
+    assert ws.continues_after_exhaustion() == frozenset()  # no 'redistribute' dataset
+
+
+def test_an_uncapped_repeat_is_never_announced_exhausted():
+    ws = source([make_ds("a", [3]), make_ds("b", [40])], {"a": 1, "b": 1}, chunk_size=4,
+                exhausted_policy={"a": "repeat", "b": "stop"})
+    chunks = drain(ws)
+    assert [c.source_exhausted for c in chunks] == [()] * 19 + [("b",)]  # b: 40 rows, 2 a chunk
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(exhausted_policy={"a": "stop", "b": "repeat"}, max_repeats={"a": 2}), r"max_repeats\['a'\]=2 has no effect"),
+    (dict(exhausted_policy={"a": "redistribute", "b": "repeat"}, reshuffle_on_repeat={"a": False}),
+     r"reshuffle_on_repeat\['a'\]=False has no effect"),
+    (dict(exhausted_policy="stop", max_repeats=3), "max_repeats=3 has no effect without a repeat component"),
+])
+def test_a_repeat_setting_without_a_repeating_dataset_warns(settings, message):
+    with pytest.warns(ConfigurationWarning, match=message) as caught:
+        source([make_ds("a", [4]), make_ds("b", [4])], {"a": 1, "b": 1}, chunk_size=2, **settings)
+    assert len(caught) == 1 and issubclass(caught[0].category, RuntimeWarning)  # Zephon's class too
+
+
+def test_an_empty_redistributing_dataset_is_announced_from_the_first_chunk():
+    ws = source([make_ds("a", [0]), make_ds("b", [3])], {"a": 1, "b": 1}, chunk_size=4,
+                exhausted_policy="redistribute")
+    (chunk,) = drain(ws)
+    assert len(chunk) == 3 and chunk.target_mixture == {"b": 1.0}
+    assert chunk.source_exhausted == ("a", "b")
+
+
+@pytest.mark.parametrize("sizes, policy, message", [
+    ([4, 0], "stop", "Dataset 'b' has 0 samples and exhausted_policy='stop'"),
+    ([4, 0], None, "Dataset 'b' has 0 samples but repeat policy requires"),  # the floor: all repeat
+    ([0, 0], "redistribute", "At least one dataset must contain samples"),
+])
+def test_empty_datasets_that_could_never_give_their_share_are_refused(sizes, policy, message):
+    dss = [make_ds(n, [k]) for n, k in zip("ab", sizes)]
+    with pytest.raises(ConfigError, match=message):
+        source(dss, {"a": 1, "b": 1}, chunk_size=2, exhausted_policy=policy)
 
 
 def test_redistribute_reads_each_dataset_once_and_renormalizes():
@@ -259,7 +304,7 @@ def test_redistribute_reads_each_dataset_once_and_renormalizes():
     b, c = (sum(len(ch.components[n]) for ch in later) for n in ("b", "c"))
     assert (b, c) == (24, 16)
     assert chunks[-1].source_exhausted == ("a", "b", "c")
-    assert ws.continues_after_exhaustion() == frozenset()
+    assert ws.continues_after_exhaustion() == frozenset({"a", "b", "c"})
 
 
 def test_stop_ends_with_the_chunk_where_the_dataset_runs_out():
@@ -275,6 +320,22 @@ def test_stop_ends_with_the_chunk_where_the_dataset_runs_out():
                        [WorkChunk.from_state({**c.state_dict(), "source_exhausted": []}) for c in ref[:-1]])
 
 
+def test_stop_that_runs_out_exactly_goes_on_until_its_next_draw():
+    # Zephon: the source ends at the first chunk 'stop' cannot fill, so chunks in which a sparse
+    # dataset that ran out exactly has no quota still come (announcing it), and the chunk that
+    # needs it is not planned: the failed draw leaves the state as it was.
+    ws = source([make_ds("a", [2]), make_ds("b", [500])], {"a": 1, "b": 9}, chunk_size=5,
+                exhausted_policy="stop")
+    chunks = drain(ws)
+    took_last_a = max(i for i, c in enumerate(chunks) if "a" in c.components)
+    assert len(per_dataset(chunks, "a")) == 2 and took_last_a < len(chunks) - 1
+    assert all(c.source_exhausted == ("a",) for c in chunks[took_last_a:])
+    assert all(c.source_exhausted == () for c in chunks[:took_last_a])
+    assert all(len(c) == 5 for c in chunks)
+    done = ws.state_dict()
+    assert ws.next_chunk() is None and ws.state_dict() == done
+
+
 def test_stop_on_a_single_dataset_delivers_each_row_once():
     ds = make_ds("a", [10, 9])
     chunks = drain(source([ds], {"a": 1}, chunk_size=4, exhausted_policy="stop"))
@@ -282,18 +343,20 @@ def test_stop_on_a_single_dataset_delivers_each_row_once():
     assert sorted(pairs(per_dataset(chunks, "a"))) == sorted(all_pairs(ds))
 
 
-def test_policy_dict_defaults_missing_datasets_to_repeat():
+def test_policy_dict_defaults_missing_datasets_to_stop():
+    # Zephon: without a pass floor a dataset the policy does not name stops.
     ws = source([make_ds("a", [4]), make_ds("b", [4])], {"a": 1, "b": 1}, chunk_size=2,
                 exhausted_policy={"a": "redistribute"})
-    assert ws.recipe()["exhausted_policy"] == {"a": "redistribute", "b": "repeat"}
-    assert ws.total_samples == math.inf
+    assert ws.recipe()["exhausted_policy"] == {"a": "redistribute", "b": "stop"}
+    assert ws.total_samples == 8
 
 
 def test_zero_weight_component_never_appears_and_does_not_block_the_end():
     ws = source([make_ds("a", [9]), make_ds("off", [5])], {"a": 1, "off": 0}, chunk_size=4)
     chunks = drain(ws)
     assert [len(c) for c in chunks] == [4, 4, 1]
-    assert all(len(c.components["off"]) == 0 and "off" in c.source_exhausted for c in chunks)
+    # never drawn: left out of every chunk, and not announced (it did not run out)
+    assert all("off" not in c.components and "off" not in c.source_exhausted for c in chunks)
 
 
 # ---------------------------------------------------------------- total_samples
@@ -302,9 +365,9 @@ POLICY_CONFIGS = [
     dict(stop_after_passes=2),
     dict(exhausted_policy="redistribute"),
     dict(exhausted_policy={"d0": "stop"}),
-    dict(max_repeats=1),
+    dict(exhausted_policy="repeat", max_repeats=1),
     dict(exhausted_policy={"d0": "redistribute", "d1": "repeat"}, max_repeats=2),
-    dict(exhausted_policy="redistribute", stop_after_passes=2),
+    dict(exhausted_policy={"d0": "redistribute"}),
 ]
 
 
@@ -335,7 +398,7 @@ def test_total_samples_is_exact_from_any_position(sizes, raw, chunk, config, ski
 
 # ---------------------------------------------------------------- state
 STATE_CONFIGS = POLICY_CONFIGS + [
-    dict(stop_after_passes=None),
+    dict(exhausted_policy="repeat"),
     dict(shuffle_within_shard=True, shuffle_block_size=3, reshuffle_on_repeat={"d1": False}),
 ]
 
@@ -365,12 +428,12 @@ def test_state_round_trip_through_json_equals_uninterrupted(sizes, raw, chunk, c
 
 def test_state_does_not_grow_over_a_long_stream():
     ws = source([make_ds("a", [7, 5]), make_ds("b", [3])], {"a": 0.7, "b": 0.3}, chunk_size=4,
-                stop_after_passes=None, shuffle_within_shard=True)
+                exhausted_policy="repeat", shuffle_within_shard=True)
     take(ws, 10)
     early = len(json.dumps(ws.state_dict()))
     take(ws, 3000)
     late = ws.state_dict()
-    assert late["global_index"] == 3010
+    assert late["global_chunk_index"] == 3010
     assert len(json.dumps(late)) <= early + 16   # only a few more digits in the counters
 
 
@@ -416,9 +479,9 @@ def test_equivalent_mixture_spellings_have_the_same_recipe():
 
 @pytest.mark.parametrize(
     "mutate",
-    [lambda s: s.pop("components"), lambda s: s.update(version=7), lambda s: s.pop("recipe"),
-     lambda s: s["components"]["a"].update(position=10), lambda s: s["components"]["a"].update(epoch=-1),
-     lambda s: s["components"].pop("b"), lambda s: s["components"]["a"].update(accumulator="x")],
+    [lambda s: s.pop("cursor_states"), lambda s: s.update(version=7), lambda s: s.pop("recipe"),
+     lambda s: s["cursor_states"]["a"].update(position=10), lambda s: s["cursor_states"]["a"].update(epoch=-1),
+     lambda s: s["cursor_states"].pop("b"), lambda s: s["cursor_states"]["a"].update(accumulator="x")],
 )
 def test_malformed_state_raises_checkpoint_error(mutate):
     dss = [make_ds("a", [10]), make_ds("b", [5])]
@@ -436,7 +499,7 @@ A, B = make_ds("web", [10]), make_ds("code", [10])
     "kwargs, fragments",
     [
         (dict(mixture={"web": 1, "cod": 1}), ["cod", "code"]),
-        (dict(datasets=[A, make_ds("code", [0, 0])], mixture={"web": 1, "code": 1}), ["'code'", "0 rows"]),
+        (dict(datasets=[A, make_ds("code", [0, 0])], mixture={"web": 1, "code": 1}), ["'code'", "0 samples"]),
         (dict(datasets=[A, make_ds("web", [3])], mixture={"web": 1}), ["duplicate", "web"]),
         (dict(datasets=[]), ["empty"]),
         (dict(chunk_size=0), ["chunk_size"]),
@@ -447,7 +510,7 @@ A, B = make_ds("web", [10]), make_ds("code", [10])
         (dict(exhausted_policy={"math": "stop"}), ["exhausted_policy", "math"]),
         (dict(max_repeats=-1), ["max_repeats", "-1"]),
         (dict(max_repeats={"web": -2}), ["max_repeats['web']"]),
-        (dict(exhausted_policy={"web": "stop"}, max_repeats={"web": 1}), ["max_repeats", "web"]),
+        (dict(exhausted_policy="redistribute", stop_after_passes=2), ["stop_after_passes", "requires every dataset to repeat"]),
         (dict(exhausted_policy="stop", stop_after_passes=2), ["stop_after_passes", "stop"]),
         (dict(max_repeats=1, stop_after_passes=1), ["stop_after_passes", "max_repeats"]),
         (dict(stop_after_passes=0), ["stop_after_passes"]),

@@ -44,7 +44,9 @@ def per_sample_bytes(ds: Dataset) -> float:
 
 def test_equal_token_weights_draw_samples_inversely_to_their_length():
     ws = source(TokenEstimation(primer=0.25))
-    assert not ws.requires_token_priming
+    assert ws.requires_token_priming  # as in Zephon: prime() first, even with the ratios stated
+    ws.prime()                        # (no counting: the primer's ratios are used as they are)
+    assert not ws.requires_token_priming and ws.tokens_per_byte == {"short": 0.25, "long": 0.25}
     drawn = composition(ws)
     expected = per_sample_bytes(LONG) / per_sample_bytes(SHORT)  # same ratio: samples ~ 1 / bytes
     assert drawn["short"] / drawn["long"] == pytest.approx(expected, rel=0.02)
@@ -54,6 +56,7 @@ def test_equal_token_weights_draw_samples_inversely_to_their_length():
 
 def test_per_dataset_ratios_shift_the_draws_and_chunks_carry_the_token_weights():
     ws = source(TokenEstimation(primer={"short": 1.0, "long": 0.25}))
+    ws.prime()
     c = ws.next_chunk()
     assert c.target_mixture == {"short": 0.5, "long": 0.5}
     drawn = composition(ws)
@@ -93,7 +96,7 @@ def test_ratios_persist_in_the_state_and_a_restored_source_continues_exactly():
     ws.prime({k: np.full(len(p), 5 + 40 * k) for k, p in ws.calibration_pointers().items()})
     take(ws, 7)
     state = json.loads(json.dumps(ws.state_dict()))
-    assert state["tokens_per_byte"] == ws.tokens_per_byte
+    assert state["token_ratios"] == ws.tokens_per_byte and state["allocation_mode"] == "token_aware"
     expected = take(ws, 20)
     fresh = source(TokenEstimation())
     fresh.load_state_dict(state)
@@ -103,6 +106,7 @@ def test_ratios_persist_in_the_state_and_a_restored_source_continues_exactly():
 
 def test_lanes_cloned_after_priming_partition_the_primed_stream():
     ws = source(TokenEstimation(primer=0.3))
+    ws.prime()
     whole = take(ws.clone_for_lane(0, 1), 12)
     lanes = [ws.clone_for_lane(lane, 3) for lane in range(3)]
     got = sorted((c for lane in lanes for c in take(lane, 4)), key=lambda c: c.global_index)
@@ -119,7 +123,7 @@ def test_bad_ratios_in_a_state_name_the_field(state_ratios, fragment):
     ws = source(TokenEstimation())
     ws.prime({k: np.full(len(p), 9) for k, p in ws.calibration_pointers().items()})
     state = ws.state_dict()
-    state["tokens_per_byte"] = state_ratios
+    state["token_ratios"] = state_ratios
     with pytest.raises(CheckpointError, match="tokens_per_byte") as err:
         source(TokenEstimation()).load_state_dict(state)
     assert fragment in str(err.value)

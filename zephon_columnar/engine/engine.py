@@ -129,21 +129,25 @@ class Engine:
 
     def explain(self) -> str:
         runner = self.options.resolved_runner()
+        place = "remote" if runner == "ray" else "local"  # Zephon's words for where a stage runs
         parts = []
         for i, stage in enumerate(self.plan.stages):
             if isinstance(stage, ParallelStage):
-                ops = " -> ".join(_describe_op(op) for op in stage.ops)
-                parts.append(f"Stage[{i}] {runner} x{self.workers()} window={self.options.resolved_queue_capacity()}: {ops}")
+                ops = [_describe_op(op) for op in stage.ops]
+                parts.append(f"Stage[{i}] place={place} runner={runner} x{self.workers()} "
+                             f"window={self.options.resolved_queue_capacity()} ops={ops}")
             else:
-                parts.append(f"Stage[{i}] ordered per lane: {stage.op.op_name()}")
+                parts.append(f"Stage[{i}] place={place} ordered per lane ops=['{stage.op.op_name()}@p1']")
         if self.plan.batch is not None:
-            parts.append(f"Collect: batch({self.plan.batch.microbatch_size}, drop_last={self.plan.batch.drop_last})")
+            parts.append(f"Collect: batch({self.plan.batch.microbatch_size}, drop_last={self.plan.batch.drop_last}) "
+                         "ops=['batch@p1']")
         else:
             parts.append("Collect: records")
         for op in self.plan.after_batch:
             parts.append(f"Then: map_batch({op.fingerprint()['fn']}, drop_none={op.drop_none}) in the iterating thread")
         ahead = (f"prefetch thread {self.options.prefetch_batches} items ahead"
                  if self.uses_prefetch_thread() else "no prefetch thread")
+        ahead += f" (final_prefetch={self.options.prefetch_batches or 0})"
         tail = (f"Tail: lanes {self.lanes} of canonical_replicas={self.canonical_replicas}, flush every "
                 f"{self.plan.flush_every} chunk(s), {ahead}")
         resume = f"Checkpoints: by {self.mode} ({self.mode_reason})"

@@ -19,9 +19,13 @@ Semantics (Zephon 0.2.0, B.17, with the choices below):
   ``tokenizer_default`` uses the tokenizer's own truncation, which keeps its specials (an HF-like
   callable is cut after the fact, so its trailing specials may be cut off).
 - ``padding``: ``False`` none; ``"max_length"`` pads every row to ``max_length``; ``True`` and
-  ``"longest"`` also pad to ``max_length`` -- padding to the longest row of a frame would make
-  the output depend on how rows are grouped into frames, so without ``max_length`` they are a
-  ConfigError. The pad id is the tokenizer's pad token, else EOS, else a ConfigError.
+  ``"longest"`` also pad to ``max_length`` when it is given. Without it, Zephon pads to the
+  longest row of each tokenizer call, which depends on how rows are grouped on their way
+  (parallelism, frames, resume points); here rows stay unpadded in the stream and each batch is
+  padded to its longest row when it becomes tensors (``SampleBatch.to_training`` right-pads
+  ragged rows with ``pad_token_id=`` and masks the pad): what padding to the longest of a batch
+  gives, the same however rows were grouped. The pad id is the tokenizer's pad token, else EOS,
+  else a ConfigError.
 - ``split_long_samples=True`` (needs ``max_length``, excludes ``truncation``): each document's
   full sequence (BOS + content + EOS; with ``tokenizer_default`` the tokenizer's own output) is
   cut into consecutive pieces of ``max_length`` ids, i.e.
@@ -371,7 +375,8 @@ def _truncation_flag(truncation: bool | str) -> bool:
 
 
 def _padding_mode(padding: bool | str, max_length: int | None) -> str | None:
-    """None (no padding) or "max_length" (the only deterministic kind)."""
+    """None (rows stay unpadded: no padding, or padding to the longest of a batch, which
+    ``to_training`` does) or "max_length" (every row padded to ``max_length`` here)."""
     if padding in (False, None, "do_not_pad"):
         return None
     if padding not in (True, "longest", "max_length"):
@@ -379,9 +384,5 @@ def _padding_mode(padding: bool | str, max_length: int | None) -> str | None:
     if max_length is None:
         if padding == "max_length":
             raise ConfigError("tokenize: padding='max_length' needs max_length=<row length>.")
-        raise ConfigError(
-            f"tokenize: padding={padding!r} would pad to the longest row of each frame, which changes with how "
-            "rows are grouped into frames (and so with parallelism and resume points). Pass max_length= to pad "
-            "every row to that length, or leave padding=False (to_training and pack_flat pad batches themselves)."
-        )
+        return None  # the longest of each batch: SampleBatch.to_training pads ragged rows
     return "max_length"

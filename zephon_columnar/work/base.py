@@ -157,8 +157,8 @@ class WorkSource:
         total = self.total_samples
         if math.isinf(total):
             raise TypeError(
-                f"{type(self).__name__} is unbounded (or its size is unknown), so it has no len(); "
-                "use total_samples, which is inf here."
+                f"len() is not defined for an infinite work source: {type(self).__name__} is unbounded (or its "
+                "size is unknown); use total_samples, which is inf here."
             )
         return int(total)
 
@@ -183,7 +183,8 @@ class WorkSource:
         return {"class": f"{cls.__module__}.{cls.__qualname__}"}
 
     def continues_after_exhaustion(self) -> frozenset[str]:
-        """Components that restart (instead of ending) when their data runs out."""
+        """Components the source goes on without once they run out (announced in
+        ``WorkChunk.source_exhausted``); none by default."""
         return frozenset()
 
     def supports_indexing(self) -> bool:

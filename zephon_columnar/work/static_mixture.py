@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, Union
 
 import numpy as np
 
-from zephon_columnar.errors import CheckpointError, ConfigError
+from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning
 from zephon_columnar.recipes import recipe_differences
 from zephon_columnar.work.base import WorkSource, check_lane
 from zephon_columnar.work.chunk import WorkChunk
@@ -53,9 +53,7 @@ LaneAssignment = Literal["permute", "modulo"]
 ShuffleBlockSpec = Union[int, Literal["auto", "global"], None]
 
 _POLICIES = ("stop", "repeat", "redistribute")
-_STATE_VERSION = 1
-_NO_POINTERS = np.empty((0, 3), dtype=np.int64)
-_NO_POINTERS.setflags(write=False)
+_STATE_VERSION = 5  # Zephon 0.2.0's layout version (its field names; ours read on restore)
 
 
 class _Unset:
@@ -174,21 +172,21 @@ class _Planner:
         act = [k for k, a in enumerate(cur.active) if a]
         if not act:
             return None
-        rows, policies, max_passes = cfg.rows, cfg.policies, cfg.max_passes
+        rows, policies = cfg.rows, cfg.policies
         consumed = {k: cur.epoch[k] * rows[k] + cur.position[k] for k in act}
         counts = dict.fromkeys(act, 0)
         leaving: list[int] = []
+        acc_before, den_before = list(cur.acc), cur.den
 
-        # 1. Quotas. A capped component ('redistribute', 'repeat' with max_repeats) that runs out
-        #    takes what it has; its shortfall is re-allocated among the others in the same chunk,
-        #    so chunks stay full while anything is left.
+        # 1. Quotas. A 'redistribute' component that runs out takes what it has; its shortfall
+        #    is re-allocated among the others in the same chunk, so chunks stay full while
+        #    anything is left.
         pool, need = act, cfg.chunk_size
         while need > 0 and pool:
             short, keep = 0, []
             for k, qk in zip(pool, self.allocate(cur, pool, need)):
-                cap = max_passes[k]
-                if cap is not None and policies[k] != "stop":
-                    left = cap * rows[k] - consumed[k] - counts[k]
+                if policies[k] == "redistribute":
+                    left = rows[k] - consumed[k] - counts[k]
                     if left <= qk:
                         counts[k] += left
                         short += qk - left
@@ -198,23 +196,27 @@ class _Planner:
                 keep.append(k)
             pool, need = keep, short
 
-        # 2. 'stop': the chunk in which such a dataset runs out is the last one; it holds that
-        #    dataset's remaining rows and the others' full quotas.
-        last = False
-        for k in act:
-            if policies[k] == "stop" and rows[k] - consumed[k] <= counts[k]:
-                counts[k] = rows[k] - consumed[k]
-                last = True
+        # 2. 'stop', and 'repeat' with max_repeats once its last pass is read: the source ends at
+        #    the first chunk such a dataset cannot fill (Zephon). If it ran out exactly at the end
+        #    of an earlier chunk, this chunk is not planned (the failed draw leaves no trace: the
+        #    state after the end is the state before it). If it has a few rows left, fewer than
+        #    its quota, they go in a last, partial chunk with the others' full quotas, where
+        #    Zephon drops them.
+        short = {k: left for k in act if policies[k] != "redistribute"
+                 and (left := _terminal_left(cfg, k, consumed[k])) is not None and left < counts[k]}
+        if short and not any(short.values()):
+            cur.acc, cur.den = acc_before, den_before  # planned again (and refused) on every call
+            return None
+        counts.update(short)
+        last = bool(short)
 
         # 3. stop_after_passes=N: once every dataset short of N passes can finish them in this
         #    chunk, it is the last one. Those datasets take exactly what they lack; the others
         #    are scaled by the same fraction f, so the final chunk keeps the mixture's shape.
         if cfg.floor is not None and not last:
             lacking, done = [], []
-            for k in act:
-                cap = max_passes[k]
-                goal = cfg.floor if cap is None else min(cfg.floor, cap)
-                r = goal * rows[k] - consumed[k]
+            for k in act:  # every dataset repeats without a cap under a floor
+                r = cfg.floor * rows[k] - consumed[k]
                 (lacking if r > 0 else done).append((k, r))
             if all(r <= counts[k] for k, r in lacking):
                 f = max((Fraction(r, counts[k]) for k, r in lacking), default=Fraction(1))
@@ -239,17 +241,29 @@ class _Planner:
             segments=tuple(segments),
             size=sum(counts.values()),
             target=_target(cfg, act),
-            exhausted=tuple(cfg.names[k] for k, a in enumerate(cur.active) if not a),
+            exhausted=tuple(n for k, n in enumerate(cfg.names)
+                            if _terminal_left(cfg, k, cur.epoch[k] * rows[k] + cur.position[k]) == 0),
         )
         cur.g += 1
         return plan
 
     def unbounded(self, cur: _Cursor) -> bool:
-        """Whether the stream from ``cur`` never ends."""
+        """Whether the stream from ``cur`` never ends: no floor, no active dataset that ends it
+        ('stop', capped 'repeat'), and one that repeats forever."""
+        cfg = self.cfg
         act = [k for k, a in enumerate(cur.active) if a]
-        if self.cfg.floor is not None or any(self.cfg.policies[k] == "stop" for k in act):
+        if cfg.floor is not None or any(cfg.policies[k] != "redistribute" and cfg.max_passes[k] is not None
+                                        for k in act):
             return False
-        return any(self.cfg.max_passes[k] is None for k in act)
+        return any(cfg.max_passes[k] is None for k in act)
+
+
+def _terminal_left(cfg: _Config, k: int, consumed: int) -> int | None:
+    """Rows dataset ``k`` may still give before its last pass is over, or None when it repeats
+    forever. Zero marks it exhausted (``WorkChunk.source_exhausted``); a pass boundary of a
+    repeating dataset or the pass floor does not."""
+    passes = cfg.max_passes[k]
+    return None if passes is None else passes * cfg.rows[k] - consumed
 
 
 def _target(cfg: _Config, act: list[int]) -> dict[str, float]:
@@ -279,24 +293,28 @@ class StaticMixtureWorkSource(WorkSource):
         shuffle_block_size: None, an int, ``"auto"`` (8 x the largest shard of all datasets) or
             ``"global"`` (the whole dataset); clamped to each dataset's size.
         exhausted_policy: what a dataset does at the end of a pass: ``"repeat"`` (restart; with
-            ``max_repeats=N`` read at most 1+N passes, then leave like ``"redistribute"``),
+            ``max_repeats=N`` read at most 1+N passes, then end the source like ``"stop"``),
             ``"redistribute"`` (one pass, then leave; the others' weights renormalize), or
-            ``"stop"`` (the chunk where it runs out is the last one). A dict sets it per
-            dataset; datasets it does not name get ``"repeat"``.
+            ``"stop"`` (the source ends at the first chunk it cannot fill; its last rows, if
+            fewer than its quota, come in that final, partial chunk). A dict sets it per
+            dataset; datasets it does not name get ``"stop"`` (``"repeat"`` under a pass floor).
         reshuffle_on_repeat: whether each pass gets fresh permutations (default True); a bool
             or ``{name: bool}``.
-        max_repeats: None, an int >= 0 or ``{name: int | None}``; applies to ``"repeat"``.
+        max_repeats: None, an int >= 0 or ``{name: int | None}``; applies to ``"repeat"`` (a
+            setting for a dataset that does not repeat warns that it has no effect).
         stop_after_passes: with no ``exhausted_policy``/``max_repeats`` the default is 1: every
             dataset repeats to hold the ratio and the source ends once each has completed
-            this many passes (the final chunk is partial, see below). ``None``: never end.
+            this many passes (the final chunk is partial, see below). It needs every dataset to
+            repeat. ``None``: no floor, so every dataset the policy does not name stops.
         lane_assignment: how global chunks map to lanes, ``"permute"`` (each block of
             ``canonical_replicas`` consecutive chunks is dealt by a seeded permutation: one
             chunk per lane per block) or ``"modulo"`` (``g % canonical_replicas``).
         token_estimation: None (the weights are sample proportions) or a
             :class:`~zephon_columnar.work.token_estimation.TokenEstimation`: the weights are token
             proportions, and the source must be primed (``prime``; a `Pipeline` does it before
-            its first chunk) unless the estimation states its ratios. Chunks then carry the
-            token weights as ``target_mixture``; the ratios are part of ``state_dict``.
+            its first chunk; ratios the estimation states are used without counting). Chunks
+            then carry the token weights as ``target_mixture``; the ratios are part of
+            ``state_dict``.
 
     Differences from Zephon 0.2.0, on purpose:
         - The final chunk is partial instead of dropped: with one dataset and the default
@@ -305,6 +323,8 @@ class StaticMixtureWorkSource(WorkSource):
         - ``load_state_dict`` refuses a state taken with a different recipe
           (:class:`CheckpointError` naming the fields) instead of ignoring the difference.
         - ``total_samples`` is exact for every policy.
+        - A repeating dataset smaller than its share of a chunk is read pass after pass within
+          the chunk instead of being refused.
 
     Example:
         >>> from zephon_columnar.io.dataset import Dataset, InMemoryShard
@@ -365,7 +385,11 @@ class StaticMixtureWorkSource(WorkSource):
         # -- per-dataset orders
         counts = [np.asarray(ds.counts(), dtype=np.int64) for ds in datasets]
         rows = tuple(int(c.sum()) for c in counts)
-        largest_shard = max(int(c.max()) for c in counts)
+        largest_shard = max((int(c.max()) for c in counts if len(c)), default=0)
+        if shuffle_block_size == "auto" and largest_shard == 0:
+            raise ConfigError(f"{where}: shuffle_block_size='auto' requires a non-empty shard (it is 8 x the "
+                              "largest shard), and every dataset is empty.")
+        _check_rows(names, rows, policies, tokens=token_estimation is not None)
         blocks = {n: _resolve_block(shuffle_block_size, r, largest_shard) for n, r in zip(names, rows)}
         self._orders = [
             DatasetOrder(c, seed=seed, shuffle_shards=bool(shuffle_shards),
@@ -378,6 +402,7 @@ class StaticMixtureWorkSource(WorkSource):
         self._shard_ids = tuple(_shard_ids(ds, len(c)) for ds, c in zip(datasets, counts))
         self._datasets = tuple(datasets)
         self._seed = seed
+        self._block_spec = shuffle_block_size
         self._lane_assignment: LaneAssignment = lane_assignment
         self._estimation = token_estimation
         self._tokens_per_byte: dict[str, float] | None = None
@@ -387,10 +412,6 @@ class StaticMixtureWorkSource(WorkSource):
             names=names, rows=rows, weights=tuple(weights.values()), units=units, targets=units,
             chunk_size=chunk_size, policies=tuple(policies[n] for n in names), max_passes=max_passes, floor=floor,
         ))
-        if token_estimation is not None:
-            given = token_estimation.given_ratios(names)
-            if given is not None:
-                self._use_ratios(given)
         self._cursor = self._start_cursor()
         self._positions: SamplePositions | None = None
         self._recipe_json = json.dumps({
@@ -423,7 +444,9 @@ class StaticMixtureWorkSource(WorkSource):
         k = len(cfg.names)
         # a weight-0 component is never drawn: inactive from the start, so it cannot hold up
         # stop_after_passes
-        return _Cursor(g=0, epoch=[0] * k, position=[0] * k, active=[w > 0 for w in cfg.weights], acc=[0] * k)
+        # (an empty dataset, 'redistribute' by _check_rows, has left before the first chunk)
+        return _Cursor(g=0, epoch=[0] * k, position=[0] * k,
+                       active=[w > 0 and r > 0 for w, r in zip(cfg.weights, cfg.rows)], acc=[0] * k)
 
     def _reset_caches(self) -> None:
         self._perm_block = -1                  # block whose lane permutation is cached
@@ -475,13 +498,17 @@ class StaticMixtureWorkSource(WorkSource):
         ``counts``: ``{dataset_id: tokens of each row of calibration_pointers()[dataset_id]}``
         (a `Pipeline` measures them with its own operators). A dataset without counts, or whose
         rows counted no token, gets ``fallback_tokens_per_byte`` with a warning. ``ratios``:
-        ``{name: tokens_per_byte}`` to use as they are (a restored checkpoint's). Zephon's
-        keyword arguments (``io_options``, ``counting_spec``, ...) are accepted and unused.
-        A no-op when the source does not need priming.
+        ``{name: tokens_per_byte}`` to use as they are (a restored checkpoint's). Ratios the
+        estimation states (``TokenEstimation(primer=0.3)``) are used without counting anything; a
+        token mixture needs this call all the same before its first chunk, as in Zephon (a
+        `Pipeline` makes it). Zephon's keyword arguments (``io_options``, ``counting_spec``, ...)
+        are accepted and unused. A no-op when the source does not need priming.
         """
         if not self.requires_token_priming:
             return
         est, names = self._estimation, self._planner.cfg.names
+        assert est is not None
+        ratios = ratios if ratios is not None else est.given_ratios(names)
         if ratios is not None:
             self._use_ratios(ratios_from_state(ratios, names, where="StaticMixtureWorkSource.prime(ratios=...)"))
             return
@@ -546,9 +573,10 @@ class StaticMixtureWorkSource(WorkSource):
         return self._planner.cfg.chunk_size
 
     def continues_after_exhaustion(self) -> frozenset[str]:
-        """Datasets that start another pass when one ends (they may still leave later)."""
+        """Datasets the source goes on without once they run out: the ``"redistribute"`` ones
+        (Zephon's meaning; ``ensure_mixture`` drops their weight when they are announced)."""
         cfg = self._planner.cfg
-        return frozenset(n for n, m in zip(cfg.names, cfg.max_passes) if m is None or m > 1)
+        return frozenset(n for n, p in zip(cfg.names, cfg.policies) if p == "redistribute")
 
     def recipe(self) -> dict[str, Any]:
         """Seed, chunk size, normalized mixture, datasets (names, row counts, a digest of the
@@ -642,33 +670,59 @@ class StaticMixtureWorkSource(WorkSource):
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """``{"version", "recipe", "global_index", "lane_id", "canonical_replicas",
-        "components": {name: {"epoch", "position", "active", "accumulator"}}}``.
+        """The position of this lane, O(number of datasets) (never grows with the samples read),
+        in Zephon's version-5 layout.
 
-        O(number of datasets); never grows with the samples consumed. ``epoch`` is also the
-        number of passes the dataset has completed.
+        A restore reads ``recipe`` (checked against this source's), ``lane_id``,
+        ``canonical_replicas``, ``global_chunk_index`` (chunks of every lane planned so far),
+        ``cursor_states`` (``{name: {"epoch", "position", "active", "accumulator"}}``, the
+        accumulator as an exact fraction ``"p/q"``; ``epoch`` is the passes completed) and,
+        for a token mixture, ``token_ratios`` (tokens per stored byte). The other fields are
+        Zephon's names for the same facts (``cursor_epochs``, ``exhausted_policy``, the float
+        ``accumulators``, ...), written for tools that read Zephon's state.
         """
-        cur = self._cursor
-        tokens = {} if self._estimation is None else {"tokens_per_byte": self.tokens_per_byte}
+        cur, cfg, recipe = self._cursor, self._planner.cfg, self.recipe()
+        accumulators = {n: Fraction(cur.acc[k], cur.den) for k, n in enumerate(cfg.names)}
         return {
-            **tokens,
             "version": _STATE_VERSION,
-            "recipe": self.recipe(),
-            "global_index": cur.g,
+            "recipe": recipe,
             "lane_id": self._lane_id,
             "canonical_replicas": self._replicas,
-            "components": {
+            "global_chunk_index": cur.g,
+            "cursor_states": {
                 n: {"epoch": cur.epoch[k], "position": cur.position[k], "active": cur.active[k],
-                    "accumulator": str(Fraction(cur.acc[k], cur.den))}
-                for k, n in enumerate(self._planner.cfg.names)
+                    "accumulator": str(accumulators[n])}
+                for k, n in enumerate(cfg.names)
             },
+            "token_ratios": self.tokens_per_byte,
+            # -- Zephon's names for the recipe and the position
+            "chunk_size_hint": cfg.chunk_size,
+            "seed": self._seed,
+            "chunk_size": cfg.chunk_size,
+            "knobs": {"shuffle_shards": recipe["shuffle_shards"], "shuffle_within_shard": recipe["shuffle_within_shard"]},
+            "shuffle_block_size_spec": self._block_spec,
+            "cursor_block_sizes": recipe["shuffle_block_size"],
+            "weights": dict(zip(cfg.names, cfg.weights)),
+            "component_order": list(cfg.names),
+            "dataset_ids": self.component_ids(),
+            "cursor_positions": dict(zip(cfg.names, cur.position)),
+            "cursor_epochs": dict(zip(cfg.names, cur.epoch)),
+            "exhausted_policy": recipe["exhausted_policy"],
+            "reshuffle_on_repeat": recipe["reshuffle_on_repeat"],
+            "max_repeats": recipe["max_repeats"],
+            "stop_after_passes": recipe["stop_after_passes"],
+            "lane_assignment": self._lane_assignment,
+            "allocation_mode": "accumulator" if self._estimation is None else "token_aware",
+            "accumulators": {n: float(a) for n, a in accumulators.items()},
+            "token_deficits": None,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``; the following chunks equal those of the source it came from.
 
-        Raises :class:`CheckpointError` if the state is malformed, was taken with a different
-        recipe (naming each differing field), or belongs to another lane.
+        Raises :class:`CheckpointError` (a ``ValueError`` and a ``RuntimeError``) if the state is
+        malformed, was taken with a different recipe (naming each differing field), or belongs
+        to another lane.
         """
         where = "StaticMixtureWorkSource.load_state_dict"
         if not isinstance(state, Mapping):
@@ -676,17 +730,21 @@ class StaticMixtureWorkSource(WorkSource):
         if state.get("version") != _STATE_VERSION:
             raise CheckpointError(
                 f"{where}: state version {state.get('version')!r} is not supported "
-                f"(expected {_STATE_VERSION}); was it saved by another work source?"
+                f"(expected {_STATE_VERSION}, Zephon's layout); was it saved by another work source?"
             )
         if not isinstance(state.get("recipe"), Mapping):
             raise CheckpointError(f"{where}: the state has no 'recipe'; pass a dict from state_dict().")
         diffs = recipe_differences(state["recipe"], self.recipe())
         if diffs:
+            theirs = [d.get("name") for d in state["recipe"].get("datasets", ()) if isinstance(d, Mapping)]
+            ours = list(self._planner.cfg.names)
+            ids = ("" if theirs == ours else
+                   f"dataset_ids do not match (checkpoint {dict(zip(theirs, range(len(theirs))))}, "
+                   f"here {self.component_ids()}); ")
             raise CheckpointError(
-                f"{where}: the checkpoint was taken with a different data recipe ("
-                + "; ".join(diffs)
-                + "). Restoring it would silently change the data order: build the source with "
-                "the checkpoint's arguments, or start from scratch without restoring."
+                f"{where}: {ids}this source's arguments contradict the checkpoint, which was taken with a "
+                "different data recipe (" + "; ".join(diffs) + "). Restoring it would silently change the data "
+                "order: build the source with the checkpoint's arguments, or start from scratch without restoring."
             )
         lane = (state.get("lane_id"), state.get("canonical_replicas"))
         if lane != (self._lane_id, self._replicas):
@@ -697,35 +755,35 @@ class StaticMixtureWorkSource(WorkSource):
             )
         cfg = self._planner.cfg
         try:
-            comps = state["components"]
-            g = _check_int("global_index", state["global_index"], minimum=0)
+            comps = state["cursor_states"]
+            g = _check_int("global_chunk_index", state["global_chunk_index"], minimum=0)
             cur, accs = _Cursor(g=g, epoch=[], position=[], active=[], acc=[]), []
             for n, r in zip(cfg.names, cfg.rows):
                 c = comps[n]
-                cur.epoch.append(_check_int(f"components.{n}.epoch", c["epoch"], minimum=0))
-                cur.position.append(_check_int(f"components.{n}.position", c["position"], minimum=0))
-                if cur.position[-1] >= r:
-                    raise ConfigError(f"components.{n}.position is {cur.position[-1]}, not < {r} rows")
-                cur.active.append(_check_bool(f"components.{n}.active", c["active"]))
+                cur.epoch.append(_check_int(f"cursor_states.{n}.epoch", c["epoch"], minimum=0))
+                cur.position.append(_check_int(f"cursor_states.{n}.position", c["position"], minimum=0))
+                if cur.position[-1] >= max(r, 1):
+                    raise ConfigError(f"cursor_states.{n}.position is {cur.position[-1]}, not < {r} rows")
+                cur.active.append(_check_bool(f"cursor_states.{n}.active", c["active"]))
                 acc = c["accumulator"]
                 # Parsed only in the form state_dict writes: Fraction() also takes '1e10000000',
                 # and builds that ten-million-digit number before anything could refuse it.
                 if not (isinstance(acc, str) and _FRACTION.fullmatch(acc)):
-                    raise ConfigError(f"components.{n}.accumulator is {str(acc)[:60]!r}, not a fraction 'p/q' of "
+                    raise ConfigError(f"cursor_states.{n}.accumulator is {str(acc)[:60]!r}, not a fraction 'p/q' of "
                                       "integers of at most 400 digits")
                 accs.append(Fraction(acc))
                 if abs(accs[-1]) > len(cfg.names):  # a credit is less than one slot per component
-                    raise ConfigError(f"components.{n}.accumulator is {acc!r}, beyond the ±{len(cfg.names)} an "
+                    raise ConfigError(f"cursor_states.{n}.accumulator is {acc!r}, beyond the ±{len(cfg.names)} an "
                                       "accumulator reaches")
             # Every chunk holds 1..chunk_size rows: the rows taken so far bound the chunk count.
             taken = sum(e * r + pos for e, pos, r in zip(cur.epoch, cur.position, cfg.rows))
             if not g <= taken + 1 or taken > (g + 1) * cfg.chunk_size:
-                raise ConfigError(f"global_index = {g} chunks cannot have taken the {taken} rows the components' "
-                                  f"epochs and positions say (chunks hold 1 to {cfg.chunk_size} rows)")
+                raise ConfigError(f"global_chunk_index = {g} chunks cannot have taken the {taken} rows the "
+                                  f"cursors' epochs and positions say (chunks hold 1 to {cfg.chunk_size} rows)")
         except (KeyError, TypeError, ConfigError) as err:
             raise CheckpointError(f"{where}: the state is malformed: {err}.") from err
         if self._estimation is not None:
-            ratios = ratios_from_state(state.get("tokens_per_byte"), cfg.names, where=where)
+            ratios = ratios_from_state(state.get("token_ratios"), cfg.names, where=where)
             if ratios is not None and ratios != self._tokens_per_byte:
                 self._use_ratios(ratios)
         cur.den = math.lcm(*(a.denominator for a in accs))
@@ -754,7 +812,7 @@ class StaticMixtureWorkSource(WorkSource):
         ``Dataset.from_dict({5: a, 2: b})``) gets them mapped to ``ds.ids()[position]``.
         """
         names, rows = self._planner.cfg.names, self._planner.cfg.rows
-        comps: dict[str, np.ndarray] = dict.fromkeys(names, _NO_POINTERS)
+        comps: dict[str, np.ndarray] = {}  # (a component without rows in the chunk is left out, as in Zephon)
         for k, epoch, pos, n in plan.segments:
             out = np.empty((n, 3), dtype=np.int64)
             out[:, 0] = k
@@ -817,13 +875,32 @@ def _check_datasets(datasets: Any) -> list["Dataset"]:
             f"{where}: duplicate dataset names {dups}; names are mixture component names and must "
             "be unique. Rename one (e.g. Dataset.from_path('web_2', ...))."
         )
-    for ds in datasets:
-        if int(np.asarray(ds.counts(), dtype=np.int64).sum()) == 0:
-            raise ConfigError(
-                f"{where}: dataset {ds.name!r} has 0 rows ({len(ds.counts())} shards); "
-                "remove it from datasets and the mixture."
-            )
     return datasets
+
+
+def _check_rows(names: Sequence[str], rows: Sequence[int], policies: Mapping[str, str], *, tokens: bool) -> None:
+    """Refuse what an empty dataset makes impossible: a 'stop' or 'repeat' one could never give
+    its share ('redistribute' leaves at once, announced), nor can a mixture of empty datasets.
+    (Zephon's order: a token mixture checks repeats only once primed, after the all-empty check.)"""
+    where = "StaticMixtureWorkSource"
+    empty = [n for n, r in zip(names, rows) if r == 0]
+    for n in empty:
+        if policies[n] == "stop":
+            raise ConfigError(f"{where}: Dataset {n!r} has 0 samples and exhausted_policy='stop', so the source "
+                              f"could never fill its share; give it rows, or exhausted_policy={{{n!r}: "
+                              "'redistribute'}} to leave it out.")
+
+    def check_repeats() -> None:
+        for n in empty:
+            if policies[n] == "repeat":
+                raise ConfigError(f"{where}: Dataset {n!r} has 0 samples but repeat policy requires at least one "
+                                  f"to repeat; give it rows, or exhausted_policy={{{n!r}: 'redistribute'}} to "
+                                  "leave it out.")
+    if not tokens:
+        check_repeats()
+    if len(empty) == len(names):
+        raise ConfigError(f"{where}: At least one dataset must contain samples; all of {list(names)} have 0 rows.")
+    check_repeats()
 
 
 def _shard_ids(ds: Dataset, n_shards: int) -> np.ndarray | None:
@@ -863,7 +940,7 @@ def _check_bool(what: str, v: Any) -> bool:
 
 def _check_policy(what: str, v: Any) -> str:
     if v not in _POLICIES:
-        raise ConfigError(f"{what} is {v!r}; choose one of {', '.join(map(repr, _POLICIES))}.")
+        raise ConfigError(f"{what}={v!r} must be one of {sorted(_POLICIES)}.")
     return v
 
 
@@ -875,12 +952,10 @@ def _per_dataset(option: str, value: Any, names: Sequence[str], *, default: Any,
     """``{name: value}`` from a scalar (same for all) or a per-dataset dict (missing: default)."""
     where = f"StaticMixtureWorkSource: {option}"
     if isinstance(value, Mapping):
-        unknown = [n for n in value if n not in names]
+        unknown = sorted(str(n) for n in value if n not in names)
         if unknown:
-            raise ConfigError(f"{where} names unknown datasets {unknown}; the datasets are {list(names)}.")
+            raise ConfigError(f"{where} contains unknown dataset names: {unknown}; the datasets are {list(names)}.")
         return {n: check(f"{where}[{n!r}]", value[n]) if n in value else default for n in names}
-    if value is None:
-        return dict.fromkeys(names, default)
     return {n: check(where, value) for n in names}
 
 
@@ -888,35 +963,50 @@ def _resolve_exhaustion(
     names: Sequence[str], exhausted_policy: Any, reshuffle_on_repeat: Any, max_repeats: Any,
     stop_after_passes: Any,
 ) -> tuple[dict[str, str], dict[str, bool], dict[str, int | None], int | None]:
-    """Per-dataset policy, reshuffle flag and repeat cap, and the pass floor (B.4).
+    """Per-dataset policy, reshuffle flag and repeat cap, and the pass floor (Zephon's B.4).
 
-    Passing ``exhausted_policy`` or ``max_repeats`` switches the default floor
-    (``stop_after_passes=1``) off; an explicit floor cannot be combined with ``'stop'`` or
-    ``max_repeats`` since both would say when the source ends.
+    With neither ``exhausted_policy`` nor ``max_repeats`` the floor defaults to
+    ``stop_after_passes=1`` and every dataset repeats toward it. Otherwise there is no floor and
+    a dataset the policy does not name stops. A floor needs every dataset to repeat and no
+    ``max_repeats`` (both would say when the source ends). A repeat setting given for a dataset
+    that does not repeat has no effect: a `ConfigurationWarning` says so.
     """
     where = "StaticMixtureWorkSource"
-    policies = _per_dataset("exhausted_policy", exhausted_policy, names, default="repeat", check=_check_policy)
+    if stop_after_passes is UNSET:
+        stop_after_passes = 1 if exhausted_policy is None and max_repeats is None else None
+    elif stop_after_passes is not None:
+        stop_after_passes = _check_int(f"{where}: stop_after_passes", stop_after_passes, minimum=1)
+    default = "stop" if stop_after_passes is None else "repeat"
+    policies = _per_dataset("exhausted_policy", default if exhausted_policy is None else exhausted_policy, names,
+                            default=default, check=_check_policy)
     reshuffle = _per_dataset("reshuffle_on_repeat", True if reshuffle_on_repeat is UNSET else reshuffle_on_repeat,
                              names, default=True, check=_check_bool)
     repeats = _per_dataset("max_repeats", max_repeats, names, default=None, check=_check_repeats)
-    wrong = [n for n in names if repeats[n] is not None and policies[n] != "repeat"]
-    if wrong and isinstance(max_repeats, Mapping):
-        raise ConfigError(
-            f"{where}: max_repeats is set for {wrong}, whose exhausted_policy is not 'repeat'; "
-            "max_repeats only caps repeating datasets."
-        )
-    repeats = {n: r if policies[n] == "repeat" else None for n, r in repeats.items()}  # scalar: repeaters only
-    if stop_after_passes is UNSET:
-        return policies, reshuffle, repeats, (None if exhausted_policy is not None or max_repeats is not None else 1)
     if stop_after_passes is not None:
-        stop_after_passes = _check_int(f"{where}: stop_after_passes", stop_after_passes, minimum=1)
-        stoppers = [n for n in names if policies[n] == "stop"]
-        if stoppers or max_repeats is not None:
-            other = f"exhausted_policy='stop' (for {stoppers})" if stoppers else "max_repeats"
+        others = [n for n in names if policies[n] != "repeat"]
+        if others:
             raise ConfigError(
-                f"{where}: stop_after_passes={stop_after_passes} cannot be combined with {other}: "
-                "both say when the source ends. Pass only one of them."
+                f"{where}: stop_after_passes={stop_after_passes} requires every dataset to repeat (it ends the "
+                f"source once each has completed that many passes), but exhausted_policy sets {others} to "
+                "another policy. Drop stop_after_passes or those exhausted_policy entries."
             )
+        if max_repeats is not None:
+            raise ConfigError(
+                f"{where}: stop_after_passes={stop_after_passes} cannot be combined with max_repeats: both say "
+                "when the source ends. Pass only one of them."
+            )
+    for option, given, unset in (("max_repeats", max_repeats, None), ("reshuffle_on_repeat", reshuffle_on_repeat, True)):
+        if isinstance(given, Mapping):
+            for n, v in given.items():
+                if v != unset and policies[n] != "repeat":
+                    warnings.warn(f"{where}: {option}[{n!r}]={v!r} has no effect with exhausted_policy[{n!r}]="
+                                  f"{policies[n]!r}; it applies to repeating datasets only.",
+                                  ConfigurationWarning, stacklevel=4)
+        elif given is not UNSET and given != unset and "repeat" not in policies.values():
+            warnings.warn(f"{where}: {option}={given!r} has no effect without a repeat component; set "
+                          "exhausted_policy='repeat' for the datasets it should apply to.",
+                          ConfigurationWarning, stacklevel=4)
+    repeats = {n: r if policies[n] == "repeat" else None for n, r in repeats.items()}
     return policies, reshuffle, repeats, stop_after_passes
 
 

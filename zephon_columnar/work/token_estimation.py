@@ -26,11 +26,13 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Callable, Literal, Mapping, Sequence, Union
 
+import cloudpickle
 import numpy as np
 
 from zephon_columnar.errors import CheckpointError, ConfigError
@@ -82,6 +84,14 @@ class TokenEstimation:
                               f"calibration_shards_max={self.calibration_shards_max}.")
         _check_ratio(f"{where}(fallback_tokens_per_byte)", self.fallback_tokens_per_byte)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Standard pickle carries ``measure`` by value (cloudpickle): a lambda or a local
+        function reaches loader workers started with 'spawn' (Zephon's behaviour)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if self.measure is not None:
+            fields["measure"] = cloudpickle.dumps(self.measure)
+        return (_token_estimation_from_fields, (fields,))
+
     def check_names(self, names: Sequence[str]) -> None:
         """A ``{name: ratio}`` primer must name exactly the mixture's datasets."""
         if isinstance(self.primer, Mapping) and set(self.primer) != set(names):
@@ -108,6 +118,11 @@ class TokenEstimation:
                 "calibration_samples": self.calibration_samples,
                 "calibration_shards": [self.calibration_shards_min, self.calibration_shards_max],
                 "fallback_tokens_per_byte": float(self.fallback_tokens_per_byte)}
+
+
+def _token_estimation_from_fields(fields: dict[str, Any]) -> TokenEstimation:
+    measure = fields["measure"]
+    return TokenEstimation(**{**fields, "measure": None if measure is None else cloudpickle.loads(measure)})
 
 
 def _check_ratio(what: str, v: Any) -> float:
@@ -251,10 +266,9 @@ def prime_token_ratios(*, datasets: Sequence[Any], dataset_ids: Mapping[str, int
         ratios[name] = (TokenRatio(ratio, "measured") if ratio is not None
                         else TokenRatio(estimation.fallback_tokens_per_byte, "fallback"))
     if failed:
-        warnings.warn("token-aware mixture: using fallback_tokens_per_byte="
-                      f"{estimation.fallback_tokens_per_byte} for " + "; ".join(f"{n!r} ({why})" for n, why in
-                                                                              sorted(failed.items()))
-                      + "; the mixture's token shares may be off for them.", RuntimeWarning, stacklevel=2)
+        warnings.warn("token-aware mixture: " + "; ".join(f"{n!r} ({why})" for n, why in sorted(failed.items()))
+                      + f" fell back to fallback_tokens_per_byte={estimation.fallback_tokens_per_byte}; the "
+                      "mixture's token shares may be off for them.", RuntimeWarning, stacklevel=2)
     return {name: ratios[name] for name in dataset_ids}
 
 
@@ -291,21 +305,23 @@ def measured_ratio(tokens: np.ndarray, shards: np.ndarray, bytes_per_row: np.nda
 
 def sample_weights(token_weights: Mapping[str, float], *, tokens_per_sample: Mapping[str, float]) -> dict[str, float]:
     """Normalized sample weights that give ``token_weights`` as token proportions: each token
-    weight over that dataset's expected tokens per sample."""
-    raw = {n: (Fraction(w) / Fraction(tokens_per_sample[n]) if w > 0 else Fraction(0))
+    weight over that dataset's expected tokens per sample (an empty dataset, with none, is never
+    drawn: weight 0)."""
+    raw = {n: (Fraction(w) / Fraction(tokens_per_sample[n]) if w > 0 and tokens_per_sample[n] > 0 else Fraction(0))
            for n, w in token_weights.items()}
     total = sum(raw.values())
     return {n: float(v / total) for n, v in raw.items()}
 
 
 def ratios_from_state(value: Any, names: Sequence[str], *, where: str) -> dict[str, float] | None:
-    """The ``tokens_per_byte`` of a source state, validated (None: the state was not primed)."""
+    """The ``token_ratios`` (tokens per stored byte) of a source state, validated (None: the state
+    was not primed)."""
     if value is None:
         return None
     if not isinstance(value, Mapping) or set(value) != set(names):
-        raise CheckpointError(f"{where}: tokens_per_byte must map every dataset {list(names)} to a ratio, "
-                              f"got {value!r}.")
+        raise CheckpointError(f"{where}: token_ratios (tokens_per_byte) must map every dataset {list(names)} to a "
+                              f"ratio, got {value!r}.")
     try:
-        return {n: _check_ratio(f"tokens_per_byte[{n!r}]", value[n]) for n in names}
+        return {n: _check_ratio(f"token_ratios[{n!r}] (tokens_per_byte)", value[n]) for n in names}
     except ConfigError as err:
         raise CheckpointError(f"{where}: the state is malformed: {err}") from err

@@ -26,16 +26,16 @@ def check_recipe(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
 def check_lane_state(lane: int, cur: LaneState, datasets_by_id: Mapping[int, Any], flush_every: int,
                      ordered_stages: int) -> None:
     """`CheckpointError` unless a lane's state is one this pipeline could have written: it starts
-    no chunk the work source has not handed out (``global_index``: chunks of every lane so far),
+    no chunk the work source has not handed out (``global_chunk_index``: chunks of every lane so far),
     a by-reference state has one entry per ordered stage of the plan, and every row reference
     points into this pipeline's data (its lane, a chunk the lane has started, a known dataset,
     one of its shards, a row of that shard)."""
     if isinstance(cur, LaneCursor):
-        started = cur.source_state.get("global_index")
+        started = cur.source_state.get("global_chunk_index")
         if isinstance(started, int) and cur.epoch * flush_every > started:
             raise CheckpointError(f"checkpoint lane {lane}: flush epoch {cur.epoch} starts at chunk "
                                   f"{cur.epoch * flush_every}, past the chunks the work source has handed out "
-                                  f"(global_index = {started}); the checkpoint is corrupt.")
+                                  f"(global_chunk_index = {started}); the checkpoint is corrupt.")
         return
     if len(cur.stages) != ordered_stages:
         raise CheckpointError(f"checkpoint lanes.{lane}.stages has {len(cur.stages)} entries, but this pipeline has "
@@ -57,10 +57,10 @@ def _tables_of(snapshot: LaneSnapshot) -> list[tuple[str, pa.Table | None]]:
 def _check_references(lane: int, snapshot: LaneSnapshot, datasets_by_id: Mapping[int, Any]) -> None:
     shard_rows = {d: _shard_rows(ds) for d, ds in datasets_by_id.items()}
     last_chunk = snapshot.resume.chunk
-    started = snapshot.resume.source_state.get("global_index")  # chunks of every lane so far
+    started = snapshot.resume.source_state.get("global_chunk_index")  # chunks of every lane so far
     if isinstance(started, int) and last_chunk > started:
         raise CheckpointError(f"checkpoint lane {lane}: resume.chunk = {last_chunk} is past the chunks the work "
-                              f"source has handed out (global_index = {started}); the checkpoint is corrupt.")
+                              f"source has handed out (global_chunk_index = {started}); the checkpoint is corrupt.")
     for where, refs in _tables_of(snapshot):
         if refs is None or refs.num_rows == 0:
             continue
