@@ -21,7 +21,7 @@ The oracle is the uninterrupted stream of one group with the base options:
   union over G groups gives every lane's items (per lane, as one group delivers them);
 - the adapter without loader workers delivers what the same pipeline delivers from the same
   checkpoint, in order; with loader workers, each lane's items in order (workers interleave lanes);
-- no crash, no hang: every case runs under a watchdog (``CASE_TIME_LIMIT_S``).
+- no crash, no hang: every case runs under a watchdog (no item for ``CASE_TIME_LIMIT_S``).
 
 Endless sources (``exhausted_policy="repeat"`` without a pass limit) are compared on a fixed
 number of items: every run then must agree on the common prefix of each lane.
@@ -70,10 +70,12 @@ from zephon_columnar.testing import signature
 
 TOKENIZER = make_tokenizer()
 CI_CASES = 60                # ~1 s a case on 2 shared cores: the CI sequence runs in about a minute
-CASE_TIME_LIMIT_S = 30       # a case slower than this is a hang: the watchdog fails it with the recipe
+CASE_TIME_LIMIT_S = 30       # a case that delivers no item for this long is a hang: the watchdog fails it
+CASE_TIME_BUDGET = 20        # ... and one still delivering after this many limits is too slow (fails too)
 ENDLESS_ITEMS = 120          # items a run takes (over all its groups) when the source never ends
 FINITE_CAP = 20000          # a "finite" stream longer than this is reported as not ending
 ADAPTER_CASE_TIME_LIMIT_S = 90  # a case with spawned loader workers (each imports torch, Polars, this module)
+_DELIVERED = [0]             # items delivered so far by the running case (the watchdog's progress mark)
 _DATA_ROOT: Path | None = None  # Parquet/JSONL files, per case spec (made on first use: see data_root)
 
 
@@ -431,6 +433,7 @@ def take(pipe: Pipeline, limit: int, *, checkpoints: int = 0, close_first: bool 
                 out.append(signature(next(it)))
             except StopIteration:
                 break
+            _DELIVERED[0] += 1
         if not close_first:
             ckpts = [json_round_trip(pipe.checkpoint()) for _ in range(checkpoints)]
     finally:
@@ -493,6 +496,7 @@ def loader_take(loader: Any, limit: int) -> tuple[Any, list[dict]]:
             out.append(next(it))
         except StopIteration:
             break
+        _DELIVERED[0] += 1
     return it, out
 
 
@@ -810,14 +814,23 @@ def is_documented_refusal(err: Exception) -> bool:
 
 @contextlib.contextmanager
 def watchdog(seconds: float, describe: Any) -> Iterator[None]:
-    """Fail (not hang) a case that runs longer than ``seconds``: SIGALRM raises in the main
-    thread, wherever it blocks. Off the main thread (no signals) it only dumps tracebacks."""
+    """Fail (not hang) a case that delivers no item for ``seconds``, or still runs after
+    ``CASE_TIME_BUDGET`` times that (a slow recipe: most rows filtered out of an endless source):
+    SIGALRM raises in the main thread, wherever it blocks. Off the main thread (no signals) it
+    does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    seen, alarms = [_DELIVERED[0]], [0]
 
     def on_alarm(signum, frame):
-        raise CaseFailure(f"hang: the case ran longer than {seconds} s\n  {describe()}")
+        alarms[0] += 1
+        if _DELIVERED[0] == seen[0]:
+            raise CaseFailure(f"hang: the case delivered no item for {seconds} s\n  {describe()}")
+        if alarms[0] >= CASE_TIME_BUDGET:
+            raise CaseFailure(f"too slow: the case still ran after {seconds * alarms[0]} s\n  {describe()}")
+        seen[0] = _DELIVERED[0]
+        signal.setitimer(signal.ITIMER_REAL, seconds)
 
     old = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)

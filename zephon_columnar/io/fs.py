@@ -545,10 +545,13 @@ def configure_shard_cache(*, root: str | None = None, limit_bytes: int | None = 
                           metadata_policy: RetryPolicy = METADATA_POLICY) -> ShardCache:
     """Point this process's default cache at ``root`` (None: ``cache_root()/shards``) with at
     most ``limit_bytes`` and the given retry policies (``options(io_options=...)`` calls it
-    before readers open)."""
+    before readers open). A root given here is created at once, as Zephon does: a path that
+    cannot be written fails now, not at the first remote file."""
     global _default_cache
     with _default_cache_guard:
         if _default_cache is None or _default_cache._root != root:  # noqa: SLF001
+            if root is not None:
+                os.makedirs(root, exist_ok=True)
             _default_cache = ShardCache(root, limit_bytes=limit_bytes)
         _default_cache.limit_bytes = limit_bytes
         _default_cache.download_policy = download_policy

@@ -113,7 +113,7 @@ class BaseOp(ABC):
     frame_rows: int | None = None
 
     def __init__(self) -> None:
-        self.stage_info: StageInfo | None = None
+        self.stage_info: StageInfo = StageInfo()  # the plan's, from setup(ctx); a sentinel until then
 
     # ---------------------------------------------------------------- Zephon's contract
     @abstractmethod

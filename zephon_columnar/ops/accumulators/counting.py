@@ -20,8 +20,9 @@ T = TypeVar("T")
 
 
 def lane_of(elem: Any) -> int:
-    """The lane of a record (``elem.meta.lane_id``)."""
-    return int(elem.meta.lane_id)
+    """The lane of a record (``elem.meta.lane_id``), or of Zephon's ``EngineSample`` tuple
+    ``(sample_id, lane_id, chunk_id, offset, component_id)``."""
+    return int(elem[1]) if isinstance(elem, tuple) else int(elem.meta.lane_id)
 
 
 class CountingAccumulator(Accumulator[T]):
