@@ -573,6 +573,11 @@ class Pipeline:
         return summary() if summary is not None else None
 
     @property
+    def ws(self) -> WorkSource:
+        """The work source the pipeline reads (Zephon's public attribute)."""
+        return self._ws
+
+    @property
     def is_indexable(self) -> bool:
         """Whether `to_indexable_torch_dataset` works: every operator is 1:1, stateless and keeps
         order (``indexable`` in its traits), and the work source's stream is finite (a
