@@ -171,6 +171,7 @@ def _run_in(run_dir: Path, target: Target, python: str, out: Path, paths: list[s
 
 _PRIVATE_MODULE = re.compile(r"\bzephon\.(?:_\w+)")
 _ATTRIBUTE_CALLS = ("getattr", "setattr", "hasattr", "delattr")
+_SCRIPT_IMPORTS = re.compile(r"from zephon[\w.]* import (\([^)]*\)|[^\n]*)")  # in the text of a test's script
 
 
 @dataclass
@@ -199,6 +200,10 @@ def _mentions_private(node: ast.AST, private_names: set[str]) -> str | None:
                 return "imports a private module"
         if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and _PRIVATE_MODULE.search(sub.value):
             return "names a private module"
+        if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and any(
+                name.strip(" \n()").startswith("_") for names in _SCRIPT_IMPORTS.findall(sub.value)
+                for name in names.split(",")):
+            return "runs a script that imports a private name"
         called = (sub.func.id if isinstance(sub.func, ast.Name) else sub.func.attr
                   if isinstance(sub.func, ast.Attribute) else None) if isinstance(sub, ast.Call) else None
         # getattr(x, "_name"), and monkeypatch.setattr(x, "_name", ...) which replaces a private

@@ -793,11 +793,13 @@ class Pipeline:
         ``num_workers=0`` (the pipeline has its own workers) and under torchdata's
         ``StatefulDataLoader`` with any ``num_workers``; loader workers split this rank's lanes
         (`zephon_columnar.torch`). Keyword arguments, if any, are passed to
-        ``SampleBatch.to_training`` for each batch.
+        ``SampleBatch.to_training`` for each batch. A token-unit mixture is primed here, in the
+        calling process (as in Zephon), not in each loader worker.
         """
         from zephon_columnar.torch import PipelineIterableDataset
 
         self._warn_if_every_rank_reads_the_same_data()  # loader workers have no process group to see
+        prime_token_mixture(self._ws, self._ops)  # here, once: loader workers get the primed source
         return PipelineIterableDataset(self, stateful=stateful, to_training=to_training or None)
 
     def to_indexable_torch_dataset(self) -> Any:
