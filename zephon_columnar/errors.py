@@ -59,6 +59,11 @@ class PipelineError(ZephonError, RuntimeError):
     """An operator or worker failed while the pipeline ran; the original error is ``__cause__``."""
 
 
+class NotIndexableError(ConfigError, RuntimeError):
+    """``to_indexable_torch_dataset()`` on a pipeline without random access (an operator that is
+    not 1:1, or an endless stream): a `ConfigError` and, as in Zephon, a ``RuntimeError``."""
+
+
 class MissingFieldError(ZephonError, KeyError):
     """A field an operator needs is not in the rows (a ``KeyError``, as a dict lookup would be)."""
 

@@ -37,7 +37,7 @@ from zephon_columnar import frame as F
 from zephon_columnar.engine.calibrate import prime_token_mixture
 from zephon_columnar.engine.engine import fields_by_dataset
 from zephon_columnar.engine.runners import run_stage, setup_stages
-from zephon_columnar.errors import ConfigError, PipelineError
+from zephon_columnar.errors import NotIndexableError, PipelineError
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.batch import BatchOp
 from zephon_columnar.ops.map import MapBatchOp
@@ -80,13 +80,14 @@ class IndexedPipeline:
         services: extra ``OpContext`` services for the operators' ``setup``.
 
     Raises:
-        ConfigError: the pipeline is not indexable (`indexing_obstacle` says why).
+        NotIndexableError: (a ``ValueError`` and a ``RuntimeError``) the pipeline is not indexable
+            (`indexing_obstacle` says why).
     """
 
     def __init__(self, ws: "WorkSource", ops: Sequence[BaseOp], services: Mapping[str, Any] | None = None) -> None:
         obstacle = indexing_obstacle(ws, ops)
         if obstacle is not None:
-            raise ConfigError(f"to_indexable_torch_dataset(): the pipeline is not indexable: {obstacle}. "
+            raise NotIndexableError(f"to_indexable_torch_dataset(): the pipeline is not indexable: {obstacle}. "
                               "Use to_torch_dataset() for the stream instead.")
         prime_token_mixture(ws, ops)
         self._positions = ws.positions()
