@@ -86,3 +86,34 @@ def test_mixed_value_types_in_a_field_are_an_error_naming_it():
     metas = [SampleMeta(sample_id=(0, 0, i), lane_id=0, chunk_id=0, chunk_offset=i) for i in range(2)]
     with pytest.raises(TypeError, match="'x'.*mixed types"):
         frame_of_records([SampleRecord(metas[0], {"x": 1}), SampleRecord(metas[1], {"x": "one"})], op_name="op")
+
+
+# ---------------------------------------------------------------- lists of numbers as numpy views
+def test_a_list_of_numbers_reaches_a_record_as_a_read_only_view_of_the_column():
+    # Zephon gives numpy arrays (user code calls .shape, .dtype, slices without copies).
+    ids = pa.array([[1, 2, 3], None, [], [4]], pa.list_(pa.int32()))
+    frame = F.frame_of({"input_ids": ids, "score": pa.array([[0.5], [1.5], None, [2.5]], pa.list_(pa.float32()))})
+    recs = records_of(frame.slice(1))  # a sliced frame: the views start at its own offsets
+    got = [r.payload["input_ids"] for r in recs]
+    assert got[0] is None and [a.tolist() for a in got[1:]] == [[], [4]]
+    assert all(a.dtype == np.int32 and not a.flags.writeable for a in got[1:])
+    flat = frame.column("input_ids").chunk(0).values.buffers()[1]
+    assert got[2].__array_interface__["data"][0] == flat.address + 3 * 4  # no copy: the 4th value
+    assert recs[0].payload["score"].dtype == np.float32 and recs[1].payload["score"] is None
+
+
+def test_a_list_holding_a_null_stays_a_python_list():
+    frame = F.frame_of({"v": pa.array([[1, None], [2]], pa.list_(pa.int64()))})
+    assert [r.payload["v"] for r in records_of(frame)] == [[1, None], [2]]
+
+
+def test_records_with_arrays_and_edited_lists_go_back_to_one_list_column():
+    frame = F.frame_of({"input_ids": pa.array([[1, 2], [3], [5]], pa.list_(pa.int32()))})
+    recs = records_of(frame)
+    recs[1].payload = {"input_ids": [3, 4]}  # an operator rebuilt one row as a list
+    recs[2].payload = {"input_ids": None}
+    col = frame_of_records(recs).column("input_ids")
+    assert col.type == pa.list_(pa.int32()) and col.to_pylist() == [[1, 2], [3, 4], None]
+    recs[1].payload = {"input_ids": [3.5]}  # a value the arrays' dtype cannot hold
+    with pytest.raises(TypeError, match="input_ids"):
+        frame_of_records(recs)

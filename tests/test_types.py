@@ -110,7 +110,9 @@ def test_errors_name_the_field():
 def test_records_view():
     b = make_batch([[1, 2], [3]])
     recs = b.records
-    assert [r.payload["input_ids"] for r in recs] == [[1, 2], [3]]
+    ids = [r.payload["input_ids"] for r in recs]  # numpy views of the column, read-only (Zephon's)
+    assert [a.tolist() for a in ids] == [[1, 2], [3]]
+    assert all(isinstance(a, np.ndarray) and not a.flags.writeable for a in ids)
     assert recs[1].meta.sample_id == (0, 3, 11) and recs[1].meta.lane_id == 1 and recs[1].meta.chunk_id == 2
 
 

@@ -255,7 +255,7 @@ class Pipeline:
             >>> a = Dataset.from_tables("a", [pa.table({"input_ids": [[1] * 4] * 6})])   # 4-token documents
             >>> b = Dataset.from_tables("b", [pa.table({"input_ids": [[2]] * 12})])      # 1-token documents
             >>> ws = StaticMixtureWorkSource([a, b], {"a": 0.5, "b": 0.5}, shuffle_shards=False)
-            >>> [r.payload["input_ids"][0] for r in Pipeline(ws).ensure_mixture(weight_by="input_ids")][:10]
+            >>> [int(r.payload["input_ids"][0]) for r in Pipeline(ws).ensure_mixture(weight_by="input_ids")][:10]
             [1, 2, 2, 2, 2, 1, 2, 2, 2, 2]
         """
         from zephon_columnar.ops.ensure_mixture import EnsureMixtureOp

@@ -316,18 +316,41 @@ def _packed_meta(pieces: list[dict[str, Any]]) -> tuple[dict[int, int], dict[int
 
 
 def _column_values(table: pa.Table, name: str) -> list[Any]:
-    """A payload column as Python values; packed segments merged by ``pack_sequences``
-    (``pack_payloads="numpy_array"`` / ``"torch_tensor"``) as arrays / tensors."""
-    values = table.column(name).to_pylist()
+    """A payload column as Python values: a list of numbers as a read-only numpy view of the
+    column's buffer (as Zephon gives it: ``.shape``, ``.dtype``, slices without copies); packed
+    segments merged by ``pack_sequences`` (``pack_payloads="numpy_array"`` / ``"torch_tensor"``)
+    as arrays / tensors."""
+    column = table.column(name)
     meta = table.schema.field(name).metadata or {}
     merge = meta.get(b"zephon_columnar.pack_payloads")
     if merge is None:
-        return values
+        views = _numeric_list_views(column)
+        return views if views is not None else column.to_pylist()
+    values = column.to_pylist()
     if merge == b"torch_tensor":
         import torch
 
         return [{k: torch.tensor(v) for k, v in row.items()} for row in values]
     return [{k: np.asarray(v) for k, v in row.items()} for row in values]
+
+
+def _numeric_list_views(column: pa.ChunkedArray) -> list[np.ndarray | None] | None:
+    """Each row of a ``list<int|float>`` column as a read-only numpy view (None for a null row),
+    or None when the column is of another type or a list holds a null (Python lists then)."""
+    t = column.type
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not (
+            pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)):
+        return None
+    out: list[np.ndarray | None] = []
+    for chunk in column.chunks:
+        values = chunk.values  # the whole child array; the chunk's offsets index into it
+        if values.null_count:
+            return None
+        flat = values.to_numpy(zero_copy_only=True)
+        bounds = chunk.offsets.to_numpy()
+        valid = np.ones(len(chunk), bool) if not chunk.null_count else chunk.is_valid().to_numpy(zero_copy_only=False)
+        out.extend(flat[a:b] if ok else None for a, b, ok in zip(bounds[:-1].tolist(), bounds[1:].tolist(), valid))
+    return out
 
 
 # ---------------------------------------------------------------- records -> frame
@@ -357,6 +380,9 @@ def _payload_arrays(payloads: list[dict[str, Any]], op_name: str) -> tuple[list[
         values = [p.get(name) for p in payloads]
         kinds = set(map(type, values))
         kinds.discard(type(None))
+        if np.ndarray in kinds:  # lists of numbers reach records as numpy arrays (and lists, once edited)
+            arrays.append(_array_of_arrays(values, name, op_name))
+            continue
         if len(kinds) > 1:
             shown = ", ".join(sorted(k.__name__ for k in kinds))
             raise WrongTypeError(f"operator {op_name!r} returned field {name!r} with mixed types ({shown}); "
@@ -367,6 +393,35 @@ def _payload_arrays(payloads: list[dict[str, Any]], op_name: str) -> tuple[list[
             raise WrongTypeError(f"operator {op_name!r} returned field {name!r} with values Arrow cannot "
                                  f"hold in one column ({err}); return the same type for it in every row.") from err
     return names, arrays
+
+
+def _array_of_arrays(values: list[Any], name: str, op_name: str) -> pa.Array:
+    """A list column of 1-D numpy arrays (lists and None allowed among them): one concatenation,
+    no Python object per element."""
+    # A list among the arrays (a row an operator rebuilt) takes their dtype if its values fit.
+    dtype = np.result_type(*(v for v in values if isinstance(v, np.ndarray)))
+    rows = [None if v is None else v if isinstance(v, np.ndarray) else _as_dtype(v, dtype) for v in values]
+    present = [r for r in rows if r is not None]
+    if any(r.ndim != 1 for r in present) or len({r.dtype for r in present}) > 1:
+        shown = sorted({f"{r.ndim}-D {r.dtype}" for r in present})
+        raise WrongTypeError(f"operator {op_name!r} returned field {name!r} with arrays of different kinds "
+                             f"({', '.join(shown)}); return 1-D arrays of one dtype (or lists) in every row.")
+    lengths = np.array([0 if r is None else len(r) for r in rows], np.int64)
+    offsets = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = pa.array(np.concatenate(present) if present else np.zeros(0, np.int64))
+    mask = pa.array([r is None for r in rows]) if any(r is None for r in rows) else None
+    if offsets[-1] < 2**31:
+        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), flat, mask=mask)
+    return pa.LargeListArray.from_arrays(pa.array(offsets), flat, mask=mask)
+
+
+def _as_dtype(values: Any, dtype: np.dtype) -> np.ndarray:
+    """``values`` (a list) as an array of ``dtype`` when that keeps every value, else as numpy
+    infers it."""
+    inferred = np.asarray(values)
+    cast = inferred.astype(dtype)
+    return cast if np.array_equal(cast, inferred) else inferred
 
 
 def check_records(out: Any, *, op_name: str, what: str = "process_many") -> list[SampleRecord]:

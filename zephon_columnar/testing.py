@@ -20,6 +20,8 @@ import itertools
 import json
 from typing import Any, Callable, Iterable, Sequence
 
+import numpy as np
+
 from zephon_columnar import frame as F
 from zephon_columnar.types import SampleBatch, SampleRecord
 
@@ -31,8 +33,15 @@ def signature(item: Any) -> tuple:
         return ("batch", item.lane_id, item.ids, json.dumps(payload, sort_keys=True, default=repr))
     if isinstance(item, SampleRecord):
         return ("record", item.meta.lane_id, item.meta.sample_id,
-                json.dumps(item.payload, sort_keys=True, default=repr))
+                json.dumps(item.payload, sort_keys=True, default=_jsonable))
     raise TypeError(f"signature(): expected SampleBatch or SampleRecord, got {type(item).__name__}")
+
+
+def _jsonable(value: Any) -> Any:
+    """Payload values JSON lacks: numpy arrays as their dtype and elements (repr would elide)."""
+    if isinstance(value, np.ndarray):
+        return [str(value.dtype), value.tolist()]
+    return repr(value)
 
 
 def collect(pipeline: Iterable[Any], limit: int | None = None) -> list[tuple]:

@@ -311,7 +311,12 @@ def payloads_through_a_pipeline(path) -> list[dict]:
     """Every row of the dataset at ``path``, read by a Pipeline (one pass), in id order."""
     ds = Dataset.from_path("late", str(path))
     ws = StaticMixtureWorkSource([ds], {"late": 1.0}, chunk_size=64)
-    return sorted((record.payload for record in Pipeline(ws)), key=lambda payload: payload["id"])
+    return sorted((as_python(record.payload) for record in Pipeline(ws)), key=lambda payload: payload["id"])
+
+
+def as_python(payload: dict) -> dict:
+    """A payload with its numpy arrays (lists of numbers) as lists, to compare with plain rows."""
+    return {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in payload.items()}
 
 
 def late_field_rows(n: int, first_late: int) -> list[dict]:
