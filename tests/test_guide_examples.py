@@ -266,8 +266,7 @@ def test_stateful_transform_runs_its_transform_on_the_workers():
     run_snippet(STATEFUL_TRANSFORM_WORKERS, ns)
     records = list(ns["pipeline"].options(runner="threads"))
     assert len(records) == len(documents())
-    assert all(r.payload["embedding"].tolist() == [len(r.payload["text"]), r.payload["text"].count("word")]
-               for r in records)
+    assert all(r.payload["embedding"] == [len(r.payload["text"]), r.payload["text"].count("word")] for r in records)
 
 
 def test_records_in_records_out_and_the_wrong_way_is_rejected():

@@ -117,3 +117,26 @@ def test_records_with_arrays_and_edited_lists_go_back_to_one_list_column():
     recs[1].payload = {"input_ids": [3.5]}  # a value the arrays' dtype cannot hold
     with pytest.raises(TypeError, match="input_ids"):
         frame_of_records(recs)
+
+
+def test_values_keep_the_kind_their_source_gave_them():
+    # As in Zephon: lists of numbers read from the data are numpy arrays; tokenize's ids and what
+    # a Python function returned stay Python lists, through later operators too.
+    from zephon_columnar import Pipeline, StaticMixtureWorkSource
+    from zephon_columnar.io import Dataset, InMemoryShard
+
+    ds = Dataset.from_dict("d", {0: InMemoryShard([{"text": f"a b {i}", "v": [i, i + 1]} for i in range(4)])})
+    seen: list[dict] = []
+
+    def look(payload):
+        seen.append({k: type(v) for k, v in payload.items()})
+        return {**payload, "w": [len(payload["input_ids"])]}
+
+    pipe = (Pipeline(StaticMixtureWorkSource([ds], {"d": 1.0}, chunk_size=2))
+            .tokenize(tokenizer_id="__fallback__", field="text", preserve_upstream_payload=True)
+            .map_transform(look).map_transform(lambda p: p))
+    records = list(pipe)
+    assert seen and all(s["v"] is np.ndarray and s["input_ids"] is list for s in seen)
+    for r in records:
+        kinds = {k: type(v) for k, v in r.payload.items()}
+        assert kinds["v"] is np.ndarray and kinds["input_ids"] is list and kinds["w"] is list

@@ -234,8 +234,8 @@ def with_payload(bookkeeping: pa.Table, payload: pa.Table) -> pa.Table:
             "an operator must keep rows aligned with their bookkeeping"
         )
     cols = list(bookkeeping.columns) + list(payload.columns)
-    names = list(bookkeeping.column_names) + list(payload.column_names)
-    return pa.Table.from_arrays(cols, names=names)
+    # The fields themselves, so what an operator marked on one (its metadata) stays.
+    return pa.Table.from_arrays(cols, schema=pa.schema(list(bookkeeping.schema) + list(payload.schema)))
 
 
 def concat_frames(frames: list[pa.Table]) -> pa.Table:

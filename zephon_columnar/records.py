@@ -253,7 +253,7 @@ def records_of(table: pa.Table, fields: FieldsByDataset | None = None) -> list[S
     names = [x for x in columns if not F.is_bookkeeping(x)]
     n = table.num_rows
     if names:
-        payloads = [dict(zip(names, values)) for values in zip(*[_column_values(table, x) for x in names])]
+        payloads = [dict(zip(names, values)) for values in zip(*[payload_values(table, x) for x in names])]
     else:
         payloads = [{} for _ in range(n)]
     lane, chunk, offset, dataset, shard, row, comp = (
@@ -315,16 +315,34 @@ def _packed_meta(pieces: list[dict[str, Any]]) -> tuple[dict[int, int], dict[int
     return samples, tokens, tuple(refs)
 
 
-def _column_values(table: pa.Table, name: str) -> list[Any]:
+#: Field metadata asking record views for Python lists instead of numpy views: tokenize's
+#: ``input_ids``/``attention_mask``, which Zephon's tokenize gives as lists (user code appends to them).
+PYTHON_LISTS_KEY = b"zephon_columnar.python_lists"
+
+
+def as_python_lists(table: pa.Table, names: Sequence[str]) -> pa.Table:
+    """``table`` with the fields ``names`` marked `PYTHON_LISTS_KEY` (zero-copy: metadata only)."""
+    if not names:
+        return table
+    schema = table.schema
+    for name in names:
+        if name in schema.names:
+            i = schema.get_field_index(name)
+            schema = schema.set(i, schema.field(i).with_metadata({PYTHON_LISTS_KEY: b"1"}))
+    return pa.Table.from_arrays(table.columns, schema=schema)
+
+
+def payload_values(table: pa.Table, name: str) -> list[Any]:
     """A payload column as Python values: a list of numbers as a read-only numpy view of the
-    column's buffer (as Zephon gives it: ``.shape``, ``.dtype``, slices without copies); packed
+    column's buffer (as Zephon gives it: ``.shape``, ``.dtype``, slices without copies), unless
+    the field is marked `PYTHON_LISTS_KEY`; packed
     segments merged by ``pack_sequences`` (``pack_payloads="numpy_array"`` / ``"torch_tensor"``)
     as arrays / tensors."""
     column = table.column(name)
     meta = table.schema.field(name).metadata or {}
     merge = meta.get(b"zephon_columnar.pack_payloads")
     if merge is None:
-        views = _numeric_list_views(column)
+        views = None if PYTHON_LISTS_KEY in meta else _numeric_list_views(column)
         return views if views is not None else column.to_pylist()
     values = column.to_pylist()
     if merge == b"torch_tensor":
@@ -358,9 +376,19 @@ def payloads_to_table(payloads: list[dict[str, Any]], *, op_name: str) -> pa.Tab
     """Arrow table of row dicts: the union of their keys (missing values are null), one column
     type per field. Types come from the values alone, never from which rows share a frame, so a
     field whose rows mix Python types (1 and 1.0, "a" and 2) is an error rather than a column type
-    that changes with the frame size."""
+    that changes with the frame size. Lists of numbers stay Python lists for the next operator
+    that reads records (`PYTHON_LISTS_KEY`), numpy arrays stay arrays: values keep the kind the
+    code gave them, as in Zephon."""
     names, arrays = _payload_arrays(payloads, op_name)
-    return pa.Table.from_arrays(arrays, names=names) if names else pa.table({})
+    if not names:
+        return pa.table({})
+    return as_python_lists(pa.Table.from_arrays(arrays, names=names), _given_as_lists(payloads, names, arrays))
+
+
+def _given_as_lists(payloads: list[dict[str, Any]], names: Sequence[str], arrays: Sequence[pa.Array]) -> list[str]:
+    """The list columns built from Python lists (no numpy array among their values)."""
+    return [n for n, a in zip(names, arrays)
+            if pa.types.is_list(a.type) and not any(isinstance(p.get(n), np.ndarray) for p in payloads)]
 
 
 def _payload_arrays(payloads: list[dict[str, Any]], op_name: str) -> tuple[list[str], list[pa.Array]]:
@@ -479,7 +507,8 @@ def frame_of_records(records: Sequence[SampleRecord], *, op_name: str = "records
         arrays.append(pa.array([p or 0 for p in pads], pa.int32()))
         names.append(F.PADDING_LENGTH)
     payload_names, payload_arrays = _payload_arrays(payloads, op_name)  # type: ignore[arg-type]
-    return pa.Table.from_arrays(arrays + payload_arrays, names=names + payload_names)
+    table = pa.Table.from_arrays(arrays + payload_arrays, names=names + payload_names)
+    return as_python_lists(table, _given_as_lists(payloads, payload_names, payload_arrays))  # type: ignore[arg-type]
 
 
 #: What `frame_of_records` reads of each meta.

@@ -103,7 +103,7 @@ def test_lineage_column_is_the_same_after_a_checkpoint_restore(reference: list[p
 
 def test_records_lineage_is_the_same_whatever_the_frame_size() -> None:
     def records(fetch_rows: int | None) -> list[tuple[Any, ...]]:
-        return [(r.meta.sample_id, r.meta.lineage, r.payload["input_ids"].tolist())
+        return [(r.meta.sample_id, r.meta.lineage, list(r.payload["input_ids"]))
                 for r in _pipeline(fetch_rows=fetch_rows, batch=False)]
 
     whole = records(None)

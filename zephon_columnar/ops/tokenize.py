@@ -71,6 +71,7 @@ from zephon_columnar.ops.tokenizer import (
     tokenizer_source,
     truncate_rows,
 )
+from zephon_columnar.records import as_python_lists
 
 SPECIAL_MODES: tuple[str, ...] = get_args(SpecialTokensMode)
 OUTPUT_FIELDS = ("input_ids", "attention_mask")
@@ -297,7 +298,8 @@ class TokenizeOp(TokenizerOwner, FrameOp):
         if mask is not None and self.add_attention_mask:
             columns.append(pa.ListArray.from_arrays(off, pa.array(mask, pa.int8())))
             names.append("attention_mask")
-        return F.with_payload(book, pa.Table.from_arrays(columns, names=names))
+        # Records see these as Python lists, as Zephon's tokenize gives them.
+        return as_python_lists(F.with_payload(book, pa.Table.from_arrays(columns, names=names)), OUTPUT_FIELDS)
 
 
 # ---------------------------------------------------------------------- vectorized pieces
