@@ -315,8 +315,9 @@ def _packed_meta(pieces: list[dict[str, Any]]) -> tuple[dict[int, int], dict[int
     return samples, tokens, tuple(refs)
 
 
-#: Field metadata asking record views for Python lists instead of numpy views: tokenize's
-#: ``input_ids``/``attention_mask``, which Zephon's tokenize gives as lists (user code appends to them).
+#: Field metadata asking record views for Python lists instead of numpy views: on tokenize's
+#: ``input_ids``/``attention_mask`` (Zephon's tokenize gives lists; user code appends to them)
+#: and on list fields that Python code returned as lists.
 PYTHON_LISTS_KEY = b"zephon_columnar.python_lists"
 
 
@@ -334,10 +335,9 @@ def as_python_lists(table: pa.Table, names: Sequence[str]) -> pa.Table:
 
 def payload_values(table: pa.Table, name: str) -> list[Any]:
     """A payload column as Python values: a list of numbers as a read-only numpy view of the
-    column's buffer (as Zephon gives it: ``.shape``, ``.dtype``, slices without copies), unless
-    the field is marked `PYTHON_LISTS_KEY`; packed
-    segments merged by ``pack_sequences`` (``pack_payloads="numpy_array"`` / ``"torch_tensor"``)
-    as arrays / tensors."""
+    column's buffer (as Zephon gives it: ``.shape``, ``.dtype``, slices without copies) unless
+    the field is marked `PYTHON_LISTS_KEY`; packed segments merged by ``pack_sequences``
+    (``pack_payloads="numpy_array"`` / ``"torch_tensor"``) as arrays / tensors."""
     column = table.column(name)
     meta = table.schema.field(name).metadata or {}
     merge = meta.get(b"zephon_columnar.pack_payloads")
