@@ -252,10 +252,7 @@ def records_of(table: pa.Table, fields: FieldsByDataset | None = None) -> list[S
     columns = table.schema.names
     names = [x for x in columns if not F.is_bookkeeping(x)]
     n = table.num_rows
-    if names:
-        payloads = [dict(zip(names, values)) for values in zip(*[payload_values(table, x) for x in names])]
-    else:
-        payloads = [{} for _ in range(n)]
+    payloads = payload_dicts(table, names)
     lane, chunk, offset, dataset, shard, row, comp = (
         table.column(c).to_pylist() for c in (F.LANE, F.CHUNK, F.OFFSET, F.DATASET, F.SHARD, F.ROW, F.COMPONENT))
     pad = table.column(F.PADDING_LENGTH).to_pylist() if F.PADDING_LENGTH in columns else None
@@ -333,6 +330,13 @@ def as_python_lists(table: pa.Table, names: Sequence[str]) -> pa.Table:
     return pa.Table.from_arrays(table.columns, schema=schema)
 
 
+def payload_dicts(table: pa.Table, names: Sequence[str]) -> list[dict[str, Any]]:
+    """Row dicts of the columns ``names`` of ``table``, values as `payload_values` gives them."""
+    if not names:
+        return [{} for _ in range(table.num_rows)]
+    return [dict(zip(names, values)) for values in zip(*[payload_values(table, x) for x in names])]
+
+
 def payload_values(table: pa.Table, name: str) -> list[Any]:
     """A payload column as Python values: a list of numbers as a read-only numpy view of the
     column's buffer (as Zephon gives it: ``.shape``, ``.dtype``, slices without copies) unless
@@ -379,22 +383,17 @@ def payloads_to_table(payloads: list[dict[str, Any]], *, op_name: str) -> pa.Tab
     that changes with the frame size. Lists of numbers stay Python lists for the next operator
     that reads records (`PYTHON_LISTS_KEY`), numpy arrays stay arrays: values keep the kind the
     code gave them, as in Zephon."""
-    names, arrays = _payload_arrays(payloads, op_name)
+    names, arrays, lists = _payload_arrays(payloads, op_name)
     if not names:
         return pa.table({})
-    return as_python_lists(pa.Table.from_arrays(arrays, names=names), _given_as_lists(payloads, names, arrays))
+    return as_python_lists(pa.Table.from_arrays(arrays, names=names), lists)
 
 
-def _given_as_lists(payloads: list[dict[str, Any]], names: Sequence[str], arrays: Sequence[pa.Array]) -> list[str]:
-    """The list columns built from Python lists (no numpy array among their values)."""
-    return [n for n, a in zip(names, arrays)
-            if pa.types.is_list(a.type) and not any(isinstance(p.get(n), np.ndarray) for p in payloads)]
-
-
-def _payload_arrays(payloads: list[dict[str, Any]], op_name: str) -> tuple[list[str], list[pa.Array]]:
-    """`payloads_to_table`'s column names and arrays."""
+def _payload_arrays(payloads: list[dict[str, Any]], op_name: str) -> tuple[list[str], list[pa.Array], list[str]]:
+    """`payloads_to_table`'s column names and arrays, and the list columns built from Python
+    lists (to mark `PYTHON_LISTS_KEY`)."""
     if not payloads:
-        return [], []
+        return [], [], []
     first = payloads[0]
     if set().union(*payloads) == first.keys():  # every row's keys are among the first row's
         names = list(first)
@@ -403,7 +402,7 @@ def _payload_arrays(payloads: list[dict[str, Any]], op_name: str) -> tuple[list[
         for p in payloads:
             union.update(dict.fromkeys(p))
         names = list(union)
-    arrays = []
+    arrays, lists = [], []
     for name in names:
         values = [p.get(name) for p in payloads]
         kinds = set(map(type, values))
@@ -420,7 +419,9 @@ def _payload_arrays(payloads: list[dict[str, Any]], op_name: str) -> tuple[list[
         except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
             raise WrongTypeError(f"operator {op_name!r} returned field {name!r} with values Arrow cannot "
                                  f"hold in one column ({err}); return the same type for it in every row.") from err
-    return names, arrays
+        if pa.types.is_list(arrays[-1].type):
+            lists.append(name)
+    return names, arrays, lists
 
 
 def _array_of_arrays(values: list[Any], name: str, op_name: str) -> pa.Array:
@@ -506,9 +507,8 @@ def frame_of_records(records: Sequence[SampleRecord], *, op_name: str = "records
     if any(p is not None for p in pads):  # a packed row's pad tail stays masked downstream
         arrays.append(pa.array([p or 0 for p in pads], pa.int32()))
         names.append(F.PADDING_LENGTH)
-    payload_names, payload_arrays = _payload_arrays(payloads, op_name)  # type: ignore[arg-type]
-    table = pa.Table.from_arrays(arrays + payload_arrays, names=names + payload_names)
-    return as_python_lists(table, _given_as_lists(payloads, payload_names, payload_arrays))  # type: ignore[arg-type]
+    payload_names, payload_arrays, lists = _payload_arrays(payloads, op_name)  # type: ignore[arg-type]
+    return as_python_lists(pa.Table.from_arrays(arrays + payload_arrays, names=names + payload_names), lists)
 
 
 #: What `frame_of_records` reads of each meta.

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import WrongTypeError, operator_failure
-from zephon_columnar.records import (SampleRecord, check_records, frame_of_records, payload_values, payloads_to_table,
+from zephon_columnar.records import (SampleRecord, check_records, frame_of_records, payload_dicts, payloads_to_table,
                                      records_of)
 
 
@@ -35,12 +35,9 @@ def keep_lineage(out: pa.Table, had_lineage: bool) -> pa.Table:
 
 
 def payload_rows(frame: pa.Table) -> list[dict[str, Any]]:
-    """The payload of each row, its values as records hold them (`payload_values`)."""
+    """The payload of each row, its values as records hold them."""
     payload = F.payload_of(frame)
-    names = payload.column_names
-    if not names:
-        return [{} for _ in range(payload.num_rows)]
-    return [dict(zip(names, values)) for values in zip(*(payload_values(payload, n) for n in names))]
+    return payload_dicts(payload, payload.column_names)
 
 
 def rebuild(frame: pa.Table, keep: Sequence[int], payloads: list[dict[str, Any]], *, op_name: str) -> pa.Table:
