@@ -73,6 +73,16 @@ def test_block_shuffle_permutes_inside_consecutive_blocks_only():
         assert np.array_equal(seg, expected)
 
 
+@pytest.mark.parametrize("reshuffle", [True, False])
+def test_block_rng_snapshot_is_the_key_and_the_blocks_begun(reshuffle):
+    order = make(block=16, reshuffle=reshuffle)
+    e = 2 if reshuffle else 0                  # without reshuffling every pass uses pass 0's key
+    assert order.block_rng_snapshot(2, 0) == {"rng_state": [5, e], "block_count": 0}
+    assert order.block_rng_snapshot(2, 16) == {"rng_state": [5, e], "block_count": 1}
+    assert order.block_rng_snapshot(2, 17) == {"rng_state": [5, e], "block_count": 2}
+    assert make(block=None).block_rng_snapshot(2, 17) is None
+
+
 def test_block_at_least_dataset_size_is_a_global_shuffle():
     order = make(block=10**9)
     assert order.block_size == COUNTS.sum()

@@ -437,6 +437,17 @@ def test_state_does_not_grow_over_a_long_stream():
     assert len(json.dumps(late)) <= early + 16   # only a few more digits in the counters
 
 
+def test_state_describes_the_block_shuffle_of_each_block_shuffled_dataset():
+    dss = [make_ds("a", [10]), make_ds("b", [30])]
+    ws = source(dss, {"a": 1, "b": 3}, chunk_size=8, shuffle_block_size=4, seed=3)
+    ws.next_chunk()                           # 2 rows of a, 6 of b
+    states = ws.state_dict()["cursor_states"]
+    assert states["a"]["block_rng_snapshot"] == {"rng_state": [3, 0], "block_count": 1}
+    assert states["b"]["block_rng_snapshot"] == {"rng_state": [3, 0], "block_count": 2}
+    unblocked = source(dss, {"a": 1, "b": 3}, chunk_size=8).state_dict()["cursor_states"]
+    assert all("block_rng_snapshot" not in c for c in unblocked.values())
+
+
 @pytest.mark.parametrize(
     "change, field",
     [

@@ -89,6 +89,26 @@ class DatasetOrder:
             reshuffle_on_repeat=self.reshuffle_on_repeat,
         )
 
+    def block_rng_snapshot(self, epoch: int, position: int) -> dict[str, object] | None:
+        """The block shuffle's generator state after ``position`` rows of pass ``epoch``, in the
+        shape of Zephon's cursor field (None without a block shuffle).
+
+        The block generator is counter-based: block ``b`` of pass ``e`` is permuted by a
+        generator seeded ``[seed, e, b, 2]``, so its whole state is the key ``[seed, e]`` and
+        the count of blocks begun. It is written for tools that read Zephon's checkpoints; a
+        restore needs only the position.
+
+        Example:
+            >>> order = DatasetOrder(np.array([10]), seed=3, shuffle_shards=False,
+            ...                      shuffle_within_shard=False, block_size=4, reshuffle_on_repeat=True)
+            >>> order.block_rng_snapshot(epoch=1, position=5)
+            {'rng_state': [3, 1], 'block_count': 2}
+        """
+        if self.block_size is None:
+            return None
+        e = epoch if self.reshuffle_on_repeat else 0
+        return {"rng_state": [self.seed, e], "block_count": -(-position // self.block_size)}
+
     def _reset_caches(self) -> None:
         # shard layout of one pass: order of shard ids, and [start, end) of each in the pass
         self._layout_key: int | None = None

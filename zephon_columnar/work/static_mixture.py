@@ -676,7 +676,9 @@ class StaticMixtureWorkSource(WorkSource):
         A restore reads ``recipe`` (checked against this source's), ``lane_id``,
         ``canonical_replicas``, ``global_chunk_index`` (chunks of every lane planned so far),
         ``cursor_states`` (``{name: {"epoch", "position", "active", "accumulator"}}``, the
-        accumulator as an exact fraction ``"p/q"``; ``epoch`` is the passes completed) and,
+        accumulator as an exact fraction ``"p/q"``; ``epoch`` is the passes completed; a
+        block-shuffled dataset's ``block_rng_snapshot`` is derived from them, see
+        `DatasetOrder.block_rng_snapshot`) and,
         for a token mixture, ``token_ratios`` (tokens per stored byte). The other fields are
         Zephon's names for the same facts (``cursor_epochs``, ``exhausted_policy``, the float
         ``accumulators``, ...), written for tools that read Zephon's state.
@@ -691,7 +693,7 @@ class StaticMixtureWorkSource(WorkSource):
             "global_chunk_index": cur.g,
             "cursor_states": {
                 n: {"epoch": cur.epoch[k], "position": cur.position[k], "active": cur.active[k],
-                    "accumulator": str(accumulators[n])}
+                    "accumulator": str(accumulators[n]), **self._block_snapshot(k)}
                 for k, n in enumerate(cfg.names)
             },
             "token_ratios": self.tokens_per_byte,
@@ -716,6 +718,11 @@ class StaticMixtureWorkSource(WorkSource):
             "accumulators": {n: float(a) for n, a in accumulators.items()},
             "token_deficits": None,
         }
+
+    def _block_snapshot(self, k: int) -> dict[str, Any]:
+        """``{"block_rng_snapshot": ...}`` for dataset ``k`` when it is block-shuffled, else ``{}``."""
+        snapshot = self._orders[k].block_rng_snapshot(self._cursor.epoch[k], self._cursor.position[k])
+        return {} if snapshot is None else {"block_rng_snapshot": snapshot}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``; the following chunks equal those of the source it came from.
