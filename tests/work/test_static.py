@@ -448,36 +448,72 @@ def test_state_describes_the_block_shuffle_of_each_block_shuffled_dataset():
     assert all("block_rng_snapshot" not in c for c in unblocked.values())
 
 
+def _recipe_source(b_rows=(5,), mixture=None, **kw):
+    dss = [make_ds("a", [10]), make_ds("b", list(b_rows))]
+    return source(dss, mixture or {"a": 1, "b": 1}, **{"chunk_size": 8, **kw})
+
+
 @pytest.mark.parametrize(
-    "change, field",
+    "saved_with, field",
     [
         (dict(seed=1), "seed"),
         (dict(chunk_size=9), "chunk_size"),
         (dict(mixture={"a": 1, "b": 2}), "mixture.a"),
-        (dict(b_rows=[6]), "datasets[1].rows"),
-        (dict(b_rows=[2, 3]), "datasets[1].shards"),
         (dict(shuffle_shards=False), "shuffle_shards"),
         (dict(shuffle_within_shard=True), "shuffle_within_shard"),
         (dict(shuffle_block_size=4), "shuffle_block_size.a"),
+        (dict(shuffle_block_size={"b": "global"}), "shuffle_block_size.b"),
         (dict(exhausted_policy="redistribute"), "exhausted_policy.a"),
         (dict(reshuffle_on_repeat=False), "reshuffle_on_repeat.a"),
         (dict(stop_after_passes=3), "stop_after_passes"),
+        (dict(exhausted_policy="repeat", max_repeats={"b": 2}), "max_repeats.b"),
         (dict(lane_assignment="modulo"), "lane_assignment"),
     ],
 )
-def test_recipe_mismatch_raises_naming_the_field(change, field):
-    def build(b_rows=(5,), mixture=None, **kw):
-        dss = [make_ds("a", [10]), make_ds("b", list(b_rows))]
-        return source(dss, mixture or {"a": 1, "b": 1}, **{"chunk_size": 8, **kw})
-
-    saved = build()
+def test_a_state_taken_with_other_arguments_continues_with_them_and_warns(saved_with, field):
+    # Zephon's rule: the state's seed, chunk size, mixture, shuffles and (unless passed here)
+    # exhaustion settings win, so the stream continues as if never interrupted.
+    saved = _recipe_source(**saved_with).clone_for_lane(1, 2)
     saved.next_chunk()
     state = json_round_trip(saved.state_dict())
-    other = build(**change)
-    with pytest.raises(CheckpointError, match=r"different data recipe") as err:
-        other.load_state_dict(state)
+    here = _recipe_source().clone_for_lane(1, 2)
+    with pytest.warns(ConfigurationWarning, match=r"contradict the checkpoint") as caught:
+        here.load_state_dict(state)
+    assert field in str(caught[0].message)
+    assert here.recipe() == saved.recipe()
+    assert same_chunks(drain(here), drain(saved))
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [(dict(b_rows=[6]), "datasets[1].rows"), (dict(b_rows=[2, 3]), "datasets[1].shards")],
+)
+def test_a_state_taken_over_other_data_is_refused_naming_the_field(change, field):
+    saved = _recipe_source()
+    saved.next_chunk()
+    state = json_round_trip(saved.state_dict())
+    with pytest.raises(CheckpointError, match=r"taken over other datasets") as err:
+        _recipe_source(**change).load_state_dict(state)
     assert field in str(err.value)
-    build().load_state_dict(state)    # same recipe: fine
+    _recipe_source().load_state_dict(state)    # same recipe: fine
+
+
+@pytest.mark.parametrize(
+    "passed, field",
+    [(dict(exhausted_policy="redistribute"), "exhausted_policy.a"),
+     (dict(reshuffle_on_repeat=False), "reshuffle_on_repeat.a"),
+     (dict(stop_after_passes=2), "stop_after_passes")],
+)
+def test_exhaustion_settings_passed_here_that_contradict_the_state_are_refused(passed, field):
+    saved = _recipe_source()
+    saved.next_chunk()
+    state = json_round_trip(saved.state_dict())
+    here = _recipe_source(**passed)
+    before = here.state_dict()
+    with pytest.raises(CheckpointError, match=r"contradict the checkpoint") as err:
+        here.load_state_dict(state)
+    assert field in str(err.value)
+    assert here.state_dict() == before          # a refused restore changes nothing
 
 
 def test_equivalent_mixture_spellings_have_the_same_recipe():

@@ -31,7 +31,7 @@ import re
 import warnings
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -50,9 +50,12 @@ if TYPE_CHECKING:
 
 ExhaustedPolicy = Literal["stop", "repeat", "redistribute"]
 LaneAssignment = Literal["permute", "modulo"]
-ShuffleBlockSpec = Union[int, Literal["auto", "global"], None]
+ShuffleBlockSpec = Union[int, Literal["auto", "global"], None, Mapping[str, Union[int, Literal["auto", "global"], None]]]
 
 _POLICIES = ("stop", "repeat", "redistribute")
+# Recipe fields about the data itself: a state taken over other data is refused; the other
+# fields (seed, chunk_size, mixture, shuffles, policies, lanes) are adopted from the state.
+_RECIPE_DATA = ("class", "datasets", "mixture_unit", "token_estimation")
 _STATE_VERSION = 5  # Zephon 0.2.0's layout version (its field names; ours read on restore)
 
 
@@ -291,7 +294,8 @@ class StaticMixtureWorkSource(WorkSource):
         seed: int >= 0; seeds every shuffle and the lane permutation.
         shuffle_shards, shuffle_within_shard: see :class:`~zephon_columnar.work.order.DatasetOrder`.
         shuffle_block_size: None, an int, ``"auto"`` (8 x the largest shard of all datasets) or
-            ``"global"`` (the whole dataset); clamped to each dataset's size.
+            ``"global"`` (the whole dataset); clamped to each dataset's size. A dict sets it
+            per dataset (datasets it does not name: None).
         exhausted_policy: what a dataset does at the end of a pass: ``"repeat"`` (restart; with
             ``max_repeats=N`` read at most 1+N passes, then end the source like ``"stop"``),
             ``"redistribute"`` (one pass, then leave; the others' weights renormalize), or
@@ -320,8 +324,8 @@ class StaticMixtureWorkSource(WorkSource):
         - The final chunk is partial instead of dropped: with one dataset and the default
           ``stop_after_passes=1`` every row is delivered exactly once, and a dataset smaller
           than ``chunk_size`` works. ``"stop"`` keeps the stopping dataset's last rows.
-        - ``load_state_dict`` refuses a state taken with a different recipe
-          (:class:`CheckpointError` naming the fields) instead of ignoring the difference.
+        - ``load_state_dict`` of a state taken with other arguments (seed, chunk_size, ...)
+          continues with the state's, as Zephon does, but warns naming each difference.
         - ``total_samples`` is exact for every policy.
         - A repeating dataset smaller than its share of a chunk is read pass after pass within
           the chunk instead of being refused.
@@ -375,6 +379,14 @@ class StaticMixtureWorkSource(WorkSource):
                                   "(zephon_columnar.work.TokenEstimation) or None.")
             token_estimation.check_names(names)
 
+        # policy arguments given in the call: a restore refuses a state that contradicts them,
+        # and adopts the state's values of the others (Zephon's rule)
+        self._explicit_policy = frozenset(
+            option for option, value in (("exhausted_policy", exhausted_policy), ("max_repeats", max_repeats),
+                                         ("reshuffle_on_repeat", reshuffle_on_repeat),
+                                         ("stop_after_passes", stop_after_passes))
+            if value is not None and value is not UNSET
+        )
         policies, reshuffle, repeats, floor = _resolve_exhaustion(
             names, exhausted_policy, reshuffle_on_repeat, max_repeats, stop_after_passes)
         max_passes = tuple(
@@ -386,11 +398,13 @@ class StaticMixtureWorkSource(WorkSource):
         counts = [np.asarray(ds.counts(), dtype=np.int64) for ds in datasets]
         rows = tuple(int(c.sum()) for c in counts)
         largest_shard = max((int(c.max()) for c in counts if len(c)), default=0)
-        if shuffle_block_size == "auto" and largest_shard == 0:
+        block_specs = _per_dataset("shuffle_block_size", shuffle_block_size, names, default=None,
+                                   check=lambda where, v: v)
+        if "auto" in block_specs.values() and largest_shard == 0:
             raise ConfigError(f"{where}: shuffle_block_size='auto' requires a non-empty shard (it is 8 x the "
                               "largest shard), and every dataset is empty.")
         _check_rows(names, rows, policies, tokens=token_estimation is not None)
-        blocks = {n: _resolve_block(shuffle_block_size, r, largest_shard) for n, r in zip(names, rows)}
+        blocks = {n: _resolve_block(block_specs[n], r, largest_shard) for n, r in zip(names, rows)}
         self._orders = [
             DatasetOrder(c, seed=seed, shuffle_shards=bool(shuffle_shards),
                          shuffle_within_shard=bool(shuffle_within_shard), block_size=blocks[n],
@@ -727,9 +741,11 @@ class StaticMixtureWorkSource(WorkSource):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``; the following chunks equal those of the source it came from.
 
-        Raises :class:`CheckpointError` (a ``ValueError`` and a ``RuntimeError``) if the state is
-        malformed, was taken with a different recipe (naming each differing field), or belongs
-        to another lane.
+        A state taken with other arguments (seed, chunk_size, mixture, shuffles, policies) is
+        continued with the state's, as in Zephon, with a `ConfigurationWarning` naming each
+        difference. Raises :class:`CheckpointError` (a ``ValueError`` and a ``RuntimeError``)
+        if the state is malformed, was taken over other datasets (naming each difference), or
+        belongs to another lane.
         """
         where = "StaticMixtureWorkSource.load_state_dict"
         if not isinstance(state, Mapping):
@@ -741,18 +757,28 @@ class StaticMixtureWorkSource(WorkSource):
             )
         if not isinstance(state.get("recipe"), Mapping):
             raise CheckpointError(f"{where}: the state has no 'recipe'; pass a dict from state_dict().")
-        diffs = recipe_differences(state["recipe"], self.recipe())
+        saved = state["recipe"]
+        diffs = recipe_differences(saved, self.recipe())
         if diffs:
-            theirs = [d.get("name") for d in state["recipe"].get("datasets", ()) if isinstance(d, Mapping)]
-            ours = list(self._planner.cfg.names)
-            ids = ("" if theirs == ours else
-                   f"dataset_ids do not match (checkpoint {dict(zip(theirs, range(len(theirs))))}, "
-                   f"here {self.component_ids()}); ")
-            raise CheckpointError(
-                f"{where}: {ids}this source's arguments contradict the checkpoint, which was taken with a "
-                "different data recipe (" + "; ".join(diffs) + "). Restoring it would silently change the data "
-                "order: build the source with the checkpoint's arguments, or start from scratch without restoring."
-            )
+            def differences(keys: Iterable[str]) -> list[str]:
+                return recipe_differences({k: saved.get(k) for k in keys}, {k: self.recipe().get(k) for k in keys})
+
+            if conflicts := differences(self._explicit_policy):
+                raise CheckpointError(
+                    f"{where}: the exhaustion settings passed to this source contradict the checkpoint ("
+                    + "; ".join(conflicts) + "). Leave them out to continue with the checkpoint's, or pass its "
+                    "values."
+                )
+            if fixed := differences(_RECIPE_DATA):
+                theirs = [d.get("name") for d in saved.get("datasets", ()) if isinstance(d, Mapping)]
+                ids = ("" if theirs == list(self._planner.cfg.names) else
+                       f"dataset_ids do not match (checkpoint {dict(zip(theirs, range(len(theirs))))}, "
+                       f"here {self.component_ids()}); ")
+                raise CheckpointError(
+                    f"{where}: {ids}this source's data contradicts the checkpoint, which was taken over other "
+                    "datasets (" + "; ".join(fixed) + "). Restoring it would continue a different data order: "
+                    "build the source over the checkpoint's datasets, or start from scratch without restoring."
+                )
         lane = (state.get("lane_id"), state.get("canonical_replicas"))
         if lane != (self._lane_id, self._replicas):
             raise CheckpointError(
@@ -760,7 +786,9 @@ class StaticMixtureWorkSource(WorkSource):
                 f"this source is lane_id={self._lane_id}, canonical_replicas={self._replicas}. "
                 "Load it into clone_for_lane(lane_id, canonical_replicas) of the same lane."
             )
-        cfg = self._planner.cfg
+        # the source to continue: this one, or this one rebuilt with the state's arguments
+        source = self if not diffs else self._rebuilt_with(saved, where=where)
+        cfg = source._planner.cfg
         try:
             comps = state["cursor_states"]
             g = _check_int("global_chunk_index", state["global_chunk_index"], minimum=0)
@@ -789,6 +817,14 @@ class StaticMixtureWorkSource(WorkSource):
                                   f"cursors' epochs and positions say (chunks hold 1 to {cfg.chunk_size} rows)")
         except (KeyError, TypeError, ConfigError) as err:
             raise CheckpointError(f"{where}: the state is malformed: {err}.") from err
+        if source is not self:
+            self.__dict__.update(source.__dict__)
+            warnings.warn(
+                f"{where}: this source's arguments contradict the checkpoint (" + "; ".join(diffs) + "); it "
+                "continues with the checkpoint's, so the stream goes on exactly as it would have without the "
+                "interruption (as in Zephon). Build the source with the checkpoint's arguments to silence this.",
+                ConfigurationWarning, stacklevel=2,
+            )
         if self._estimation is not None:
             ratios = ratios_from_state(state.get("token_ratios"), cfg.names, where=where)
             if ratios is not None and ratios != self._tokens_per_byte:
@@ -797,6 +833,33 @@ class StaticMixtureWorkSource(WorkSource):
         cur.acc = [a.numerator * (cur.den // a.denominator) for a in accs]
         self._cursor = cur
         self._reset_caches()
+
+    def _rebuilt_with(self, saved: Mapping[str, Any], *, where: str) -> "StaticMixtureWorkSource":
+        """This lane of the source built over the same datasets with the arguments of the
+        recipe ``saved``; refused when they do not rebuild that recipe exactly."""
+        try:
+            repeats = saved["max_repeats"]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConfigurationWarning)  # the resolved form repeats defaults
+                rebuilt = type(self)(
+                    self._datasets, saved["mixture"], chunk_size=saved["chunk_size"], seed=saved["seed"],
+                    shuffle_shards=saved["shuffle_shards"], shuffle_within_shard=saved["shuffle_within_shard"],
+                    shuffle_block_size=saved["shuffle_block_size"], exhausted_policy=saved["exhausted_policy"],
+                    reshuffle_on_repeat=saved["reshuffle_on_repeat"],
+                    max_repeats=None if all(r is None for r in repeats.values()) else repeats,
+                    stop_after_passes=saved["stop_after_passes"], lane_assignment=saved["lane_assignment"],
+                    token_estimation=self._estimation,
+                )
+        except (KeyError, TypeError, AttributeError, ValueError) as err:
+            raise CheckpointError(f"{where}: the state's recipe cannot be rebuilt ({err}).") from err
+        left = recipe_differences(saved, rebuilt.recipe())
+        if left:
+            raise CheckpointError(f"{where}: the state's recipe cannot be rebuilt exactly ({'; '.join(left)}).")
+        lane = rebuilt.clone_for_lane(self._lane_id, self._replicas)
+        lane._explicit_policy = self._explicit_policy
+        if self._tokens_per_byte is not None:
+            lane._use_ratios(self._tokens_per_byte)
+        return lane
 
     # ---------------------------------------------------------------- internals
     def _owner(self, g: int) -> int:
