@@ -124,6 +124,35 @@ def test_resume_is_exact():
     assert_resumes_exactly(make, ks=[0, 1, 7, 33, len(full) - 1])
 
 
+def _redistributing(max_buffer_size, mixture, runner="inline", shuffle=False):
+    small, large = (Dataset.from_tables(name, [pa.table({"value": list(range(base, base + n))})])
+                    for name, base, n in (("small", 0, 12), ("large", 1000, 90)))
+    ws = StaticMixtureWorkSource([small, large], {"small": 0.5, "large": 0.5}, chunk_size=6, seed=1,
+                                 exhausted_policy="redistribute", shuffle_shards=False)
+    pipe = Pipeline(ws)
+    if shuffle:
+        pipe = pipe.shuffle(buffer_size=7, seed=4)
+    return (pipe.ensure_mixture(weight_by="samples", max_buffer_size=max_buffer_size, mixture=mixture)
+            .batch(4, drop_last=False).options(runner=runner, canonical_replicas=2, flush_every_k_chunks=2))
+
+
+@pytest.mark.parametrize("mixture", [None, {"small": 0.5, "large": 0.5}])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_component_the_source_goes_on_without_leaves_the_target_once_it_ran_out(mixture, shuffle):
+    # 'redistribute': once "small" has run out, the exact mixture stops holding "large" back for
+    # it (a stated mixture= included), so no row of "large" is dropped.
+    values = [r.payload["value"] for b in _redistributing(None, mixture, shuffle=shuffle) for r in b.records]
+    assert sorted(v for v in values if v >= 1000) == list(range(1000, 1090))
+    assert len(values) == len(set(values))
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads"])
+@pytest.mark.parametrize("max_buffer_size", [None, 5])
+def test_exhaustion_resumes_exactly(runner, max_buffer_size):
+    assert_resumes_exactly(lambda: _redistributing(max_buffer_size, {"small": 0.5, "large": 0.5}, runner,
+                                                   shuffle=True), ks=[0, 1, 4, 9, 15])
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(max_buffer_size=0), "max_buffer_size=0"),
     (dict(drain_target_ratio=1.0), "drain_target_ratio"),

@@ -187,6 +187,70 @@ def test_a_custom_accumulator_resumes_exactly(runner):
     assert_resumes_exactly(lambda: with_hold_and_drop(runner, parallelism=2), ks=[0, 1, 4, 9, 17])
 
 
+class StampAnnounced(Accumulator):
+    """Passes records through, stamping each with the components announced to this accumulator
+    (``on_source_exhausted``; a fresh one after every flush point), and logs rows and
+    announcements in order in ``log``."""
+
+    log: list[tuple[str, int, int]] = []  # ("row", lane, value) / ("exhausted", lane, component id)
+
+    def __init__(self) -> None:
+        self.announced: set[int] = set()
+
+    def push_many(self, elems):
+        for r in elems:
+            r.payload = {**r.payload, "announced": sorted(self.announced)}
+            StampAnnounced.log.append(("row", r.meta.lane_id, r.payload["value"]))
+        return [(list(elems), 0)] if elems else []
+
+    def flush(self, *, reset=False, lane_id=None):
+        return []
+
+    def on_source_exhausted(self, lane_id, component_id):
+        self.announced.add(component_id)
+        StampAnnounced.log.append(("exhausted", lane_id, component_id))
+        return []
+
+
+def with_exhaustion(runner="inline", lanes=2, chunk_size=8):
+    small, large = (Dataset.from_tables(name, [pa.table({"value": list(range(base, base + n))})])
+                    for name, base, n in (("small", 0, 20), ("large", 1000, 100)))
+    ws = StaticMixtureWorkSource([small, large], {"small": 0.5, "large": 0.5}, chunk_size=chunk_size, seed=3,
+                                 exhausted_policy="redistribute")
+    return Pipeline(ws).add_op("stamp", process_many=lambda rs: rs, preserves_cursor_order=True,
+                               accumulator=StampAnnounced).batch(3, drop_last=False).options(
+        runner=runner, canonical_replicas=lanes, flush_every_k_chunks=2, max_workers=2)
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads"])  # the log is kept in this process
+@pytest.mark.parametrize("chunk_size", [3, 8])
+def test_a_component_that_runs_out_is_announced_once_per_lane_between_its_rows_and_the_rest(runner, chunk_size):
+    StampAnnounced.log = []
+    values = sorted(r.payload["value"] for b in with_exhaustion(runner, chunk_size=chunk_size) for r in b.records)
+    assert values == list(range(20)) + list(range(1000, 1100))
+    ends = []
+    for lane in (0, 1):
+        events = [(kind, x) for kind, lane_id, x in StampAnnounced.log if lane_id == lane]
+        # "small" (id 0) runs out mid-stream: announced once to each lane, after its rows there
+        at = events.index(("exhausted", 0))
+        assert events.count(("exhausted", 0)) == 1
+        assert not any(kind == "row" and x < 1000 for kind, x in events[at:])
+        assert any(kind == "row" for kind, x in events[at:])                    # large rows came after it
+        ends += [events[-1]] if ("exhausted", 1) in events else []
+    # "large" (id 1) runs out in the last chunk: announced once, to its lane, after every row
+    assert ends == [("exhausted", 1)]
+    assert sum(e == ("exhausted", 1, 1) or e == ("exhausted", 0, 1) for e in StampAnnounced.log) == 1
+
+
+def test_the_process_runner_delivers_what_the_inline_runner_does_with_announcements():
+    assert collect(with_exhaustion("process")) == collect(with_exhaustion("inline"))
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads"])
+def test_announcements_resume_exactly(runner):
+    assert_resumes_exactly(lambda: with_exhaustion(runner), ks=[0, 1, 3, 6, 9, 14])
+
+
 def test_checkpoints_stay_bounded_when_an_operator_drops_with_tombstones():
     import json
 

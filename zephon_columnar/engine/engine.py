@@ -170,7 +170,8 @@ class Engine:
     # ------------------------------------------------------------------ running
     def initial_cursor(self, lane: int) -> LaneCursor:
         ws = self.ws.clone_for_lane(lane, self.canonical_replicas)
-        return LaneCursor(epoch=0, rows=0, items=0, inputs=0, source_state=ws.state_dict(), carries={})
+        return LaneCursor(epoch=0, rows=0, items=0, inputs=0, source_state=ws.state_dict(), carries={},
+                          exhausted=frozenset())
 
     def start(self, cursors: Mapping[int, LaneCursor | LaneSnapshot] | None = None, *,
               readers: ReaderPool | None = None) -> "EngineRun":
@@ -419,7 +420,8 @@ class EngineRun:
         if self.engine.mode == "replay":
             self.delivered[item.lane] = LaneCursor(epoch=item.epoch, inputs=item.inputs, rows=item.rows,
                                                    items=self.items[item.lane], source_state=item.source_state,
-                                                   carries=item.carries)
+                                                   carries=item.carries,
+                                                   exhausted=self.chains[item.lane].shared.exhausted_before(item.epoch))
         return item
 
     def _check_empty_pass(self) -> None:

@@ -21,6 +21,7 @@ replays the epoch (`engine.checkpoint`).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import time
@@ -38,10 +39,11 @@ from zephon_columnar.engine.checkpoint import (EpochMarker, HeldRows, LaneCursor
                                                 StageState)
 from zephon_columnar.errors import (CheckpointError, DataDroppedWarning, Notices, PipelineError, ZephonError,
                                     operator_failure)
-from zephon_columnar.ops.accumulators.lane import LaneContext
+from zephon_columnar.ops.accumulators.lane import NO_EXHAUSTION, ChunkExhaustion, LaneContext
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.types import SampleBatch, records_of
 from zephon_columnar.work.base import WorkSource
+from zephon_columnar.work.chunk import WorkChunk
 
 if TYPE_CHECKING:
     from zephon_columnar.engine.engine import Engine
@@ -80,24 +82,47 @@ class LaneItem:
 
 class LaneShared:
     """Per-lane bookkeeping shared by a lane's source, ordered stages and collector: its
-    `LaneContext`, the chunks' target mixtures, and (replay mode) the rows each ordered stage
-    carried across each flush point (``carries[epoch][stage]``)."""
+    `LaneContext`, the chunks' target mixtures and what they say of components running out,
+    and (replay mode) the rows each ordered stage carried across each flush point
+    (``carries[epoch][stage]``)."""
 
     def __init__(self, lane: int, ws: WorkSource, restore: LaneCursor | None, rows_per_item: int,
                  notices: Notices, lanes: int) -> None:
         recipe = ws.recipe()
         self.targets: dict[int, Mapping[str, float] | None] = {}
+        self.exhaustion: dict[int, ChunkExhaustion] = {}  # chunks that say nothing are left out
+        # What the lane's chunks said had run out before each flush epoch, as change points
+        # [(first epoch, components)] (it changes once per component at most).
+        self.exhausted_changes: list[tuple[int, frozenset[str]]] = \
+            [] if restore is None else [(restore.epoch, restore.exhausted)]
         names = {cid: name for name, cid in ws.component_ids().items()}
         seed = recipe.get("seed", 0) if isinstance(recipe.get("seed", 0), int) else 0
         self.ctx = LaneContext(lane=lane, seed=seed, component_names=names, chunk_target=self.targets.get,
                                rows_per_item=rows_per_item, notices=notices, rows_per_pass=ws.rows_per_pass(),
-                               lanes=lanes)
+                               lanes=lanes, continuing=frozenset(ws.continues_after_exhaustion()),
+                               chunk_exhaustion=lambda chunk_id: self.exhaustion.get(chunk_id, NO_EXHAUSTION),
+                               exhausted_before=self.exhausted_before)
         self.restore = restore
         self.carries: dict[int, dict[int, pa.Table]] = {} if restore is None else \
             {restore.epoch: dict(restore.carries)}
 
-    def note_chunk(self, chunk_id: int, target: Mapping[str, float] | None) -> None:
-        self.targets[chunk_id] = target
+    def note_chunk(self, chunk_id: int, chunk: WorkChunk) -> None:
+        # What the source aimed for, else what the chunk holds (ensure_mixture's target).
+        self.targets[chunk_id] = chunk.target_mixture or chunk.mixture
+        if chunk.source_exhausted:
+            through = frozenset(chunk.source_exhausted)
+            present = {name for name, pointers in chunk.component_arrays.items() if len(pointers)}
+            self.exhaustion[chunk_id] = ChunkExhaustion(through=through, before=through - present)
+
+    def epoch_starts(self, epoch: int, exhausted: frozenset[str]) -> None:
+        """The source starts flush epoch ``epoch`` having seen ``exhausted`` run out."""
+        if exhausted != self.exhausted_before(epoch):
+            self.exhausted_changes.append((epoch, exhausted))
+
+    def exhausted_before(self, epoch: int) -> frozenset[str]:
+        """The components the lane's chunks before flush epoch ``epoch`` said have run out."""
+        at = bisect.bisect_right(self.exhausted_changes, epoch, key=lambda change: change[0])
+        return self.exhausted_changes[at - 1][1] if at else frozenset()
 
     def epoch_reached(self, epoch: int, first_chunk: int) -> Mapping[int, pa.Table]:
         """The collector is in ``epoch`` (whose first chunk is ``first_chunk``): drop older
@@ -108,6 +133,7 @@ class LaneShared:
             del self.carries[e]
         for c in [c for c in self.targets if c < first_chunk]:
             del self.targets[c]
+            self.exhaustion.pop(c, None)
         return self.carries.get(epoch, {})
 
 
@@ -186,6 +212,10 @@ class Source:
             first = engine.plan.batch.microbatch_size
         step = min(engine.rows_per_frame, first)
         chunk0, skip, marker = self.start
+        # what the lane's chunks so far said had run out (a snapshot restore, which no stage that
+        # reads it allows, starts from nothing)
+        exhausted = shared.exhausted_before(chunk0 // k)
+        last_epoch: int | None = None
         held: list[_Piece] = []  # rows pulled but not yet in a frame
         held_rows = 0
         for chunk_id, chunk in self._chunks_ahead(chunk0):
@@ -200,9 +230,10 @@ class Source:
                     yield self._frame(lane, held)
                     held, held_rows = [], 0
                 self.next_position = (chunk_id, start, False)  # once handed over, the marker is out
+                shared.epoch_starts(chunk_id // k, exhausted)
                 yield EpochStart(chunk_id // k, self.states[chunk_id])
-            # What the source aimed for, else what the chunk holds (ensure_mixture's target).
-            shared.note_chunk(chunk_id, chunk.target_mixture or chunk.mixture)
+            shared.note_chunk(chunk_id, chunk)
+            exhausted |= frozenset(chunk.source_exhausted)
             comp_map = np.array([comp_ids[name] for name in chunk.component_names], dtype=np.int32)
             components = comp_map[comp_index] if len(comp_index) else np.zeros(0, np.int32)
             while start < n:
@@ -216,6 +247,9 @@ class Source:
                     step = min(engine.rows_per_frame, step * 4)
             if n == 0 and not held:
                 self.next_position = (chunk_id + 1, 0, (chunk_id + 1) % k == 0)
+            last_epoch = chunk_id // k
+        if last_epoch is not None:  # for the flush at the end of the lane
+            shared.epoch_starts(last_epoch + 1, exhausted)
         if held:
             yield self._frame(lane, held)
 
@@ -665,6 +699,7 @@ class LaneChain:
             ws.load_state_dict(resume.source_state)
             self.shared = LaneShared(lane, ws, None, per_item, notices, engine.canonical_replicas)
             self.shared.targets.update(start.targets)
+            self.shared.exhaustion.update(start.exhaustion)
             self.source = Source(engine, self.shared, ws, resume.chunk, resume.offset, resume.marker)
             epochs = _epochs_at(start, k)
             epoch, skip, state = epochs[-1], 0, resume.source_state
@@ -777,7 +812,7 @@ class LaneChain:
             return None  # too far back to regenerate cheaply: held by reference instead
         resume = ResumePoint(chunk=chunk, offset=offset, marker=False, source_state=self.source.states[chunk])
         return LaneSnapshot(items=items, resume=resume, stages=(StageState(state=state, rows=None, inbox=None, queue=()),),
-                            pending=None, targets={})
+                            pending=None, targets={}, exhaustion={})
 
     def snapshot(self, items: int) -> LaneSnapshot:
         """This lane's state between two deliveries (see the module docstring)."""
@@ -827,7 +862,7 @@ class LaneChain:
                 state=state, rows=held, inbox=None if step is steps[1] and head is None else step.inbox_refs(),
                 queue=tuple(_queue_entry(ev) for ev in transit if isinstance(ev, EpochStart) or ev.num_rows)))
         pending = HeldRows(refs=F.concat_frames(rows), schema=self.collector.payload_schema()) if rows else None
-        targets = {}
+        targets, exhaustion = {}, {}
         if any(getattr(s.acc, "uses_chunk_targets", False) for s in steps if isinstance(s, OrderedStep)):
             # Rows still in the lane come from chunks at or after the oldest one they name.
             named = [t for s in stages for t in (s.rows, s.inbox) if t is not None] + \
@@ -835,7 +870,9 @@ class LaneChain:
                 ([pending.refs] if pending is not None else [])
             oldest = min([int(pc.min(t.column(F.CHUNK)).as_py()) for t in named if t.num_rows] + [chunk])
             targets = {c: t for c, t in self.shared.targets.items() if c >= oldest}
-        return LaneSnapshot(items=items, resume=resume, stages=tuple(stages), pending=pending, targets=targets)
+            exhaustion = {c: e for c, e in self.shared.exhaustion.items() if c >= oldest}
+        return LaneSnapshot(items=items, resume=resume, stages=tuple(stages), pending=pending, targets=targets,
+                            exhaustion=exhaustion)
 
 
 def _epochs_at(snapshot: LaneSnapshot, k: int) -> list[int]:

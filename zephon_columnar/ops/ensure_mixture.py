@@ -8,7 +8,9 @@ Per lane, one row at a time (so frame sizes never change the result):
   (``"samples"``), or ``weight_by(record)``. A packed row is charged per component from its
   ``__segments`` (real tokens, or with ``"samples"`` the documents it closes);
 - *target*: ``mixture={name: weight}``, else the target mixture of the row's chunk (the
-  composition the source aimed for), re-read when a row of a newer chunk arrives;
+  composition the source aimed for), re-read when a row of a newer chunk arrives, without the
+  components the source goes on without (``WorkSource.continues_after_exhaustion``, e.g.
+  ``exhausted_policy="redistribute"``) once their last row came in an earlier chunk;
 - *deficit* of component k: ``T[k] * max(1, E) - E[k]`` where ``E[k]`` is the weight emitted so
   far (``E`` their sum over the target); the *ideal* component has the largest (ties: the
   smaller component id);
@@ -19,8 +21,9 @@ Per lane, one row at a time (so frame sizes never change the result):
   in ``1 / obsolete_drain_rate`` may be an obsolete row;
 - at a flush point and at the end, everything buffered goes out in that order (forced), or,
   with ``max_buffer_size=None`` (an exact mixture), what waits is dropped and counted
-  (``ensure_mixture_dropped`` in the lane's stats; a warning), as in Zephon. The deficits
-  restart at every flush point.
+  (``ensure_mixture_dropped`` in the lane's stats; a warning), as in Zephon, once the
+  components that ran out by then and that the source goes on without have left the target
+  (their rows no longer hold the others back). The deficits restart at every flush point.
 
 ``warn_tolerance``: after 1000 emissions of a lane, a ``RuntimeWarning`` (once per flush epoch
 and lane) when a component's share drifts further than this from its target.
@@ -176,7 +179,10 @@ class MixtureBuffer:
             if unknown:
                 raise ConfigError(f"ensure_mixture(mixture=...): components {unknown} are not in the mixture "
                                   f"(its components: {sorted(self.ids)}).")
-        weights = {self.ids.get(n, -1): float(w) for n, w in names.items() if w > 0}
+        # A component the source goes on without, whose last row has gone ahead of this chunk,
+        # leaves the target: the others no longer wait for it.
+        gone = self.ctx.continuing & self.ctx.chunk_exhaustion(chunk_id).before
+        weights = {self.ids.get(n, -1): float(w) for n, w in names.items() if w > 0 and n not in gone}
         weights.pop(-1, None)
         total = sum(weights.values())
         return {k: w / total for k, w in sorted(weights.items())} if total else {}
@@ -334,9 +340,31 @@ class MixtureBuffer:
         self.store.release(h)
         return [table]
 
+    def _release_run_out(self, out: list[int]) -> None:
+        """Exact mixture, at a flush point: components the source goes on without that have run
+        out by the newest chunk leave the target, so the rows waiting for them go out; when
+        every target component has run out, the rows queued for them go out (rows of
+        components that left the target earlier stay obsolete)."""
+        said = self.ctx.chunk_exhaustion(self.target_chunk).through & self.ctx.continuing
+        gone = {self.ids[n] for n in said if n in self.ids} & set(self.target)
+        if not gone:
+            return
+        left = {k: w for k, w in self.target.items() if k not in gone}
+        if left:
+            total = sum(left.values())
+            self._set_target({k: w / total for k, w in left.items()})
+            self._drain(out)
+            return
+        while any(self.queues.values()) or self.packs:
+            item = self._emit_one(True)
+            if item is None:
+                break
+            out.append(item[0])
+
     def flush(self, *, reset: bool, end: bool = False) -> list[pa.Table]:
         out: list[int] = []
         if self.op.max_buffer_size is None:
+            self._release_run_out(out)
             if self.buffered:
                 self.ctx.stats["ensure_mixture_dropped"] = self.ctx.stats.get("ensure_mixture_dropped", 0) + \
                     self.buffered

@@ -18,9 +18,9 @@ planner (`stages_of`) turns it into stages by what the accumulator can do to the
 - anything else (a custom accumulator, ``drop_last``): an ordered
   stage per lane runs the accumulator exactly as Zephon's pump thread does
   (`AccumulatorStage`: ``push_many`` on the lane's records in order, ``flush(reset=True,
-  lane_id=...)`` and a fresh accumulator at every flush point, ``on_source_exhausted`` then a
-  flush at the end of the lane), and each ready batch becomes one call of the pure part on the
-  workers. Its state is the user's, so checkpoints resume it by replaying the flush epoch.
+  lane_id=...)`` and a fresh accumulator at every flush point, ``on_source_exhausted`` once per
+  lane for each component its chunks say has run out), and each ready batch becomes one call of
+  the pure part on the workers. Its state is the user's, so checkpoints resume it by replaying the flush epoch.
 
 Tombstones a user operator or accumulator emits are discarded: this engine resumes from
 stream positions and never waits for a dropped record.
@@ -38,6 +38,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
+import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
@@ -257,7 +258,11 @@ class _LaneGroups:
         self.ctx = ctx
         self.call_rows = call_rows
         self.acc: Accumulator[Any] | None = None
-        self.components: set[int] = set()
+        # Source exhaustion: the components announced to the lane's accumulators (once per lane,
+        # see push and flush), and the newest chunk whose rows were pushed.
+        self.ids = {name: cid for cid, name in ctx.component_names.items()}
+        self.announced: set[str] = set()
+        self.last_chunk = -1
         # Whether a frame pushed since the last flush point had `__lineage`: the batches the
         # accumulator emits keep the column then, even when none of their records was cut, so
         # that its presence does not depend on how records were grouped. Reset with the
@@ -296,28 +301,48 @@ class _LaneGroups:
                 out.append(frame)
         return out
 
+    def _announce(self, names: set[str]) -> list:
+        """``on_source_exhausted`` for each of ``names`` not announced yet (ascending ids)."""
+        acc, ready = self._fresh(), []
+        for cid in sorted(self.ids[n] for n in names - self.announced if n in self.ids):
+            ready += self._call("on_source_exhausted", acc.on_source_exhausted, self.ctx.lane, cid)
+        self.announced |= names
+        return ready
+
     def push(self, frame: pa.Table) -> list[pa.Table]:
+        """Push the frame's records in order. A fresh accumulator (after a flush point) counts as
+        told of what ran out before its flush epoch; a component whose last row came in an
+        earlier chunk is announced before the first row of a newer chunk that says so."""
+        if self.acc is None:
+            self.announced = set(self.ctx.exhausted_before(self.ctx.flush_epoch()))
         acc = self._fresh()
-        records = records_of(frame)
         self.lineage = self.lineage or F.LINEAGE in frame.column_names
-        self.components.update(frame.column(F.COMPONENT).unique().to_pylist())
-        return self._frames(self._call("push_many", acc.push_many, records), "push_many")
+        chunks = frame.column(F.CHUNK).to_numpy()
+        ready, start = [], 0
+        for i in np.flatnonzero(chunks > np.maximum.accumulate(np.r_[self.last_chunk, chunks[:-1]])).tolist():
+            self.last_chunk = int(chunks[i])
+            new = self.ctx.chunk_exhaustion(self.last_chunk).before - self.announced
+            if new:
+                if i > start:
+                    ready += self._call("push_many", acc.push_many, records_of(frame.slice(start, i - start)))
+                    start = i
+                ready += self._announce(set(new))
+        ready += self._call("push_many", acc.push_many, records_of(frame.slice(start)))
+        return self._frames(ready, "push_many")
 
     def flush(self, *, reset: bool, end: bool = False) -> list[pa.Table]:
+        """A flush point: what the flush epoch's chunks said has run out is announced, then the
+        accumulator flushes (and is rebuilt at the next push)."""
         if self.acc is None:
             return []
+        ready = self._announce(set(self.ctx.exhausted_before(self.ctx.flush_epoch() + 1)))
         acc, lane = self.acc, self.ctx.lane
-        ready = []
-        if end:
-            for component in sorted(self.components):
-                ready += self._call("on_source_exhausted", acc.on_source_exhausted, lane, component)
         ready += self._call("flush", acc.flush, reset=True, lane_id=lane)
         if acc.has_pending_data(lane):
             raise PipelineError(f"operator {self.op.op_name()!r}: its accumulator still has pending data for lane "
                                 f"{lane} after flush(reset=True); a flush must emit (or drop) everything it holds.")
         frames = self._frames(ready, "flush")
-        # Rebuilt at the next push: fresh after every flush point.
-        self.acc, self.components, self.lineage = None, set(), False
+        self.acc, self.lineage = None, False
         return frames
 
     def carry(self) -> pa.Table | None:

@@ -12,7 +12,8 @@ Parsing checks every field's presence, type and range and raises `CheckpointErro
 field (``checkpoint lanes.0.stages[1].queue[0].rows: ...``); it does no work with the data.
 
 Example:
-    >>> lane = LaneCursor(epoch=1, rows=2, items=3, inputs=0, source_state={"p": 1}, carries={})
+    >>> lane = LaneCursor(epoch=1, rows=2, items=3, inputs=0, source_state={"p": 1}, carries={},
+    ...                   exhausted=frozenset())
     >>> text = lane_to_json(lane)
     >>> lane_from_json("lanes.0", text) == lane
     True
@@ -38,6 +39,7 @@ from zephon_columnar.engine.checkpoint.state import (
     EpochMarker, HeldRows, LaneCursor, LaneSnapshot, LaneState, PipelineState, QueueEntry, ResumePoint, StageState,
     source_state_of)
 from zephon_columnar.errors import CheckpointError
+from zephon_columnar.ops.accumulators.lane import ChunkExhaustion
 
 FORMAT = "zephon_columnar.checkpoint"
 VERSION = 3
@@ -192,7 +194,8 @@ def lane_to_json(lane: LaneState) -> dict[str, Any]:
     if isinstance(lane, LaneCursor):
         return {"mode": "replay", "epoch": lane.epoch, "inputs": lane.inputs, "rows": lane.rows, "items": lane.items,
                 "source_state": lane.source_state,
-                "carries": {str(k): F.frame_to_text(v) for k, v in sorted(lane.carries.items())}}
+                "carries": {str(k): F.frame_to_text(v) for k, v in sorted(lane.carries.items())},
+                "exhausted": sorted(lane.exhausted)}
     resume = lane.resume
     return {
         "mode": "reference", "items": lane.items,
@@ -202,6 +205,7 @@ def lane_to_json(lane: LaneState) -> dict[str, Any]:
                     "queue": [_entry_to_json(e) for e in stage.queue]} for stage in lane.stages],
         "pending": _held_to_json(lane.pending),
         "targets": [[c, t] for c, t in sorted(lane.targets.items())],
+        "exhaustion": [[c, sorted(e.through), sorted(e.before)] for c, e in sorted(lane.exhaustion.items())],
     }
 
 
@@ -237,8 +241,12 @@ def _cursor_from_json(d: _Fields) -> LaneCursor:
             carries[int(k)] = F.frame_from_text(text)
         except (TypeError, ValueError, AttributeError) as err:
             raise CheckpointError(f"checkpoint {d.at('carries')}[{k!r}]: not an encoded frame ({err}).") from err
+    # absent in checkpoints written before stages learnt of source exhaustion: nothing said
+    exhausted = d.items("exhausted") if "exhausted" in d.value else []
+    if not all(isinstance(name, str) for name in exhausted):
+        raise CheckpointError(f"checkpoint {d.at('exhausted')} = {exhausted!r}: expected a list of component names.")
     return LaneCursor(epoch=d.count("epoch"), inputs=d.count("inputs"), rows=d.count("rows"), items=d.count("items"),
-                      source_state=d.obj("source_state"), carries=carries)
+                      source_state=d.obj("source_state"), carries=carries, exhausted=frozenset(exhausted))
 
 
 def _snapshot_from_json(d: _Fields) -> LaneSnapshot:
@@ -261,9 +269,18 @@ def _snapshot_from_json(d: _Fields) -> LaneSnapshot:
             raise CheckpointError(f"checkpoint {d.at('targets')}[{i}] = {pair!r}: expected [chunk, {{component: "
                                   "weight}} or null].")
         targets[pair[0]] = None if pair[1] is None else dict(pair[1])
+    exhaustion = {}
+    # absent in checkpoints written before stages learnt of source exhaustion: nothing said
+    for i, entry in enumerate(d.items("exhaustion") if "exhaustion" in d.value else []):
+        if (not isinstance(entry, list) or len(entry) != 3 or isinstance(entry[0], bool)
+                or not isinstance(entry[0], int) or entry[0] < 0
+                or not all(isinstance(names, list) and all(isinstance(n, str) for n in names) for names in entry[1:])):
+            raise CheckpointError(f"checkpoint {d.at('exhaustion')}[{i}] = {entry!r}: expected [chunk, [component, "
+                                  "...] (through), [component, ...] (before)].")
+        exhaustion[entry[0]] = ChunkExhaustion(through=frozenset(entry[1]), before=frozenset(entry[2]))
     pending = _held_from_json(_Fields(d.at("pending"), d._get("pending")))
     return LaneSnapshot(items=d.count("items"), resume=resume, stages=tuple(stages),
-                        pending=None if pending.refs is None else pending, targets=targets)
+                        pending=None if pending.refs is None else pending, targets=targets, exhaustion=exhaustion)
 
 
 def _held_from_json(d: _Fields) -> HeldRows:

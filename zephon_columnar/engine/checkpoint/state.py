@@ -9,7 +9,7 @@ JSON form is `codec`'s.
 Example:
     >>> import dataclasses, pyarrow as pa
     >>> lane = LaneSnapshot(items=3, resume=ResumePoint(chunk=4, offset=2, marker=False, source_state={}),
-    ...                     stages=(), pending=None, targets={})
+    ...                     stages=(), pending=None, targets={}, exhaustion={})
     >>> dataclasses.replace(lane, items=4).resume.chunk
     4
 """
@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Union
 
 import pyarrow as pa
+
+from zephon_columnar.ops.accumulators.lane import ChunkExhaustion
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,7 +34,8 @@ class LaneCursor:
     ``inputs`` (nothing before the cursor is read again); the others replay the epoch and skip
     ``rows`` delivered rows. ``carries``: rows ordered stages kept across the epoch's flush
     point (uncapped wrap's partial row), ``{stage index: frame}``; restore primes the fresh
-    stages with them.
+    stages with them. ``exhausted``: the components the lane's chunks before the epoch said
+    have run out (`WorkChunk.source_exhausted`), already announced to its accumulators.
     """
 
     epoch: int
@@ -41,6 +44,7 @@ class LaneCursor:
     inputs: int
     source_state: Mapping[str, Any]
     carries: Mapping[int, pa.Table]
+    exhausted: frozenset[str]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,13 +97,16 @@ class LaneSnapshot:
     """A lane's state *by reference* between two deliveries: ``items`` delivered, where the
     source resumes, each ordered stage's state, the collector's rows not yet in a batch
     (``pending``), and the target mixtures of the chunks rows in the lane still come from, for
-    stages that read them (``{chunk: {component: weight}}``, ensure_mixture)."""
+    stages that read them (``{chunk: {component: weight}}``, ensure_mixture), with what those
+    chunks say of components running out (``{chunk: ChunkExhaustion}``; chunks that say
+    nothing are left out)."""
 
     items: int
     resume: ResumePoint
     stages: tuple[StageState, ...]
     pending: HeldRows | None
     targets: Mapping[int, Mapping[str, float] | None]
+    exhaustion: Mapping[int, ChunkExhaustion]
 
 
 LaneState = Union[LaneCursor, LaneSnapshot]

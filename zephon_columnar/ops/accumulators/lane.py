@@ -34,6 +34,27 @@ from zephon_columnar.errors import Notices
 
 
 @dataclass(frozen=True, kw_only=True)
+class ChunkExhaustion:
+    """What one of a lane's chunks says of components running out (its
+    ``WorkChunk.source_exhausted``), by component name.
+
+    ``through``: every component it names, whose last row is in this chunk or an earlier one.
+    ``before``: those of them without rows in this chunk: their last row came in an earlier
+    chunk, so every row of theirs in the lane has gone ahead of this chunk's.
+
+    Example:
+        >>> ChunkExhaustion(through=frozenset({"a"}), before=frozenset()).through
+        frozenset({'a'})
+    """
+
+    through: frozenset[str]
+    before: frozenset[str]
+
+
+NO_EXHAUSTION = ChunkExhaustion(through=frozenset(), before=frozenset())
+
+
+@dataclass(frozen=True, kw_only=True)
 class LaneContext:
     """What an ordered stage is told about the lane it serves.
 
@@ -49,7 +70,11 @@ class LaneContext:
     lanes; the counts go in ``stats``). ``rows_per_pass``: the rows of one pass over every
     dataset of the work source (None: unknown), and ``lanes`` the lanes the stream is split
     into (each reads its share of every pass), for stages that tell a scarce input from a
-    missing one.
+    missing one. ``chunk_exhaustion(chunk_id)``: what the chunk says of components running out
+    (`ChunkExhaustion`), and ``continuing`` the components the work source goes on without once
+    they have (``WorkSource.continues_after_exhaustion``), for stages that react to it;
+    ``exhausted_before(epoch)``: the components the lane's chunks before flush epoch ``epoch``
+    said have run out (replay-mode stages: the engine keeps it for the epochs it may replay).
     """
 
     lane: int = 0
@@ -62,6 +87,9 @@ class LaneContext:
     notices: Notices = field(default_factory=Notices)
     rows_per_pass: int | None = None
     lanes: int = 1
+    chunk_exhaustion: Callable[[int], ChunkExhaustion] = lambda chunk_id: NO_EXHAUSTION
+    continuing: frozenset[str] = frozenset()
+    exhausted_before: Callable[[int], frozenset[str]] = lambda epoch: frozenset()
 
 
 #: Computes rows again from their references (`frame.refs_of`), in the references' order:
@@ -115,4 +143,4 @@ def restorable_by_reference(acc: Any) -> bool:
     return all(callable(getattr(acc, m, None)) for m in ("snapshot", "restore", "rebuild"))
 
 
-__all__ = ["LaneAccumulator", "LaneContext", "ReferenceState", "RowSource", "restorable_by_reference"]
+__all__ = ["NO_EXHAUSTION", "ChunkExhaustion", "LaneAccumulator", "LaneContext", "ReferenceState", "RowSource", "restorable_by_reference"]
