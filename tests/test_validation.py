@@ -479,6 +479,39 @@ def test_instance_runtime_checks_notice_comes_exactly_where_zephon_gives_it():
         "OP_INSTANCE_RUNTIME_CHECKS_SKIPPED", "OP_VALIDATION_SAMPLES_FACTORY_FAILED"}
 
 
+class SizeWithoutSetup(BaseOp):
+    """Its own setup (a model, say) that process_many does not need, and its own samples."""
+
+    set_up = 0
+
+    def traits(self):
+        return OpTraits(preserves_cursor_order=True, calibration_replayable=True)
+
+    def validation_samples(self):
+        return records_like([{"text": "a"}, {"text": "bb"}, {"text": "ccc"}])
+
+    def setup(self, ctx):
+        SizeWithoutSetup.set_up += 1
+
+    def process_many(self, elems):
+        return [SampleRecord(r.meta, {"size": len(elems)}) for r in elems]  # depends on the batch
+
+
+def test_an_op_with_its_own_setup_is_probed_without_it_when_it_can_be():
+    SizeWithoutSetup.set_up = 0
+    report = validate_ops([SizeWithoutSetup()])
+    assert SizeWithoutSetup.set_up == 0              # setup may be costly: not called (as in Zephon)
+    assert "OP_CALIBRATION_REPLAY_MISMATCH" in {i.code for i in report.issues}  # but the probes ran
+    assert validate_ops([ScoreWithSamples("m")]).issues == []  # one that needs its setup gets it
+
+
+def test_auto_validation_shows_a_report_of_warnings_only_and_runs_on():
+    pipe = Pipeline(StaticMixtureWorkSource([Dataset.from_dict("d", {0: InMemoryShard([{"text": "x"}])})],
+                                            {"d": 1.0})).add_op(QualityScoreOp("m"))
+    with pytest.warns(UserWarning, match="OP_INSTANCE_RUNTIME_CHECKS_SKIPPED"):
+        assert len(list(pipe)) == 1
+
+
 # ---------------------------------------------------------------- state changed by a call
 class MemoisesScores(BaseOp):
     """Deterministic, but caches on self: a warning, not an error."""

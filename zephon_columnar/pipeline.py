@@ -610,10 +610,10 @@ class Pipeline:
         user_ops = tuple(op for op in self._ops if not op.builtin)
         if mode != "off" and user_ops and self._validated != user_ops:
             report = validate_ops(self._ops)
-            if not report.ok:
-                if mode == "strict":
-                    raise ValidationError(report)
+            if report.issues:  # warnings too, as in Zephon: every report that says something is shown
                 warnings.warn(report.format(), stacklevel=3)
+            if mode == "strict" and not report.ok:
+                raise ValidationError(report)
             self._validated = user_ops
 
     def _warn_if_every_rank_reads_the_same_data(self) -> None:

@@ -160,22 +160,26 @@ def _validate_op(op: "BaseOp") -> list[Issue]:
     issues = _guarded(name, "static scan", lambda: _check_source(op, name))
     samples, own_samples, sample_issues = _probe_records(op, name)
     issues += sample_issues
-    if not isinstance(op, FunctionOp) and not own_samples:
-        from zephon_columnar.ops.base import BaseOp
-
-        if type(op).setup is not BaseOp.setup:
-            # Its setup may load a model: set-up copies for the probes could take minutes.
+    set_up = True
+    if _own_setup(op):
+        # Its setup may load a model: with no samples of its own nothing is probed; with them,
+        # copies are probed without setup (as in Zephon) unless process_many cannot run so.
+        if not own_samples:
             issues.append(Issue("warning", "OP_INSTANCE_RUNTIME_CHECKS_SKIPPED", name, (
                 "this BaseOp instance has its own setup() and no validation_samples(), so only the static checks "
-                "ran (probing needs set-up copies, and setup may be costly). Override validation_samples() to "
-                "return a few SampleRecords shaped like the op's real input to have it checked at run time.")))
+                "ran: determinism, cross-call state, sample identity and calibration replay need probe calls, and "
+                "setup may be costly. Override validation_samples() to return a few SampleRecords shaped like the "
+                "op's real input to have them checked at run time.")))
             return issues
+        set_up = _call(op.clone(), samples).error is not None
+    if not isinstance(op, FunctionOp) and not own_samples:
         issues.append(Issue("warning", "OP_INSTANCE_RUNTIME_CHECKS_SKIPPED", name, (
             "this BaseOp instance has no validation_samples(), so Zephon would run only the static checks on it; "
             "here the runtime checks ran on synthetic {'text', 'value'} records, which may not look like its data. "
             "Override validation_samples() to return a few SampleRecords shaped like the op's real input.")))
-    issues += _guarded(name, "operator", lambda: _check_operator(op, name, samples, own_samples))
-    issues += _guarded(name, "accumulator", lambda: _check_accumulator(op, name, samples))
+    issues += _guarded(name, "operator", lambda: _check_operator(op, name, samples, own_samples, set_up))
+    if set_up:  # an accumulator may need what setup builds: not probed on copies without it
+        issues += _guarded(name, "accumulator", lambda: _check_accumulator(op, name, samples))
     return issues
 
 
@@ -206,8 +210,17 @@ def _guarded(name: str, what: str, check: Callable[[], list[Issue]]) -> list[Iss
             "Fix what the message points at, or set options(auto_validation='off') to skip validation."))]
 
 
-def _fresh_probe(op: "BaseOp", name: str, stack: ExitStack) -> "BaseOp":
-    """A copy of ``op`` set up as the engine sets up a worker's copy (torn down with ``stack``)."""
+def _own_setup(op: "BaseOp") -> bool:
+    """Whether ``op`` is a `BaseOp` instance with its own ``setup`` (not the kwargs form)."""
+    from zephon_columnar.ops.base import BaseOp
+    from zephon_columnar.ops.user import FunctionOp
+
+    return not isinstance(op, FunctionOp) and type(op).setup is not BaseOp.setup
+
+
+def _fresh_probe(op: "BaseOp", name: str, stack: ExitStack, set_up: bool = True) -> "BaseOp":
+    """A copy of ``op`` set up as the engine sets up a worker's copy (torn down with ``stack``),
+    or, with ``set_up=False``, just a copy (see `_validate_op`)."""
     from zephon_columnar.ops.base import OpContext
 
     try:
@@ -217,6 +230,8 @@ def _fresh_probe(op: "BaseOp", name: str, stack: ExitStack) -> "BaseOp":
             f"copying the operator failed (clone() raised {type(err).__name__}: {err}); the engine copies it for "
             "every worker, so it would fail too. Build unpicklable resources (locks, clients, models) in setup(), "
             "not __init__."))) from err
+    if not set_up:
+        return probe
     try:
         probe.setup(OpContext())
     except Exception as err:
@@ -415,13 +430,14 @@ def _call(probe: "BaseOp", samples: list["SampleRecord"]) -> _Outcome:
 
 
 # ====================================================================== operator checks
-def _check_operator(op: "BaseOp", name: str, samples: list["SampleRecord"], own_samples: bool) -> list[Issue]:
-    """``process_many`` on fresh set-up copies: output type, determinism, cross-call state,
+def _check_operator(op: "BaseOp", name: str, samples: list["SampleRecord"], own_samples: bool,
+                    set_up: bool = True) -> list[Issue]:
+    """``process_many`` on fresh (set-up) copies: output type, determinism, cross-call state,
     state changed by a call, sample identity and calibration replay."""
     with ExitStack() as stack:
-        first_probe = _fresh_probe(op, name, stack)
+        first_probe = _fresh_probe(op, name, stack, set_up)
         first = _call(first_probe, samples)
-        second_probe = _fresh_probe(op, name, stack)
+        second_probe = _fresh_probe(op, name, stack, set_up)
         attrs_before = {k: _fingerprint(v) for k, v in vars(second_probe).items()}
         captured_before = _captured_state(second_probe)
         second = _call(second_probe, samples)
@@ -443,7 +459,7 @@ def _check_operator(op: "BaseOp", name: str, samples: list["SampleRecord"], own_
             issues += _guarded(name, "cross-call state", lambda: _cross_call_issues(first_probe, name, samples, first))
         if first.error is None:
             issues += _guarded(name, "sample identity", lambda: _identity_issues(name, samples, first.output))
-    issues += _guarded(name, "calibration replay", lambda: _calibration_issues(op, name, samples))
+    issues += _guarded(name, "calibration replay", lambda: _calibration_issues(op, name, samples, set_up))
     return issues
 
 
@@ -616,17 +632,17 @@ def _few(items: list[Any], limit: int = 3) -> str:
 
 
 # ---------------------------------------------------------------------- calibration replay
-def _calibration_issues(op: "BaseOp", name: str, samples: list["SampleRecord"]) -> list[Issue]:
+def _calibration_issues(op: "BaseOp", name: str, samples: list["SampleRecord"], set_up: bool = True) -> list[Issue]:
     """A ``calibration_replayable`` op gives the same records (sample id and payload, drops
     included) whether called on the whole batch, one record at a time (``process_one``), on
     records with placeholder scheduling metadata, or in its accumulator's groups."""
     with ExitStack() as stack:
-        if not _fresh_probe(op, name, stack).traits().calibration_replayable:
+        if not _fresh_probe(op, name, stack, set_up).traits().calibration_replayable:
             return []
     baseline: Counter[Any] | None = None
     for mode in ("batch", "per-record process_one", "placeholder metadata", "accumulator groups"):
         with ExitStack() as stack:
-            probe = _fresh_probe(op, name, stack)
+            probe = _fresh_probe(op, name, stack, set_up)
             try:
                 records = _replay(probe, mode, samples)
             except _AccumulatorUnusable:
