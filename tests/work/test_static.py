@@ -176,8 +176,12 @@ def test_chunks_are_keyed_by_name_in_dataset_order_with_dataset_ids():
     assert c.component_names == ("web", "code", "math")
     for i, name in enumerate(c.component_names):
         assert (c.component_arrays[name][:, 0] == i).all()
-    assert c.target_mixture == {"web": 0.5, "code": 0.3, "math": 0.2}
+    # sample units: the counted composition is the target, so none is stated (as in Zephon) ...
+    assert c.target_mixture is None and c.mixture == {"web": 0.5, "code": 0.3, "math": 0.2}
     assert c.seed == 0 and c.source_exhausted == ()
+    # ... unless a dataset redistributes, whose sparse last chunks would mislead
+    stated = source(dss, {"math": 0.2, "web": 0.5, "code": 0.3}, chunk_size=10, exhausted_policy="redistribute")
+    assert stated.next_chunk().target_mixture == {"web": 0.5, "code": 0.3, "math": 0.2}
     assert ws.component_ids() == ws.dataset_ids == {"web": 0, "code": 1, "math": 2}
     assert ws.datasets_by_id == {0: dss[0], 1: dss[1], 2: dss[2]}
     assert ws.chunk_size_hint() == 10

@@ -96,12 +96,27 @@ def test_ratios_persist_in_the_state_and_a_restored_source_continues_exactly():
     ws.prime({k: np.full(len(p), 5 + 40 * k) for k, p in ws.calibration_pointers().items()})
     take(ws, 7)
     state = json.loads(json.dumps(ws.state_dict()))
-    assert state["token_ratios"] == ws.tokens_per_byte and state["allocation_mode"] == "token_aware"
+    # Zephon's layout: {name: [tokens per byte, source]}
+    assert state["token_ratios"] == {n: [r, "measured"] for n, r in ws.tokens_per_byte.items()}
+    assert state["allocation_mode"] == "token_aware"
     expected = take(ws, 20)
     fresh = source(TokenEstimation())
     fresh.load_state_dict(state)
     assert not fresh.requires_token_priming  # no second measurement
     assert take(fresh, 20) == expected
+
+
+def test_each_ratio_says_where_it_came_from():
+    stated = source(TokenEstimation(primer=0.3))
+    stated.prime()
+    assert {source for _, source in stated.state_dict()["token_ratios"].values()} == {"pinned"}
+    unmeasured = source(TokenEstimation())
+    with pytest.warns(UserWarning, match="no tokens counted"):
+        unmeasured.prime({})
+    assert {source for _, source in unmeasured.state_dict()["token_ratios"].values()} == {"fallback"}
+    restored = source(TokenEstimation())
+    restored.load_state_dict(json.loads(json.dumps(unmeasured.state_dict())))
+    assert restored.state_dict()["token_ratios"] == unmeasured.state_dict()["token_ratios"]
 
 
 def test_lanes_cloned_after_priming_partition_the_primed_stream():

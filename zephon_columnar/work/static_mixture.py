@@ -42,8 +42,8 @@ from zephon_columnar.work.chunk import WorkChunk
 from zephon_columnar.work.mixture import MixtureSpec
 from zephon_columnar.work.order import DatasetOrder
 from zephon_columnar.work.positions import SamplePositions
-from zephon_columnar.work.token_estimation import (TokenEstimation, calibration_rows, measured_ratio, ratios_from_state,
-                                         sample_weights)
+from zephon_columnar.work.token_estimation import (TokenEstimation, TokenRatio, calibration_rows, measured_ratio,
+                                                   ratios_from_state, sample_weights)
 
 if TYPE_CHECKING:
     from zephon_columnar.io.dataset import Dataset
@@ -275,6 +275,13 @@ def _target(cfg: _Config, act: list[int]) -> dict[str, float]:
     return {cfg.names[k]: cfg.targets[k] / total for k in act}
 
 
+def _composition_is(target: Mapping[str, float], counts: Mapping[str, int]) -> bool:
+    """Whether rows in ``counts`` are in the proportions ``target`` gives (to rounding)."""
+    total = sum(counts.values())
+    return total > 0 and all(abs(counts.get(n, 0) / total - target.get(n, 0.0)) < 1e-9
+                             for n in set(target) | set(counts))
+
+
 def _exact_units(weights: Sequence[float]) -> tuple[int, ...]:
     """Weights as integers on a common scale (floats are dyadic: exact fractions)."""
     exact = [Fraction(w) for w in weights]
@@ -317,7 +324,9 @@ class StaticMixtureWorkSource(WorkSource):
             :class:`~zephon_columnar.work.token_estimation.TokenEstimation`: the weights are token
             proportions, and the source must be primed (``prime``; a `Pipeline` does it before
             its first chunk; ratios the estimation states are used without counting). Chunks
-            then carry the token weights as ``target_mixture``; the ratios are part of
+            then carry the token weights as ``target_mixture`` (sample-unit chunks carry their
+            target when a dataset is ``"redistribute"`` or their composition is not the target,
+            e.g. a partial final chunk); the ratios are part of
             ``state_dict``.
 
     Differences from Zephon 0.2.0, on purpose:
@@ -419,7 +428,7 @@ class StaticMixtureWorkSource(WorkSource):
         self._block_spec = shuffle_block_size
         self._lane_assignment: LaneAssignment = lane_assignment
         self._estimation = token_estimation
-        self._tokens_per_byte: dict[str, float] | None = None
+        self._ratios: dict[str, TokenRatio] | None = None  # primed tokens per byte, with their source
         self._stored_bytes = tuple(int(np.sum(ds.raw_bytes())) for ds in datasets)
         units = _exact_units(weights.values())
         self._planner = _Planner(_Config(
@@ -472,7 +481,7 @@ class StaticMixtureWorkSource(WorkSource):
     def requires_token_priming(self) -> bool:
         """Whether ``prime`` must run before the first chunk: a token-unit mixture whose
         tokens-per-byte ratios are neither given nor restored from a checkpoint."""
-        return self._estimation is not None and self._tokens_per_byte is None
+        return self._estimation is not None and self._ratios is None
 
     @property
     def token_estimation(self) -> TokenEstimation | None:
@@ -482,7 +491,7 @@ class StaticMixtureWorkSource(WorkSource):
     @property
     def tokens_per_byte(self) -> dict[str, float] | None:
         """The primed ratios of a token-unit mixture (None: sample units, or not primed yet)."""
-        return None if self._tokens_per_byte is None else dict(self._tokens_per_byte)
+        return None if self._ratios is None else {n: r.tokens_per_byte for n, r in self._ratios.items()}
 
     def calibration_pointers(self) -> dict[int, np.ndarray]:
         """``{dataset_id: (n, 3) pointers}``: the rows ``prime`` needs counted (see
@@ -512,7 +521,9 @@ class StaticMixtureWorkSource(WorkSource):
         ``counts``: ``{dataset_id: tokens of each row of calibration_pointers()[dataset_id]}``
         (a `Pipeline` measures them with its own operators). A dataset without counts, or whose
         rows counted no token, gets ``fallback_tokens_per_byte`` with a warning. ``ratios``:
-        ``{name: tokens_per_byte}`` to use as they are (a restored checkpoint's). Ratios the
+        ``{name: tokens_per_byte}`` (or a checkpoint's ``{name: [tokens_per_byte, source]}``) to
+        use as they are. Each ratio keeps its source (``"measured"``, ``"fallback"``,
+        ``"pinned"``: stated), in ``state_dict()["token_ratios"]`` as in Zephon. Ratios the
         estimation states (``TokenEstimation(primer=0.3)``) are used without counting anything; a
         token mixture needs this call all the same before its first chunk, as in Zephon (a
         `Pipeline` makes it). Zephon's keyword arguments (``io_options``, ``counting_spec``, ...)
@@ -522,11 +533,11 @@ class StaticMixtureWorkSource(WorkSource):
             return
         est, names = self._estimation, self._planner.cfg.names
         assert est is not None
-        ratios = ratios if ratios is not None else est.given_ratios(names)
-        if ratios is not None:
-            self._use_ratios(ratios_from_state(ratios, names, where="StaticMixtureWorkSource.prime(ratios=...)"))
+        given = ratios if ratios is not None else est.given_ratios(names)
+        if given is not None:
+            self._use_ratios(ratios_from_state(given, names, where="StaticMixtureWorkSource.prime(ratios=...)"))
             return
-        ratios, unmeasured = {}, []
+        measured, unmeasured = {}, []
         rows = self._calibration_rows() if counts is not None else {}
         for k, (name, ds) in enumerate(zip(names, self._datasets)):
             ratio = None
@@ -535,19 +546,19 @@ class StaticMixtureWorkSource(WorkSource):
                 ratio = measured_ratio(np.asarray(counts[k]), rows[k][:, 0], per_row)
             if ratio is None:
                 unmeasured.append(name)
-                ratio = float(est.fallback_tokens_per_byte)
-            ratios[name] = ratio
+            measured[name] = (TokenRatio(ratio, "measured") if ratio is not None
+                              else TokenRatio(float(est.fallback_tokens_per_byte), "fallback"))
         if unmeasured:
             warnings.warn(f"StaticMixtureWorkSource: no tokens counted for {unmeasured}; their mixture weights use "
                           f"TokenEstimation(fallback_tokens_per_byte={est.fallback_tokens_per_byte}). Put a tokenize "
                           "step in the pipeline or pass TokenEstimation(measure=...) or primer=...", stacklevel=2)
-        self._use_ratios(ratios)
+        self._use_ratios(measured)
 
-    def _use_ratios(self, ratios: Mapping[str, float]) -> None:
+    def _use_ratios(self, ratios: Mapping[str, TokenRatio]) -> None:
         """Draw samples so that the mixture's weights hold in expected tokens."""
         cfg = self._planner.cfg
-        self._tokens_per_byte = {n: float(ratios[n]) for n in cfg.names}
-        per_sample = {n: self._tokens_per_byte[n] * b / max(r, 1)
+        self._ratios = {n: ratios[n] for n in cfg.names}
+        per_sample = {n: self._ratios[n].tokens_per_byte * b / max(r, 1)
                       for n, b, r in zip(cfg.names, self._stored_bytes, cfg.rows)}
         weights = sample_weights(dict(zip(cfg.names, cfg.weights)), tokens_per_sample=per_sample)
         targets = _exact_units(cfg.weights)
@@ -693,7 +704,7 @@ class StaticMixtureWorkSource(WorkSource):
         accumulator as an exact fraction ``"p/q"``; ``epoch`` is the passes completed; a
         block-shuffled dataset's ``block_rng_snapshot`` is derived from them, see
         `DatasetOrder.block_rng_snapshot`) and,
-        for a token mixture, ``token_ratios`` (tokens per stored byte). The other fields are
+        for a token mixture, ``token_ratios`` (``{name: [tokens per stored byte, source]}``). The other fields are
         Zephon's names for the same facts (``cursor_epochs``, ``exhausted_policy``, the float
         ``accumulators``, ...), written for tools that read Zephon's state.
         """
@@ -710,7 +721,7 @@ class StaticMixtureWorkSource(WorkSource):
                     "accumulator": str(accumulators[n]), **self._block_snapshot(k)}
                 for k, n in enumerate(cfg.names)
             },
-            "token_ratios": self.tokens_per_byte,
+            "token_ratios": None if self._ratios is None else {n: r.to_state() for n, r in self._ratios.items()},
             # -- Zephon's names for the recipe and the position
             "chunk_size_hint": cfg.chunk_size,
             "seed": self._seed,
@@ -827,7 +838,7 @@ class StaticMixtureWorkSource(WorkSource):
             )
         if self._estimation is not None:
             ratios = ratios_from_state(state.get("token_ratios"), cfg.names, where=where)
-            if ratios is not None and ratios != self._tokens_per_byte:
+            if ratios is not None and ratios != self._ratios:
                 self._use_ratios(ratios)
         cur.den = math.lcm(*(a.denominator for a in accs))
         cur.acc = [a.numerator * (cur.den // a.denominator) for a in accs]
@@ -857,8 +868,8 @@ class StaticMixtureWorkSource(WorkSource):
             raise CheckpointError(f"{where}: the state's recipe cannot be rebuilt exactly ({'; '.join(left)}).")
         lane = rebuilt.clone_for_lane(self._lane_id, self._replicas)
         lane._explicit_policy = self._explicit_policy
-        if self._tokens_per_byte is not None:
-            lane._use_ratios(self._tokens_per_byte)
+        if self._ratios is not None:
+            lane._use_ratios(self._ratios)
         return lane
 
     # ---------------------------------------------------------------- internals
@@ -891,7 +902,12 @@ class StaticMixtureWorkSource(WorkSource):
             if ids is not None:
                 out[:, 1] = ids[out[:, 1]]
             comps[names[k]] = out
-        return WorkChunk(comps, seed=self._seed, target_mixture=plan.target,
+        # As in Zephon, a chunk states its target only where its counted composition could
+        # mislead: token units, 'redistribute' (sparse chunks as a dataset runs out), and here
+        # also a chunk whose composition is not its target (the partial final chunk).
+        stated = (self._estimation is not None or "redistribute" in self._planner.cfg.policies
+                  or not _composition_is(plan.target, {n: len(p) for n, p in comps.items()}))
+        return WorkChunk(comps, seed=self._seed, target_mixture=plan.target if stated else None,
                          source_exhausted=plan.exhausted, global_index=plan.g)
 
     def __repr__(self) -> str:

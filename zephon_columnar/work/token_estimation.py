@@ -313,15 +313,24 @@ def sample_weights(token_weights: Mapping[str, float], *, tokens_per_sample: Map
     return {n: float(v / total) for n, v in raw.items()}
 
 
-def ratios_from_state(value: Any, names: Sequence[str], *, where: str) -> dict[str, float] | None:
-    """The ``token_ratios`` (tokens per stored byte) of a source state, validated (None: the state
-    was not primed)."""
+def ratios_from_state(value: Any, names: Sequence[str], *, where: str) -> dict[str, TokenRatio] | None:
+    """The ``token_ratios`` of a source state (``{name: [tokens_per_byte, source]}``, Zephon's
+    `TokenRatio.to_state`; a bare number, as older states and ``prime(ratios=...)`` give it, is
+    ``"pinned"``), validated (None: the state was not primed)."""
     if value is None:
         return None
     if not isinstance(value, Mapping) or set(value) != set(names):
         raise CheckpointError(f"{where}: token_ratios (tokens_per_byte) must map every dataset {list(names)} to a "
                               f"ratio, got {value!r}.")
+    out = {}
     try:
-        return {n: _check_ratio(f"token_ratios[{n!r}] (tokens_per_byte)", value[n]) for n in names}
-    except ConfigError as err:
+        for n in names:
+            raw = value[n]
+            pair = raw if isinstance(raw, (list, tuple)) else (raw, "pinned")
+            if len(pair) != 2:
+                raise ConfigError(f"token_ratios[{n!r}] is {raw!r}, not [tokens_per_byte, source]")
+            ratio = _check_ratio(f"token_ratios[{n!r}] (tokens_per_byte)", pair[0])
+            out[n] = TokenRatio(ratio, pair[1])
+    except (ConfigError, ValueError) as err:
         raise CheckpointError(f"{where}: the state is malformed: {err}") from err
+    return out
