@@ -242,7 +242,11 @@ def recipes(draw) -> dict:
         data=data,
         exhaustion=draw(exhaustion_strategy([d["name"] for d in data])),
         source=dict(chunk_size=draw(st.sampled_from([1, 2, 3, 4, 7, 16, 33, 100, 1024])),
-                    seed=draw(st.integers(0, 5)), shuffle_within_shard=draw(st.booleans())),
+                    seed=draw(st.integers(0, 5)), shuffle_within_shard=draw(st.booleans()),
+                    shuffle_block_size=draw(st.one_of(
+                        st.sampled_from([None, None, 3, 16, "auto", "global"]),
+                        st.fixed_dictionaries({}, optional={d["name"]: st.sampled_from([None, 2, 5, "global"])
+                                                            for d in data})))),
         plan=plan,
         lanes=lanes,
         flush_every=draw(st.sampled_from([None, 1, 2, 5] if stateful else [None, 0, 1, 2, 5])),
@@ -324,7 +328,8 @@ def make_source(recipe: dict) -> StaticMixtureWorkSource:
     data = recipe["data"]
     return StaticMixtureWorkSource([make_dataset(d) for d in data], {d["name"]: d["weight"] for d in data},
                                    chunk_size=recipe["source"]["chunk_size"], seed=recipe["source"]["seed"],
-                                   shuffle_within_shard=recipe["source"]["shuffle_within_shard"], **kwargs)
+                                   shuffle_within_shard=recipe["source"]["shuffle_within_shard"],
+                                   shuffle_block_size=recipe["source"].get("shuffle_block_size"), **kwargs)
 
 
 def is_endless(recipe: dict) -> bool:

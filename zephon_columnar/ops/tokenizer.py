@@ -146,9 +146,9 @@ class FallbackTokenizer:
         single = isinstance(texts, str)
         rows = []
         for text in [texts] if single else texts:
+            # Like Zephon's stub, it has no post-processor: add_special_tokens adds nothing
+            # (the pipeline's special_tokens="bos_eos" brackets documents itself).
             ids = [self.word_id(w) for w in str(text).split()]
-            if add_special_tokens:
-                ids = [self.bos_token_id, *ids, self.eos_token_id]
             rows.append(ids[:max_length] if truncation and max_length is not None else ids)
         masks = [[1] * len(r) for r in rows]
         return {"input_ids": rows[0], "attention_mask": masks[0]} if single else \
