@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning
+from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning, DataDroppedWarning
 from zephon_columnar.work import MixtureSpec, StaticMixtureWorkSource, WorkChunk
 
 from ._helpers import (
@@ -121,7 +121,8 @@ def test_stop_after_passes_none_without_a_policy_stops_every_dataset():
     # Zephon: no floor and no exhausted_policy means 'stop' for every dataset.
     ws = source([make_ds("a", [5])], {"a": 1}, chunk_size=4, stop_after_passes=None)
     assert ws.recipe()["exhausted_policy"] == {"a": "stop"}
-    assert [len(c) for c in drain(ws)] == [4, 1]
+    with pytest.warns(DataDroppedWarning, match="rows not read"):
+        assert [len(c) for c in drain(ws)] == [4]
 
 
 # ---------------------------------------------------------------- ratios and determinism
@@ -311,17 +312,15 @@ def test_redistribute_reads_each_dataset_once_and_renormalizes():
     assert ws.continues_after_exhaustion() == frozenset({"a", "b", "c"})
 
 
-def test_stop_ends_with_the_chunk_where_the_dataset_runs_out():
+def test_stop_ends_before_the_chunk_the_dataset_cannot_fill():
     short, long_ = make_ds("short", [13]), make_ds("long", [500])
     kw = dict(chunk_size=8, seed=1)
-    stop = drain(source([short, long_], {"short": 1, "long": 1}, exhausted_policy={"short": "stop"}, **kw))
+    with pytest.warns(DataDroppedWarning, match="rows not read"):
+        stop = drain(source([short, long_], {"short": 1, "long": 1}, exhausted_policy={"short": "stop"}, **kw))
     ref = take(source([short, long_], {"short": 1, "long": 1}, exhausted_policy="repeat", **kw), len(stop))
-    assert sorted(pairs(per_dataset(stop, "short"))) == sorted(all_pairs(short))
-    assert len(stop) == 4 and len(stop[-1].components["short"]) == 1
-    # the others keep their full quota in the final chunk; everything before is unchanged
-    assert len(stop[-1].components["long"]) == len(ref[-1].components["long"]) == 4
-    assert same_chunks([WorkChunk.from_state(c.state_dict()) for c in stop[:-1]],
-                       [WorkChunk.from_state({**c.state_dict(), "source_exhausted": []}) for c in ref[:-1]])
+    # 3 full chunks (12 of short's 13 rows); the fourth would need 4 rows of short: not planned
+    assert len(stop) == 3 and all(len(c.components["short"]) == 4 for c in stop)
+    assert same_chunks(stop, ref)
 
 
 def test_stop_that_runs_out_exactly_goes_on_until_its_next_draw():
@@ -340,11 +339,27 @@ def test_stop_that_runs_out_exactly_goes_on_until_its_next_draw():
     assert ws.next_chunk() is None and ws.state_dict() == done
 
 
-def test_stop_on_a_single_dataset_delivers_each_row_once():
+def test_stop_on_a_single_dataset_ends_at_the_chunk_it_cannot_fill_and_says_so():
+    # Zephon: 'stop' keeps every chunk full; the rows short of a chunk are not read, with a
+    # warning naming them (the default stop_after_passes=1 reads every row, see below).
     ds = make_ds("a", [10, 9])
-    chunks = drain(source([ds], {"a": 1}, chunk_size=4, exhausted_policy="stop"))
-    assert [len(c) for c in chunks] == [4, 4, 4, 4, 3]
-    assert sorted(pairs(per_dataset(chunks, "a"))) == sorted(all_pairs(ds))
+    ws = source([ds], {"a": 1}, chunk_size=4, exhausted_policy="stop")
+    with pytest.warns(DataDroppedWarning, match=r"rows not read: \{'a': 3\}"):
+        chunks = drain(ws)
+    assert [len(c) for c in chunks] == [4, 4, 4, 4]
+    assert len(set(pairs(per_dataset(chunks, "a")))) == 16
+    every = drain(source([ds], {"a": 1}, chunk_size=4))
+    assert [len(c) for c in every] == [4, 4, 4, 4, 3]
+    assert sorted(pairs(per_dataset(every, "a"))) == sorted(all_pairs(ds))
+
+
+def test_stop_that_cannot_fill_the_first_chunk_is_refused_naming_it():
+    ws = source([make_ds("a", [50]), make_ds("b", [1])], {"a": 0.5, "b": 0.5}, chunk_size=8,
+                exhausted_policy="stop")
+    before = ws.state_dict()
+    with pytest.raises(ConfigError, match=r"Cannot produce the first chunk.*dataset 'b'.*1 row\(s\).*quota of 4"):
+        ws.next_chunk()
+    assert ws.state_dict() == before
 
 
 def test_policy_dict_defaults_missing_datasets_to_stop():
@@ -375,6 +390,21 @@ POLICY_CONFIGS = [
 ]
 
 
+def cannot_start(ws: StaticMixtureWorkSource) -> bool:
+    """Whether a 'stop' dataset cannot fill its quota of the first chunk: the source refuses
+    to start (and its state stays as it was)."""
+    before = ws.state_dict()
+    try:
+        ws.total_samples
+    except ConfigError as err:
+        assert "Cannot produce the first chunk" in str(err)
+        with pytest.raises(ConfigError, match="Cannot produce the first chunk"):
+            ws.next_chunk()
+        assert ws.state_dict() == before
+        return True
+    return False
+
+
 @given(
     sizes=st.lists(st.integers(1, 40), min_size=2, max_size=3),
     raw=st.lists(st.integers(0, 4), min_size=3, max_size=3),
@@ -389,7 +419,7 @@ def test_total_samples_is_exact_from_any_position(sizes, raw, chunk, config, ski
     if sum(weights.values()) == 0:
         weights["d0"] = 1
     ws = source(dss, weights, chunk_size=chunk, **config)
-    if ws.total_samples == math.inf:
+    if cannot_start(ws) or ws.total_samples == math.inf:
         return
     head = take(ws, skip)
     remaining = ws.total_samples
@@ -420,6 +450,8 @@ def test_state_round_trip_through_json_equals_uninterrupted(sizes, raw, chunk, c
         dss = [make_ds(f"d{i}", [n, 3]) for i, n in enumerate(sizes)]
         return source(dss, {ds.name: raw[i] for i, ds in enumerate(dss)}, chunk_size=chunk, seed=2, **config)
 
+    if cannot_start(build()):
+        return
     full = take(build(), 40)
     ws = build()
     head = take(ws, cut)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, Sequence, Uni
 
 import numpy as np
 
-from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning
+from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning, DataDroppedWarning
 from zephon_columnar.recipes import recipe_differences
 from zephon_columnar.work.base import WorkSource, check_lane
 from zephon_columnar.work.chunk import WorkChunk
@@ -200,18 +200,23 @@ class _Planner:
             pool, need = keep, short
 
         # 2. 'stop', and 'repeat' with max_repeats once its last pass is read: the source ends at
-        #    the first chunk such a dataset cannot fill (Zephon). If it ran out exactly at the end
-        #    of an earlier chunk, this chunk is not planned (the failed draw leaves no trace: the
-        #    state after the end is the state before it). If it has a few rows left, fewer than
-        #    its quota, they go in a last, partial chunk with the others' full quotas, where
-        #    Zephon drops them.
+        #    the first chunk such a dataset cannot fill, as in Zephon, so every chunk keeps the
+        #    mixture; its last rows, fewer than its quota, are not read (nor the others' rest:
+        #    that is what 'stop' asks for). The failed draw leaves no trace: the state after the
+        #    end is the state before it. A first chunk that cannot be filled is an error.
         short = {k: left for k in act if policies[k] != "redistribute"
                  and (left := _terminal_left(cfg, k, consumed[k])) is not None and left < counts[k]}
-        if short and not any(short.values()):
+        if short:
             cur.acc, cur.den = acc_before, den_before  # planned again (and refused) on every call
+            if cur.g == 0:
+                k, left = next(iter(short.items()))
+                raise ConfigError(
+                    f"StaticMixtureWorkSource: Cannot produce the first chunk: dataset {cfg.names[k]!r} "
+                    f"(exhausted_policy={policies[k]!r}) has {left} row(s) to give, fewer than its quota of "
+                    f"{counts[k]} in a chunk of {cfg.chunk_size}. Lower chunk_size, or let it repeat "
+                    "(exhausted_policy='repeat') or leave early ('redistribute').")
             return None
-        counts.update(short)
-        last = bool(short)
+        last = False
 
         # 3. stop_after_passes=N: once every dataset short of N passes can finish them in this
         #    chunk, it is the last one. Those datasets take exactly what they lack; the others
@@ -306,8 +311,9 @@ class StaticMixtureWorkSource(WorkSource):
         exhausted_policy: what a dataset does at the end of a pass: ``"repeat"`` (restart; with
             ``max_repeats=N`` read at most 1+N passes, then end the source like ``"stop"``),
             ``"redistribute"`` (one pass, then leave; the others' weights renormalize), or
-            ``"stop"`` (the source ends at the first chunk it cannot fill; its last rows, if
-            fewer than its quota, come in that final, partial chunk). A dict sets it per
+            ``"stop"`` (the source ends at the first chunk it cannot fill, so every chunk keeps
+            the mixture: its last rows, fewer than its quota, are not read; a first chunk it
+            cannot fill is a ``ConfigError``). A dict sets it per
             dataset; datasets it does not name get ``"stop"`` (``"repeat"`` under a pass floor).
         reshuffle_on_repeat: whether each pass gets fresh permutations (default True); a bool
             or ``{name: bool}``.
@@ -330,9 +336,9 @@ class StaticMixtureWorkSource(WorkSource):
             ``state_dict``.
 
     Differences from Zephon 0.2.0, on purpose:
-        - The final chunk is partial instead of dropped: with one dataset and the default
-          ``stop_after_passes=1`` every row is delivered exactly once, and a dataset smaller
-          than ``chunk_size`` works. ``"stop"`` keeps the stopping dataset's last rows.
+        - Under a pass floor (the default ``stop_after_passes=1``) the final chunk is partial
+          instead of dropped: with one dataset every row is delivered exactly once, and a
+          dataset smaller than ``chunk_size`` works.
         - ``load_state_dict`` of a state taken with other arguments (seed, chunk_size, ...)
           continues with the state's, as Zephon does, but warns naming each difference.
         - ``total_samples`` is exact for every policy.
@@ -459,6 +465,7 @@ class StaticMixtureWorkSource(WorkSource):
                {"mixture_unit": "tokens", "token_estimation": token_estimation.fingerprint()}),
         })
         self._lane_id, self._replicas = 0, 1
+        self._warned_unread = False
         self._reset_caches()
 
     def _start_cursor(self) -> _Cursor:
@@ -575,12 +582,26 @@ class StaticMixtureWorkSource(WorkSource):
         while True:
             plan = self._planner.plan(self._cursor)
             if plan is None:
+                self._warn_unread()
                 return None
             if self._owner(plan.g) == self._lane_id:
                 chunk = self._materialize(plan)
                 if self._remaining is not None:
                     self._remaining -= len(chunk)
                 return chunk
+
+    def _warn_unread(self) -> None:
+        """At the end: a `DataDroppedWarning` (once) naming the rows a 'stop' (or capped
+        'repeat') dataset that could not fill its quota left unread, with the others' rest."""
+        cfg, cur = self._planner.cfg, self._cursor
+        unread = {n: left for k, n in enumerate(cfg.names) if cur.active[k] and cfg.policies[k] != "redistribute"
+                  and (left := _terminal_left(cfg, k, cur.epoch[k] * cfg.rows[k] + cur.position[k]))}
+        if unread and not self._warned_unread:
+            self._warned_unread = True
+            warnings.warn(f"StaticMixtureWorkSource: the source ended at the first chunk a dataset could not fill "
+                          f"(exhausted_policy 'stop', or 'repeat' with max_repeats), so every chunk kept the mixture; "
+                          f"rows not read: {unread}. Use the default stop_after_passes=1 (or 'redistribute') to "
+                          "read every row.", DataDroppedWarning, stacklevel=3)
 
     def component_ids(self) -> dict[str, int]:
         return {n: i for i, n in enumerate(self._planner.cfg.names)}
