@@ -326,7 +326,8 @@ def as_python_lists(table: pa.Table, names: Sequence[str]) -> pa.Table:
     for name in names:
         if name in schema.names:
             i = schema.get_field_index(name)
-            schema = schema.set(i, schema.field(i).with_metadata({PYTHON_LISTS_KEY: b"1"}))
+            field = schema.field(i)
+            schema = schema.set(i, field.with_metadata({**(field.metadata or {}), PYTHON_LISTS_KEY: b"1"}))
     return pa.Table.from_arrays(table.columns, schema=schema)
 
 
@@ -346,14 +347,44 @@ def payload_values(table: pa.Table, name: str) -> list[Any]:
     meta = table.schema.field(name).metadata or {}
     merge = meta.get(b"zephon_columnar.pack_payloads")
     if merge is None:
-        views = None if PYTHON_LISTS_KEY in meta else _numeric_list_views(column)
-        return views if views is not None else column.to_pylist()
+        if PYTHON_LISTS_KEY in meta:
+            return column.to_pylist()
+        views = _numeric_list_views(column)
+        if views is not None:
+            return views
+        return _with_segment_arrays(column) if _is_segment_list(column.type) else column.to_pylist()
     values = column.to_pylist()
     if merge == b"torch_tensor":
         import torch
 
         return [{k: torch.tensor(v) for k, v in row.items()} for row in values]
     return [{k: np.asarray(v) for k, v in row.items()} for row in values]
+
+
+def _is_segment_list(t: pa.DataType) -> bool:
+    """``list<struct<...>>`` with a list-of-numbers field: ``pack_sequences``' packed_samples."""
+    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_struct(t.value_type) and any(
+        (pa.types.is_list(f.type) or pa.types.is_large_list(f.type))
+        and (pa.types.is_integer(f.type.value_type) or pa.types.is_floating(f.type.value_type))
+        for f in t.value_type)
+
+
+def _with_segment_arrays(column: pa.ChunkedArray) -> list[Any]:
+    """Rows of segment dicts whose lists of numbers are read-only numpy arrays (as the records
+    they were packed from held them)."""
+    numeric = {f.name for f in column.type.value_type
+               if (pa.types.is_list(f.type) or pa.types.is_large_list(f.type))
+               and (pa.types.is_integer(f.type.value_type) or pa.types.is_floating(f.type.value_type))}
+    rows = column.to_pylist()
+    for segments in rows:
+        for segment in segments or ():
+            for name in numeric:
+                if segment.get(name) is not None and None not in segment[name]:
+                    array = np.asarray(segment[name], dtype=column.type.value_type.field(name).type.value_type
+                                       .to_pandas_dtype())
+                    array.setflags(write=False)
+                    segment[name] = array
+    return rows
 
 
 def _numeric_list_views(column: pa.ChunkedArray) -> list[np.ndarray | None] | None:

@@ -45,6 +45,29 @@ def _pipe(**kw):
     return Pipeline(ws).pack_sequences(16, **kw).batch(2, drop_last=False).options(flush_every_k_chunks=2)
 
 
+@pytest.mark.parametrize("algorithm", ["first_fit", "wrap"])
+def test_segments_keep_the_kind_of_the_tokens_they_were_packed_from(algorithm, tmp_path):
+    # As the records were: token lists read from the data are numpy arrays, tokenize's ids lists.
+    from tests.ops._tokenizers import make_tokenizer
+
+    def kinds(pipe):
+        return {type(seg["input_ids"]) for b in pipe for r in b.records for seg in r.payload["packed_samples"]}
+
+    bins = {"num_bins": 2} if algorithm == "first_fit" else {}
+    assert kinds(_pipe(algorithm=algorithm, **bins)) == {np.ndarray}
+    tokenizer = tmp_path / "tokenizer.json"
+    make_tokenizer().save(str(tokenizer))
+    ds = Dataset.from_tables("t", [pa.table({"text": [f"document number {i} " * (1 + i % 4) for i in range(40)]})])
+    def tokenized():
+        ws = StaticMixtureWorkSource([ds], {"t": 1.0}, chunk_size=8, seed=1)
+        return (Pipeline(ws).tokenize(tokenizer_id=str(tokenizer), field="text").pack_sequences(
+            32, algorithm=algorithm, **bins).batch(2, drop_last=False).options(flush_every_k_chunks=2))
+    assert kinds(tokenized()) == {list}
+    # a restore rebuilds held rows with the same kinds (the signature compares values and kinds)
+    assert_resumes_exactly(tokenized, ks=[1, 3])
+    assert_resumes_exactly(lambda: _pipe(algorithm=algorithm, **bins), ks=[1, 3])
+
+
 def test_merged_payloads_are_arrays_and_tensors():
     for merge, kind in (("numpy_array", np.ndarray), ("torch_tensor", torch.Tensor)):
         batch = next(iter(_pipe(algorithm="wrap", pack_payloads=merge)))

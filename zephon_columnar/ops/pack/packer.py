@@ -21,7 +21,9 @@ from zephon_columnar.errors import DataDroppedWarning
 from zephon_columnar.ops.accumulators.lane import LaneContext
 from zephon_columnar.ops.pack.emit import emit_rows
 from zephon_columnar.ops.pack.spec import POSITIONS, PackSpec
+from zephon_columnar.ops.pack.sequences import PACKED
 from zephon_columnar.ops.pack.stream import TOKEN_SKIP, FrameReader, Run, gather, is_list
+from zephon_columnar.records import PYTHON_LISTS_KEY, as_python_lists
 
 
 def _packed_columns(schema: pa.Schema, docs: pa.Table) -> list[str]:
@@ -208,7 +210,14 @@ class LanePacker:
         self.op = op
         self.keep_payload = keep_payload
         self.reader = FrameReader(spec, op=op, keep_payload=keep_payload)
-        self._emit = emit or (lambda run, lengths: emit_rows(spec, run, lengths, op=op))
+        emit_table = emit or (lambda run, lengths: emit_rows(spec, run, lengths, op=op))
+
+        def emit_kept(run: Run, lengths: np.ndarray) -> pa.Table:
+            # packed_samples keep the kind of the tokens they were packed from (records.py)
+            table = emit_table(run, lengths)
+            return as_python_lists(table, [PACKED]) if self.reader.python_lists else table
+
+        self._emit = emit_kept
         self._make = make
         self._packers: dict[Any, Packer] = {}
         names = ctx.component_names
@@ -349,7 +358,7 @@ class LanePacker:
             return dict(self._rewound_to), None
         r = self.reader
         reader = None if r.dtypes is None else {
-            "tokens": r.tokens, "fields": [[n, str(r.value_types[n])] for n in r.dtypes]}
+            "tokens": r.tokens, "fields": [[n, str(r.value_types[n])] for n in r.dtypes], "lists": r.python_lists}
         groups, parts = [], []
         for key in sorted(self._packers, key=repr):
             state, refs = self._packers[key].snapshot()
@@ -372,7 +381,8 @@ class LanePacker:
         Such a checkpoint is a few numbers, and restore computes only what the next rows need."""
         r = self.reader
         state = {"rewind": 0, "reader": None if r.dtypes is None else {
-            "tokens": r.tokens, "fields": [[n, str(r.value_types[n])] for n in r.dtypes]}, "groups": [],
+            "tokens": r.tokens, "fields": [[n, str(r.value_types[n])] for n in r.dtypes], "lists": r.python_lists},
+            "groups": [],
             "window": None}
         if first_out is not None and first_out.num_rows:
             seg = first_out.column(F.SEGMENTS)[0].as_py()[0]
@@ -403,7 +413,8 @@ class LanePacker:
         self._skip = rewind
         self._rewound_to = dict(state) if "rewind" in state else None
         if state["reader"] is not None:
-            self._force_decisions(self.reader, state["reader"]["tokens"], state["reader"]["fields"])
+            saved = state["reader"]
+            self._force_decisions(self.reader, saved["tokens"], saved["fields"], bool(saved.get("lists", False)))
         offset = 0
         for key, pstate, n in state["groups"]:
             refs = rows.slice(offset, n) if n else None
@@ -415,11 +426,12 @@ class LanePacker:
             self._window._held, self._window._count = [docs], len(docs.seg_starts)
 
     @staticmethod
-    def _force_decisions(reader: FrameReader, tokens: str, fields: list) -> None:
+    def _force_decisions(reader: FrameReader, tokens: str, fields: list, python_lists: bool) -> None:
         from zephon_columnar.ops.pack.stream import np_dtype
 
         types = {name: _arrow_type(t) for name, t in fields}
         reader.tokens = tokens
+        reader.python_lists = python_lists
         reader.value_types = types
         reader.dtypes = {name: np_dtype(t) for name, t in types.items()}
 
@@ -470,7 +482,8 @@ class LanePacker:
         docs = source(book)
         reader = FrameReader(self.spec, op=self.op, keep_payload=self.keep_payload)
         names = _packed_columns(schema, docs)
-        self._force_decisions(reader, names[0], [[n, str(docs.schema.field(n).type.value_type)] for n in names])
+        self._force_decisions(reader, names[0], [[n, str(docs.schema.field(n).type.value_type)] for n in names],
+                              PYTHON_LISTS_KEY in (docs.schema.field(names[0]).metadata or {}))
         run = self._read_docs(docs, reader)
         p = np.array(pieces, np.int64).reshape(-1, 3)
         cut = gather([run], np.zeros(len(p), np.int64), p[:, 0], p[:, 1], p[:, 2])

@@ -39,6 +39,7 @@ import pyarrow as pa
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError, DatasetFormatError, MissingFieldError, WrongTypeError
 from zephon_columnar.ops.pack.spec import POSITIONS, PackSpec
+from zephon_columnar.records import PYTHON_LISTS_KEY
 from zephon_columnar.types import TOKEN_FIELD_CANDIDATES
 
 TOKEN_SKIP = F.TOKEN_SKIP
@@ -258,6 +259,9 @@ class FrameReader:
         self.tokens: str | None = None
         self.dtypes: dict[str, np.dtype] | None = None  # packed columns (tokens first) -> dtype
         self.value_types: dict[str, pa.DataType] = {}
+        # Whether the tokens came as Python lists (`records.PYTHON_LISTS_KEY`: tokenize's ids)
+        # rather than read from the data: packed_samples keep the kind (`LanePacker`).
+        self.python_lists = False
 
     # ------------------------------------------------------------------ helpers
     def _token_field(self, frame: pa.Table) -> str:
@@ -364,6 +368,7 @@ class FrameReader:
     def _decide(self, frame: pa.Table, tok: str, lens: np.ndarray, first: int, dtype: np.dtype) -> None:
         schema = frame.schema
         self.tokens = tok
+        self.python_lists = PYTHON_LISTS_KEY in (schema.field(tok).metadata or {})
         self.dtypes = {tok: dtype}
         self.value_types = {tok: schema.field(tok).type.value_type}
         for name in F.payload_names(frame):
