@@ -356,7 +356,7 @@ class Pipeline:
             >>> ws = StaticMixtureWorkSource([Dataset.from_tables("toy", [pa.table({"input_ids": [[1, 2, 3], [4, 5, 6], [7, 8], [9]]})])], {"toy": 1.0},
             ...                              shuffle_shards=False)
             >>> pipe = Pipeline(ws).pack_sequences(5, algorithm="first_fit", num_bins=2)
-            >>> [[s["input_ids"] for s in r.payload["packed_samples"]] for r in pipe]
+            >>> [[s["input_ids"].tolist() for s in r.payload["packed_samples"]] for r in pipe]  # arrays: read data
             [[[1, 2, 3], [7, 8]], [[4, 5, 6], [9]]]
         """
         from zephon_columnar.ops.pack import PackSequencesOp

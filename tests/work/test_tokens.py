@@ -11,7 +11,7 @@ import pytest
 from zephon_columnar.errors import CheckpointError, ConfigError
 from zephon_columnar.io.dataset import Dataset
 from zephon_columnar.work import StaticMixtureWorkSource, TokenEstimation
-from zephon_columnar.work.token_estimation import calibration_rows, sample_weights
+from zephon_columnar.work.token_estimation import PerShardTokenCost, TokenRatio, calibration_rows, sample_weights
 
 from tests.work._helpers import take
 
@@ -185,3 +185,11 @@ def test_calibration_rows_are_contiguous_runs_in_a_bounded_number_of_shards():
 def test_sample_weights_turn_token_weights_into_sample_proportions():
     got = sample_weights({"a": 0.25, "b": 0.75, "c": 0.0}, tokens_per_sample={"a": 10.0, "b": 90.0, "c": 5.0})
     assert got == pytest.approx({"a": 0.025 / (0.025 + 0.75 / 90), "b": (0.75 / 90) / (0.025 + 0.75 / 90), "c": 0.0})
+
+
+def test_a_dataset_without_byte_metadata_is_costed_flat_with_a_warning():
+    ghost = Dataset(name="ghost", backend={"kind": "inmem"})  # Zephon's descriptor form: no shards
+    assert ghost.counts().tolist() == [] and ghost.total() == 0
+    with pytest.warns(RuntimeWarning, match="no byte metadata"):
+        costs = PerShardTokenCost({"ghost": ghost}, {"ghost": TokenRatio(0.5, "pinned")})
+    assert costs.cost("ghost", (0, 0, 0)) == costs.mean_cost("ghost") == 1.0

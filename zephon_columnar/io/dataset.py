@@ -102,8 +102,8 @@ class Dataset:
 
     name: str
     backend: Mapping[str, Any]
-    path: str | None
-    shards: tuple[ShardInfo, ...]
+    path: str | None = None
+    shards: tuple[ShardInfo, ...] = ()  # Dataset(name, backend) alone, as Zephon's: no shards
 
     # ---------------------------------------------------------------- constructors
     @classmethod

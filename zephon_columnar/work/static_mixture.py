@@ -50,7 +50,8 @@ if TYPE_CHECKING:
 
 ExhaustedPolicy = Literal["stop", "repeat", "redistribute"]
 LaneAssignment = Literal["permute", "modulo"]
-ShuffleBlockSpec = Union[int, Literal["auto", "global"], None, Mapping[str, Union[int, Literal["auto", "global"], None]]]
+_BlockSize = Union[int, Literal["auto", "global"], None]
+ShuffleBlockSpec = Union[_BlockSize, Mapping[str, _BlockSize]]
 
 _POLICIES = ("stop", "repeat", "redistribute")
 # Recipe fields about the data itself: a state taken over other data is refused; the other
@@ -724,10 +725,10 @@ class StaticMixtureWorkSource(WorkSource):
         ``cursor_states`` (``{name: {"epoch", "position", "active", "accumulator"}}``, the
         accumulator as an exact fraction ``"p/q"``; ``epoch`` is the passes completed; a
         block-shuffled dataset's ``block_rng_snapshot`` is derived from them, see
-        `DatasetOrder.block_rng_snapshot`) and,
-        for a token mixture, ``token_ratios`` (``{name: [tokens per stored byte, source]}``). The other fields are
-        Zephon's names for the same facts (``cursor_epochs``, ``exhausted_policy``, the float
-        ``accumulators``, ...), written for tools that read Zephon's state.
+        `DatasetOrder.block_rng_snapshot`) and, for a token mixture, ``token_ratios``
+        (``{name: [tokens per stored byte, source]}``). The other fields are Zephon's names for
+        the same facts (``cursor_epochs``, ``exhausted_policy``, the float ``accumulators``,
+        ...), written for tools that read Zephon's state.
         """
         cur, cfg, recipe = self._cursor, self._planner.cfg, self.recipe()
         accumulators = {n: Fraction(cur.acc[k], cur.den) for k, n in enumerate(cfg.names)}

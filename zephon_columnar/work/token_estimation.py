@@ -194,8 +194,8 @@ class PerShardTokenCost:
                                     for i, b, r in zip(ids[known], stored[known], rows[known])}
             self._mean[name] = max(1.0, float(stored[known].sum() / rows[known].sum()) * ratio)
         if flat:
-            warnings.warn(f"token-aware mixture: no byte sizes for datasets {sorted(flat)}; each is costed with "
-                          "one flat per-sample estimate (differences between its shards are invisible).",
+            warnings.warn(f"token-aware mixture: no byte metadata (shard sizes) for datasets {sorted(flat)}; each "
+                          "is costed with one flat per-sample estimate (differences between its shards are invisible).",
                           RuntimeWarning, stacklevel=2)
 
     def cost(self, name: str, sample_id: tuple[int, int, int]) -> float:

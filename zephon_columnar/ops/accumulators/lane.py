@@ -143,4 +143,5 @@ def restorable_by_reference(acc: Any) -> bool:
     return all(callable(getattr(acc, m, None)) for m in ("snapshot", "restore", "rebuild"))
 
 
-__all__ = ["NO_EXHAUSTION", "ChunkExhaustion", "LaneAccumulator", "LaneContext", "ReferenceState", "RowSource", "restorable_by_reference"]
+__all__ = ["NO_EXHAUSTION", "ChunkExhaustion", "LaneAccumulator", "LaneContext",
+           "ReferenceState", "RowSource", "restorable_by_reference"]
