@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import WrongTypeError
@@ -361,38 +362,43 @@ def payload_values(table: pa.Table, name: str) -> list[Any]:
     return [{k: np.asarray(v) for k, v in row.items()} for row in values]
 
 
+def _is_numeric_list(t: pa.DataType) -> bool:
+    """``list<int|float>`` (or large_list): what record views hold as numpy views."""
+    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and (
+        pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type))
+
+
 def _is_segment_list(t: pa.DataType) -> bool:
     """``list<struct<...>>`` with a list-of-numbers field: ``pack_sequences``' packed_samples."""
-    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_struct(t.value_type) and any(
-        (pa.types.is_list(f.type) or pa.types.is_large_list(f.type))
-        and (pa.types.is_integer(f.type.value_type) or pa.types.is_floating(f.type.value_type))
-        for f in t.value_type)
+    return ((pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_struct(t.value_type)
+            and any(_is_numeric_list(f.type) for f in t.value_type))
 
 
 def _with_segment_arrays(column: pa.ChunkedArray) -> list[Any]:
-    """Rows of segment dicts whose lists of numbers are read-only numpy arrays (as the records
-    they were packed from held them)."""
-    numeric = {f.name for f in column.type.value_type
-               if (pa.types.is_list(f.type) or pa.types.is_large_list(f.type))
-               and (pa.types.is_integer(f.type.value_type) or pa.types.is_floating(f.type.value_type))}
+    """Rows of segment dicts whose lists of numbers are read-only numpy views (as the records
+    they were packed from held them): each field's views come from its flattened column, in
+    segment order."""
     rows = column.to_pylist()
-    for segments in rows:
-        for segment in segments or ():
-            for name in numeric:
-                if segment.get(name) is not None and None not in segment[name]:
-                    array = np.asarray(segment[name], dtype=column.type.value_type.field(name).type.value_type
-                                       .to_pandas_dtype())
-                    array.setflags(write=False)
-                    segment[name] = array
+    segments = pc.list_flatten(column)  # every row's segments, in order (null rows give none)
+    for field in column.type.value_type:
+        if not _is_numeric_list(field.type):
+            continue
+        views = _numeric_list_views(pc.struct_field(segments, field.name))
+        if views is None:
+            continue  # a list holding a null: Python lists, as for a plain column
+        flat = iter(views)
+        for row in rows:
+            for segment in row or ():
+                view = next(flat)
+                if view is not None:
+                    segment[field.name] = view
     return rows
 
 
 def _numeric_list_views(column: pa.ChunkedArray) -> list[np.ndarray | None] | None:
     """Each row of a ``list<int|float>`` column as a read-only numpy view (None for a null row),
     or None when the column is of another type or a list holds a null (Python lists then)."""
-    t = column.type
-    if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not (
-            pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)):
+    if not _is_numeric_list(column.type):
         return None
     out: list[np.ndarray | None] = []
     for chunk in column.chunks:

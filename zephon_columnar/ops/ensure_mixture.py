@@ -355,7 +355,11 @@ class MixtureBuffer:
             self._set_target({k: w / total for k, w in left.items()})
             self._drain(out)
             return
-        while any(self.queues.values()) or self.packs:
+        self._force_out(out, lambda: any(self.queues.values()) or bool(self.packs))
+
+    def _force_out(self, out: list[int], more: Callable[[], bool]) -> None:
+        """Forced emissions (in the round robin's order) while ``more()``."""
+        while more():
             item = self._emit_one(True)
             if item is None:
                 break
@@ -375,11 +379,7 @@ class MixtureBuffer:
                     "metrics_snapshot() as ensure_mixture_dropped); raise flush_every_k_chunks to drop fewer, or pass "
                     "a max_buffer_size.", DataDroppedWarning)
         else:
-            while self.buffered:
-                item = self._emit_one(True)
-                if item is None:
-                    break
-                out.append(item[0])
+            self._force_out(out, lambda: self.buffered > 0)
         frames = self._frames(out)
         self._reset()
         return frames

@@ -217,12 +217,12 @@ class _Planner:
                     f"{counts[k]} in a chunk of {cfg.chunk_size}. Lower chunk_size, or let it repeat "
                     "(exhausted_policy='repeat') or leave early ('redistribute').")
             return None
-        last = False
 
         # 3. stop_after_passes=N: once every dataset short of N passes can finish them in this
         #    chunk, it is the last one. Those datasets take exactly what they lack; the others
         #    are scaled by the same fraction f, so the final chunk keeps the mixture's shape.
-        if cfg.floor is not None and not last:
+        last = False
+        if cfg.floor is not None:
             lacking, done = [], []
             for k in act:  # every dataset repeats without a cap under a floor
                 r = cfg.floor * rows[k] - consumed[k]
