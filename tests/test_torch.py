@@ -164,6 +164,30 @@ def test_worker_iteration_leaves_no_file_and_exits_cleanly(tmp_path):
     assert not [p for p in tmp_path.iterdir() if "zephon" in p.name]
 
 
+def test_a_stopping_worker_waits_for_its_queue_feeder_within_the_bound():
+    # A loader worker told to stop mid-stream exits while its result queue's feeder thread may
+    # still be moving a batch to shared memory; ending the interpreter then aborts the worker
+    # (seen by the option oracle, seed 38). Its exit waits for the feeder, but never past the bound.
+    import threading
+
+    from zephon_columnar.torch import await_queue_feeders
+
+    release = threading.Event()
+    sending = threading.Thread(target=lambda: release.wait(0.3), name="QueueFeederThread")
+    stuck = threading.Thread(target=release.wait, name="QueueFeederThread")
+    unrelated = threading.Thread(target=release.wait, name="other")
+    for thread in (sending, stuck, unrelated):
+        thread.start()
+    try:
+        await_queue_feeders(1.0)  # waits out `sending` (0.3 s), then gives `stuck` what is left
+        assert not sending.is_alive()
+        assert stuck.is_alive() and unrelated.is_alive()  # returned at the bound, not when stuck ended
+    finally:
+        release.set()
+        for thread in (sending, stuck, unrelated):
+            thread.join()
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("step", [1, 4, 7])
 def test_stateful_dataloader_resumes_mid_epoch_exactly(workers, step):

@@ -26,9 +26,12 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import copy
 import multiprocessing
 import multiprocessing.context
+import threading
+import time
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -69,6 +72,7 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             pipe: "Pipeline | None" = self.pipeline
         else:
             self._mark_worker_pass(True)
+            exit_after_queue_feeders()
             pipe = self._worker_pipeline(info.id, info.num_workers)
         if pipe is None:
             return  # an idle worker: the lanes do not split that many ways
@@ -134,6 +138,45 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             state["_worker_pass"] = None  # shared memory travels only to processes being started
         state["_worker_pipe"] = None
         return state
+
+
+# How long a loader worker's exit waits for its result queue to finish sending: below the
+# 5 s the main process gives a stopping worker (torch's MP_STATUS_CHECK_INTERVAL).
+FEEDER_WAIT_S = 2.0
+_feeder_wait_registered = False
+
+
+def exit_after_queue_feeders() -> None:
+    """In a DataLoader worker: make its interpreter exit wait (``FEEDER_WAIT_S`` at most) for
+    the result queue's feeder thread. When the loader stops a worker mid-stream (a training
+    loop that breaks out, a checkpoint), the worker closes its queue without waiting and exits;
+    a batch still being pickled then is in torch's C++ (moving a tensor to shared memory) when
+    the interpreter ends the thread, which aborts the worker (SIGABRT, "terminate called without
+    an active exception"; the main process raises "DataLoader worker ... killed by signal:
+    Aborted"). Waiting at exit, while daemon threads still run, lets the batch go out first.
+    Registered once per process."""
+    global _feeder_wait_registered
+    if not _feeder_wait_registered:
+        _feeder_wait_registered = True
+        atexit.register(await_queue_feeders, FEEDER_WAIT_S)
+
+
+def await_queue_feeders(timeout_s: float) -> None:
+    """Join this process's ``multiprocessing`` queue feeder threads, ``timeout_s`` in all.
+
+    Example:
+        >>> import multiprocessing
+        >>> q = multiprocessing.Queue()
+        >>> q.put(b"x" * 10); q.close()
+        >>> await_queue_feeders(5.0)
+        >>> any(t.name == "QueueFeederThread" for t in threading.enumerate())
+        False
+        >>> q.cancel_join_thread()
+    """
+    deadline = time.monotonic() + timeout_s
+    for thread in threading.enumerate():
+        if thread.name == "QueueFeederThread":
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def worker_lanes(pipe: "Pipeline", worker: int, workers: int) -> list[int]:
