@@ -188,6 +188,41 @@ def test_a_stopping_worker_waits_for_its_queue_feeder_within_the_bound():
             thread.join()
 
 
+def test_a_process_exiting_while_its_queue_sends_a_tensor_exits_cleanly(tmp_path):
+    # What a loader worker does when stopped mid-stream: put a batch, close the queue without
+    # waiting, exit. A large tensor keeps the feeder thread in torch's C++ (moving it to shared
+    # memory) as the interpreter ends; without the exit wait torch 2.x aborts the process there.
+    import subprocess
+    import sys
+
+    script = tmp_path / "put_and_exit.py"
+    script.write_text(
+        "import torch, torch.multiprocessing as mp\n"
+        "from zephon_columnar.torch import exit_after_queue_feeders\n"
+        "exit_after_queue_feeders()\n"
+        "q = mp.get_context('spawn').Queue()\n"
+        "q.put(torch.ones(20_000_000))\n"
+        "q.cancel_join_thread()\n"
+        "q.close()\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (done.returncode, done.stderr)
+    assert "terminate called" not in done.stderr, done.stderr
+
+
+def test_iterating_in_a_loader_worker_registers_the_exit_wait(monkeypatch):
+    import types
+
+    import zephon_columnar.torch as adapter
+
+    monkeypatch.setattr(adapter, "_feeder_wait_registered", False)
+    ds = build(lanes=2).to_torch_dataset()
+    next(iter(ds))
+    assert not adapter._feeder_wait_registered  # the main process's own exit is the user's
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: types.SimpleNamespace(id=0, num_workers=1))
+    next(iter(ds))
+    assert adapter._feeder_wait_registered
+
+
 @pytest.mark.parametrize("workers", [0, 2])
 @pytest.mark.parametrize("step", [1, 4, 7])
 def test_stateful_dataloader_resumes_mid_epoch_exactly(workers, step):
