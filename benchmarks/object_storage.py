@@ -22,7 +22,7 @@ discovery) no longer decide the figure.
 
 Each child imports torch first (a training script has), then times discovery + the pass: the
 first batch, tokens/s over the whole pass, and the shard cache's counts from
-``fetch_timing_snapshot()`` (downloads, hits, evictions, retries). Every S3 run starts with an
+``fetch_timing_snapshot().cache`` (downloads, hits, evictions, retries). Every S3 run starts with an
 empty cache directory. One JSON line per run (stdout and ``--out``).
 
     PYTHONPATH=. .venv/bin/python benchmarks/object_storage.py --corpus benchmarks/data/large --rounds 3 \\
@@ -33,6 +33,7 @@ empty cache directory. One JSON line per run (stdout and ``--out``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -82,12 +83,15 @@ def child(a: argparse.Namespace) -> dict:
             first = time.perf_counter() - t0
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
-    fetch = p.fetch_timing_snapshot() or {}
+    fetch = p.fetch_timing_snapshot()
+    fetch_totals = fetch.stages[0].totals if fetch is not None and 0 in fetch.stages else None
+    prefetch = p.prefetch_timing_snapshot()
     return {"variant": a.variant, "tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall,
             "first_batch_s": first, "discovery_s": discovered,
             "after_first_tokens_per_s": tokens / (wall - first) if first is not None else None,
-            "cpu_s": cpu, "fetch_busy_s": fetch.get("seconds"),
-            "cache": fetch.get("cache"), "prefetch": p.prefetch_timing_snapshot()}
+            "cpu_s": cpu, "fetch_busy_s": fetch_totals.read_ns / 1e9 if fetch_totals is not None else None,
+            "cache": fetch.cache if fetch is not None else None,
+            "prefetch": dataclasses.asdict(prefetch.stages[0]) if prefetch is not None else None}
 
 
 def start_server(latency_ms: float) -> tuple[subprocess.Popen, str]:

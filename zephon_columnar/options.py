@@ -145,7 +145,7 @@ class RuntimeOptions:
         """The checks of each field on its own."""
         self.store_options()  # raises on unknown keys and bad values
         self.metrics_sink()
-        if self._tracking_mode() not in (None, "off", "stages", "nodes"):
+        if self.tracking_value() not in (None, "off", "stages", "nodes"):
             raise ConfigError(f"options(execution_tracking={self.execution_tracking!r}): use 'off', 'stages' or "
                               "'nodes' (or zephon_columnar.observability.ExecutionTrackingMode).")
         if self.runner not in (None, "inline", "threads", "process", "remote", "ray"):
@@ -178,9 +178,9 @@ class RuntimeOptions:
     # ------------------------------------------------------------------ resolved values
     def tracking_on(self) -> bool:
         """Whether ``execution_tracking`` asks for per-operator counters (anything but off)."""
-        return self._tracking_mode() not in (None, "off")
+        return self.tracking_value() not in (None, "off")
 
-    def _tracking_mode(self) -> Any:
+    def tracking_value(self) -> Any:
         """``execution_tracking`` as a plain value (an `ExecutionTrackingMode` gives its string)."""
         return getattr(self.execution_tracking, "value", self.execution_tracking)
 

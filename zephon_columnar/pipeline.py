@@ -58,6 +58,8 @@ from zephon_columnar.io import fs
 from zephon_columnar.ops.fetch import FetchOp, shard_cache_settings
 from zephon_columnar.ops.map import FilterOp, MapBatchOp, MapOp, MaterializeOp
 from zephon_columnar.ops.user import FunctionOp
+from zephon_columnar.observability import (ExecutionTrackingMode, FetchStageSummary, FetchTimingSummary,
+                                           FetchTimingTotals, PrefetchTimingSummary)
 from zephon_columnar.options import RuntimeOptions
 from zephon_columnar.validation import (
     ValidationError,
@@ -545,26 +547,37 @@ class Pipeline:
             sink = MetricsSinkConfig()
         return self.options(execution_tracking=tracking, metrics_sink_config=sink)
 
-    def fetch_timing_snapshot(self) -> dict[str, Any] | None:
-        """Fetch's totals (calls, rows, bytes, seconds in workers, rows per worker-second) and the
-        shard cache's counts in this process: ``downloads``, ``hits`` (a cached copy reused),
-        ``evictions`` (copies deleted to keep ``CacheOptions.limit_bytes``) and ``retries``
-        (remote requests tried again after a transient error); None without tracking or a run."""
-        fetch = [r for r in self._tracked() if r.get("op") == "fetch"]
-        if not fetch:
+    def fetch_timing_snapshot(self) -> FetchTimingSummary | None:
+        """Fetch's timings with execution tracking on, as Zephon's `FetchTimingSummary`: per
+        stage, its totals and each shard's (``shard_totals[(dataset_id, shard_id)]``) over its
+        *fetch groups* (one read of one shard's rows: ``samples``, ``read_ns``, and the shard
+        cache's ``cache_hits`` (a local copy reused), ``cache_misses`` (downloads) and ``retries``
+        during it; local files are read in place, neither hit nor miss). ``cache`` adds the cache's
+        counters in this process: ``downloads``, ``hits``, ``evictions`` (copies deleted to keep
+        ``CacheOptions.limit_bytes``) and ``retries``. None without tracking or a run."""
+        fetch_groups = getattr(self._run, "fetch_groups", None)
+        if fetch_groups is None or not self._options.tracking_on():
             return None
         cache = fs.default_shard_cache()
-        rows, busy = sum(r["rows_out"] for r in fetch), sum(r["busy_s"] for r in fetch)
-        return {"calls": sum(r["calls"] for r in fetch), "rows": rows, "bytes": sum(r["bytes_out"] for r in fetch),
-                "seconds": busy, "rows_per_s": rows / busy if busy else 0.0,
-                "cache": {"downloads": cache.downloads, "hits": cache.hits, "evictions": cache.evictions,
-                          "retries": cache.retries}}
+        summary = FetchTimingSummary(tracking_mode=ExecutionTrackingMode(self._options.tracking_value() or "off"),
+                                     cache={"downloads": cache.downloads, "hits": cache.hits,
+                                            "evictions": cache.evictions, "retries": cache.retries})
+        for (stage, dataset_id, shard_id), counts in sorted(fetch_groups().items()):
+            totals = FetchTimingTotals(**{k: int(v) for k, v in counts.items()})
+            summary.stages.setdefault(stage, FetchStageSummary(index=stage)).shard_totals[(dataset_id, shard_id)] = totals
+            summary.stages[stage].totals.merge(totals)
+        return summary
 
-    def prefetch_timing_snapshot(self) -> dict[str, Any] | None:
-        """``prefetch()``'s shard downloads: submitted, completed (bytes, seconds), failed; None
-        without ``prefetch()`` or a run."""
+    def prefetch_timing_snapshot(self) -> PrefetchTimingSummary | None:
+        """``prefetch()``'s shard downloads as Zephon's `PrefetchTimingSummary` (stage 0: prefetch
+        runs in the lane sources, ahead of the first stage): chunks of pointers seen, shards
+        submitted, downloaded (with their bytes and seconds), failed; None without ``prefetch()``
+        or a run."""
         prefetcher = getattr(getattr(self._run, "engine", None), "prefetcher", None)
-        return prefetcher.timing() if prefetcher is not None else None
+        if prefetcher is None:
+            return None
+        return PrefetchTimingSummary(tracking_mode=ExecutionTrackingMode(self._options.tracking_value() or "off"),
+                                     stages={0: prefetcher.timing()})
 
     def inflight_summary(self) -> dict[int, dict[int, int]] | None:
         """``{parallel stage: {lane: frames submitted and not yet taken}}`` now; None without

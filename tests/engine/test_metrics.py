@@ -9,6 +9,9 @@ import pytest
 
 import zephon_columnar as zephon
 from tests.engine.test_mtp import build, rows
+from zephon_columnar.observability import FetchTimingSummary
+
+SHARD_KEYS = {(0, s) for s in range(4)}  # build()'s one dataset of four in-memory shards
 
 
 def ops_of(pipe) -> dict:
@@ -42,7 +45,15 @@ def test_counters_follow_every_operator_and_tracking_changes_no_data(runner, mtp
     stages = [r for r in pipe.metrics_snapshot().to_records() if "wait_s" in r]
     assert [s["stage"] for s in stages] == [0] and stages[0]["max_in_flight"] >= 1
     fetch = pipe.fetch_timing_snapshot()
-    assert fetch["rows"] == 120 and fetch["calls"] == ops[(0, "fetch")]["calls"] and fetch["seconds"] > 0
+    assert isinstance(fetch, FetchTimingSummary) and list(fetch.stages) == [0]
+    stage = fetch.stages[0]
+    assert stage.totals.samples == 120 and stage.totals.read_ns > 0
+    assert stage.totals.groups >= ops[(0, "fetch")]["calls"]  # a frame reads one group per shard in it
+    assert sum(t.samples for t in stage.shard_totals.values()) == 120
+    assert set(stage.shard_totals) == SHARD_KEYS  # every shard of the test data, by (dataset_id, shard_id)
+    assert stage.totals.cache_hits == stage.totals.cache_misses == 0  # in-memory shards need no cache
+    records = fetch.to_records()
+    assert records[0]["shard_id"] is None and records[0]["samples"] == 120 and len(records) == 1 + len(SHARD_KEYS)
 
 
 def test_in_flight_frames_are_reported_per_stage_and_lane_while_iterating():
@@ -75,8 +86,13 @@ def test_fetch_and_prefetch_timing_count_remote_shard_downloads(tmp_path, monkey
     pipe = (zephon.Pipeline(zephon.StaticMixtureWorkSource([ds], {"web": 1.0}, chunk_size=10)).prefetch(4, 2)
             .batch(5).options(runner="threads").enable_observability())
     assert sum(len(b) for b in pipe) == 30
-    prefetch = pipe.prefetch_timing_snapshot()
-    assert prefetch["submitted"] == 3 and prefetch["completed"] + prefetch["failed"] <= 3
-    cache = pipe.fetch_timing_snapshot()["cache"]
-    assert cache["downloads"] == 3 and cache["evictions"] == 0
+    prefetch = pipe.prefetch_timing_snapshot().stages[0]
+    assert prefetch.prefetch_requests == 3 and prefetch.prefetch_succeeded + prefetch.prefetch_failed <= 3
+    assert prefetch.samples == 30 and prefetch.batches == 3  # three chunks of ten pointers
+    fetch = pipe.fetch_timing_snapshot()
+    assert fetch.cache["downloads"] == 3 and fetch.cache["evictions"] == 0
+    # Each shard: downloaded once (by prefetch, or by fetch when it came first), then read from the copy.
+    totals = fetch.stages[0].shard_totals
+    assert set(totals) == {(0, 0), (0, 1), (0, 2)} and all(t.samples == 10 for t in totals.values())
+    assert fetch.stages[0].totals.cache_misses + prefetch.prefetch_succeeded == 3
     mem.rm("/zc-metrics", recursive=True)

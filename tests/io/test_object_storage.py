@@ -163,8 +163,13 @@ def test_remote_data_equals_local_and_each_shard_is_downloaded_once(tmp_path, s3
     else:  # a JSONL row count needs the whole file: discovery downloads it, the pass reads the copy
         assert discovery == sizes and server.stats()["bytes"] == {}
     assert cache.downloads - downloads == SHARDS
-    snapshot = pipe.fetch_timing_snapshot()["cache"]
+    fetch = pipe.fetch_timing_snapshot()
+    snapshot = fetch.cache
     assert snapshot["downloads"] == cache.downloads and snapshot["hits"] > hits  # readers open the copies
+    # Per shard: each one's rows, and the cache lookups its reads made (a download or a copy reused).
+    shard_totals = fetch.stages[0].shard_totals
+    assert sorted(t.samples for t in shard_totals.values()) == sorted([ROWS] * SHARDS)
+    assert all(t.cache_hits + t.cache_misses >= 1 for t in shard_totals.values())
     assert sorted(p.stat().st_size for p in cache_dir.iterdir()) == sorted(sizes.values())
     server.reset_stats()
     assert ids(ds, prefetch=True) == expected  # a second pass reads the cached copies only
@@ -184,7 +189,7 @@ def test_the_cache_keeps_to_limit_bytes_evicting_the_least_recently_used(tmp_pat
         peak = max(peak, cached_bytes(cache_dir))
     assert got == ids(str(local))
     assert peak <= limit  # never more than the limit on disk (the shard in use included)
-    snapshot = pipe.fetch_timing_snapshot()["cache"]
+    snapshot = pipe.fetch_timing_snapshot().cache
     assert snapshot["downloads"] >= SHARDS and snapshot["evictions"] - evictions >= SHARDS - 2
     # The most recently used shards stay: the last two read.
     assert len(list(cache_dir.iterdir())) == 2

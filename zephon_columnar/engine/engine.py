@@ -291,9 +291,10 @@ class EngineRun:
             runner_kind = "threads"
         stages = [s.ops for s in engine.plan.parallel_stages()]
         self._readers = readers if readers is not None else ReaderPool()
+        tracking = engine.options.tracking_on()
         services = {"datasets_by_id": engine.ws.datasets_by_id, "reader_pool": self._readers,
-                    "shard_cache": shard_cache_settings(engine.options)}
-        self.metrics = Metrics() if engine.options.tracking_on() else None
+                    "shard_cache": shard_cache_settings(engine.options), "collect_stats": tracking}
+        self.metrics = Metrics() if tracking else None
         self.notices = Notices()  # warnings about dropped data: once per pass, whichever lane
         self._runner = RUNNERS[runner_kind](stages, services, engine.workers(), metrics=self.metrics,
                                             time_limit_s=engine.options.op_timeout_s)
@@ -344,6 +345,10 @@ class EngineRun:
 
     def in_flight_by_stage(self) -> dict[int, dict[int, int]] | None:
         return self.metrics.in_flight_by_stage() if self.metrics is not None else None
+
+    def fetch_groups(self) -> dict[tuple[int, int, int], dict[str, int]]:
+        """Execution tracking's fetch groups summed per (stage, dataset_id, shard_id) ({} when off)."""
+        return self.metrics.fetch_groups() if self.metrics is not None else {}
 
     # ------------------------------------------------------------------ checkpoints
     def snapshot(self, in_transit: Sequence[LaneItem] = ()) -> dict[int, LaneCursor | LaneSnapshot]:

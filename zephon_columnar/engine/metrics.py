@@ -6,7 +6,9 @@ Off, nothing here runs: every hook checks for a `Metrics` object that does not e
 - each operator of a parallel stage: calls, rows and bytes in and out, seconds processing
   (in the worker that ran it; process workers send their counts back with each frame);
 - each stage: seconds the lane waited for its results, frames in flight (now and at most);
-- each ordered stage (shuffle, packing, ...): rows in and out, seconds in its accumulator.
+- each ordered stage (shuffle, packing, ...): rows in and out, seconds in its accumulator;
+- each shard fetch read (its *fetch groups*, `FetchOp.take_group_counts`): rows, seconds, and
+  the shard cache's hits, downloads and retries, summed per (stage, dataset, shard).
 
 Example:
     >>> m = Metrics()
@@ -24,6 +26,8 @@ from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 
+from zephon_columnar.ops.fetch import FETCH_GROUP, FetchOp
+
 OpKey = tuple  # (stage index, op index, op name) or ("ordered", position, op name)
 _FIELDS = ("calls", "rows_in", "rows_out", "bytes_in", "bytes_out", "busy_s")
 
@@ -37,14 +41,16 @@ class Metrics:
         self._waits: dict[int, float] = defaultdict(float)
         self._in_flight: dict[tuple[int, int], int] = {}  # (stage, lane) -> frames now
         self._max_in_flight: dict[int, int] = defaultdict(int)
+        self._fetch_groups: dict[tuple[int, int, int], dict[str, float]] = {}
 
     def add_op(self, key: OpKey, **counts: float) -> None:
+        """Add ``counts`` to an operator's row, or, for a ``(FETCH_GROUP, stage, dataset, shard)``
+        key, to that shard's fetch groups."""
         with self._lock:
-            row = self._ops.get(key)
-            if row is None:
-                row = self._ops[key] = dict.fromkeys(_FIELDS, 0)
-            for k, v in counts.items():
-                row[k] += v
+            if key[0] == FETCH_GROUP:
+                _add(self._fetch_groups.setdefault(key[1:], {}), counts)
+            else:
+                _add(self._ops.setdefault(key, dict.fromkeys(_FIELDS, 0)), counts)
 
     def merge(self, deltas: dict[OpKey, dict[str, float]]) -> None:
         for key, counts in deltas.items():
@@ -71,6 +77,11 @@ class Metrics:
                      "max_in_flight": self._max_in_flight.get(s, 0)} for s in stages]
             return out
 
+    def fetch_groups(self) -> dict[tuple[int, int, int], dict[str, float]]:
+        """``{(stage, dataset_id, shard_id): summed counts}`` of the fetch groups read so far."""
+        with self._lock:
+            return {key: dict(counts) for key, counts in self._fetch_groups.items()}
+
     def in_flight_by_stage(self) -> dict[int, dict[int, int]]:
         with self._lock:
             out: dict[int, dict[int, int]] = defaultdict(dict)
@@ -88,7 +99,15 @@ def run_tracked(ops: Sequence[Any], frame: pa.Table, stage: int, run_op: Callabl
         frame = run_op(op, frame)
         sink((stage, i, op.op_name()), calls=1, rows_in=rows_in, rows_out=frame.num_rows, bytes_in=bytes_in,
              bytes_out=frame.nbytes, busy_s=time.perf_counter() - t0)
+        if isinstance(op, FetchOp):
+            for key, counts in op.take_group_counts():
+                sink(key, **counts)
     return frame
+
+
+def _add(row: dict[str, float], counts: dict[str, float]) -> None:
+    for k, v in counts.items():
+        row[k] = row.get(k, 0) + v
 
 
 class DeltaSink:
@@ -98,9 +117,7 @@ class DeltaSink:
         self.deltas: dict[OpKey, dict[str, float]] = {}
 
     def __call__(self, key: OpKey, **counts: float) -> None:
-        row = self.deltas.setdefault(key, dict.fromkeys(_FIELDS, 0))
-        for k, v in counts.items():
-            row[k] += v
+        _add(self.deltas.setdefault(key, {}), counts)
 
     def take(self) -> dict[OpKey, dict[str, float]]:
         out, self.deltas = self.deltas, {}

@@ -79,6 +79,7 @@ class MtpRun:
         self._final: dict[int, Any] | None = None  # the state at the end, kept after the child exits
         self._final_stats: dict[int, dict[str, int]] = {}
         self._final_tracked: list[dict[str, Any]] = []
+        self._final_fetch_groups: dict[tuple[int, int, int], dict[str, int]] = {}
         self._taken = 0
         child = copy.copy(pipeline)
         child._options = opts.updated(mtp_mode=False)  # noqa: SLF001
@@ -225,6 +226,12 @@ class MtpRun:
     def in_flight_by_stage(self) -> dict[int, dict[int, int]] | None:
         return None if self._closed else self._ask("in_flight")
 
+    def fetch_groups(self) -> dict[tuple[int, int, int], dict[str, int]]:
+        """Execution tracking's fetch groups, from the side process (kept at the end of the pass)."""
+        if self._closed:
+            return dict(self._final_fetch_groups)
+        return self._ask("fetch_groups")
+
     def queue_stats(self) -> dict[str, int]:
         """Items ready in the ring and their bytes, against the ring's capacity."""
         c = self._counters
@@ -253,6 +260,7 @@ class MtpRun:
                 self._final = self._ask("snapshot", self._taken)
                 self._final_stats = self._ask("stats")
                 self._final_tracked = self._ask("tracked")
+                self._final_fetch_groups = self._ask("fetch_groups")
             except PipelineError:
                 pass
         self._close()
@@ -425,6 +433,8 @@ class _Child:
                 reply = self.run.tracked_records()
             elif kind == "in_flight":
                 reply = self.run.in_flight_by_stage()
+            elif kind == "fetch_groups":
+                reply = self.run.fetch_groups()
             else:
                 raise ValueError(f"unknown request {kind!r}")
             self.ctrl.send(("ok", reply))

@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from zephon_columnar.io import fs
+from zephon_columnar.observability.stats import PrefetchTimingTotals
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,7 @@ class ShardPrefetcher:
         self._lock = threading.Lock()
         self._pool: cf.ThreadPoolExecutor | None = None
         # counters (Pipeline.prefetch_timing_snapshot)
+        self.batches = self.samples = 0
         self.submitted = self.completed = self.failed = 0
         self.bytes = 0
         self.seconds = 0.0
@@ -38,6 +40,9 @@ class ShardPrefetcher:
         """Start downloading the remote shards ``pointers`` (n, 3) refer to, once each."""
         if len(pointers) == 0:
             return
+        with self._lock:
+            self.batches += 1
+            self.samples += len(pointers)
         pairs = np.unique(pointers[:, :2], axis=0)
         for d, s in pairs.tolist():
             with self._lock:
@@ -67,11 +72,13 @@ class ShardPrefetcher:
             self.seconds += time.perf_counter() - t0
         return path
 
-    def timing(self) -> dict[str, Any]:
-        """Shards submitted, downloaded (with their bytes and seconds, summed over threads), failed."""
+    def timing(self) -> PrefetchTimingTotals:
+        """Chunks of pointers seen (``batches``, ``samples``); shards submitted, downloaded (with
+        their bytes and seconds, summed over threads), failed."""
         with self._lock:
-            return {"submitted": self.submitted, "completed": self.completed, "failed": self.failed,
-                    "bytes": self.bytes, "seconds": self.seconds}
+            return PrefetchTimingTotals(batches=self.batches, samples=self.samples, prefetch_requests=self.submitted,
+                                        prefetch_succeeded=self.completed, prefetch_failed=self.failed,
+                                        bytes=self.bytes, seconds=self.seconds)
 
     def close(self) -> None:
         if self._pool is not None:

@@ -45,8 +45,8 @@ def setup_stages(stages: Sequence[Sequence[BaseOp]], services: dict[str, Any]) -
         row = []
         for oi, op in enumerate(ops):
             clone = op.clone()
-            clone.setup(OpContext(services=services, stage_info=StageInfo(stage_index=si, op_index=oi,
-                                                                         stage_name=op.op_name())))
+            clone.setup(OpContext(services=services, stage_info=StageInfo(
+                stage_index=si, op_index=oi, stage_name=op.op_name(), collect_stats=bool(services.get("collect_stats")))))
             row.append(clone)
         copies.append(row)
     return copies

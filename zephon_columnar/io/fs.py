@@ -29,7 +29,7 @@ import re
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Any, Callable, Iterable, TypeVar
+from typing import IO, Any, Callable, Iterable, Literal, NamedTuple, TypeVar
 
 from zephon_columnar.errors import DatasetNotFoundError, ZephonError
 from zephon_columnar.io.options import CacheOptions
@@ -322,6 +322,17 @@ def _remove_quietly(path: str) -> None:
 
 
 # ---------------------------------------------------------------- shard cache
+class CacheCounts(NamedTuple):
+    """Cache lookups answered from a local copy, downloads, and remote requests retried."""
+
+    hits: int
+    downloads: int
+    retries: int
+
+    def since(self, before: "CacheCounts") -> "CacheCounts":
+        return CacheCounts(*(now - then for now, then in zip(self, before)))
+
+
 class ShardCache:
     """Local copies of remote shards, downloaded once, shared by threads and processes.
 
@@ -365,6 +376,19 @@ class ShardCache:
         self.hits = 0
         self.evictions = 0
         self.retries = 0  # remote requests tried again after a transient error (downloads and metadata)
+        self._by_thread = threading.local()  # the same counts per thread: a fetch group's share
+
+    def thread_counts(self) -> CacheCounts:
+        """What this thread has asked of the cache so far; the difference over one read is that
+        read's share (`FetchOp` reports it per shard group)."""
+        mine = self._by_thread
+        return CacheCounts(hits=getattr(mine, "hits", 0), downloads=getattr(mine, "downloads", 0),
+                           retries=getattr(mine, "retries", 0))
+
+    def _count(self, name: Literal["hits", "downloads", "retries"]) -> None:
+        with self._count_guard:
+            setattr(self, name, getattr(self, name) + 1)
+        setattr(self._by_thread, name, getattr(self._by_thread, name, 0) + 1)
 
     def remote_call(self, url: str, what: str, call: Callable[[], T]) -> T:
         """``call()`` (a metadata request about the remote ``url``), retried after transient
@@ -372,8 +396,7 @@ class ShardCache:
         return retrying(call, url=url, what=what, policy=self.metadata_policy, on_retry=self._count_retry)
 
     def _count_retry(self, err: BaseException) -> None:
-        with self._count_guard:
-            self.retries += 1
+        self._count("retries")
 
     @property
     def root(self) -> str:
@@ -425,8 +448,7 @@ class ShardCache:
 
     def _touch(self, target: str) -> None:
         """Mark a copy as just used (its mtime orders the evictions)."""
-        with self._count_guard:
-            self.hits += 1
+        self._count("hits")
         if self.limit_bytes is not None:
             try:
                 os.utime(target)
@@ -467,8 +489,7 @@ class ShardCache:
             retrying(lambda: _copy_remaining(fs, path, url, tmp, size), url=url, what="download",
                      policy=self.download_policy, on_retry=self._count_retry)
             os.replace(tmp, target)
-            with self._count_guard:
-                self.downloads += 1
+            self._count("downloads")
         except BaseException:
             _remove_quietly(tmp)
             raise

@@ -293,9 +293,14 @@ class FetchStageSummary:
 
 @dataclass
 class FetchTimingSummary(_PlanSummary):
-    """Fetch metrics of a pipeline, per stage."""
+    """Fetch metrics of a pipeline, per stage (`FetchStageSummary`: totals, and per shard).
+
+    ``cache`` (zephon_columnar's addition): the shard cache's counters in the process that asked
+    (``downloads``, ``hits``, ``evictions``, ``retries``), whichever stage they served.
+    """
 
     stages: MutableMapping[int, FetchStageSummary] = field(default_factory=dict)
+    cache: dict[str, int] = field(default_factory=dict)
 
     def apply(self, delta: FetchTimingDelta) -> None:
         self.stages.setdefault(delta.stage_index, FetchStageSummary(index=delta.stage_index)).apply(delta)
@@ -304,6 +309,8 @@ class FetchTimingSummary(_PlanSummary):
         self._merge_plan(other)
         for index, stage in other.stages.items():
             self.stages.setdefault(index, FetchStageSummary(index=index)).merge(stage)
+        for name, count in other.cache.items():
+            self.cache[name] = self.cache.get(name, 0) + count
 
     def iter_stages(self) -> Iterator[FetchStageSummary]:
         return (stage for _, stage in sorted(self.stages.items()))
@@ -331,13 +338,17 @@ class PrefetchTimingDelta:
 
 @dataclass(slots=True)
 class PrefetchTimingTotals:
-    """Prefetch totals of a stage; ``batches`` counts the deltas, ``samples`` their sizes."""
+    """Prefetch totals of a stage; ``batches`` counts the deltas, ``samples`` their sizes.
+    ``bytes`` and ``seconds`` (zephon_columnar's addition): what the successful downloads moved,
+    and their time summed over the download threads."""
 
     batches: int = 0
     samples: int = 0
     prefetch_requests: int = 0
     prefetch_succeeded: int = 0
     prefetch_failed: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
 
     def apply(self, delta: PrefetchTimingDelta) -> None:
         self.batches += 1

@@ -4,10 +4,15 @@ Input is a pointer frame (bookkeeping only: dataset, shard, row per sample, in r
 output is the same frame with the payload columns of those rows. Rows are read per
 (dataset, shard) group through each dataset's reader, so a run of consecutive rows of one
 shard is one zero-copy slice of a decoded row group.
+
+With execution tracking on (``StageInfo.collect_stats``), each read of one shard's rows is a
+*fetch group*: its rows, seconds, and the shard cache's hits, downloads and retries during it
+(`take_group_counts`, which the engine sums into ``Pipeline.fetch_timing_snapshot``).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -18,6 +23,9 @@ from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
 from zephon_columnar.io.base import ShardReader
 from zephon_columnar.ops.base import FrameOp, OpContext, OpTraits
+
+#: The first element of a fetch group's metrics key: ``(FETCH_GROUP, stage, dataset_id, shard_id)``.
+FETCH_GROUP = "fetch_group"
 
 
 def shard_cache_settings(options: Any) -> dict[str, Any] | None:
@@ -44,6 +52,8 @@ class FetchOp(FrameOp):
         self._readers: dict[int, ShardReader] = {}
         self._own: list[ShardReader] = []
         self._pool: Any = None
+        self._stage = -1
+        self._groups: list[tuple[tuple[str, int, int, int], dict[str, int]]] | None = None  # None: not tracking
 
     def traits(self) -> OpTraits:
         return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1)
@@ -57,6 +67,8 @@ class FetchOp(FrameOp):
         self._pool = ctx.get("reader_pool")
         self._readers = {}
         self._own: list[ShardReader] = []
+        self._stage = ctx.stage_info.stage_index
+        self._groups = [] if ctx.stage_info.collect_stats else None
 
     def teardown(self) -> None:
         for reader in self._own:  # shared readers belong to the pool
@@ -101,7 +113,27 @@ class FetchOp(FrameOp):
             payload = F.concat_frames(parts).take(pa.array(inverse))
         return F.with_payload(frame, payload)
 
+    def take_group_counts(self) -> list[tuple[tuple[str, int, int, int], dict[str, int]]]:
+        """The fetch groups read since the last call: ``((FETCH_GROUP, stage, dataset_id,
+        shard_id), counts)``, counts in `FetchTimingTotals`' names ([] when not tracking)."""
+        if not self._groups:
+            return []
+        out, self._groups = self._groups, []
+        return out
+
     def _take(self, dataset_id: int, shard_id: int, rows: np.ndarray) -> pa.Table:
+        if self._groups is None:
+            return self._checked_take(dataset_id, shard_id, rows)
+        cache = fs.default_shard_cache()
+        before, t0 = cache.thread_counts(), time.perf_counter_ns()
+        table = self._checked_take(dataset_id, shard_id, rows)
+        spent, asked = time.perf_counter_ns() - t0, cache.thread_counts().since(before)
+        self._groups.append(((FETCH_GROUP, self._stage, dataset_id, shard_id), {
+            "samples": len(rows), "groups": 1, "group_ns": spent, "read_ns": spent, "retries": asked.retries,
+            "cache_hits": asked.hits, "cache_misses": asked.downloads}))
+        return table
+
+    def _checked_take(self, dataset_id: int, shard_id: int, rows: np.ndarray) -> pa.Table:
         table = self._reader(dataset_id).take(shard_id, rows)
         if table.num_rows != len(rows):
             ds = self._datasets[dataset_id]
