@@ -11,6 +11,7 @@ import os
 import pickle
 import random
 import tempfile
+import warnings
 from pathlib import Path
 
 import pyarrow as pa
@@ -135,6 +136,29 @@ def test_without_a_tokenizer_or_measure_the_fallback_ratio_is_used_with_a_warnin
     with pytest.warns(UserWarning, match="fallback_tokens_per_byte=0.2"):
         next(iter(zephon.Pipeline(ws).batch(2)))
     assert ws.tokens_per_byte == {"short": 0.2, "long": 0.2}
+
+
+@pytest.mark.parametrize("field", ["input_ids", "tokens", "token_ids"])
+def test_pretokenized_data_without_a_tokenizer_is_counted_from_its_token_arrays(tmp_path, field):
+    # Rows of 12 and 48 tokens (JSONL, as a pretokenizing job writes them), half the tokens each:
+    # the draws take four short rows for every long one, and no fallback ratio is used.
+    datasets = []
+    for name, length in (("short", 12), ("long", 48)):
+        (tmp_path / name).mkdir()
+        for s in range(3):
+            rows = [json.dumps({field: list(range(length)), "id": f"{name}-{s}-{i}"}) for i in range(100)]
+            (tmp_path / name / f"part-{s}.jsonl").write_text("\n".join(rows) + "\n")
+        datasets.append(zephon.Dataset.from_path(name=name, path=str(tmp_path / name)))
+    ws = zephon.StaticMixtureWorkSource(datasets=datasets, mixture={"short": 0.5, "long": 0.5}, chunk_size=64,
+                                        seed=11, token_estimation=TokenEstimation(calibration_samples=24))
+    tokens: collections.Counter = collections.Counter()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="StaticMixtureWorkSource: no tokens counted")  # the fallback
+        for batch in zephon.Pipeline(ws).batch(8):
+            for r in batch.records:
+                tokens[r.meta.sample_id[0]] += len(r.payload[field])
+    assert ws.state_dict()["token_ratios"]["short"][1] == "measured"
+    assert tokens[0] / sum(tokens.values()) == pytest.approx(0.5, abs=0.03)
 
 
 # ---------------------------------------------------------------------------- property

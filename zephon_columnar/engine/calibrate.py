@@ -6,7 +6,9 @@ stateless operators before the first tokenizer (maps, filters, ``decode_text``, 
 operators whose traits say ``calibration_replayable``; reordering stages change no row and are
 skipped), then tokenized; a row's count is the length of every ``input_ids`` row it became
 (0 when a filter dropped it). With ``TokenEstimation(measure=...)`` the callable counts each
-transformed payload instead of the tokenizer.
+transformed payload instead of the tokenizer. A pipeline without a tokenizer reads pretokenized
+data: a row's count is the length of its token array, the first integer-list field of
+``TOKEN_FIELDS`` (Zephon's names); a dataset without one gets the fallback ratio.
 """
 
 from __future__ import annotations
@@ -38,20 +40,18 @@ def prime_token_mixture(ws: "StaticMixtureWorkSource", ops: Sequence[BaseOp]) ->
     est = ws.token_estimation
     assert est is not None
     replay, tokenizer = _calibration_ops(ops)
-    if tokenizer is None and est.measure is None:
-        ws.prime(None)  # nothing to count with: the fallback ratio, with a warning
-        return
     ctx = OpContext(services={"datasets_by_id": ws.datasets_by_id})
     fetch = FetchOp()
-    stages = [op.clone() for op in replay] + ([] if est.measure is not None else [tokenizer.clone()])
+    stages = [op.clone() for op in replay] + ([tokenizer.clone()] if tokenizer is not None and est.measure is None
+                                               else [])
     for op in [fetch, *stages]:
         op.setup(ctx)
     try:
-        counts = {k: _count(pointers, fetch, stages, est) for k, pointers in ws.calibration_pointers().items()}
+        counted = {k: _count(pointers, fetch, stages, est) for k, pointers in ws.calibration_pointers().items()}
     finally:
         for op in [fetch, *stages]:
             op.teardown()
-    ws.prime(counts)
+    ws.prime({k: c for k, c in counted.items() if c is not None})  # the others: the fallback, with a warning
 
 
 def _calibration_ops(ops: Sequence[BaseOp]) -> tuple[list[BaseOp], BaseOp | None]:
@@ -69,8 +69,13 @@ def _calibration_ops(ops: Sequence[BaseOp]) -> tuple[list[BaseOp], BaseOp | None
     return replay, None
 
 
-def _count(pointers: np.ndarray, fetch: FetchOp, stages: list[BaseOp], est: "TokenEstimation") -> np.ndarray:
-    """Tokens of each calibration row (int64, one per pointer)."""
+#: Where pretokenized rows keep their tokens, in the order looked for.
+TOKEN_FIELDS = ("input_ids", "tokens", "token_ids")
+
+
+def _count(pointers: np.ndarray, fetch: FetchOp, stages: list[BaseOp], est: "TokenEstimation") -> np.ndarray | None:
+    """Tokens of each calibration row (int64, one per pointer); None when there is nothing to
+    count them with (no tokenizer, no ``measure``, no token array)."""
     n = len(pointers)
     frame = F.pointer_frame(lane=0, chunk_id=0, offsets=np.arange(n), pointers=pointers,
                             components=pointers[:, 0])
@@ -82,9 +87,19 @@ def _count(pointers: np.ndarray, fetch: FetchOp, stages: list[BaseOp], est: "Tok
         rows = frame.select(F.payload_names(frame)).to_pylist()
         lengths = np.array([int(est.measure(row)) for row in rows], np.int64)
     else:
-        lengths = _list_lengths(frame.column("input_ids"))
+        field = next((name for name in TOKEN_FIELDS if _is_token_array(frame, name)), None)
+        if field is None:
+            return None
+        lengths = _list_lengths(frame.column(field))
     return np.bincount(offsets, weights=lengths, minlength=n).astype(np.int64)
 
 
 def _list_lengths(column: pa.ChunkedArray | Any) -> np.ndarray:
     return pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def _is_token_array(frame: pa.Table, name: str) -> bool:
+    if name not in frame.column_names:
+        return False
+    kind = frame.schema.field(name).type
+    return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_integer(kind.value_type)
