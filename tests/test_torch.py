@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
-from zephon_columnar.errors import ConfigError
+from zephon_columnar.errors import CheckpointError, ConfigError
 
 DS = Dataset.from_tables("a", [pa.table({"input_ids": [[i, i + 1, i + 2] for i in range(s * 20, s * 20 + 20)]})
                                for s in range(3)])
@@ -244,6 +244,30 @@ def test_stateful_dataloader_resumes_mid_epoch_exactly(workers, step):
     fresh = StatefulDataLoader(build(4).to_torch_dataset(return_labels=True), batch_size=None, num_workers=workers)
     fresh.load_state_dict(state)
     assert head + ids_of(fresh) == full
+
+
+@pytest.mark.parametrize("resume_world, resume_rank", [(1, 0), (2, 1), (4, 0)])
+def test_a_worker_state_resumed_on_another_data_parallel_layout_is_refused(resume_world, resume_rank):
+    # A StatefulDataLoader state with loader workers holds its rank's lanes only: resumed by a
+    # rank owning other lanes it would deliver another rank's data, or stop early (Zephon's
+    # elasticity test saw the early stop). It is refused, naming both layouts.
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def loader(world: int, rank: int) -> StatefulDataLoader:
+        ds = build(4).options(world_size=world, global_rank=rank).to_torch_dataset()
+        return StatefulDataLoader(ds, batch_size=None, num_workers=2)
+
+    it = iter(loader(2, 0))  # lanes [0, 1]
+    next(it), next(it)
+    state = json.loads(json.dumps(it.state_dict()))
+    del it
+    fresh = loader(resume_world, resume_rank)
+    fresh.load_state_dict(state)
+    with pytest.raises(CheckpointError, match=r"saved by a rank owning lanes \[0, 1\].*num_workers=0"):
+        next(iter(fresh))
+    same = loader(2, 0)  # the layout it was saved on resumes
+    same.load_state_dict(state)
+    assert next(iter(same)) is not None
 
 
 @pytest.mark.parametrize("lanes", [1, 2])

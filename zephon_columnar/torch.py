@@ -40,7 +40,7 @@ import pyarrow.compute as pc
 import torch.utils.data
 
 from zephon_columnar import frame as F
-from zephon_columnar.errors import ConfigError
+from zephon_columnar.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     from zephon_columnar.engine.indexed import IndexedPipeline
@@ -89,7 +89,7 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         if info is not None:
             pipe = self._worker_pipeline(info.id, info.num_workers)
-            return {"worker": info.id, "lanes": list(self._worker_lanes or []),
+            return {"worker": info.id, "lanes": list(self._worker_lanes or []), "rank_lanes": _rank_lanes(self.pipeline),
                     "pipeline": None if pipe is None else pipe._checkpoint(collective=False)}  # noqa: SLF001
         if self._worker_pass is not None and self._worker_pass.value:
             raise ConfigError("state_dict(): the last pass ran in DataLoader worker processes, which read ahead of "
@@ -120,6 +120,8 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         """This loader worker's engine over its share of the lanes (built once per worker)."""
         if self._worker_pipe is None:
             restored = self._worker_restore
+            if restored is not None:
+                _check_worker_state_fits(self.pipeline, restored)
             lanes = list(restored["lanes"]) if restored is not None else worker_lanes(self.pipeline, worker, workers)
             self._worker_lanes = lanes
             if not lanes:
@@ -179,6 +181,37 @@ def await_queue_feeders(timeout_s: float) -> None:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
+def _rank_lanes(pipe: "Pipeline") -> list[int]:
+    from zephon_columnar.engine.lanes import owned_lanes
+
+    o = pipe._options  # noqa: SLF001
+    return owned_lanes(canonical_replicas=o.resolved_canonical_replicas(), dp_degree=o.resolved_dp_degree(),
+                       dp_group_id=o.resolved_dp_group_id(), mapping=o.resolved_mapping())
+
+
+def _check_worker_state_fits(pipe: "Pipeline", state: Mapping[str, Any]) -> None:
+    """A loader worker's state holds its own lanes only (not the other ranks'): it resumes on
+    the data-parallel layout it was saved on. Elsewhere its lanes are not this rank's, and
+    going on would deliver another rank's data or stop early: refuse."""
+    mine = _rank_lanes(pipe)
+    if "rank_lanes" in state:
+        saved = [int(lane) for lane in state["rank_lanes"]]
+        fits = saved == mine
+    else:  # saved before states named their rank's lanes: the worker's own lanes must be this rank's
+        saved = [int(lane) for lane in state["lanes"]]
+        fits = set(saved) <= set(mine)
+    if not fits:
+        o = pipe._options  # noqa: SLF001
+        raise CheckpointError(
+            f"load_state_dict(): this DataLoader worker state was saved by a rank owning lanes {saved}, but under "
+            f"options(dp_degree={o.resolved_dp_degree()}, dp_group_id={o.resolved_dp_group_id()}, "
+            f"mapping_strategy={o.resolved_mapping()!r}) this rank owns lanes {mine}. A StatefulDataLoader "
+            "state taken with num_workers > 0 holds this rank's lanes only, so it resumes on the same "
+            "data-parallel layout. To resume on another number of ranks, take the checkpoint with "
+            "num_workers=0 (the dataset's state is then the checkpoint merged over every rank) or from "
+            "Pipeline.checkpoint().")
+
+
 def worker_lanes(pipe: "Pipeline", worker: int, workers: int) -> list[int]:
     """The lanes loader worker ``worker`` of ``workers`` serves (see the module docstring).
 
@@ -190,11 +223,9 @@ def worker_lanes(pipe: "Pipeline", worker: int, workers: int) -> list[int]:
         >>> [worker_lanes(pipe, w, 4) for w in range(4)]  # 3 of the 4 workers serve 2 lanes each
         [[0, 3], [1, 4], [2, 5], []]
     """
-    from zephon_columnar.engine.lanes import next_lane, owned_lanes
+    from zephon_columnar.engine.lanes import next_lane
 
-    o = pipe._options  # noqa: SLF001
-    lanes = owned_lanes(canonical_replicas=o.resolved_canonical_replicas(), dp_degree=o.resolved_dp_degree(),
-                        dp_group_id=o.resolved_dp_group_id(), mapping=o.resolved_mapping())
+    lanes = _rank_lanes(pipe)
     active = max(d for d in range(1, min(workers, len(lanes)) + 1) if len(lanes) % d == 0)
     if worker >= active:
         return []
