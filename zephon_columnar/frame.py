@@ -238,6 +238,17 @@ def with_payload(bookkeeping: pa.Table, payload: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(cols, schema=pa.schema(list(bookkeeping.schema) + list(payload.schema)))
 
 
+def no_fields(num_rows: int) -> pa.Table:
+    """A table of ``num_rows`` rows without columns (rows with no field, e.g. ``{}``), which
+    Arrow's ``from_pylist``, ``take`` and ``concat_tables`` would each count as no row at all.
+
+    Example:
+        >>> no_fields(3).num_rows, no_fields(3).num_columns
+        (3, 0)
+    """
+    return pa.table({"_": pa.nulls(num_rows)}).drop_columns(["_"])
+
+
 def concat_frames(frames: list[pa.Table]) -> pa.Table:
     """Concatenate frames zero-copy. A column missing or all-null in some frames is filled with
     nulls; a column whose type differs between frames is an error naming it (promoting int to
@@ -247,6 +258,8 @@ def concat_frames(frames: list[pa.Table]) -> pa.Table:
     null (see `LINEAGE`), so the joined table is the same however its rows were framed."""
     if len(frames) == 1:
         return frames[0]
+    if frames and all(f.num_columns == 0 for f in frames):  # Arrow would count no row
+        return no_fields(sum(f.num_rows for f in frames))
     try:
         joined = pa.concat_tables(frames, promote_options="default")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as err:

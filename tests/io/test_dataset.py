@@ -126,3 +126,15 @@ def test_shards_that_really_differ_name_each_differing_column():
     for other, named in cases:
         with pytest.raises(DatasetFormatError, match=rf"Dataset 'm': shard 1 has a schema that differs from shard 0: {named}"):
             Dataset.from_tables("m", [first, other])
+
+
+def test_rows_without_fields_are_rows_through_fetch_and_a_map():
+    # [{}, {}] is two samples (an operator gives them fields), not an empty shard: Arrow alone
+    # would count no row in a table without columns, in from_pylist, take and concat alike.
+    shard = InMemoryShard([{}, {}, {}])
+    assert len(shard) == 3 and shard[2] == {} and shard.getsamples([0, 2]) == [{}, {}]
+    ds = Dataset.from_dict("d", {0: shard, 1: InMemoryShard([{}])})
+    assert list(ds.counts()) == [3, 1]
+    ws = StaticMixtureWorkSource([ds], {"d": 1.0}, chunk_size=2, seed=3)
+    texts = [r.payload["text"] for r in zephon_columnar.Pipeline(ws).map_transform(lambda row: {"text": "x"})]
+    assert texts == ["x"] * 4  # every row of one pass, fetched in any grouping

@@ -21,6 +21,7 @@ from typing import Any, Iterable, Literal, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
+from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.io.base import ShardInfo, ShardReader, describe_ids, shard_info
 from zephon_columnar.io.memory import InMemoryShard
@@ -71,6 +72,8 @@ def take_rows(table: pa.Table, rows: np.ndarray) -> pa.Table:
     n = len(rows)
     if n == 0:
         return table.slice(0, 0)
+    if table.num_columns == 0:  # rows without fields: Arrow's take would return none
+        return F.no_fields(n)
     start = int(rows[0])
     if int(rows[-1]) - start == n - 1 and (n < 3 or bool(np.all(np.diff(rows) == 1))):
         return table.slice(start, n)

@@ -13,6 +13,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
 
 
@@ -35,7 +36,7 @@ class InMemoryShard:
                     f"InMemoryShard row {bad} is a {type(rows[bad]).__name__}, not a dict; "
                     "pass a list of {column: value} dicts."
                 )
-            self.table = pa.Table.from_pylist(rows)
+            self.table = pa.Table.from_pylist(rows) if any(rows) else F.no_fields(len(rows))  # [{}, {}]: 2 rows
 
     def __len__(self) -> int:
         return self.table.num_rows
@@ -53,7 +54,10 @@ class InMemoryShard:
         return sum(content_bytes(column) for column in self.table.columns)
 
     def getsamples(self, indices: Iterable[int]) -> list[dict[str, Any]]:
-        return self.table.take(pa.array(list(indices), pa.int64())).to_pylist()
+        positions = [int(i) for i in indices]
+        if not self.table.num_columns:  # rows without fields: Arrow's take would return none
+            return [self[i] for i in positions]
+        return self.table.take(pa.array(positions, pa.int64())).to_pylist()
 
     def close(self) -> None:
         pass

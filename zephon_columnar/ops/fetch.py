@@ -110,7 +110,9 @@ class FetchOp(FrameOp):
                      for s, e in zip(bounds[:-1], bounds[1:])]
             inverse = np.empty(n, dtype=np.int64)
             inverse[order] = np.arange(n)
-            payload = F.concat_frames(parts).take(pa.array(inverse))
+            payload = F.concat_frames(parts)
+            if payload.num_columns:  # rows without fields have no order to restore
+                payload = payload.take(pa.array(inverse))
         return F.with_payload(frame, payload)
 
     def take_group_counts(self) -> list[tuple[tuple[str, int, int, int], dict[str, int]]]:
