@@ -15,7 +15,9 @@ step. Every batch is delivered once.
 A plain ``DataLoader`` never tells the dataset which batches the training loop took (its
 workers run ahead), so after a worker pass ``ds.state_dict()`` refuses. torchdata's
 ``StatefulDataLoader`` does tell: each worker's state is its engine's checkpoint, and
-``loader.state_dict()`` / ``loader.load_state_dict()`` resume exactly mid-epoch.
+``loader.state_dict()`` / ``loader.load_state_dict()`` resume exactly mid-epoch, on the same
+data-parallel layout: a worker's state holds its rank's lanes only, and another layout is
+refused (for elastic resumes, checkpoint with ``num_workers=0`` or ``Pipeline.checkpoint()``).
 
 Example:
     >>> ds = pipe.to_torch_dataset(return_labels=True)  # doctest: +SKIP
