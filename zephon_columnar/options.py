@@ -184,6 +184,12 @@ class RuntimeOptions:
         """``execution_tracking`` as a plain value (an `ExecutionTrackingMode` gives its string)."""
         return getattr(self.execution_tracking, "value", self.execution_tracking)
 
+    def tracking_mode(self) -> Any:
+        """``execution_tracking`` as an `~zephon_columnar.observability.ExecutionTrackingMode`."""
+        from zephon_columnar.observability import ExecutionTrackingMode
+
+        return ExecutionTrackingMode(self.tracking_value() or "off")
+
     def metrics_sink(self) -> Any:
         """``metrics_sink_config`` as a `zephon_columnar.observability.MetricsSinkConfig` (a dict
         of its fields is converted), or None."""

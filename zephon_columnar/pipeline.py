@@ -58,8 +58,8 @@ from zephon_columnar.io import fs
 from zephon_columnar.ops.fetch import FetchOp, shard_cache_settings
 from zephon_columnar.ops.map import FilterOp, MapBatchOp, MapOp, MaterializeOp
 from zephon_columnar.ops.user import FunctionOp
-from zephon_columnar.observability import (ExecutionTrackingMode, FetchStageSummary, FetchTimingSummary,
-                                           FetchTimingTotals, PrefetchTimingSummary)
+from zephon_columnar.observability import (FetchStageSummary, FetchTimingSummary, FetchTimingTotals,
+                                           PrefetchTimingSummary)
 from zephon_columnar.options import RuntimeOptions
 from zephon_columnar.validation import (
     ValidationError,
@@ -559,7 +559,7 @@ class Pipeline:
         if fetch_groups is None or not self._options.tracking_on():
             return None
         cache = fs.default_shard_cache()
-        summary = FetchTimingSummary(tracking_mode=ExecutionTrackingMode(self._options.tracking_value() or "off"),
+        summary = FetchTimingSummary(tracking_mode=self._options.tracking_mode(),
                                      cache={"downloads": cache.downloads, "hits": cache.hits,
                                             "evictions": cache.evictions, "retries": cache.retries})
         for (stage, dataset_id, shard_id), counts in sorted(fetch_groups().items()):
@@ -576,7 +576,7 @@ class Pipeline:
         prefetcher = getattr(getattr(self._run, "engine", None), "prefetcher", None)
         if prefetcher is None:
             return None
-        return PrefetchTimingSummary(tracking_mode=ExecutionTrackingMode(self._options.tracking_value() or "off"),
+        return PrefetchTimingSummary(tracking_mode=self._options.tracking_mode(),
                                      stages={0: prefetcher.timing()})
 
     def inflight_summary(self) -> dict[int, dict[int, int]] | None:

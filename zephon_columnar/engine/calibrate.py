@@ -8,7 +8,7 @@ skipped), then tokenized; a row's count is the length of every ``input_ids`` row
 (0 when a filter dropped it). With ``TokenEstimation(measure=...)`` the callable counts each
 transformed payload instead of the tokenizer. A pipeline without a tokenizer reads pretokenized
 data: a row's count is the length of its token array, the first integer-list field of
-``TOKEN_FIELDS`` (Zephon's names); a dataset without one gets the fallback ratio.
+``types.TOKEN_FIELD_CANDIDATES``; a dataset without one gets the fallback ratio.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from zephon_columnar import frame as F
 from zephon_columnar.ops.base import BaseOp, FrameOp, OpContext
 from zephon_columnar.ops.fetch import FetchOp
 from zephon_columnar.ops.tokenizer import TokenizerOwner
+from zephon_columnar.types import TOKEN_FIELD_CANDIDATES
 
 if TYPE_CHECKING:
     from zephon_columnar.work.static_mixture import StaticMixtureWorkSource
@@ -69,10 +70,6 @@ def _calibration_ops(ops: Sequence[BaseOp]) -> tuple[list[BaseOp], BaseOp | None
     return replay, None
 
 
-#: Where pretokenized rows keep their tokens, in the order looked for.
-TOKEN_FIELDS = ("input_ids", "tokens", "token_ids")
-
-
 def _count(pointers: np.ndarray, fetch: FetchOp, stages: list[BaseOp], est: "TokenEstimation") -> np.ndarray | None:
     """Tokens of each calibration row (int64, one per pointer); None when there is nothing to
     count them with (no tokenizer, no ``measure``, no token array)."""
@@ -87,7 +84,7 @@ def _count(pointers: np.ndarray, fetch: FetchOp, stages: list[BaseOp], est: "Tok
         rows = frame.select(F.payload_names(frame)).to_pylist()
         lengths = np.array([int(est.measure(row)) for row in rows], np.int64)
     else:
-        field = next((name for name in TOKEN_FIELDS if _is_token_array(frame, name)), None)
+        field = next((name for name in TOKEN_FIELD_CANDIDATES if _is_token_array(frame, name)), None)
         if field is None:
             return None
         lengths = _list_lengths(frame.column(field))

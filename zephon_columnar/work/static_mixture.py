@@ -594,10 +594,12 @@ class StaticMixtureWorkSource(WorkSource):
     def _warn_unread(self) -> None:
         """At the end: a `DataDroppedWarning` (once) naming the rows a 'stop' (or capped
         'repeat') dataset that could not fill its quota left unread, with the others' rest."""
+        if self._warned_unread:
+            return
         cfg, cur = self._planner.cfg, self._cursor
         unread = {n: left for k, n in enumerate(cfg.names) if cur.active[k] and cfg.policies[k] != "redistribute"
                   and (left := _terminal_left(cfg, k, cur.epoch[k] * cfg.rows[k] + cur.position[k]))}
-        if unread and not self._warned_unread:
+        if unread:
             self._warned_unread = True
             warnings.warn(f"StaticMixtureWorkSource: the source ended at the first chunk a dataset could not fill "
                           f"(exhausted_policy 'stop', or 'repeat' with max_repeats), so every chunk kept the mixture; "
