@@ -34,6 +34,11 @@ COMPONENT = "__component"
 #: tokenize, expand_chat) the column is present on every frame, ``[]`` for rows that were not
 #: cut, never null (`with_lineage_column`, `with_children`, `concat_frames`).
 LINEAGE = "__lineage"
+#: Whether a row is a piece that does not end its source sample (bool): a child of a fan-out
+#: that is not its parent's last child (or a child of such a piece). Records report it as
+#: their contributor's ``is_last_child``; packing counts a sample on the piece that ends it.
+#: Present wherever ``__lineage`` is (the same canonical form); absent or null means False.
+OPEN = "__open"
 #: Trailing pad tokens of a packed row (int32), where packing made the row.
 PADDING_LENGTH = "__padding_length"
 #: A packed row's pieces, in order (see `zephon_columnar.ops.pack.emit`).
@@ -93,20 +98,37 @@ def lineage_array(frame: pa.Table) -> pa.ListArray:
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, pa.int32()))
 
 
-def _set_lineage(frame: pa.Table, column: pa.Array) -> pa.Table:
+def open_rows(frame: pa.Table) -> np.ndarray:
+    """Each row's ``__open`` flag as a bool array (False where the column is absent or null)."""
+    if OPEN not in frame.column_names:
+        return np.zeros(frame.num_rows, bool)
+    return pc.fill_null(frame.column(OPEN), False).to_numpy(zero_copy_only=False).astype(bool)
+
+
+def _set_lineage(frame: pa.Table, column: pa.Array, open_: np.ndarray | None = None) -> pa.Table:
+    """``frame`` with the ``__lineage`` column ``column`` and, right after it, ``__open``
+    (``open_``, or the frame's own flags without nulls)."""
+    flags = pa.array(open_rows(frame) if open_ is None else open_, pa.bool_())
+    if OPEN in frame.column_names:
+        frame = frame.remove_column(frame.column_names.index(OPEN))
     if LINEAGE in frame.column_names:
-        return frame.set_column(frame.column_names.index(LINEAGE), LINEAGE, column)
-    return frame.append_column(LINEAGE, column)
+        at = frame.column_names.index(LINEAGE)
+        frame = frame.set_column(at, LINEAGE, column)
+    else:
+        at = frame.num_columns
+        frame = frame.append_column(LINEAGE, column)
+    return frame.add_column(at + 1, OPEN, flags)
 
 
 def with_lineage_column(frame: pa.Table) -> pa.Table:
-    """``frame`` with its ``__lineage`` column in canonical form: present, list<int32>, ``[]``
-    for rows without a path, never null. What an operator that can fan out returns for a frame
-    in which no row fanned out, so that whether the column exists never depends on which rows
-    shared a frame. The frame itself when it already is canonical."""
-    if LINEAGE in frame.column_names:
-        column = frame.column(LINEAGE)
-        if column.null_count == 0 and column.type == pa.list_(pa.int32()):
+    """``frame`` with its ``__lineage`` and ``__open`` columns in canonical form: present,
+    ``[]`` / False for rows without a path, never null. What an operator that can fan out
+    returns for a frame in which no row fanned out, so that whether the columns exist never
+    depends on which rows shared a frame. The frame itself when it already is canonical."""
+    names = frame.column_names
+    if LINEAGE in names and OPEN in names and names.index(OPEN) == names.index(LINEAGE) + 1:
+        column, flags = frame.column(LINEAGE), frame.column(OPEN)
+        if column.null_count == 0 and column.type == pa.list_(pa.int32()) and flags.null_count == 0:
             return frame
     return _set_lineage(frame, lineage_array(frame))
 
@@ -114,7 +136,9 @@ def with_lineage_column(frame: pa.Table) -> pa.Table:
 def with_children(book: pa.Table, parent: np.ndarray, child: np.ndarray) -> pa.Table:
     """Bookkeeping of fan-out children: row ``parent[i]`` of ``book`` for output row i, whose
     lineage is its parent's extended by ``child[i]`` (its index among the parent's children),
-    or left as the parent's where ``child[i] < 0`` (a parent that did not fan out).
+    or left as the parent's where ``child[i] < 0`` (a parent that did not fan out). ``parent``
+    is non-decreasing; a parent's last output row is the child that ends it, the others are
+    ``__open`` (as are all children of an open parent).
 
     The result always has the ``__lineage`` column (``[]`` for rows without a path, never null),
     even when no row fanned out: whether a row's frame held another row that fanned out must not
@@ -135,7 +159,10 @@ def with_children(book: pa.Table, parent: np.ndarray, child: np.ndarray) -> pa.T
         within = np.arange(int(plens.sum())) - np.repeat(np.cumsum(plens) - plens, plens)
         flat[inherited] = values[starts + within]
     column = pa.ListArray.from_arrays(pa.array(new_off.astype(np.int32)), pa.array(flat, pa.int32()))
-    return _set_lineage(taken, column)
+    last = np.ones(len(parent), bool)
+    last[:-1] = parent[1:] != parent[:-1]
+    open_ = open_rows(book)[parent] | ((child >= 0) & ~last)
+    return _set_lineage(taken, column, open_)
 
 
 def row_keys(frame: pa.Table) -> np.ndarray:
@@ -218,8 +245,10 @@ def refs_of(frame: pa.Table) -> pa.Table:
     """A row's *reference*: its bookkeeping columns (source sample, lane, chunk, offset,
     component, lineage; for a packed row its ``__segments``). Enough to compute the row again
     through the operators that made it, which is how checkpoints hold rows without their data.
-    (Per-row state a stage stored beside a reference, ``__s_*`` columns, is not part of it.)"""
-    return frame.select([n for n in frame.column_names if is_bookkeeping(n) and not n.startswith(("__s_", "__sf_"))])
+    (Per-row state a stage stored beside a reference, ``__s_*`` columns, is not part of it, nor
+    ``__open``, which the operators compute again with the row.)"""
+    return frame.select([n for n in frame.column_names
+                         if is_bookkeeping(n) and n != OPEN and not n.startswith(("__s_", "__sf_"))])
 
 
 def payload_of(frame: pa.Table) -> pa.Table:
@@ -254,8 +283,9 @@ def concat_frames(frames: list[pa.Table]) -> pa.Table:
     nulls; a column whose type differs between frames is an error naming it (promoting int to
     float silently would make the column type depend on how rows were grouped).
 
-    ``__lineage`` is the exception to null filling: rows of a frame without it get ``[]``, never
-    null (see `LINEAGE`), so the joined table is the same however its rows were framed."""
+    ``__lineage`` and ``__open`` are the exception to null filling: rows of a frame without them
+    get ``[]`` and False, never null (see `LINEAGE`), so the joined table is the same however
+    its rows were framed."""
     if len(frames) == 1:
         return frames[0]
     if frames and all(f.num_columns == 0 for f in frames):  # Arrow would count no row
@@ -274,14 +304,19 @@ def concat_frames(frames: list[pa.Table]) -> pa.Table:
             f"rows of one lane reached batching with different column types {clash}: an operator "
             "returns different types for the same field in different rows; make it return one type."
         ) from err
-    if LINEAGE in joined.column_names and joined.column(LINEAGE).null_count:
-        # Some frame lacked the column (or had nulls): [] instead, and the column where frames
-        # that have it keep it (after the source bookkeeping, as `with_children` puts it), not
-        # at the end where promotion appends a column the first frame lacked.
-        column = lineage_array(joined)
-        joined = joined.remove_column(joined.column_names.index(LINEAGE))
+    names = joined.column_names
+    has_open = OPEN in names  # references (`refs_of`) have lineage without it
+    if LINEAGE in names and (joined.column(LINEAGE).null_count or (has_open and joined.column(OPEN).null_count)):
+        # Some frame lacked the columns (or had nulls): [] and False instead, and the columns
+        # where frames that have them keep them (after the source bookkeeping, as
+        # `with_children` puts them), not at the end where promotion appends a column the
+        # first frame lacked.
+        column, flags = lineage_array(joined), open_rows(joined)
+        joined = joined.drop_columns([c for c in (LINEAGE, OPEN) if c in names])
         at = joined.column_names.index(COMPONENT) + 1 if COMPONENT in joined.column_names else joined.num_columns
         joined = joined.add_column(at, LINEAGE, column)
+        if has_open:
+            joined = joined.add_column(at + 1, OPEN, pa.array(flags, pa.bool_()))
     return joined
 
 

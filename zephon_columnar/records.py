@@ -258,6 +258,7 @@ def records_of(table: pa.Table, fields: FieldsByDataset | None = None) -> list[S
         table.column(c).to_pylist() for c in (F.LANE, F.CHUNK, F.OFFSET, F.DATASET, F.SHARD, F.ROW, F.COMPONENT))
     pad = table.column(F.PADDING_LENGTH).to_pylist() if F.PADDING_LENGTH in columns else None
     lineage = F.lineage_paths(table)
+    opened = F.open_rows(table).tolist()
     if fields:
         # Per dataset, the fields to leave out where null (columns only other datasets have).
         foreign = {d: [x for x in names if x not in own] for d, own in fields.items()}
@@ -271,11 +272,12 @@ def records_of(table: pa.Table, fields: FieldsByDataset | None = None) -> list[S
     if pad is None and segments is None and _PLAIN_META_INIT:
         # The common frame: what SampleMeta(...) would set, attribute by attribute (about 3x
         # cheaper than its keyword __init__, which does nothing else; the doctest checks).
-        for d, s, r, ln, c, o, k, g in zip(dataset, shard, row, lane, chunk, offset, comp, lineage):
+        for d, s, r, ln, c, o, k, g, op in zip(dataset, shard, row, lane, chunk, offset, comp, lineage, opened):
             meta = new(SampleMeta)
             # SampleMeta is frozen: its __dict__ is filled directly, as its __init__ would.
             meta.__dict__.update(sample_id=(d, s, r), lane_id=ln, chunk_id=c, chunk_offset=o,
-                                 component_sample_counts={k: 1}, component_token_counts=None, lineage=g, tags={})
+                                 component_sample_counts={k: 1}, component_token_counts=None, lineage=g,
+                                 tags=_child_tags(c, o, (d, s, r), g, op) if g else {})
             metas.append(meta)
     else:
         for i in range(n):
@@ -284,6 +286,8 @@ def records_of(table: pa.Table, fields: FieldsByDataset | None = None) -> list[S
             tokens: dict[int, int] | None = None
             if segments is not None:  # a packed row: counts and contributors from its pieces
                 samples, tokens, tags["_contributors"] = _packed_meta(segments[i])
+            elif lineage[i]:
+                tags.update(_child_tags(chunk[i], offset[i], (dataset[i], shard[i], row[i]), lineage[i], opened[i]))
             metas.append(SampleMeta(sample_id=(dataset[i], shard[i], row[i]), lane_id=lane[i], chunk_id=chunk[i],
                                     chunk_offset=offset[i], component_sample_counts=samples,
                                     component_token_counts=tokens, lineage=lineage[i], tags=tags))
@@ -295,6 +299,12 @@ def records_of(table: pa.Table, fields: FieldsByDataset | None = None) -> list[S
 _PLAIN_META_INIT = "__post_init__" not in vars(SampleMeta) and [f.name for f in fields(SampleMeta)] == [
     "sample_id", "lane_id", "chunk_id", "chunk_offset", "component_sample_counts", "component_token_counts",
     "lineage", "tags"]
+
+
+def _child_tags(chunk: int, offset: int, sample: SampleId, lineage: tuple[int, ...], open_: bool) -> dict[str, Any]:
+    """Tags of a fan-out child's record: itself as its contributor, closing unless ``__open``
+    (as `spawn_child` gives it)."""
+    return {"_contributors": (ContributorRef(SampleCursor(chunk, offset, sample, lineage), not open_),)}
 
 
 def _packed_meta(pieces: list[dict[str, Any]]) -> tuple[dict[int, int], dict[int, int], tuple[ContributorRef, ...]]:
@@ -539,13 +549,22 @@ def frame_of_records(records: Sequence[SampleRecord], *, op_name: str = "records
     names = list(F.BOOKKEEPING)
     if any(lineages):
         arrays.append(pa.array([list(g) for g in lineages], pa.list_(pa.int32())))
-        names.append(F.LINEAGE)
+        # A fan-out child that does not end its sample (spawn_child(is_last_child=False)).
+        arrays.append(pa.array([False] * n if plain else [_is_open(m) for m in metas], pa.bool_()))
+        names += [F.LINEAGE, F.OPEN]
     pads = () if plain else [m.padding_length for m in metas]
     if any(p is not None for p in pads):  # a packed row's pad tail stays masked downstream
         arrays.append(pa.array([p or 0 for p in pads], pa.int32()))
         names.append(F.PADDING_LENGTH)
     payload_names, payload_arrays, lists = _payload_arrays(payloads, op_name)  # type: ignore[arg-type]
     return as_python_lists(pa.Table.from_arrays(arrays + payload_arrays, names=names + payload_names), lists)
+
+
+def _is_open(meta: SampleMeta) -> bool:
+    """Whether a record is a piece that does not end its sample: it has contributors and none
+    of them closes."""
+    refs = meta.contributors
+    return bool(refs) and not any(ref.is_last_child for ref in refs)
 
 
 #: What `frame_of_records` reads of each meta.

@@ -246,3 +246,73 @@ def test_records_operator_keeps_the_lineage_column_of_a_frame_without_a_cut() ->
     assert F.LINEAGE in run_rows(frame, lambda records: [], op_name="none").column_names
     # A frame that never had the column does not get one.
     assert F.LINEAGE not in run_rows(F.frame_of({"x": [1]}), lambda records: records, op_name="same").column_names
+
+
+# ---------------------------------------------------------------- which piece ends its sample
+def _two_children(records: list) -> list:
+    """Each record as two children (lines of 5 and 40 words); the second ends its sample."""
+    from zephon_columnar.ops.children import spawn_child
+    from zephon_columnar.types import SampleRecord
+
+    return [SampleRecord(meta=spawn_child(r.meta, i, is_last_child=i == 1), payload={"text": "word " * n})
+            for r in records for i, n in enumerate((5, 40))]
+
+
+def _nested_pipeline(fetch_rows: int | None, runner: str = "inline") -> Pipeline:
+    ws = StaticMixtureWorkSource([Dataset.from_dict("d", {0: [{"n": i} for i in range(7)]})], {"d": 1.0},
+                                 chunk_size=3, seed=1)
+    pipe = Pipeline(ws)
+    if fetch_rows is not None:
+        pipe = pipe.fetch(max_batch=fetch_rows)
+    return (pipe.add_op("halves", process_many=_two_children, preserves_cursor_order=True)
+            .tokenize(tokenizer=make_tokenizer(), field="text", max_length=MAX_LENGTH, split_long_samples=True)
+            .options(runner=runner))
+
+
+@pytest.mark.parametrize("fetch_rows, runner", [(None, "inline"), (1, "inline"), (2, "threads")])
+def test_nested_fan_out_closes_each_source_sample_once(fetch_rows: int | None, runner: str) -> None:
+    # A user's fan-out, then a splitting tokenize: only the last piece of the last child ends
+    # its source sample (the first child's pieces and the long child's earlier pieces do not).
+    records = list(_nested_pipeline(fetch_rows, runner))
+    closing = [r.meta for r in records if any(ref.is_last_child for ref in r.meta.contributors)]
+    assert sorted(m.sample_id for m in closing) == sorted({r.meta.sample_id for r in records})
+    assert len(records) > 2 * len(closing)  # the long child was cut into pieces
+    for meta in closing:
+        pieces = [r.meta.lineage for r in records if r.meta.sample_id == meta.sample_id]
+        assert meta.lineage == max(pieces) and meta.lineage[0] == 1
+    assert all(len(r.meta.contributors) == 1 for r in records)  # a fanned-out row is its own contributor
+
+
+def test_nested_fan_out_closing_flags_resume_exactly() -> None:
+    def flags(records: list) -> list[tuple]:
+        return [(r.meta.cursor, [ref.is_last_child for ref in r.meta.contributors]) for r in records]
+
+    want = flags(list(_nested_pipeline(None)))
+    for delivered in (1, 4, 9):
+        pipe = _nested_pipeline(2)
+        it = iter(pipe)
+        first = [next(it) for _ in range(delivered)]
+        ckpt = json.loads(json.dumps(pipe.checkpoint()))
+        it.close()
+        resumed = _nested_pipeline(None)
+        resumed.restore(ckpt)
+        assert flags(first) + flags(list(resumed)) == want, delivered
+
+
+def test_packing_counts_a_cut_document_once() -> None:
+    # component_sample_counts of packed rows count the samples a row ends: a document cut by
+    # tokenize(split_long_samples=True) into pieces is one sample, counted on its last piece.
+    pipe = _pipeline(batch=False).pack_flat(32, algorithm="best_fit_wrap", pad_token_id=0)  # keeps the last row
+    counted = sum(n for item in pipe for n in item.meta.component_sample_counts.values())
+    pieces = [r for r in _pipeline(batch=False) if len(r.payload["input_ids"])]  # packing skips empty ones
+    documents = {r.meta.sample_id for r in pieces}
+    assert len(pieces) > len(documents)
+    assert counted == len(documents)
+
+
+def test_concat_frames_gives_rows_of_a_frame_without_open_flags_false() -> None:
+    cut = F.with_children(F.bookkeeping_of(F.frame_of({"x": [1]})), np.array([0, 0]), np.array([0, 1], np.int32))
+    plain = F.bookkeeping_of(F.frame_of({"x": [2]}, first_row=1))
+    joined = F.concat_frames([plain, cut])
+    assert joined.column(F.OPEN).to_pylist() == [False, True, False]
+    assert joined.column_names.index(F.OPEN) == joined.column_names.index(F.LINEAGE) + 1

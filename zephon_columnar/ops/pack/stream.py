@@ -363,7 +363,8 @@ class FrameReader:
         offsets = np.concatenate([[0], np.cumsum(lens)])
         skip = (frame.column(TOKEN_SKIP).to_numpy().astype(np.int64)[nonempty] if TOKEN_SKIP in names
                 else np.zeros(len(nonempty), np.int64))
-        return Run(data, offsets[nonempty], nonempty.astype(np.int64), book, skip, np.ones(len(nonempty), bool))
+        closes = ~F.open_rows(frame)[nonempty]  # a piece that does not end its sample closes nothing
+        return Run(data, offsets[nonempty], nonempty.astype(np.int64), book, skip, closes)
 
     def _decide(self, frame: pa.Table, tok: str, lens: np.ndarray, first: int, dtype: np.dtype) -> None:
         schema = frame.schema
@@ -388,5 +389,6 @@ class FrameReader:
                 self.value_types[name] = schema.field(name).type.value_type
 
 
-#: Bookkeeping that describes a packed row rather than a source document: not carried into runs.
-_DERIVED = (F.PADDING_LENGTH, TOKEN_SKIP, "__segments")
+#: Bookkeeping that describes a packed row rather than a source document, and ``__open`` (read
+#: into ``Run.seg_closes``): not carried into runs.
+_DERIVED = (F.PADDING_LENGTH, TOKEN_SKIP, "__segments", F.OPEN)
