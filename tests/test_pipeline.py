@@ -349,3 +349,24 @@ def test_arrow_filter_over_a_mixture_flows_through_empty_chunks(parquet_and_json
         got = collect(Pipeline(ws).filter(expr).batch(1).options(runner=runner))
         want = [s for s in everything if keep is not None and json.loads(s[3])["n"] == [keep]]
         assert got == want
+
+
+def test_builder_signatures_show_their_literal_options():
+    """inspect.signature (IDEs, CLI builders) sees each string option's Literal itself, not its
+    name as a string: the builder module does not postpone annotations."""
+    import inspect
+    import typing
+
+    from zephon_columnar.ops import config
+
+    literals = [getattr(config, name) for name in config.__all__]
+    seen = []
+    for name, method in inspect.getmembers(Pipeline, inspect.isfunction):
+        if name.startswith("_") or method.__module__ != Pipeline.__module__:
+            continue
+        for param in inspect.signature(method).parameters.values():
+            assert not isinstance(param.annotation, str), (name, param.name, param.annotation)
+            for arg in (param.annotation, *typing.get_args(param.annotation)):
+                seen += [lit for lit in literals if arg is lit]
+    missing = [name for name, lit in zip(config.__all__, literals) if not any(lit is s for s in seen)]
+    assert not missing, missing

@@ -14,13 +14,12 @@ once `batch()` is in the plan, else `SampleRecord`s; iterating again starts from
 beginning unless `restore()` was called.
 """
 
-from __future__ import annotations
 
 import multiprocessing
 import threading
 import time
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import cloudpickle
 
@@ -51,7 +50,8 @@ from zephon_columnar.engine.checkpoint import (
 )
 from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning, PipelineError, WrongTypeError, warn
 from zephon_columnar.ops.base import BaseOp
-from zephon_columnar.ops.config import MissingFieldMode, PackingAlgorithm, SpecialTokensMode
+from zephon_columnar.ops.config import (FlushStrategy, Homogeneity, LossScope, MissingFieldMode, PackingAlgorithm,
+                                       ShuffleAlgorithm, ShuffleStrategy, SpanSource, SpecialTokensMode)
 from zephon_columnar.progress import Progress
 from zephon_columnar.ops.batch import BatchOp
 from zephon_columnar.io import fs
@@ -68,10 +68,6 @@ from zephon_columnar.validation import (
     validate_ops,
 )
 from zephon_columnar.work.base import WorkSource
-
-if TYPE_CHECKING:  # the operators themselves are imported when a builder method adds them
-    from zephon_columnar.ops.pack.spec import FlushStrategy, Homogeneity, ShuffleStrategy
-    from zephon_columnar.ops.shuffle import ShuffleAlgorithm
 
 
 class Pipeline:
@@ -188,7 +184,7 @@ class Pipeline:
 
     def tokenize_chat(self, tokenizer: Any = None, tokenizer_id: str | None = None, *, eos_token: str | None = None,
                       field: str = "messages", max_length: int | None = None, chat_template: str | None = None,
-                      apply_chat_template: bool = True, span_source: str = "auto", loss_scope: str | None = None,
+                      apply_chat_template: bool = True, span_source: SpanSource = "auto", loss_scope: LossScope | None = None,
                       loss_on_last_turn_only: bool | None = None, chat_template_kwargs: dict[str, Any] | None = None,
                       tools_field: str = "tools", enable_thinking_field: str = "enable_thinking",
                       mask_field_out: str = "loss_mask", preserve_upstream_payload: bool = False,

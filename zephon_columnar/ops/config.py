@@ -25,4 +25,17 @@ LossScope = Literal["all_assistant", "last_span", "after_last_user"]
 PackingAlgorithm = Literal["first_fit", "best_fit", "wrap", "best_fit_wrap"]
 """How ``pack_flat`` / ``pack_sequences`` fill rows."""
 
-__all__ = ["LossScope", "MissingFieldMode", "PackingAlgorithm", "SpanSource", "SpecialTokensMode"]
+ShuffleStrategy = Literal["random", "length"]
+"""How ``pack_flat`` / ``pack_sequences`` order documents in their buffer before packing."""
+
+FlushStrategy = Literal["fifo", "fullest"]
+"""Which open row ``pack_flat`` / ``pack_sequences`` closes first when it must close one."""
+
+Homogeneity = Literal["none", "group", "full"]
+"""Whether a packed row may mix documents of different domain groups."""
+
+ShuffleAlgorithm = Literal["streaming", "block", "block_warmup"]
+"""How ``shuffle`` draws rows from its buffer (`zephon_columnar.ops.shuffle`)."""
+
+__all__ = ["FlushStrategy", "Homogeneity", "LossScope", "MissingFieldMode", "PackingAlgorithm", "ShuffleAlgorithm",
+           "ShuffleStrategy", "SpanSource", "SpecialTokensMode"]

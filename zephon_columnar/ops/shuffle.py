@@ -30,7 +30,7 @@ Example:
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -39,10 +39,10 @@ from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.ops.accumulators.lane import LaneContext, RowSource
 from zephon_columnar.ops.base import OrderedOp, OpTraits
+from zephon_columnar.ops.config import ShuffleAlgorithm
 from zephon_columnar.ops.store import RowStore
 from zephon_columnar.references import schema_from_json, schema_to_json
 
-ShuffleAlgorithm = Literal["streaming", "block", "block_warmup"]
 DEFAULT_BUFFER = 8192
 _DRAIN_SALT = np.uint64(0xD1B54A32D192ED03)
 

@@ -14,19 +14,16 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Sequence, get_args
+from typing import Any, Mapping, Sequence, get_args
 
 import numpy as np
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
-from zephon_columnar.ops.config import PackingAlgorithm
+from zephon_columnar.ops.config import FlushStrategy, Homogeneity, PackingAlgorithm, ShuffleStrategy
 from zephon_columnar.ops.grouping import DomainGroups
 from zephon_columnar.types import TOKEN_FIELD_CANDIDATES
 
-ShuffleStrategy = Literal["random", "length"]
-FlushStrategy = Literal["fifo", "fullest"]
-Homogeneity = Literal["none", "group", "full"]
 
 ALGORITHMS: tuple[str, ...] = get_args(PackingAlgorithm)
 FIT_ALGORITHMS: tuple[str, ...] = ("first_fit", "best_fit")
