@@ -48,6 +48,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -222,14 +223,21 @@ def adapter_strategy(draw, lanes: int, plan: dict, chain_length: int) -> dict | 
         # A StatefulDataLoader whose epoch ended (a StopIteration) resumes into the *next* epoch, a
         # fresh pass over the workers' datasets, by torchdata's design: take at most everything.
         take = "all" if take == "past" else take
-    return dict(loader="stateful" if workers else rng.choice(["dataloader", "stateful"]),
-                workers=workers,
-                # With loader workers the loader's state is the only state (no pipeline checkpoint
-                # comes out of it), so that segment comes last and runs to the end.
-                position=chain_length if workers else rng.randint(0, chain_length),
-                options=options, take=take, fraction=rng.randint(0, 100) / 100,
-                more=0 if workers else rng.randint(0, 2),
-                to_training=rng.choice(TO_TRAINING_KWARGS))
+    adapter = dict(loader="stateful" if workers else rng.choice(["dataloader", "stateful"]),
+                   workers=workers,
+                   # With loader workers the loader's state is the only state (no pipeline checkpoint
+                   # comes out of it), so that segment comes last and runs to the end.
+                   position=chain_length if workers else rng.randint(0, chain_length),
+                   options=options, take=take, fraction=rng.randint(0, 100) / 100,
+                   more=0 if workers else rng.randint(0, 2),
+                   to_training=rng.choice(TO_TRAINING_KWARGS))
+    if workers and rng.randrange(2):
+        # Elastic (drawn last, so the other choices stay as they were): the loader runs on G
+        # groups (ranks), each saves its state at the same step, and the job goes on with
+        # resume_groups ranks (each loading the state of rank g % G), through aggregate_dir.
+        divisors = [g for g in range(1, lanes + 1) if lanes % g == 0]
+        options["groups"], adapter["resume_groups"] = rng.choice(divisors), rng.choice(divisors)
+    return adapter
 
 
 @st.composite
@@ -675,6 +683,8 @@ class Case:
         checkpoint to the next segment; with loader workers, to the end (no checkpoint to hand
         on: None). Returns the signatures of the items the adapter delivered (with lanes)."""
         run, plain = adapter["options"], adapter["loader"] == "dataloader"
+        if "resume_groups" in adapter:
+            return self.elastic_adapter_segment(adapter, ckpt, ref, delivered, what), None
 
         def dataset(state: dict | None) -> Any:
             ds = build(self.recipe, run).to_torch_dataset(**adapter["to_training"])
@@ -720,6 +730,63 @@ class Case:
             self.fail(f"{what}: the adapter's items differ from the pipeline's at item {at} (got {len(views)} items, "
                       f"expected {len(expected)}); got {views[at:at + 1]}, expected {expected[at:at + 1]}")
         return items, handed
+
+    def elastic_adapter_segment(self, adapter: dict, ckpt: dict | None, ref: list[tuple], delivered: list[tuple],
+                                what: str) -> list[tuple]:
+        """The adapter with loader workers on ``groups`` ranks, each loading ``ckpt`` and taking
+        k batches (the same k: ranks checkpoint at the same step) before its loader's
+        state_dict; then ``resume_groups`` ranks, rank g loading the state of rank g % groups,
+        run to the end. The workers keep their snapshots in a folder of this case
+        (aggregate_dir). Returns the reference items the adapter's items are."""
+        from zephon_columnar.torch import active_workers, worker_lanes
+
+        run, workers = adapter["options"], adapter["workers"]
+        resume = dict(run, groups=adapter["resume_groups"])
+        folder = tempfile.mkdtemp(prefix="oracle-loader-")
+
+        def loader(r: dict, group: int, job: int, state: dict | None) -> tuple[Any, Any]:
+            ds = build(self.recipe, r, group=group).options(aggregate_dir=folder, run_id=f"job{job}")
+            ds = ds.to_torch_dataset(**adapter["to_training"])
+            if state is not None:
+                ds.load_state_dict({"pipeline": state})
+            return ds, make_loader(adapter, ds)
+
+        if self.endless:
+            cap = self.group_limit(run)
+        else:  # a cut while every worker of every rank still has items: the loader's turns are even
+            left = {lane: len(items) for lane, items in by_lane(ref).items()}
+            for lane, items in by_lane(delivered).items():
+                left[lane] -= len(items)
+            cap = FINITE_CAP
+            for g in range(run["groups"]):
+                pipe = build(self.recipe, run, group=g)
+                if ckpt is not None:
+                    pipe.restore(ckpt)
+                shares = [worker_lanes(pipe, w, workers) for w in range(workers)]
+                live = [sum(left.get(lane, 0) for lane in share) for share in shares if share]
+                cap = min(cap, active_workers(len(sum(shares, [])), workers) * min(live))
+        k = int(adapter["fraction"] * cap)
+        head, states = [], []
+        try:
+            for g in range(run["groups"]):
+                _, dl = loader(run, g, 0, ckpt)
+                it, got = loader_take(dl, k)
+                states.append(json_round_trip(dl.state_dict()))
+                close_loader_iterator(it)
+                head += got
+            rest = []
+            for g in range(resume["groups"]):
+                _, dl = loader(resume, g, 1, None)
+                dl.load_state_dict(states[g % len(states)])
+                it, got = loader_take(dl, self.group_limit(resume))
+                close_loader_iterator(it)
+                rest += got
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        self.log.append(f"{what} stateful workers={workers} {run} take={k}/group, resumed on {resume['groups']} "
+                        f"groups -> {len(head)} items, then {len(rest)} more")
+        views = [training_view(t) for t in head + rest]
+        return self.attribute(views, ref, delivered, adapter["to_training"], what)
 
     def attribute(self, views: list[tuple], ref: list[tuple], delivered: list[tuple], to_training: dict,
                   what: str) -> list[tuple]:

@@ -270,6 +270,69 @@ def test_a_worker_state_resumed_on_another_data_parallel_layout_is_refused(resum
     assert next(iter(same)) is not None
 
 
+@pytest.mark.parametrize("worlds, workers, steps", [
+    ((2, 1), 2, 3), ((2, 4), 2, 2), ((1, 2), 2, 3), ((1, 4), 2, 4), ((2, 4), 3, 1), ((4, 2), 2, 2), ((2, 1), 2, 0),
+    ((4, 2, 4), 2, 1), ((2, 1, 2), 3, 2), ((1, 2, 2), 2, 1)])
+@pytest.mark.parametrize("state_from", ["rank0", "own"])
+def test_stateful_dataloader_with_workers_resumes_on_another_layout(tmp_path, worlds, workers, steps, state_from):
+    # Elastic: every rank takes `steps` batches through a StatefulDataLoader with loader workers
+    # and saves its state; the job goes on with another number of ranks (each loading rank 0's
+    # state, or the state of the rank it replaces, under a run_id of its own), and so on; the
+    # last job runs to the end. Every lane's batches come out exactly once and in the lane's own
+    # order, as in one uninterrupted single-rank run.
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def loader(world: int, rank: int, job: int) -> StatefulDataLoader:
+        pipe = build(4).options(world_size=world, global_rank=rank, aggregate_dir=str(tmp_path), run_id=f"job{job}")
+        return StatefulDataLoader(pipe.to_torch_dataset(return_labels=True), batch_size=None, num_workers=workers)
+
+    lane_of, order = {}, {}
+    for item in build(4):  # the lanes' own streams
+        key = tuple(map(tuple, item.to_training(return_labels=True)["input_ids"].tolist()))
+        lane_of[key] = item.lane_ids[0]
+        order.setdefault(item.lane_ids[0], []).append(key)
+
+    delivered: dict[int, list[tuple]] = {lane: [] for lane in order}
+
+    def take(batches) -> None:
+        for b in batches:
+            key = tuple(map(tuple, b["input_ids"].tolist()))
+            delivered[lane_of[key]].append(key)
+
+    states: list = []
+    for job, world in enumerate(worlds):
+        saved, states = states, []
+        for rank in range(world):
+            dl = loader(world, rank, job)
+            if saved:
+                dl.load_state_dict(saved[0 if state_from == "rank0" else rank % len(saved)])
+            if job == len(worlds) - 1:
+                take(dl)
+                continue
+            it = iter(dl)
+            take(next(it) for _ in range(steps))
+            states.append(json.loads(json.dumps(it.state_dict())))
+            del it
+    assert delivered == order
+
+
+def test_an_elastic_worker_resume_names_a_missing_snapshot(tmp_path):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def loader(world: int, rank: int) -> StatefulDataLoader:
+        pipe = build(4).options(world_size=world, global_rank=rank, aggregate_dir=str(tmp_path), run_id="r")
+        return StatefulDataLoader(pipe.to_torch_dataset(), batch_size=None, num_workers=2)
+
+    it = iter(loader(2, 0))
+    next(it), next(it)
+    state = it.state_dict()
+    del it  # rank 1 never ran: its snapshots are missing
+    fresh = loader(1, 0)
+    fresh.load_state_dict(state)
+    with pytest.raises(CheckpointError, match=r"needs .*g00001-w000-k000000001\.json.*missing"):
+        next(iter(fresh))
+
+
 @pytest.mark.parametrize("lanes", [1, 2])
 @pytest.mark.parametrize("k, more", [(1, 0), (2, 1), (3, 2), (5, 0), (6, 2)])
 def test_state_dict_soon_after_a_restore_that_held_prefetched_rows(lanes, k, more):

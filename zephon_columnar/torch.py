@@ -15,9 +15,15 @@ step. Every batch is delivered once.
 A plain ``DataLoader`` never tells the dataset which batches the training loop took (its
 workers run ahead), so after a worker pass ``ds.state_dict()`` refuses. torchdata's
 ``StatefulDataLoader`` does tell: each worker's state is its engine's checkpoint, and
-``loader.state_dict()`` / ``loader.load_state_dict()`` resume exactly mid-epoch, on the same
-data-parallel layout: a worker's state holds its rank's lanes only, and another layout is
-refused (for elastic resumes, checkpoint with ``num_workers=0`` or ``Pipeline.checkpoint()``).
+``loader.state_dict()`` / ``loader.load_state_dict()`` resume exactly mid-epoch.
+
+A worker's state holds its own lanes only. To resume it on another data-parallel layout
+(checkpoint on 8 ranks, resume on 4), set ``options(aggregate_dir=...)`` (a directory every
+rank sees): each worker snapshot also keeps its lanes' checkpoint there (`write_loader_part`,
+nothing waits for other ranks), and a worker resumed on another layout first learns from its
+rank's other workers which snapshot each of them was at (the loader's cut), then merges every
+rank's snapshots at that cut (`read_loader_parts`). As with any data-parallel checkpoint, every
+rank takes it at the same step. Without ``aggregate_dir`` another layout is refused.
 
 Example:
     >>> ds = pipe.to_torch_dataset(return_labels=True)  # doctest: +SKIP
@@ -30,11 +36,14 @@ from __future__ import annotations
 
 import atexit
 import copy
+import hashlib
+import json
 import multiprocessing
 import multiprocessing.context
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, NoReturn, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -42,12 +51,66 @@ import pyarrow.compute as pc
 import torch.utils.data
 
 from zephon_columnar import frame as F
+from zephon_columnar.engine.aggregate import read_loader_parts, write_loader_part
+from zephon_columnar.engine.checkpoint import load_checkpoint, parse_checkpoint
 from zephon_columnar.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     from zephon_columnar.engine.indexed import IndexedPipeline
     from zephon_columnar.pipeline import Pipeline
     from zephon_columnar.records import SampleRecord
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoaderPhase:
+    """Where a DataLoader worker stands in its loader's worker round robin, which is what
+    lines up the snapshots of every worker on every rank into one cut.
+
+    The loader asks its workers in turn, each for one item, starting with worker
+    ``(last yielded + 1)``; idle workers (no lanes) drop out. So the ``delivered``-th item of
+    the worker at ``position`` among the ``active`` ones is item ``(delivered - 1) * active +
+    position`` of its rank's stream, the same on every rank at the same step. ``name`` tells
+    phases apart: one from the start of a pass (`PipelineIterableDataset._phase_name`), then
+    one per resume on another layout (a resume on the same layout continues its phase).
+
+    Example:
+        >>> LoaderPhase(name="0", position=1, active=2, delivered=3).rank_item()
+        5
+        >>> LoaderPhase(name="0", position=1, active=2).delivered_at(6)  # items 1, 3, 5
+        3
+    """
+
+    name: str
+    position: int  # -1: an idle worker
+    active: int
+    delivered: int = 0
+
+    def rank_item(self) -> int:
+        """The rank's item index (from 0, in this phase) of this worker's latest item; -1 before its first."""
+        return (self.delivered - 1) * self.active + self.position if self.delivered else -1
+
+    def delivered_at(self, rank_items: int) -> int:
+        """How many items this worker had delivered once its rank had delivered ``rank_items``."""
+        return (rank_items - 1 - self.position) // self.active + 1 if rank_items > self.position else 0
+
+
+#: Most DataLoader workers per rank a resume on another layout coordinates (slots in shared memory).
+MAX_LOADER_WORKERS = 256
+
+
+def _cut_word(generation: int, delivered: int, position: int) -> int:
+    """(generation < 2**15, delivered < 2**39, -1 <= position < 511) as one int64 (a store of
+    one word is seen whole by another process, as three separate stores need not be).
+
+    Example:
+        >>> _cut_word_parts(_cut_word(3, 12345, -1))
+        (3, 12345, -1)
+    """
+    return generation << 48 | (position + 1) << 39 | delivered
+
+
+def _cut_word_parts(word: int) -> tuple[int, int, int]:
+    return word >> 48, word & ((1 << 39) - 1), ((word >> 39) & 511) - 1
 
 
 class PipelineIterableDataset(torch.utils.data.IterableDataset):
@@ -62,10 +125,15 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         # 1 while the latest pass ran in loader workers: set there, read here. Shared memory that
         # the worker processes inherit (the loader hands them this object as they start).
         self._worker_pass: Any = multiprocessing.Value("b", 0, lock=False)
+        # Per loader worker, (generation, delivered, position) in one word (`_cut_word`): how the
+        # workers of one rank resuming on another layout tell each other which snapshot each has.
+        self._cut_slots: Any = multiprocessing.Array("q", MAX_LOADER_WORKERS, lock=False)
         # in a loader worker: its engine, and the state a StatefulDataLoader restored into it
         self._worker_pipe: "Pipeline | None" = None
         self._worker_lanes: list[int] | None = None
         self._worker_restore: Mapping[str, Any] | None = None
+        self._phase: LoaderPhase | None = None
+        self._start = "fresh"  # or the digest of the checkpoint load_state_dict restored
 
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
@@ -79,6 +147,8 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         if pipe is None:
             return  # an idle worker: the lanes do not split that many ways
         for item in pipe:
+            if self._phase is not None:
+                self._phase = replace(self._phase, delivered=self._phase.delivered + 1)
             yield item.to_training(**self.to_training) if self.to_training is not None else item
 
     # ---------------------------------------------------------------- state
@@ -91,8 +161,15 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         if info is not None:
             pipe = self._worker_pipeline(info.id, info.num_workers)
+            ckpt = None if pipe is None else pipe._checkpoint(collective=False)  # noqa: SLF001
+            o = self.pipeline._options  # noqa: SLF001
+            phase = self._phase
+            if ckpt is not None and phase is not None and o.aggregate_dir:
+                write_loader_part(ckpt, directory=o.aggregate_dir, run_id=o.run_id, phase=phase.name,
+                                  group=o.resolved_dp_group_id(), worker=info.id, delivered=phase.delivered)
             return {"worker": info.id, "lanes": list(self._worker_lanes or []), "rank_lanes": _rank_lanes(self.pipeline),
-                    "pipeline": None if pipe is None else pipe._checkpoint(collective=False)}  # noqa: SLF001
+                    "pipeline": ckpt, "loader_phase": None if phase is None else asdict(phase),
+                    "dp_degree": o.resolved_dp_degree(), "run_id": o.run_id}
         if self._worker_pass is not None and self._worker_pass.value:
             raise ConfigError("state_dict(): the last pass ran in DataLoader worker processes, which read ahead of "
                               "what the training loop took, so this process cannot tell where to resume. Use "
@@ -109,9 +186,11 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             if torch.utils.data.get_worker_info() is None:
                 raise ConfigError("load_state_dict(): this is one DataLoader worker's state; restore it through "
                                   "the StatefulDataLoader that saved it (loader.load_state_dict).")
-            self._worker_restore, self._worker_pipe = state, None
+            self._worker_restore, self._worker_pipe, self._worker_lanes = state, None, None
             return
         self.pipeline.restore(state["pipeline"])
+        # Where loader workers start from: part of their phase's name (`_phase_name`).
+        self._start = hashlib.sha256(json.dumps(load_checkpoint(state["pipeline"]), sort_keys=True).encode()).hexdigest()
 
     # ---------------------------------------------------------------- workers
     def _mark_worker_pass(self, in_workers: bool) -> None:
@@ -119,28 +198,106 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             self._worker_pass.value = int(in_workers)
 
     def _worker_pipeline(self, worker: int, workers: int) -> "Pipeline | None":
-        """This loader worker's engine over its share of the lanes (built once per worker)."""
-        if self._worker_pipe is None:
+        """This loader worker's engine over its share of the lanes (None: an idle worker).
+        Decided once per worker (a resume on another layout meets the rank's other workers
+        once)."""
+        if self._worker_lanes is None:
             restored = self._worker_restore
-            if restored is not None:
-                _check_worker_state_fits(self.pipeline, restored)
-            lanes = list(restored["lanes"]) if restored is not None else worker_lanes(self.pipeline, worker, workers)
+            ckpt: Mapping[str, Any] | None = None
+            if restored is None:
+                lanes = worker_lanes(self.pipeline, worker, workers)
+                self._phase = LoaderPhase(name=self._phase_name(self._start, workers), position=worker if lanes else -1,
+                                          active=active_workers(len(_rank_lanes(self.pipeline)), workers))
+            elif _worker_state_fits(self.pipeline, restored):
+                lanes, ckpt = list(restored["lanes"]), restored["pipeline"]
+                saved = restored.get("loader_phase")
+                self._phase = LoaderPhase(**saved) if saved is not None else None
+            else:
+                lanes, ckpt, self._phase = self._resume_elsewhere(restored, worker, workers)
             self._worker_lanes = lanes
             if not lanes:
                 return None
             pipe = copy.copy(self.pipeline)
             pipe._lane_subset = lanes  # noqa: SLF001
             pipe._run = None  # noqa: SLF001
-            if restored is not None and restored["pipeline"] is not None:
-                pipe.restore(restored["pipeline"])
+            if ckpt is not None:
+                pipe.restore(ckpt)
             self._worker_pipe = pipe
         return self._worker_pipe
+
+    def _resume_elsewhere(self, restored: Mapping[str, Any], worker: int,
+                          workers: int) -> tuple[list[int], Mapping[str, Any], LoaderPhase]:
+        """Resume worker ``worker`` from a state saved on another data-parallel layout: (its
+        lanes, the checkpoint of every lane at the loader's cut, its phase).
+
+        The cut: the rank's workers exchange the snapshots they were given (which item each
+        was at), which fixes how many items the saving rank had delivered; every rank had
+        delivered as many. Every rank's worker snapshots at that cut are then read from the
+        aggregate directory and merged; this worker takes its share of this rank's lanes,
+        starting from the worker the loader asks first."""
+        o = self.pipeline._options  # noqa: SLF001
+        saved_phase = restored.get("loader_phase")
+        if not o.aggregate_dir or saved_phase is None:
+            _refuse_other_layout(self.pipeline, restored)
+        saved = LoaderPhase(**saved_phase)
+        if int(restored["worker"]) != worker:
+            raise CheckpointError(f"load_state_dict(): DataLoader worker {worker} was given the state of worker "
+                                  f"{restored['worker']}; restore through the StatefulDataLoader that saved it.")
+        phases = self._exchange_cut(saved, worker, workers, o.aggregate_timeout_s)
+        rank_items = max(p.rank_item() for p in phases) + 1
+        cut = {w: p.delivered_at(rank_items) for w, p in enumerate(phases) if p.position >= 0}
+        if any(cut[w] != phases[w].delivered for w in cut):
+            raise CheckpointError(
+                "load_state_dict(): the DataLoader workers' snapshots are not one step of the loader's round robin "
+                f"(items delivered per worker {[p.delivered for p in phases]}): was it iterated with in_order=False, "
+                "or did a worker run out of data? Such a state resumes on the layout it was saved on only.")
+        saver_run = restored.get("run_id", o.run_id)  # the saving job's: a resumed job may have its own
+        merged = read_loader_parts(cut, directory=o.aggregate_dir, run_id=saver_run, phase=saved.name,
+                                   groups=int(restored["dp_degree"]))
+        # The loader asks first the worker after the last one that yielded (idle ones drop out).
+        last = max(range(len(phases)), key=lambda w: phases[w].rank_item()) if rank_items else workers - 1
+        active = active_workers(len(_rank_lanes(self.pipeline)), workers)
+        first = last + 1 if last + 1 < active else 0
+        pending = {lane: state.items for lane, state in parse_checkpoint(merged).lanes.items()}
+        lanes = worker_lanes(self.pipeline, worker, workers, first_worker=first, emitted=pending)
+        name = self._phase_name(f"{saved.name}/{rank_items}", workers)
+        return lanes, merged, LoaderPhase(name=name, position=(worker - first) % active if lanes else -1, active=active)
+
+    def _phase_name(self, start: str, workers: int) -> str:
+        """A loader phase's name: where it started (a fresh pass, a restored checkpoint, a cut
+        of an earlier phase) and the layout it runs on, so that two jobs under one run_id keep
+        their snapshots apart unless they deliver the same items."""
+        o = self.pipeline._options  # noqa: SLF001
+        layout = (o.resolved_canonical_replicas(), o.resolved_dp_degree(), o.resolved_mapping(), workers)
+        return hashlib.sha256(f"{start}|{layout}".encode()).hexdigest()[:16]
+
+    def _exchange_cut(self, saved: LoaderPhase, worker: int, workers: int, timeout_s: float) -> list[LoaderPhase]:
+        """The phase of the snapshot each of this rank's ``workers`` loader workers was given,
+        through shared memory: each publishes its own (one 64-bit word, written at once),
+        then waits for the others'. The word counts restores (a generation), so a slot left
+        from an earlier resume of this dataset is not taken for this one."""
+        slots = self._cut_slots
+        if slots is None or workers > MAX_LOADER_WORKERS:
+            raise CheckpointError(f"load_state_dict(): resuming {workers} DataLoader workers on another data-parallel "
+                                  f"layout works with at most {MAX_LOADER_WORKERS} workers per rank.")
+        generation = (_cut_word_parts(slots[worker])[0] + 1) % (1 << 15)
+        slots[worker] = _cut_word(generation, saved.delivered, saved.position)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            words = [_cut_word_parts(slots[w]) for w in range(workers)]
+            if all(g == generation for g, _, _ in words):
+                return [replace(saved, delivered=d, position=p) for _, d, p in words]
+            if time.monotonic() > deadline:
+                waiting = [w for w, (g, _, _) in enumerate(words) if g != generation]
+                raise CheckpointError(f"load_state_dict(): DataLoader worker {worker} waited {timeout_s:.0f}s for "
+                                      f"workers {waiting} of this rank to load their states (aggregate_timeout_s).")
+            time.sleep(0.01)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         if multiprocessing.context.get_spawning_popen() is None:
-            state["_worker_pass"] = None  # shared memory travels only to processes being started
-        state["_worker_pipe"] = None
+            state["_worker_pass"] = state["_cut_slots"] = None  # shared memory travels only to processes being started
+        state["_worker_pipe"] = state["_worker_lanes"] = None
         return state
 
 
@@ -191,31 +348,48 @@ def _rank_lanes(pipe: "Pipeline") -> list[int]:
                        dp_group_id=o.resolved_dp_group_id(), mapping=o.resolved_mapping())
 
 
-def _check_worker_state_fits(pipe: "Pipeline", state: Mapping[str, Any]) -> None:
-    """A loader worker's state holds its own lanes only (not the other ranks'): it resumes on
-    the data-parallel layout it was saved on. Elsewhere its lanes are not this rank's, and
-    going on would deliver another rank's data or stop early: refuse."""
+def _worker_state_fits(pipe: "Pipeline", state: Mapping[str, Any]) -> bool:
+    """Whether a loader worker's state was saved on this rank's data-parallel layout (its
+    rank owned the lanes this rank owns): it then resumes from its own lanes' checkpoint."""
     mine = _rank_lanes(pipe)
     if "rank_lanes" in state:
-        saved = [int(lane) for lane in state["rank_lanes"]]
-        fits = saved == mine
-    else:  # saved before states named their rank's lanes: the worker's own lanes must be this rank's
-        saved = [int(lane) for lane in state["lanes"]]
-        fits = set(saved) <= set(mine)
-    if not fits:
-        o = pipe._options  # noqa: SLF001
-        raise CheckpointError(
-            f"load_state_dict(): this DataLoader worker state was saved by a rank owning lanes {saved}, but under "
-            f"options(dp_degree={o.resolved_dp_degree()}, dp_group_id={o.resolved_dp_group_id()}, "
-            f"mapping_strategy={o.resolved_mapping()!r}) this rank owns lanes {mine}. A StatefulDataLoader "
-            "state taken with num_workers > 0 holds this rank's lanes only, so it resumes on the same "
-            "data-parallel layout. To resume on another number of ranks, take the checkpoint with "
-            "num_workers=0 (the dataset's state is then the checkpoint merged over every rank) or from "
-            "Pipeline.checkpoint().")
+        return [int(lane) for lane in state["rank_lanes"]] == mine
+    # saved before states named their rank's lanes: the worker's own lanes must be this rank's
+    return {int(lane) for lane in state["lanes"]} <= set(mine)
 
 
-def worker_lanes(pipe: "Pipeline", worker: int, workers: int) -> list[int]:
-    """The lanes loader worker ``worker`` of ``workers`` serves (see the module docstring).
+def _refuse_other_layout(pipe: "Pipeline", state: Mapping[str, Any]) -> NoReturn:
+    """A worker state from another layout without the aggregate directory that holds the
+    other ranks' snapshots: its lanes are not this rank's, and going on would deliver another
+    rank's data or stop early."""
+    o = pipe._options  # noqa: SLF001
+    saved = [int(lane) for lane in state.get("rank_lanes", state["lanes"])]
+    raise CheckpointError(
+        f"load_state_dict(): this DataLoader worker state was saved by a rank owning lanes {saved}, but under "
+        f"options(dp_degree={o.resolved_dp_degree()}, dp_group_id={o.resolved_dp_group_id()}, "
+        f"mapping_strategy={o.resolved_mapping()!r}) this rank owns lanes {_rank_lanes(pipe)}. A StatefulDataLoader "
+        "state taken with num_workers > 0 holds this rank's lanes only; to resume it on another number of ranks, "
+        "set options(aggregate_dir=...) to a directory every rank sees, both when it is saved and when it is "
+        "resumed (the workers keep their snapshots there), or checkpoint with num_workers=0 or "
+        "Pipeline.checkpoint().")
+
+
+def active_workers(lanes: int, workers: int) -> int:
+    """How many of ``workers`` loader workers serve ``lanes`` lanes: the largest divisor of the
+    lane count that is at most ``workers`` (as in Zephon; the others stay idle).
+
+    Example:
+        >>> active_workers(6, 4), active_workers(4, 3), active_workers(2, 8)
+        (3, 2, 2)
+    """
+    return max(d for d in range(1, min(workers, lanes) + 1) if lanes % d == 0)
+
+
+def worker_lanes(pipe: "Pipeline", worker: int, workers: int, *, first_worker: int = 0,
+                 emitted: Mapping[int, int] | None = None) -> list[int]:
+    """The lanes loader worker ``worker`` of ``workers`` serves (see the module docstring):
+    counted from the lane the rank serves next (by ``emitted``, items per lane; default: the
+    restored checkpoint's), the worker the loader asks first (``first_worker``) takes it.
 
     Example:
         >>> import pyarrow as pa
@@ -228,15 +402,17 @@ def worker_lanes(pipe: "Pipeline", worker: int, workers: int) -> list[int]:
     from zephon_columnar.engine.lanes import next_lane
 
     lanes = _rank_lanes(pipe)
-    active = max(d for d in range(1, min(workers, len(lanes)) + 1) if len(lanes) % d == 0)
+    active = active_workers(len(lanes), workers)
     if worker >= active:
         return []
-    pending = pipe._pending  # noqa: SLF001 - a restored checkpoint: which lane the rank serves next
+    if emitted is None:
+        pending = pipe._pending  # noqa: SLF001 - a restored checkpoint: which lane the rank serves next
+        emitted = {} if pending is None else {lane: state.items for lane, state in pending.items()}
     first = 0
-    if pending is not None:
-        first = lanes.index(next_lane(lanes, {lane: pending[lane].items for lane in lanes if lane in pending}))
+    if emitted:
+        first = lanes.index(next_lane(lanes, {lane: emitted[lane] for lane in lanes if lane in emitted}))
     rotated = lanes[first:] + lanes[:first]
-    return sorted(rotated[worker::active])
+    return sorted(rotated[(worker - first_worker) % active::active])
 
 
 class PipelineMapDataset(torch.utils.data.Dataset):

@@ -70,3 +70,53 @@ def _mtime(path: Path) -> float:
         return path.stat().st_mtime
     except FileNotFoundError:  # replaced by its writer between glob and stat
         return float("-inf")
+
+
+# ---------------------------------------------------------------- loader worker snapshots
+#: How many of its latest snapshots a DataLoader worker keeps in the aggregate directory. A
+#: checkpoint's cut is at most the loader's read-ahead (``prefetch_factor``) behind a worker's
+#: newest snapshot; older ones are deleted as new ones are written.
+LOADER_PARTS_KEPT = 64
+
+
+def loader_part_path(directory: str, run_id: str, phase: str, group: int, worker: int, delivered: int) -> Path:
+    """Where DataLoader worker ``worker`` of data-parallel group ``group`` keeps the checkpoint
+    of its lanes after its ``delivered``-th item of loader phase ``phase``."""
+    return Path(directory) / run_id / "loader" / phase / f"g{group:05d}-w{worker:03d}-k{delivered:09d}.json"
+
+
+def write_loader_part(ckpt: Mapping[str, Any], *, directory: str, run_id: str, phase: str, group: int, worker: int,
+                      delivered: int) -> None:
+    """Keep one DataLoader worker snapshot (its lanes' checkpoint) where a resume on another
+    data-parallel layout finds it (`read_loader_parts`), and drop the one `LOADER_PARTS_KEPT`
+    snapshots older. Nothing waits for other ranks: the parts are merged when they are read.
+    Tensor-parallel peers write the same bytes under the same name."""
+    path = loader_part_path(directory, run_id, phase, group, worker, delivered)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(dict(ckpt)))
+    os.replace(tmp, path)
+    if delivered >= LOADER_PARTS_KEPT:
+        loader_part_path(directory, run_id, phase, group, worker, delivered - LOADER_PARTS_KEPT).unlink(missing_ok=True)
+
+
+def read_loader_parts(cut: Mapping[int, int], *, directory: str, run_id: str, phase: str,
+                      groups: int) -> dict[str, Any]:
+    """The checkpoint of every lane at a loader checkpoint's cut: for each data-parallel group
+    and each active worker ``w``, its snapshot after ``cut[w]`` items, merged. A missing
+    snapshot is a `CheckpointError` naming its file."""
+    parts = []
+    for group in range(groups):
+        for worker, delivered in sorted(cut.items()):
+            path = loader_part_path(directory, run_id, phase, group, worker, delivered)
+            try:
+                parts.append(json.loads(path.read_text()))
+            except FileNotFoundError:
+                raise CheckpointError(
+                    f"resuming DataLoader workers on another data-parallel layout needs {path} (worker {worker} of "
+                    f"data-parallel group {group} after {delivered} items), which is missing: the checkpoint was taken "
+                    f"with another aggregate_dir or run_id, those files were removed, or the ranks were not at the "
+                    "same step.") from None
+            except (OSError, ValueError) as err:
+                raise CheckpointError(f"resuming DataLoader workers: cannot read {path} ({err}).") from err
+    return merge_checkpoints(parts)
