@@ -159,6 +159,7 @@ def _run_in(run_dir: Path, target: Target, python: str, out: Path, paths: list[s
         args = [*base, *(f"--deselect={t}" for t in sorted(done | set(deselected))), *(paths or SUITE)]
         code = subprocess.run(args, cwd=run_dir, env=env).returncode
         if code in (0, 1, 5) or not current.exists():
+            current.unlink(missing_ok=True)  # the run ended: no test is in progress
             return code
         crashed = current.read_text().strip()
         with out.open("a") as f:

@@ -37,7 +37,8 @@ LINEAGE = "__lineage"
 #: Whether a row is a piece that does not end its source sample (bool): a child of a fan-out
 #: that is not its parent's last child (or a child of such a piece). Records report it as
 #: their contributor's ``is_last_child``; packing counts a sample on the piece that ends it.
-#: Present wherever ``__lineage`` is (the same canonical form); absent or null means False.
+#: On frames it sits right after ``__lineage``, in the same canonical form; references
+#: (`refs_of`) leave it out, as the operators compute it again. Absent or null means False.
 OPEN = "__open"
 #: Trailing pad tokens of a packed row (int32), where packing made the row.
 PADDING_LENGTH = "__padding_length"
