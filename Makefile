@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q "torch==2.13.0"
 	# The tests start a local Ray cluster (the remote runner) and a local S3 server (object storage):
 	# those optional extras are part of the test setup.
-	$(PY) -m pip install -q -e ".[test,ray,s3,compat]"
+	$(PY) -m pip install -q -e ".[test,fast,ray,s3,compat]"
 	# Zephon 0.2.0's source distribution (its test suite), for compat/ and its CI selection.
 	$(PY) compat/zephon_suite.py fetch
 	touch $@

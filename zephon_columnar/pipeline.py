@@ -51,7 +51,8 @@ from zephon_columnar.engine.checkpoint import (
 from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning, PipelineError, WrongTypeError, warn
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.config import (FlushStrategy, Homogeneity, LossScope, MissingFieldMode, PackingAlgorithm,
-                                       ShuffleAlgorithm, ShuffleStrategy, SpanSource, SpecialTokensMode)
+                                       ShuffleAlgorithm, ShuffleStrategy, SpanSource, SpecialTokensMode,
+                                       TokenizerBackend)
 from zephon_columnar.progress import Progress
 from zephon_columnar.ops.batch import BatchOp
 from zephon_columnar.io import fs
@@ -163,12 +164,15 @@ class Pipeline:
                  split_long_samples: bool = False, use_fast: bool = True, preserve_upstream_payload: bool = False,
                  special_tokens: SpecialTokensMode = "bos_eos", bos_token_id: int | None = None,
                  eos_token_id: int | None = None,
-                 placement: str = "auto", parallelism: int | None = None) -> "Pipeline":
+                 placement: str = "auto", parallelism: int | None = None,
+                 backend: TokenizerBackend = "auto") -> "Pipeline":
         """Tokenize ``field`` into ``input_ids`` (and ``attention_mask``) list<int32> columns.
 
         ``tokenizer`` may be a ``tokenizers.Tokenizer``, a ``transformers`` fast tokenizer or any
         HF-like callable; ``tokenizer_id`` a ``tokenizer.json`` path or a folder saved by
-        ``save_pretrained`` (no ``transformers`` needed).
+        ``save_pretrained`` (no ``transformers`` needed). ``backend`` (ours, not Zephon's): who
+        encodes, "auto" = the ``fastokens`` encoder where it is proven to give this tokenizer's
+        ids (the extra ``fast``), else ``tokenizers`` (`zephon_columnar.ops.tokenizer_backend`).
 
         Example:
             >>> pipe.tokenize(tokenizer_id="tok/", field="text", special_tokens="eos")  # doctest: +SKIP
@@ -180,7 +184,7 @@ class Pipeline:
             max_length=max_length, padding=padding, truncation=truncation, return_tensors=return_tensors,
             split_long_samples=split_long_samples, use_fast=use_fast,
             preserve_upstream_payload=preserve_upstream_payload, special_tokens=special_tokens,
-            bos_token_id=bos_token_id, eos_token_id=eos_token_id, parallelism=parallelism))
+            bos_token_id=bos_token_id, eos_token_id=eos_token_id, parallelism=parallelism, backend=backend))
 
     def tokenize_chat(self, tokenizer: Any = None, tokenizer_id: str | None = None, *, eos_token: str | None = None,
                       field: str = "messages", max_length: int | None = None, chat_template: str | None = None,

@@ -37,5 +37,8 @@ Homogeneity = Literal["none", "group", "full"]
 ShuffleAlgorithm = Literal["streaming", "block", "block_warmup"]
 """How ``shuffle`` draws rows from its buffer (`zephon_columnar.ops.shuffle`)."""
 
+TokenizerBackend = Literal["auto", "tokenizers", "fastokens"]
+"""Who encodes text for ``tokenize`` (`zephon_columnar.ops.tokenizer_backend`)."""
+
 __all__ = ["FlushStrategy", "Homogeneity", "LossScope", "MissingFieldMode", "PackingAlgorithm", "ShuffleAlgorithm",
-           "ShuffleStrategy", "SpanSource", "SpecialTokensMode"]
+           "ShuffleStrategy", "SpanSource", "SpecialTokensMode", "TokenizerBackend"]

@@ -64,7 +64,7 @@ import pyarrow.compute as pc
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError, DatasetFormatError, MissingFieldError, WrongTypeError
 from zephon_columnar.ops.base import FrameOp, OpContext, OpTraits
-from zephon_columnar.ops.config import MissingFieldMode, SpecialTokensMode
+from zephon_columnar.ops.config import MissingFieldMode, SpecialTokensMode, TokenizerBackend
 from zephon_columnar.ops.rows import sample_of
 from zephon_columnar.ops.tokenizer import (
     TokenizerOwner,
@@ -94,8 +94,11 @@ class TokenizeOp(TokenizerOwner, FrameOp):
                  return_tensors: str | None = None, split_long_samples: bool = False, use_fast: bool = True,
                  preserve_upstream_payload: bool = False, special_tokens: SpecialTokensMode = "bos_eos",
                  bos_token_id: int | None = None, eos_token_id: int | None = None,
-                 parallelism: int | None = None) -> None:
+                 parallelism: int | None = None, backend: TokenizerBackend = "auto") -> None:
         super().__init__()
+        if backend not in get_args(TokenizerBackend):
+            raise ConfigError(f"tokenize: backend={backend!r}; use one of {list(get_args(TokenizerBackend))}.")
+        self._backend = backend
         if not isinstance(field, str) or not field:
             raise ConfigError(f"tokenize: field= must be a column name, got {field!r}.")
         if missing_field not in ("error", "empty"):

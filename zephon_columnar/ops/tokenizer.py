@@ -42,11 +42,13 @@ import itertools
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Literal, get_args
 
 import numpy as np
 
-from zephon_columnar.errors import ConfigError
+from zephon_columnar.errors import ConfigError, ConfigurationWarning, warn
+from zephon_columnar.ops.config import TokenizerBackend
+from zephon_columnar.ops.tokenizer_backend import encode_flat, first_difference, probe_mismatch, unsupported_parts
 
 #: Added-token contents searched, in this order, for a bare tokenizer's BOS.
 BOS_CANDIDATES: tuple[str, ...] = ("<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>", "[CLS]",
@@ -272,6 +274,13 @@ class TokenizerHandle:
         self._fn = fn
         self._identity = identity
         self._trunc: int | None = None
+        #: Which encoder gives the ids (`zephon_columnar.ops.tokenizer_backend`); ``backend_note``
+        #: says which one runs and, when fastokens was passed over, why (None: not decided yet).
+        self.backend: TokenizerBackend = "auto"
+        self.backend_note: str | None = None
+        self._fast: Any = None  # the fastokens tokenizer, once proven for this tokenizer
+        self._fast_on: bool | None = None  # decided: fastokens in use (True) or not (False)
+        self._fast_checked_frame = False  # the first real frame was encoded by both and agreed
 
     # pickling: the JSON string, never the Rust object
     def __getstate__(self) -> dict[str, Any]:
@@ -281,6 +290,7 @@ class TokenizerHandle:
             state["_tok"] = None
             state["_owned"] = False
             state["_trunc"] = None
+            state["_fast"] = None  # rebuilt from the JSON; the decision travels with the handle
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -350,8 +360,83 @@ class TokenizerHandle:
             return self._encode_rust(texts, add_special_tokens, truncate_to)
         return self._encode_callable(texts, add_special_tokens, truncate_to)
 
+    def use_backend(self, backend: TokenizerBackend) -> TokenizerHandle:
+        """Encode with ``backend`` ("auto": fastokens where proven identical, else tokenizers;
+        "fastokens": the same, but a tokenizer it cannot prove is a `ConfigError`)."""
+        if backend not in get_args(TokenizerBackend):
+            raise ConfigError(f"tokenize(backend={backend!r}): choose one of {list(get_args(TokenizerBackend))}.")
+        if backend != "tokenizers" and self.kind != "tokenizers":
+            if backend == "fastokens":
+                raise ConfigError(f"tokenize(backend='fastokens'): {self.source} is not a tokenizers.Tokenizer "
+                                  "(tokenizer.json); fastokens encodes those only. Use backend='auto'.")
+        self.backend, self._fast, self._fast_on, self.backend_note = backend, None, None, None
+        return self
+
+    def _fast_encoder(self) -> Any:
+        """The fastokens tokenizer when this handle encodes with it, else None (deciding on
+        first use: `zephon_columnar.ops.tokenizer_backend`'s static check and probe)."""
+        if self._fast_on is None:
+            self._fast_on, self.backend_note = self._decide_fast()
+            if not self._fast_on and self.backend == "fastokens":
+                raise ConfigError(f"tokenize(backend='fastokens'): {self.backend_note}. Use backend='auto' (it "
+                                  "falls back to tokenizers) or backend='tokenizers'.")
+            if not self._fast_on and self.backend == "auto" and "fastokens gave other ids" in self.backend_note:
+                # A tokenizer fastokens is not made for falls back quietly (explain() says so);
+                # one it loads but encodes differently is a surprise worth a line.
+                warn(f"tokenize: {self.backend_note}; encoding with tokenizers (the same ids, slower).",
+                     ConfigurationWarning)
+        if self._fast_on and self._fast is None:
+            import fastokens
+
+            self._fast = fastokens.Tokenizer.from_json_str(self.json_str())
+        return self._fast if self._fast_on else None
+
+    def _decide_fast(self) -> tuple[bool, str]:
+        if self.kind != "tokenizers" or self.backend == "tokenizers":
+            return False, "tokenizers" if self.kind == "tokenizers" else self.kind
+        try:
+            import fastokens
+        except ImportError:
+            return False, "tokenizers (fastokens is not installed: pip install 'zephon_columnar[fast]')"
+        parts = unsupported_parts(json.loads(self.json_str()))
+        if parts:
+            return False, f"tokenizers: fastokens is not checked for this tokenizer's {', '.join(parts)}"
+        try:
+            fast = fastokens.Tokenizer.from_json_str(self.json_str())
+        except Exception as err:  # noqa: BLE001 - whatever the backend cannot load, tokenizers can
+            return False, f"tokenizers: fastokens cannot load this tokenizer ({type(err).__name__}: {err})"
+        diff = probe_mismatch(self._own(), fast)
+        if diff is not None:
+            return False, f"tokenizers: fastokens gave other ids on a probe text, {diff}"
+        self._fast = fast
+        return True, "fastokens (ids checked against tokenizers)"
+
     def _encode_rust(self, texts: list[str], add_special_tokens: bool,
                      truncate_to: int | None) -> tuple[np.ndarray, np.ndarray]:
+        fast = self._fast_encoder() if self.backend != "tokenizers" else None
+        # tokenizers' own truncation keeps the post-processor's specials: that case stays there.
+        if fast is not None and not (add_special_tokens and truncate_to is not None):
+            flat, offsets = encode_flat(fast, texts, add_special_tokens=add_special_tokens)
+            if truncate_to is not None:
+                flat, offsets = truncate_rows(flat, offsets, truncate_to)
+            if not self._fast_checked_frame and texts and any(texts):
+                # The first frame of real data, encoded by both: the last step of the proof.
+                want = self._encode_reference(texts, add_special_tokens, truncate_to)
+                diff = first_difference(texts, (flat, offsets), want)
+                self._fast_checked_frame = True
+                if diff is not None:
+                    self._fast_on, self._fast = False, None
+                    self.backend_note = f"tokenizers: fastokens gave other ids on the first frame, {diff}"
+                    if self.backend == "fastokens":
+                        raise ConfigError(f"tokenize(backend='fastokens'): {self.backend_note}.")
+                    warn(f"tokenize: {self.backend_note}; encoding with tokenizers from here on (the ids "
+                         "delivered are tokenizers').", ConfigurationWarning)
+                    return want
+            return flat, offsets
+        return self._encode_reference(texts, add_special_tokens, truncate_to)
+
+    def _encode_reference(self, texts: list[str], add_special_tokens: bool,
+                          truncate_to: int | None) -> tuple[np.ndarray, np.ndarray]:
         tok = self._tok
         if not self._owned and (truncate_to is not None or tok is None or tok.padding or tok.truncation):
             tok = self._own()
@@ -544,11 +629,14 @@ class TokenizerOwner:
     _handle: "TokenizerHandle | None"
 
     _identity: str | None
+    _backend: TokenizerBackend = "auto"
 
     def _ensure_handle(self) -> "TokenizerHandle":
         if self._handle is None:
             assert self._path is not None
             self._handle = load_tokenizer(tokenizer_id=self._path)
+        if self._handle.backend != self._backend:
+            self._handle.use_backend(self._backend)
         return self._handle
 
     def _tokenizer_fingerprint(self) -> str:
