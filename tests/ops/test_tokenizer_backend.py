@@ -59,10 +59,8 @@ def test_auto_uses_fastokens_and_gives_tokenizers_ids(make, special):
     tok = make()
     fast = load_tokenizer(tok).use_backend("auto")
     ref = load_tokenizer(tok).use_backend("tokenizers")
-    early = _ids(fast, TEXTS, add_special_tokens=special)  # tokenizers or fastokens: the proof runs meanwhile
-    assert fast.settle_backend().startswith("fastokens"), fast.backend_note
     got = _ids(fast, TEXTS, add_special_tokens=special)
-    assert early == got
+    assert fast.backend_note.startswith("fastokens"), fast.backend_note
     assert got == _ids(ref, TEXTS, add_special_tokens=special)
     for limit in (1, 7):  # truncation without the tokenizer's specials: cut on the offsets
         if not special:
@@ -84,7 +82,6 @@ def test_a_tokenizer_fastokens_is_not_checked_for_falls_back_quietly():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no warning: a WordPiece tokenizer is simply not fastokens' kind
         ids = _ids(handle, TEXTS[:20])
-        handle.settle_backend()
     assert handle.backend_note == "tokenizers: fastokens is not checked for this tokenizer's model WordPiece, " \
                                   "pre_tokenizer Whitespace"
     assert ids == _ids(load_tokenizer(tok).use_backend("tokenizers"), TEXTS[:20])
@@ -102,7 +99,6 @@ def test_a_first_frame_mismatch_falls_back_warns_and_delivers_tokenizers_ids(mon
         return (flat + 1 if list(texts) == TEXTS else flat), offsets  # the probe passes, real data differs
 
     monkeypatch.setattr(tokenizer_module, "encode_flat", off_by_one_on_real_data)
-    assert handle.settle_backend().startswith("fastokens")
     with pytest.warns(ConfigurationWarning, match="fastokens gave other ids on the first frame, text 1"):
         assert _ids(handle, TEXTS) == ref
     assert handle.backend_note.startswith("tokenizers: fastokens gave other ids")
@@ -129,7 +125,6 @@ def test_static_check_names_every_part_outside_the_checked_kinds():
 
 def test_the_decision_travels_with_a_pickled_handle():
     handle = load_tokenizer(make_tokenizer())
-    handle.settle_backend()
     want = _ids(handle, TEXTS)
     copy = pickle.loads(pickle.dumps(handle))
     assert copy.backend_note == handle.backend_note and copy._fast is None

@@ -48,7 +48,7 @@ import numpy as np
 
 from zephon_columnar.errors import ConfigError, ConfigurationWarning, warn
 from zephon_columnar.ops.config import TokenizerBackend
-from zephon_columnar.ops.tokenizer_backend import BackgroundProof, encode_flat, first_difference
+from zephon_columnar.ops.tokenizer_backend import encode_flat, first_difference, probe_mismatch, unsupported_parts
 
 #: Added-token contents searched, in this order, for a bare tokenizer's BOS.
 BOS_CANDIDATES: tuple[str, ...] = ("<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>", "[CLS]",
@@ -281,7 +281,6 @@ class TokenizerHandle:
         self._fast: Any = None  # the fastokens tokenizer, once proven for this tokenizer
         self._fast_on: bool | None = None  # decided: fastokens in use (True) or not (False)
         self._fast_checked_frame = False  # the first real frame was encoded by both and agreed
-        self._proof: BackgroundProof | None = None
 
     # pickling: the JSON string, never the Rust object
     def __getstate__(self) -> dict[str, Any]:
@@ -292,7 +291,6 @@ class TokenizerHandle:
             state["_owned"] = False
             state["_trunc"] = None
             state["_fast"] = None  # rebuilt from the JSON; the decision travels with the handle
-            state["_proof"] = None  # a thread does not travel (the copy proves again if undecided)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -367,30 +365,22 @@ class TokenizerHandle:
         "fastokens": the same, but a tokenizer it cannot prove is a `ConfigError`)."""
         if backend not in get_args(TokenizerBackend):
             raise ConfigError(f"tokenize(backend={backend!r}): choose one of {list(get_args(TokenizerBackend))}.")
-        if backend == "fastokens" and self.kind != "tokenizers":
-            raise ConfigError(f"tokenize(backend='fastokens'): {self.source} is not a tokenizers.Tokenizer "
-                              "(tokenizer.json); fastokens encodes those only. Use backend='auto'.")
+        if backend != "tokenizers" and self.kind != "tokenizers":
+            if backend == "fastokens":
+                raise ConfigError(f"tokenize(backend='fastokens'): {self.source} is not a tokenizers.Tokenizer "
+                                  "(tokenizer.json); fastokens encodes those only. Use backend='auto'.")
         self.backend, self._fast, self._fast_on, self.backend_note = backend, None, None, None
-        self._proof = None
         return self
 
     def _fast_encoder(self) -> Any:
-        """The fastokens tokenizer when this handle encodes with it, else None. "auto" proves it
-        on a background thread and encodes with tokenizers meanwhile (the same ids);
-        "fastokens" waits for the proof and refuses a tokenizer it cannot prove."""
+        """The fastokens tokenizer when this handle encodes with it, else None (deciding on
+        first use: `zephon_columnar.ops.tokenizer_backend`'s static check and probe)."""
         if self._fast_on is None:
-            if self.kind != "tokenizers":
-                self._fast_on, self.backend_note = False, self.kind
-                return None
-            outcome = self._running_proof().result(wait=self.backend == "fastokens")
-            if outcome is None:
-                return None  # still proving: tokenizers for this frame
-            self._fast, self.backend_note = outcome
-            self._fast_on = self._fast is not None
+            self._fast_on, self.backend_note = self._decide_fast()
             if not self._fast_on and self.backend == "fastokens":
                 raise ConfigError(f"tokenize(backend='fastokens'): {self.backend_note}. Use backend='auto' (it "
                                   "falls back to tokenizers) or backend='tokenizers'.")
-            if not self._fast_on and "fastokens gave other ids" in self.backend_note:
+            if not self._fast_on and self.backend == "auto" and "fastokens gave other ids" in self.backend_note:
                 # A tokenizer fastokens is not made for falls back quietly (explain() says so);
                 # one it loads but encodes differently is a surprise worth a line.
                 warn(f"tokenize: {self.backend_note}; encoding with tokenizers (the same ids, slower).",
@@ -401,19 +391,25 @@ class TokenizerHandle:
             self._fast = fastokens.Tokenizer.from_json_str(self.json_str())
         return self._fast if self._fast_on else None
 
-    def settle_backend(self) -> str:
-        """Wait for the backend decision (the proof "auto" runs in the background) and return
-        its note: which backend encodes and why."""
-        if self.kind == "tokenizers" and self.backend != "tokenizers" and self._fast_on is None:
-            self._running_proof().result(wait=True)
-            self._fast_encoder()
-        return self.backend_note or ("tokenizers" if self.kind == "tokenizers" else self.kind)
-
-    def _running_proof(self) -> BackgroundProof:
-        """This process's proof of fastokens for this tokenizer, started on first call."""
-        if self._proof is None or self._proof.pid != os.getpid():
-            self._proof = BackgroundProof(self.json_str())
-        return self._proof
+    def _decide_fast(self) -> tuple[bool, str]:
+        if self.kind != "tokenizers" or self.backend == "tokenizers":
+            return False, "tokenizers" if self.kind == "tokenizers" else self.kind
+        try:
+            import fastokens
+        except ImportError:
+            return False, "tokenizers (fastokens is not installed: pip install 'zephon_columnar[fast]')"
+        parts = unsupported_parts(json.loads(self.json_str()))
+        if parts:
+            return False, f"tokenizers: fastokens is not checked for this tokenizer's {', '.join(parts)}"
+        try:
+            fast = fastokens.Tokenizer.from_json_str(self.json_str())
+        except Exception as err:  # noqa: BLE001 - whatever the backend cannot load, tokenizers can
+            return False, f"tokenizers: fastokens cannot load this tokenizer ({type(err).__name__}: {err})"
+        diff = probe_mismatch(self._own(), fast)
+        if diff is not None:
+            return False, f"tokenizers: fastokens gave other ids on a probe text, {diff}"
+        self._fast = fast
+        return True, "fastokens (ids checked against tokenizers)"
 
     def _encode_rust(self, texts: list[str], add_special_tokens: bool,
                      truncate_to: int | None) -> tuple[np.ndarray, np.ndarray]:

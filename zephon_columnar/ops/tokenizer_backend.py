@@ -18,9 +18,6 @@ once (a `ConfigurationWarning`, and the reason in ``explain()``):
    tokenizer's own special tokens;
 3. the first frame of real data, encoded by both (`TokenizerHandle` does this).
 
-Steps 1 and 2 run on a background thread (`BackgroundProof`): until they are done "auto"
-encodes with tokenizers, so the first batch does not wait for them (the ids are the same).
-
 Example:
     >>> unsupported_parts({"model": {"type": "WordPiece"}, "normalizer": None})
     ['model WordPiece']
@@ -30,11 +27,6 @@ Example:
 
 from __future__ import annotations
 
-import atexit
-import json
-import os
-import threading
-import time
 import unicodedata
 from typing import Any, Mapping, Sequence
 
@@ -147,79 +139,3 @@ def _reference_flat(tok: Any, texts: Sequence[str], *, add_special_tokens: bool)
     np.cumsum(lengths, out=offsets[1:])
     flat = np.array([i for e in encodings for i in e.ids], np.int32)
     return flat, offsets
-
-
-def prove_fastokens(json_str: str) -> tuple[Any, str]:
-    """(the fastokens tokenizer, or None where it is not proven for this ``tokenizer.json``;
-    a note saying which backend encodes and why). Steps 1 and 2 of the module docstring."""
-    try:
-        import fastokens
-    except ImportError:
-        return None, "tokenizers (fastokens is not installed: pip install 'zephon_columnar[fast]')"
-    parts = unsupported_parts(json.loads(json_str))
-    if parts:
-        return None, f"tokenizers: fastokens is not checked for this tokenizer's {', '.join(parts)}"
-    try:
-        fast = fastokens.Tokenizer.from_json_str(json_str)
-    except Exception as err:  # noqa: BLE001 - whatever the backend cannot load, tokenizers can
-        return None, f"tokenizers: fastokens cannot load this tokenizer ({type(err).__name__}: {err})"
-    from tokenizers import Tokenizer
-
-    reference = Tokenizer.from_str(json_str)  # its own copy: the caller's may be encoding meanwhile
-    reference.no_padding()
-    reference.no_truncation()
-    diff = probe_mismatch(reference, fast)
-    if diff is not None:
-        return None, f"tokenizers: fastokens gave other ids on a probe text, {diff}"
-    return fast, "fastokens (ids checked against tokenizers)"
-
-
-#: How long a process's exit waits for proofs still running (`BackgroundProof`).
-PROOF_EXIT_WAIT_S = 30.0
-_proof_threads: list[threading.Thread] = []
-_proof_threads_pid = [os.getpid()]
-_exit_wait_registered = False
-
-
-def _await_proofs() -> None:
-    """At exit, join the proof threads still running: a daemon thread ended by the
-    interpreter while it is inside fastokens' or tokenizers' native code aborts the process
-    ("FATAL: exception not rethrown"), as a short-lived rank's exit showed."""
-    deadline = time.monotonic() + PROOF_EXIT_WAIT_S
-    for thread in list(_proof_threads):
-        thread.join(max(0.0, deadline - time.monotonic()))
-
-
-class BackgroundProof:
-    """`prove_fastokens` on a daemon thread, so that the first frames need not wait for it
-    (building a 32k-vocabulary fastokens tokenizer takes ~120 ms; both libraries release the
-    GIL while they build and encode): the handle encodes with tokenizers until it is done.
-    A process forked while it runs starts its own (the thread does not survive a fork); a
-    process's exit waits for it (`_await_proofs`)."""
-
-    def __init__(self, json_str: str) -> None:
-        global _exit_wait_registered
-        self.pid = os.getpid()
-        self._result: tuple[Any, str] | None = None
-        self._thread = threading.Thread(target=self._run, args=(json_str,), daemon=True,
-                                        name="zephon-fastokens-proof")
-        if not _exit_wait_registered or _proof_threads_pid[0] != self.pid:
-            _proof_threads.clear()  # a forked child's list holds its parent's threads
-            _proof_threads_pid[0] = self.pid
-            if not _exit_wait_registered:
-                _exit_wait_registered = True
-                atexit.register(_await_proofs)
-        _proof_threads[:] = [t for t in _proof_threads if t.is_alive()] + [self._thread]
-        self._thread.start()
-
-    def _run(self, json_str: str) -> None:
-        try:
-            self._result = prove_fastokens(json_str)
-        except Exception as err:  # noqa: BLE001 - a failed proof is a fallback, never a crash
-            self._result = (None, f"tokenizers: the fastokens check failed ({type(err).__name__}: {err})")
-
-    def result(self, *, wait: bool = False) -> tuple[Any, str] | None:
-        """The proof's outcome, or None while it runs (``wait``: block until it is done)."""
-        if wait:
-            self._thread.join()
-        return self._result
