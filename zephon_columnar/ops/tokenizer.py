@@ -365,10 +365,9 @@ class TokenizerHandle:
         "fastokens": the same, but a tokenizer it cannot prove is a `ConfigError`)."""
         if backend not in get_args(TokenizerBackend):
             raise ConfigError(f"tokenize(backend={backend!r}): choose one of {list(get_args(TokenizerBackend))}.")
-        if backend != "tokenizers" and self.kind != "tokenizers":
-            if backend == "fastokens":
-                raise ConfigError(f"tokenize(backend='fastokens'): {self.source} is not a tokenizers.Tokenizer "
-                                  "(tokenizer.json); fastokens encodes those only. Use backend='auto'.")
+        if backend == "fastokens" and self.kind != "tokenizers":
+            raise ConfigError(f"tokenize(backend='fastokens'): {self.source} is not a tokenizers.Tokenizer "
+                              "(tokenizer.json); fastokens encodes those only. Use backend='auto'.")
         self.backend, self._fast, self._fast_on, self.backend_note = backend, None, None, None
         return self
 
@@ -381,7 +380,7 @@ class TokenizerHandle:
                 raise ConfigError(f"tokenize(backend='fastokens'): {self.backend_note}. Use backend='auto' (it "
                                   "falls back to tokenizers) or backend='tokenizers'.")
             if not self._fast_on and self.backend == "auto" and "fastokens gave other ids" in self.backend_note:
-                # A tokenizer fastokens is not made for falls back quietly (explain() says so);
+                # A tokenizer fastokens is not made for falls back quietly (backend_note says so);
                 # one it loads but encodes differently is a surprise worth a line.
                 warn(f"tokenize: {self.backend_note}; encoding with tokenizers (the same ids, slower).",
                      ConfigurationWarning)
