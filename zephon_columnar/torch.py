@@ -70,7 +70,7 @@ class LoaderPhase:
     ``(last yielded + 1)``; idle workers (no lanes) drop out. So the ``delivered``-th item of
     the worker at ``position`` among the ``active`` ones is item ``(delivered - 1) * active +
     position`` of its rank's stream, the same on every rank at the same step. ``name`` tells
-    phases apart: one from the start of a pass (`PipelineIterableDataset._phase_name`), then
+    phases apart: one from the start of a pass (`PipelineIterableDataset._new_phase`), then
     one per resume on another layout (a resume on the same layout continues its phase).
 
     Example:
@@ -189,7 +189,7 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             self._worker_restore, self._worker_pipe, self._worker_lanes = state, None, None
             return
         self.pipeline.restore(state["pipeline"])
-        # Where loader workers start from: part of their phase's name (`_phase_name`).
+        # Where loader workers start from: part of their phase's name (`_new_phase`).
         self._start = hashlib.sha256(json.dumps(load_checkpoint(state["pipeline"]), sort_keys=True).encode()).hexdigest()
 
     # ---------------------------------------------------------------- workers
@@ -206,8 +206,7 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             ckpt: Mapping[str, Any] | None = None
             if restored is None:
                 lanes = worker_lanes(self.pipeline, worker, workers)
-                self._phase = LoaderPhase(name=self._phase_name(self._start, workers), position=worker if lanes else -1,
-                                          active=active_workers(len(_rank_lanes(self.pipeline)), workers))
+                self._phase = self._new_phase(self._start, worker, workers, first=0, serving=bool(lanes))
             elif _worker_state_fits(self.pipeline, restored):
                 lanes, ckpt = list(restored["lanes"]), restored["pipeline"]
                 saved = restored.get("loader_phase")
@@ -256,20 +255,22 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
                                    groups=int(restored["dp_degree"]))
         # The loader asks first the worker after the last one that yielded (idle ones drop out).
         last = max(range(len(phases)), key=lambda w: phases[w].rank_item()) if rank_items else workers - 1
-        active = active_workers(len(_rank_lanes(self.pipeline)), workers)
-        first = last + 1 if last + 1 < active else 0
+        first = last + 1 if last + 1 < active_workers(len(_rank_lanes(self.pipeline)), workers) else 0
         pending = {lane: state.items for lane, state in parse_checkpoint(merged).lanes.items()}
         lanes = worker_lanes(self.pipeline, worker, workers, first_worker=first, emitted=pending)
-        name = self._phase_name(f"{saved.name}/{rank_items}", workers)
-        return lanes, merged, LoaderPhase(name=name, position=(worker - first) % active if lanes else -1, active=active)
+        return lanes, merged, self._new_phase(f"{saved.name}/{rank_items}", worker, workers, first=first,
+                                              serving=bool(lanes))
 
-    def _phase_name(self, start: str, workers: int) -> str:
-        """A loader phase's name: where it started (a fresh pass, a restored checkpoint, a cut
-        of an earlier phase) and the layout it runs on, so that two jobs under one run_id keep
-        their snapshots apart unless they deliver the same items."""
+    def _new_phase(self, start: str, worker: int, workers: int, *, first: int, serving: bool) -> LoaderPhase:
+        """This worker's phase from its start: named by where it started (a fresh pass, a
+        restored checkpoint, a cut of an earlier phase) and the layout it runs on, so that two
+        jobs under one run_id keep their snapshots apart unless they deliver the same items;
+        the loader asks worker ``first`` first."""
         o = self.pipeline._options  # noqa: SLF001
         layout = (o.resolved_canonical_replicas(), o.resolved_dp_degree(), o.resolved_mapping(), workers)
-        return hashlib.sha256(f"{start}|{layout}".encode()).hexdigest()[:16]
+        name = hashlib.sha256(f"{start}|{layout}".encode()).hexdigest()[:16]
+        active = active_workers(len(_rank_lanes(self.pipeline)), workers)
+        return LoaderPhase(name=name, position=(worker - first) % active if serving else -1, active=active)
 
     def _exchange_cut(self, saved: LoaderPhase, worker: int, workers: int, timeout_s: float) -> list[LoaderPhase]:
         """The phase of the snapshot each of this rank's ``workers`` loader workers was given,
