@@ -70,3 +70,14 @@ def _default_shard_cache_per_test(monkeypatch):
     from zephon_columnar.io import fs
 
     monkeypatch.setattr(fs, "_default_cache", fs._default_cache)  # noqa: SLF001
+
+
+@pytest.fixture(autouse=True)
+def _fresh_tokenizer_proofs():
+    """The fastokens proof is per process and tokenizer, and the trained tokenizers of the tests
+    recur (the same JSON): each test proves its own, whatever ran before it."""
+    from zephon_columnar.ops.tokenizer_backend import forget_proofs
+
+    forget_proofs()
+    yield
+    forget_proofs()

@@ -135,6 +135,7 @@ def plan_strategy(draw) -> dict:
     plan: dict[str, Any] = dict(kind=draw(st.sampled_from(["stateless", "ordered"])), before=before)
     if plan["kind"] == "ordered":
         plan["split"] = draw(st.booleans())
+        plan["backend"] = draw(st.sampled_from(["auto", "auto", "tokenizers", "fastokens"]))
         ordered = draw(st.permutations(ORDERED_STEPS))[:draw(st.integers(0, 3))]
         if draw(st.booleans()):
             ordered.insert(draw(st.integers(0, len(ordered))), "pack")
@@ -408,7 +409,8 @@ def build(recipe: dict, run: dict, *, group: int = 0) -> Pipeline:
             pipe = pipe.filter(text_length_not_one_mod_three)
     if plan["kind"] == "ordered":
         split = dict(max_length=5, split_long_samples=True) if plan["split"] else {}
-        pipe = pipe.tokenize(TOKENIZER, field="text", special_tokens="eos", **split)
+        pipe = pipe.tokenize(TOKENIZER, field="text", special_tokens="eos", backend=plan.get("backend", "auto"),
+                             **split)
         for step in plan["ordered"]:
             if step == "shuffle":
                 s = plan["shuffle"]

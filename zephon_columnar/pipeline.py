@@ -192,9 +192,12 @@ class Pipeline:
                       loss_on_last_turn_only: bool | None = None, chat_template_kwargs: dict[str, Any] | None = None,
                       tools_field: str = "tools", enable_thinking_field: str = "enable_thinking",
                       mask_field_out: str = "loss_mask", preserve_upstream_payload: bool = False,
-                      placement: str = "auto", parallelism: int | None = None) -> "Pipeline":
+                      placement: str = "auto", parallelism: int | None = None,
+                      backend: TokenizerBackend = "auto") -> "Pipeline":
         """Tokenize ``messages`` conversations into ``input_ids`` plus a ``loss_mask`` that is 1 on
-        assistant tokens, with a Jinja chat template (text or file) or without one.
+        assistant tokens, with a Jinja chat template (text or file) or without one. ``backend``
+        as in `tokenize`; with a chat template the tokenizer also gives character offsets (for
+        the mask), which only ``tokenizers`` does, so that path encodes with it.
 
         Example:
             >>> pipe.tokenize_chat(tokenizer_id="tok/", chat_template="chat.jinja")  # doctest: +SKIP
@@ -207,7 +210,7 @@ class Pipeline:
             loss_scope=loss_scope, loss_on_last_turn_only=loss_on_last_turn_only,
             chat_template_kwargs=chat_template_kwargs, tools_field=tools_field,
             enable_thinking_field=enable_thinking_field, mask_field_out=mask_field_out,
-            preserve_upstream_payload=preserve_upstream_payload, parallelism=parallelism))
+            preserve_upstream_payload=preserve_upstream_payload, parallelism=parallelism, backend=backend))
 
     def expand_chat(self, *, field: str = "messages", placement: str = "auto",
                     parallelism: int | None = None) -> "Pipeline":

@@ -511,7 +511,7 @@ def _tail(streams: dict[int, Iterator[LaneItem]], emitted: dict[int, int]) -> It
 
 def _describe_op(op: BaseOp) -> str:
     """``name@pN`` in a stage line of ``explain()``; ``[columnar]`` for the columnar hook,
-    ``[calls of N]`` for calls a `CountingAccumulator` sizes."""
+    ``[calls of N]`` for calls a `CountingAccumulator` sizes, then the operator's `explain_note`."""
     from zephon_columnar.ops.user import GroupedCalls, uses_columns
 
     inner = op.op if isinstance(op, GroupedCalls) else op
@@ -520,4 +520,7 @@ def _describe_op(op: BaseOp) -> str:
         text += "[columnar]"
     if isinstance(op, GroupedCalls):
         text += f"[calls of {op.max_batch}]"
+    note = op.explain_note()
+    if note is not None:
+        text += f"[{note}]"
     return text

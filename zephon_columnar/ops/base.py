@@ -164,6 +164,11 @@ class BaseOp(ABC):
     def op_name(self) -> str:
         return self.name or type(self).__name__
 
+    def explain_note(self) -> str | None:
+        """What ``explain()`` adds to this operator's name about how it runs in this process
+        (None: nothing)."""
+        return None
+
     def fingerprint(self) -> dict[str, Any]:
         """JSON-friendly description of what this op does to the data (part of the recipe a
         checkpoint is checked against). Subclasses add the arguments that change the data."""

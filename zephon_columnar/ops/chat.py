@@ -103,7 +103,7 @@ from zephon_columnar.errors import (
     operator_failure,
 )
 from zephon_columnar.ops.base import FrameOp, OpContext, OpTraits
-from zephon_columnar.ops.config import LossScope, SpanSource
+from zephon_columnar.ops.config import LossScope, SpanSource, TokenizerBackend
 from zephon_columnar.ops.rows import sample_of
 from zephon_columnar.ops.tokenizer import (
     TokenizerHandle,
@@ -144,8 +144,9 @@ class TokenizeChatOp(TokenizerOwner, FrameOp):
                  loss_on_last_turn_only: bool | None = None, chat_template_kwargs: dict[str, Any] | None = None,
                  tools_field: str | None = "tools", enable_thinking_field: str | None = "enable_thinking",
                  mask_field_out: str = "loss_mask", preserve_upstream_payload: bool = False,
-                 parallelism: int | None = None) -> None:
+                 parallelism: int | None = None, backend: TokenizerBackend = "auto") -> None:
         super().__init__()
+        self._choose_backend(backend)
         if not isinstance(field, str) or not field:
             raise ConfigError(f"tokenize_chat: field= must be a column name, got {field!r}.")
         if not isinstance(mask_field_out, str) or not mask_field_out or F.is_bookkeeping(mask_field_out) \
@@ -239,7 +240,7 @@ class TokenizeChatOp(TokenizerOwner, FrameOp):
         if self.apply_chat_template:
             self._encode_with_offsets(["preflight probe"])
         else:
-            handle.encode_ids(["preflight probe"])
+            handle.preflight()
 
     def fingerprint(self) -> dict[str, Any]:
         template = None

@@ -96,9 +96,7 @@ class TokenizeOp(TokenizerOwner, FrameOp):
                  bos_token_id: int | None = None, eos_token_id: int | None = None,
                  parallelism: int | None = None, backend: TokenizerBackend = "auto") -> None:
         super().__init__()
-        if backend not in get_args(TokenizerBackend):
-            raise ConfigError(f"tokenize: backend={backend!r}; use one of {list(get_args(TokenizerBackend))}.")
-        self._backend = backend
+        self._choose_backend(backend)
         if not isinstance(field, str) or not field:
             raise ConfigError(f"tokenize: field= must be a column name, got {field!r}.")
         if missing_field not in ("error", "empty"):
@@ -166,7 +164,7 @@ class TokenizeOp(TokenizerOwner, FrameOp):
         raises what the first frame would."""
         handle = self._ensure_handle().materialize()
         self._resolve_ids()
-        handle.encode_ids(["preflight probe"], add_special_tokens=self.special_tokens == "tokenizer_default")
+        handle.preflight(add_special_tokens=self.special_tokens == "tokenizer_default")
 
     def fingerprint(self) -> dict[str, Any]:
         return {

@@ -46,10 +46,10 @@ from typing import Any, Callable, Literal, get_args
 
 import numpy as np
 
-from zephon_columnar.errors import ConfigError, ConfigurationWarning, warn
+from zephon_columnar.errors import ConfigError
 from zephon_columnar.ops.config import TokenizerBackend
-from zephon_columnar.ops.tokenizer_backend import (encode_flat, first_difference, flat_encodings, probe_mismatch,
-                                                   unsupported_parts)
+from zephon_columnar.ops.tokenizer_backend import (FastokensProof, existing_proof, flat_encodings, shared_proof,
+                                                   truncate_rows)
 
 #: Added-token contents searched, in this order, for a bare tokenizer's BOS.
 BOS_CANDIDATES: tuple[str, ...] = ("<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>", "[CLS]",
@@ -275,13 +275,8 @@ class TokenizerHandle:
         self._fn = fn
         self._identity = identity
         self._trunc: int | None = None
-        #: Which encoder gives the ids (`zephon_columnar.ops.tokenizer_backend`); ``backend_note``
-        #: says which one runs and, when fastokens was passed over, why (None: not decided yet).
+        #: Which encoder gives the ids (`zephon_columnar.ops.tokenizer_backend`).
         self.backend: TokenizerBackend = "auto"
-        self.backend_note: str | None = None
-        self._fast: Any = None  # the fastokens tokenizer, once proven for this tokenizer
-        self._fast_on: bool | None = None  # decided: fastokens in use (True) or not (False)
-        self._fast_checked_frame = False  # the first real frame was encoded by both and agreed
 
     # pickling: the JSON string, never the Rust object
     def __getstate__(self) -> dict[str, Any]:
@@ -291,7 +286,6 @@ class TokenizerHandle:
             state["_tok"] = None
             state["_owned"] = False
             state["_trunc"] = None
-            state["_fast"] = None  # rebuilt from the JSON; the decision travels with the handle
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -369,71 +363,51 @@ class TokenizerHandle:
         if backend == "fastokens" and self.kind != "tokenizers":
             raise ConfigError(f"tokenize(backend='fastokens'): {self.source} is not a tokenizers.Tokenizer "
                               "(tokenizer.json); fastokens encodes those only. Use backend='auto'.")
-        self.backend, self._fast, self._fast_on, self.backend_note = backend, None, None, None
+        self.backend = backend
         return self
 
-    def _fast_encoder(self) -> Any:
-        """The fastokens tokenizer when this handle encodes with it, else None (deciding on
-        first use: `zephon_columnar.ops.tokenizer_backend`'s static check and probe)."""
-        if self._fast_on is None:
-            self._fast_on, self.backend_note = self._decide_fast()
-            if not self._fast_on and self.backend == "fastokens":
-                raise ConfigError(f"tokenize(backend='fastokens'): {self.backend_note}. Use backend='auto' (it "
-                                  "falls back to tokenizers) or backend='tokenizers'.")
-            if not self._fast_on and self.backend == "auto" and "fastokens gave other ids" in self.backend_note:
-                # A tokenizer fastokens is not made for falls back quietly (backend_note says so);
-                # one it loads but encodes differently is a surprise worth a line.
-                warn(f"tokenize: {self.backend_note}; encoding with tokenizers (the same ids, slower).",
-                     ConfigurationWarning)
-        if self._fast_on and self._fast is None:
-            import fastokens
+    @property
+    def backend_note(self) -> str:
+        """Which backend encodes and, when fastokens was passed over, why (in this process)."""
+        if self.kind != "tokenizers":
+            return "the tokenizer callable"
+        if self.backend == "tokenizers":
+            return "tokenizers (backend='tokenizers')"
+        proof = existing_proof(self.identity())
+        if proof is None:
+            return f"backend={self.backend!r}, decided on the first frame"
+        verdict = proof.verdict
+        return verdict.note if verdict is not None else "tokenizers until fastokens is proven (on the first frames)"
 
-            self._fast = fastokens.Tokenizer.from_json_str(self.json_str())
-        return self._fast if self._fast_on else None
+    def preflight(self, *, add_special_tokens: bool = False) -> None:
+        """Encode a probe text, raising what the first frame would (without taking it for the
+        first frame of real data the proof checks); with ``backend="fastokens"``, also wait for
+        steps 1 and 2 of the proof, so a tokenizer it cannot prove is refused here."""
+        if self.kind != "tokenizers":
+            self._encode_callable(["preflight probe"], add_special_tokens, None)
+            return
+        self._encode_reference(["preflight probe"], add_special_tokens, None)
+        if self.backend == "fastokens" and self._proof().probed().encoder is None:
+            raise _fastokens_refused(self._proof().probed().note)
 
-    def _decide_fast(self) -> tuple[bool, str]:
-        """Steps 1 and 2 of the proof (`_encode_rust` asks only for a Rust tokenizer and a
-        backend other than "tokenizers")."""
-        try:
-            import fastokens
-        except ImportError:
-            return False, "tokenizers (fastokens is not installed: pip install 'zephon_columnar[fast]')"
-        parts = unsupported_parts(json.loads(self.json_str()))
-        if parts:
-            return False, f"tokenizers: fastokens is not checked for this tokenizer's {', '.join(parts)}"
-        try:
-            fast = fastokens.Tokenizer.from_json_str(self.json_str())
-        except Exception as err:  # noqa: BLE001 - whatever the backend cannot load, tokenizers can
-            return False, f"tokenizers: fastokens cannot load this tokenizer ({type(err).__name__}: {err})"
-        diff = probe_mismatch(self._own(), fast)
-        if diff is not None:
-            return False, f"tokenizers: fastokens gave other ids on a probe text, {diff}"
-        self._fast = fast
-        return True, "fastokens (ids checked against tokenizers)"
+    def _proof(self) -> FastokensProof:
+        return shared_proof(self.identity(), self.json_str())
 
     def _encode_rust(self, texts: list[str], add_special_tokens: bool,
                      truncate_to: int | None) -> tuple[np.ndarray, np.ndarray]:
-        fast = self._fast_encoder() if self.backend != "tokenizers" else None
+        def reference() -> tuple[np.ndarray, np.ndarray]:
+            return self._encode_reference(texts, add_special_tokens, truncate_to)
+
         # tokenizers' own truncation keeps the post-processor's specials: that case stays there.
-        if fast is not None and not (add_special_tokens and truncate_to is not None):
-            flat, offsets = encode_flat(fast, texts, add_special_tokens=add_special_tokens)
-            if truncate_to is not None:
-                flat, offsets = truncate_rows(flat, offsets, truncate_to)
-            if not self._fast_checked_frame and texts and any(texts):
-                # The first frame of real data, encoded by both: the last step of the proof.
-                want = self._encode_reference(texts, add_special_tokens, truncate_to)
-                diff = first_difference(texts, (flat, offsets), want)
-                self._fast_checked_frame = True
-                if diff is not None:
-                    self._fast_on, self._fast = False, None
-                    self.backend_note = f"tokenizers: fastokens gave other ids on the first frame, {diff}"
-                    if self.backend == "fastokens":
-                        raise ConfigError(f"tokenize(backend='fastokens'): {self.backend_note}.")
-                    warn(f"tokenize: {self.backend_note}; encoding with tokenizers from here on (the ids "
-                         "delivered are tokenizers').", ConfigurationWarning)
-                    return want
-            return flat, offsets
-        return self._encode_reference(texts, add_special_tokens, truncate_to)
+        if self.backend == "tokenizers" or (add_special_tokens and truncate_to is not None):
+            return reference()
+        strict = self.backend == "fastokens"
+        proof = self._proof()
+        encoded = proof.encode(texts, add_special_tokens=add_special_tokens, truncate_to=truncate_to,
+                               reference=reference, strict=strict)
+        if strict and proof.verdict is not None and proof.verdict.encoder is None:
+            raise _fastokens_refused(proof.verdict.note)
+        return encoded
 
     def _encode_reference(self, texts: list[str], add_special_tokens: bool,
                           truncate_to: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -479,16 +453,9 @@ def _flatten(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return flat, offsets
 
 
-def truncate_rows(flat: np.ndarray, offsets: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
-    """Keep the first ``limit`` ids of every row (vectorized)."""
-    lens = np.diff(offsets)
-    if not len(lens) or int(lens.max()) <= limit:
-        return flat, offsets
-    keep_lens = np.minimum(lens, limit)
-    pos = np.arange(len(flat), dtype=np.int64) - np.repeat(offsets[:-1], lens)
-    new_off = np.zeros_like(offsets)
-    np.cumsum(keep_lens, out=new_off[1:])
-    return flat[pos < np.repeat(keep_lens, lens)], new_off
+def _fastokens_refused(note: str) -> ConfigError:
+    return ConfigError(f"tokenize(backend='fastokens'): {note}. Use backend='auto' (it falls back to tokenizers) "
+                       "or backend='tokenizers'.")
 
 
 def callable_identity(fn: Any) -> str:
@@ -621,6 +588,12 @@ class TokenizerOwner:
 
     _identity: str | None
     _backend: TokenizerBackend = "auto"
+    name: str  # the operator's (`BaseOp.name`)
+
+    def _choose_backend(self, backend: TokenizerBackend) -> None:
+        if backend not in get_args(TokenizerBackend):
+            raise ConfigError(f"{self.name}: backend={backend!r}; use one of {list(get_args(TokenizerBackend))}.")
+        self._backend = backend
 
     def _ensure_handle(self) -> "TokenizerHandle":
         if self._handle is None:
@@ -629,6 +602,12 @@ class TokenizerOwner:
         if self._handle.backend != self._backend:
             self._handle.use_backend(self._backend)
         return self._handle
+
+    def explain_note(self) -> str | None:
+        """Which backend encodes (``explain()``): known once this process loaded the tokenizer."""
+        if self._handle is None:
+            return f"backend={self._backend}"
+        return f"backend={self._backend}: {self._handle.backend_note}"
 
     def _tokenizer_fingerprint(self) -> str:
         """What the operator's fingerprint records of the tokenizer (computed once): the

@@ -7,8 +7,10 @@
 - ``"auto"`` (what ``tokenize`` uses unless told otherwise): ``fastokens`` where it is proven to
   give this tokenizer's ids, else ``tokenizers``.
 
-Proven, not assumed, in three steps; the first that fails keeps ``tokenizers`` and says why
-once (a `ConfigurationWarning`, and the reason in ``explain()``):
+Proven, not assumed, once per process and tokenizer (`FastokensProof`, shared by every handle
+and operator copy of that tokenizer), in three steps; the first that fails keeps ``tokenizers``
+and says why once (a log line, ``explain()``, and a `ConfigurationWarning` when fastokens
+loaded the tokenizer but gave other ids):
 
 1. `unsupported_parts`: every part of the ``tokenizer.json`` (model, normalizer,
    pre-tokenizer, post-processor) is a kind the equivalence checks cover;
@@ -16,7 +18,12 @@ once (a `ConfigurationWarning`, and the reason in ``explain()``):
    marks, emoji, CJK, right-to-left text, control characters, whitespace runs, special-token
    strings inside text, a long word and a long document, empty strings), with and without the
    tokenizer's own special tokens;
-3. the first frame of real data, encoded by both (`TokenizerHandle` does this).
+3. the first frame of real data, encoded by both.
+
+Steps 1 and 2 run on a background thread while ``tokenizers`` encodes the first frame (the ids
+delivered for it); step 3 compares fastokens on that frame when the next one comes. So the first
+batch comes as soon as it does without fastokens, and no id reaches the stream before the
+backend giving it is proven.
 
 Example:
     >>> unsupported_parts({"model": {"type": "WordPiece"}, "normalizer": None})
@@ -28,10 +35,19 @@ Example:
 from __future__ import annotations
 
 import itertools
+import json
+import logging
+import os
+import threading
 import unicodedata
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+
+from zephon_columnar.errors import ConfigurationWarning, warn
+
+log = logging.getLogger(__name__)
 
 #: ``tokenizer.json`` parts the fastokens path is checked for, by ``type``.
 SUPPORTED_NORMALIZERS = frozenset({"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Prepend", "Replace", "Strip",
@@ -148,3 +164,189 @@ def flat_encodings(encodings: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
     flat = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int32,
                        count=int(offsets[-1]))
     return flat, offsets
+
+
+# ---------------------------------------------------------------------- the proof, once per process
+Encoded = tuple[np.ndarray, np.ndarray]
+"""(int32 ids, int64 row offsets): what every backend's encoding is turned into."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """What a `FastokensProof` settled on: the fastokens tokenizer to encode with (None: encode
+    with tokenizers) and which backend runs and why (`TokenizerHandle.backend_note`)."""
+
+    encoder: Any
+    note: str
+
+
+class FastokensProof:
+    """Whether fastokens gives one tokenizer's ids: proved once per process and shared by
+    every handle of that tokenizer (`shared_proof`), so operator copies on other threads and
+    calibration clones neither repeat the work nor compete for the cores with it.
+
+    Steps 1 and 2 run on a thread started with the proof (building the fastokens tokenizer
+    releases the GIL). `encode` meanwhile has tokenizers encode the first non-empty frame and
+    keeps it; the next call waits for the thread, encodes the kept frame with fastokens (step 3),
+    and settles the `verdict`. A frame that comes after the thread is done, or with
+    ``strict`` (``backend="fastokens"``: a refusal should surface at once), is checked itself:
+    encoded by both, tokenizers' ids delivered.
+    """
+
+    def __init__(self, json_str: str) -> None:
+        self._json = json_str
+        self._lock = threading.Lock()  # one caller at a time keeps a frame or settles
+        self._probed: Verdict | None = None  # steps 1 and 2, written by the thread
+        self._kept: tuple[list[str], bool, int | None, Encoded] | None = None
+        #: Settled: None until step 3 has run.
+        self.verdict: Verdict | None = None
+        # Not a daemon: a process exits only after the thread leaves fastokens' native code
+        # (a daemon thread still in it at exit aborts the process).
+        self._thread = threading.Thread(target=self._prove, name="zephon-fastokens-proof")
+        self._thread.start()
+
+    def _prove(self) -> None:
+        self._probed = probe_verdict(self._json)
+
+    def probed(self) -> Verdict:
+        """Steps 1 and 2's outcome, waiting for the thread."""
+        self._thread.join()
+        assert self._probed is not None
+        return self._probed
+
+    def encode(self, texts: list[str], *, add_special_tokens: bool, truncate_to: int | None,
+               reference: Callable[[], Encoded], strict: bool = False) -> Encoded:
+        """The ids of ``texts`` from the backend proven for this tokenizer (cut to
+        ``truncate_to`` ids a row); ``reference()`` encodes the same texts with tokenizers (the
+        same cut). Until the proof settles, the ids delivered are tokenizers'."""
+        verdict = self.verdict
+        if verdict is None:
+            if not any(texts):
+                return reference()  # nothing to prove on (and nothing to encode)
+            with self._lock:
+                verdict = self.verdict
+                if verdict is None:
+                    if self._kept is None and self._probed is None and not strict:
+                        want = reference()
+                        self._kept = (list(texts), add_special_tokens, truncate_to, want)
+                        return want
+                    self._thread.join()
+                    kept, delivered = self._kept, None
+                    if kept is None:
+                        delivered = reference()
+                        kept = (texts, add_special_tokens, truncate_to, delivered)
+                    verdict = self.verdict = self._settle(*kept, quiet=strict)
+                    self._kept = None
+                    if delivered is not None:
+                        return delivered
+        if verdict.encoder is None:
+            return reference()
+        return _fast_encode(verdict.encoder, texts, add_special_tokens, truncate_to)
+
+    def _settle(self, texts: list[str], add_special_tokens: bool, truncate_to: int | None, want: Encoded, *,
+                quiet: bool) -> Verdict:
+        """Step 3 on a frame tokenizers encoded as ``want``; says the outcome once (``quiet``:
+        no warning, the caller raises instead)."""
+        probed = self._probed
+        assert probed is not None
+        verdict = probed
+        if probed.encoder is not None:
+            diff = first_difference(texts, _fast_encode(probed.encoder, texts, add_special_tokens, truncate_to), want)
+            if diff is not None:
+                verdict = Verdict(encoder=None, note=f"tokenizers: fastokens gave other ids on the first frame, {diff}")
+        log.info("tokenize: encoding with %s", verdict.note)
+        if "fastokens gave other ids" in verdict.note and not quiet:
+            # A tokenizer fastokens is not made for falls back quietly (the log line and explain()
+            # say so); one it loads but encodes differently is a surprise worth a warning.
+            warn(f"tokenize: {verdict.note}; encoding with tokenizers (the same ids, slower).", ConfigurationWarning)
+        return verdict
+
+
+def _fast_encode(encoder: Any, texts: Sequence[str], add_special_tokens: bool, truncate_to: int | None) -> Encoded:
+    flat, offsets = encode_flat(encoder, texts, add_special_tokens=add_special_tokens)
+    return (flat, offsets) if truncate_to is None else truncate_rows(flat, offsets, truncate_to)
+
+
+def truncate_rows(flat: np.ndarray, offsets: np.ndarray, limit: int) -> Encoded:
+    """Keep the first ``limit`` ids of every row (vectorized; rows already short are kept).
+
+    Example:
+        >>> flat, off = truncate_rows(np.arange(5, dtype=np.int32), np.array([0, 3, 5]), 2)
+        >>> flat.tolist(), off.tolist()
+        ([0, 1, 3, 4], [0, 2, 4])
+    """
+    lens = np.diff(offsets)
+    if not len(lens) or int(lens.max()) <= limit:
+        return flat, offsets
+    keep_lens = np.minimum(lens, limit)
+    pos = np.arange(len(flat), dtype=np.int64) - np.repeat(offsets[:-1], lens)
+    new_off = np.zeros_like(offsets)
+    np.cumsum(keep_lens, out=new_off[1:])
+    return flat[pos < np.repeat(keep_lens, lens)], new_off
+
+
+def probe_verdict(json_str: str) -> Verdict:
+    """Steps 1 and 2 of the proof for the tokenizer ``json_str`` describes."""
+    try:
+        import fastokens
+    except ImportError:
+        return Verdict(encoder=None, note="tokenizers (fastokens is not installed: pip install 'zephon_columnar[fast]')")
+    parts = unsupported_parts(json.loads(json_str))
+    if parts:
+        return Verdict(encoder=None, note=f"tokenizers: fastokens is not checked for this tokenizer's {', '.join(parts)}")
+    try:
+        fast = fastokens.Tokenizer.from_json_str(json_str)
+    except Exception as err:  # noqa: BLE001 - whatever the backend cannot load, tokenizers can
+        return Verdict(encoder=None, note=f"tokenizers: fastokens cannot load this tokenizer ({type(err).__name__}: {err})")
+    import tokenizers
+
+    reference = tokenizers.Tokenizer.from_str(json_str)
+    reference.no_padding()
+    reference.no_truncation()
+    diff = probe_mismatch(reference, fast)
+    if diff is not None:
+        return Verdict(encoder=None, note=f"tokenizers: fastokens gave other ids on a probe text, {diff}")
+    return Verdict(encoder=fast, note="fastokens (ids checked against tokenizers)")
+
+
+_proofs: dict[str, FastokensProof] = {}
+_proofs_lock = threading.Lock()
+
+
+def shared_proof(key: str, json_str: str) -> FastokensProof:
+    """This process's proof for the tokenizer ``json_str`` (``key``: its content hash), started
+    on first request."""
+    proof = _proofs.get(key)
+    if proof is None:
+        with _proofs_lock:
+            proof = _proofs.get(key)
+            if proof is None:
+                proof = _proofs[key] = FastokensProof(json_str)
+    return proof
+
+
+def existing_proof(key: str) -> FastokensProof | None:
+    """This process's proof for the tokenizer ``key`` names, None when none was started."""
+    return _proofs.get(key)
+
+
+def forget_proofs() -> None:
+    """Drop this process's proofs (waiting for running ones), so each tokenizer is proved again
+    on its next use (tests that change an encoder do this)."""
+    with _proofs_lock:
+        for proof in _proofs.values():
+            proof._thread.join()  # noqa: SLF001 - the registry owns its proofs
+        _proofs.clear()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has no proof thread and maybe a lock held by a thread it lost: it keeps
+    the settled proofs only (their encoders work after a fork) and proves the others again."""
+    global _proofs_lock
+    _proofs_lock = threading.Lock()
+    for key in [k for k, proof in _proofs.items() if proof.verdict is None]:
+        del _proofs[key]
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
