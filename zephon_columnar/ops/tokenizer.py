@@ -391,7 +391,7 @@ class TokenizerHandle:
             raise _fastokens_refused(self._proof().probed().note)
 
     def _proof(self) -> FastokensProof:
-        return shared_proof(self.identity(), self.json_str())
+        return shared_proof(self.identity(), self.json_str(), self.tokenizer)
 
     def _encode_rust(self, texts: list[str], add_special_tokens: bool,
                      truncate_to: int | None) -> tuple[np.ndarray, np.ndarray]:

@@ -185,32 +185,43 @@ class FastokensProof:
     every handle of that tokenizer (`shared_proof`), so operator copies on other threads and
     calibration clones neither repeat the work nor compete for the cores with it.
 
-    Steps 1 and 2 run on a thread started with the proof (building the fastokens tokenizer
-    releases the GIL). `encode` meanwhile has tokenizers encode the first non-empty frame and
-    keeps it; the next call waits for the thread, encodes the kept frame with fastokens (step 3),
-    and settles the `verdict`. A frame that comes after the thread is done, or with
-    ``strict`` (``backend="fastokens"``: a refusal should surface at once), is checked itself:
-    encoded by both, tokenizers' ids delivered.
+    Step 1 runs when the proof is made (`static_refusal`: cheap). `encode` has tokenizers
+    encode the first non-empty frame, keeps it, and only then starts step 2 on a thread
+    (building the fastokens tokenizer takes a core for ~0.15 s with a 32k vocabulary and
+    releases the GIL; started earlier, it slowed the first frame, and so the first batch, on 2
+    cores). The next call waits for the thread, encodes the kept frame with fastokens (step 3)
+    and settles the `verdict`. With ``strict`` (``backend="fastokens"``: a refusal should
+    surface at once) the first frame waits for step 2 and is checked itself: encoded by both,
+    tokenizers' ids delivered.
     """
 
-    def __init__(self, json_str: str) -> None:
+    def __init__(self, json_str: str, refusal: Verdict | None = None) -> None:
         self._json = json_str
         self._lock = threading.Lock()  # one caller at a time keeps a frame or settles
-        self._probed: Verdict | None = None  # steps 1 and 2, written by the thread
+        self._start_lock = threading.Lock()
+        self._probed: Verdict | None = refusal  # steps 1 and 2: ``refusal`` (step 1's), or the thread's
         self._kept: tuple[list[str], bool, int | None, Encoded] | None = None
         #: Settled: None until step 3 has run.
         self.verdict: Verdict | None = None
-        # Not a daemon: a process exits only after the thread leaves fastokens' native code
-        # (a daemon thread still in it at exit aborts the process).
-        self._thread = threading.Thread(target=self._prove, name="zephon-fastokens-proof")
-        self._thread.start()
+        self._thread: threading.Thread | None = None  # step 2, once started
+
+    def _start(self) -> None:
+        """Start step 2 on its thread unless it ran or step 1 refused."""
+        with self._start_lock:
+            if self._thread is None and self._probed is None:
+                # Not a daemon: a process exits only after the thread leaves fastokens' native
+                # code (a daemon thread still in it at exit aborts the process).
+                self._thread = threading.Thread(target=self._prove, name="zephon-fastokens-proof")
+                self._thread.start()
 
     def _prove(self) -> None:
         self._probed = probe_verdict(self._json)
 
     def probed(self) -> Verdict:
         """Steps 1 and 2's outcome, waiting for the thread."""
-        self._thread.join()
+        self._start()
+        if self._thread is not None:
+            self._thread.join()
         assert self._probed is not None
         return self._probed
 
@@ -229,8 +240,9 @@ class FastokensProof:
                     if self._kept is None and self._probed is None and not strict:
                         want = reference()
                         self._kept = (list(texts), add_special_tokens, truncate_to, want)
+                        self._start()
                         return want
-                    self._thread.join()
+                    self.probed()
                     kept, delivered = self._kept, None
                     if kept is None:
                         delivered = reference()
@@ -285,21 +297,38 @@ def truncate_rows(flat: np.ndarray, offsets: np.ndarray, limit: int) -> Encoded:
     return flat[pos < np.repeat(keep_lens, lens)], new_off
 
 
-def probe_verdict(json_str: str) -> Verdict:
-    """Steps 1 and 2 of the proof for the tokenizer ``json_str`` describes."""
+def static_refusal(reference: Any) -> Verdict | None:
+    """Step 1 for a ``tokenizers.Tokenizer`` (read from its parts, without parsing its JSON),
+    and whether fastokens is installed: a verdict refusing fastokens, or None to go on."""
     try:
-        import fastokens
+        import fastokens  # noqa: F401 - only whether it is there
     except ImportError:
         return Verdict(encoder=None, note="tokenizers (fastokens is not installed: pip install 'zephon_columnar[fast]')")
-    parts = unsupported_parts(json.loads(json_str))
+    parts = unsupported_parts(tokenizer_parts(reference))
     if parts:
         return Verdict(encoder=None, note=f"tokenizers: fastokens is not checked for this tokenizer's {', '.join(parts)}")
+    return None
+
+
+def tokenizer_parts(tok: Any) -> dict[str, Any]:
+    """What `unsupported_parts` reads of a ``tokenizers.Tokenizer``, as in its ``tokenizer.json``."""
+    model = tok.model
+    return {"model": {"type": type(model).__name__, "dropout": getattr(model, "dropout", None)},
+            **{key: None if part is None else json.loads(part.__getstate__())
+               for key, part in (("normalizer", tok.normalizer), ("pre_tokenizer", tok.pre_tokenizer),
+                                 ("post_processor", tok.post_processor))}}
+
+
+def probe_verdict(json_str: str) -> Verdict:
+    """Step 2 of the proof for the tokenizer ``json_str`` describes (step 1 passed). The
+    fastokens tokenizer is built first: that releases the GIL, the reference's build does not."""
+    import fastokens
+    import tokenizers
+
     try:
         fast = fastokens.Tokenizer.from_json_str(json_str)
     except Exception as err:  # noqa: BLE001 - whatever the backend cannot load, tokenizers can
         return Verdict(encoder=None, note=f"tokenizers: fastokens cannot load this tokenizer ({type(err).__name__}: {err})")
-    import tokenizers
-
     reference = tokenizers.Tokenizer.from_str(json_str)
     reference.no_padding()
     reference.no_truncation()
@@ -313,15 +342,15 @@ _proofs: dict[str, FastokensProof] = {}
 _proofs_lock = threading.Lock()
 
 
-def shared_proof(key: str, json_str: str) -> FastokensProof:
-    """This process's proof for the tokenizer ``json_str`` (``key``: its content hash), started
-    on first request."""
+def shared_proof(key: str, json_str: str, reference: Any) -> FastokensProof:
+    """This process's proof for the tokenizer ``json_str`` (``key``: its content hash;
+    ``reference``: that tokenizer, for step 1), started on first request."""
     proof = _proofs.get(key)
     if proof is None:
         with _proofs_lock:
             proof = _proofs.get(key)
             if proof is None:
-                proof = _proofs[key] = FastokensProof(json_str)
+                proof = _proofs[key] = FastokensProof(json_str, static_refusal(reference))
     return proof
 
 
@@ -335,7 +364,7 @@ def forget_proofs() -> None:
     on its next use (tests that change an encoder do this)."""
     with _proofs_lock:
         for proof in _proofs.values():
-            proof._thread.join()  # noqa: SLF001 - the registry owns its proofs
+            proof.probed()
         _proofs.clear()
 
 
