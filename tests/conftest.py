@@ -73,11 +73,12 @@ def _default_shard_cache_per_test(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def _fresh_tokenizer_proofs():
-    """The fastokens proof is per process and tokenizer, and the trained tokenizers of the tests
-    recur (the same JSON): each test proves its own, whatever ran before it."""
-    from zephon_columnar.ops.tokenizer_backend import forget_proofs
+def _fresh_tokenizers():
+    """Tokenizer files are loaded and fastokens proved once per process, and the tests' trained
+    tokenizers recur (the same JSON, module-wide folders): each test loads and proves its own,
+    whatever ran before it."""
+    from zephon_columnar.ops.tokenizer import forget_tokenizers
 
-    forget_proofs()
+    forget_tokenizers()
     yield
-    forget_proofs()
+    forget_tokenizers()

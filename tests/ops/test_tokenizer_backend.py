@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from tests.ops._tokenizers import make_texts, make_tokenizer
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
@@ -27,7 +27,8 @@ from tests.ops._chat_helpers import (chat_frame, chat_tokenizer, concat_referenc
 from zephon_columnar.ops import tokenizer_backend
 from zephon_columnar.ops.chat import TokenizeChatOp
 from zephon_columnar.ops.tokenizer import load_tokenizer
-from zephon_columnar.ops.tokenizer_backend import PROBE_TEXTS, existing_proof, probe_mismatch, unsupported_parts
+from zephon_columnar.ops.tokenizer_backend import (PROBE_TEXTS, existing_proof, flat_encodings,
+                                                   probe_difference, unsupported_parts)
 
 fastokens = pytest.importorskip("fastokens")
 
@@ -61,6 +62,37 @@ def _sentencepiece_like() -> Tokenizer:
     return tok
 
 
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _llama3_like() -> Tokenizer:
+    """A Llama-3-style byte-level BPE: a Split regex pre-tokenizer before ByteLevel (no regex of
+    its own), a BOS template, special tokens and a plain added token."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"]
+    tok.train_from_iterator(make_texts(400, seed=9), trainer=trainers.BpeTrainer(
+        vocab_size=800, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B",
+        special_tokens=[("<|begin_of_text|>", tok.token_to_id("<|begin_of_text|>"))])
+    tok.add_tokens(["[plain-added]"])
+    return tok
+
+
+def _unigram() -> Tokenizer:
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.train_from_iterator(make_texts(300, seed=6), trainers.UnigramTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"], unk_token="<unk>", show_progress=False))
+    return tok
+
+
 def _wordpiece() -> Tokenizer:
     tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -74,8 +106,9 @@ def _ids(handle, texts, **kw) -> list[list[int]]:
     return [flat[offsets[i]:offsets[i + 1]].tolist() for i in range(len(texts))]
 
 
-@pytest.mark.parametrize("make", [make_tokenizer, lambda: make_tokenizer(template=True), _sentencepiece_like],
-                         ids=["byte-level", "byte-level+template", "sentencepiece-like"])
+@pytest.mark.parametrize("make", [make_tokenizer, lambda: make_tokenizer(template=True), _llama3_like,
+                                  _sentencepiece_like],
+                         ids=["byte-level", "byte-level+template", "llama3-like", "sentencepiece-like"])
 @pytest.mark.parametrize("special", [False, True])
 def test_auto_proves_fastokens_on_the_first_frame_then_encodes_with_it(make, special, fast_calls):
     tok = make()
@@ -102,32 +135,37 @@ def test_truncation_that_keeps_the_tokenizers_specials_stays_on_tokenizers(fast_
     assert fast_calls == []
 
 
-@pytest.fixture(scope="module")
-def shared_tokenizer():
-    return make_tokenizer()
+@pytest.fixture(scope="module", params=["byte-level", "llama3-like", "sentencepiece-like"])
+def family(request) -> Tokenizer:
+    return {"byte-level": make_tokenizer, "llama3-like": _llama3_like,
+            "sentencepiece-like": _sentencepiece_like}[request.param]()
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.text(st.characters(codec="utf-8"), max_size=80), min_size=1, max_size=8))
-def test_random_unicode_text_gets_the_same_ids(shared_tokenizer, texts):
-    fast = load_tokenizer(shared_tokenizer).use_backend("fastokens")
-    ref = load_tokenizer(shared_tokenizer).use_backend("tokenizers")
-    assert _ids(fast, texts) == _ids(ref, texts)
-    assert existing_proof(fast.identity()) is None or fast.backend_note.startswith(("fastokens", "tokenizers until"))
+@given(texts=st.lists(st.text(st.characters(codec="utf-8"), max_size=80), min_size=1, max_size=8),
+       special=st.booleans())
+def test_random_unicode_text_gets_the_same_ids(family, texts, special):
+    fast = load_tokenizer(family).use_backend("fastokens")
+    ref = load_tokenizer(family).use_backend("tokenizers")
+    assert _ids(fast, texts, add_special_tokens=special) == _ids(ref, texts, add_special_tokens=special)
+    if any(texts):  # strict proves on its first non-empty frame; the examples after it are fastokens'
+        assert fast.backend_note.startswith("fastokens"), fast.backend_note
 
 
-def test_a_tokenizer_fastokens_is_not_checked_for_falls_back_quietly():
-    tok = _wordpiece()
+@pytest.mark.parametrize("make, parts", [(_unigram, "model Unigram"),
+                                         (_wordpiece, "model WordPiece, pre_tokenizer Whitespace")],
+                         ids=["unigram", "wordpiece"])
+def test_a_tokenizer_fastokens_is_not_checked_for_falls_back_quietly(make, parts):
+    tok = make()
     handle = load_tokenizer(tok)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no warning: a WordPiece tokenizer is simply not fastokens' kind
         ids = _ids(handle, TEXTS[:20]) + _ids(handle, TEXTS[20:40])
-    assert handle.backend_note == "tokenizers: fastokens is not checked for this tokenizer's model WordPiece, " \
-                                  "pre_tokenizer Whitespace"
+    assert handle.backend_note == f"tokenizers: fastokens is not checked for this tokenizer's {parts}"
     assert ids == _ids(load_tokenizer(tok).use_backend("tokenizers"), TEXTS[:40])
-    with pytest.raises(ConfigError, match="backend='fastokens'.*model WordPiece.*backend='auto'"):
+    with pytest.raises(ConfigError, match=f"backend='fastokens'.*{parts}.*backend='auto'"):
         load_tokenizer(tok).use_backend("fastokens").encode_ids(["x"])
-    with pytest.raises(ConfigError, match="backend='fastokens'.*model WordPiece"):
+    with pytest.raises(ConfigError, match=f"backend='fastokens'.*{parts}"):
         load_tokenizer(tok).use_backend("fastokens").preflight()
     load_tokenizer(tok).preflight()  # "auto" has nothing to refuse
 
@@ -169,10 +207,18 @@ def test_strict_fastokens_checks_its_first_frame_itself_and_refuses_a_mismatch(m
 
 def test_the_probe_names_the_text_where_encoders_differ():
     reference = make_tokenizer()
-    other = fastokens.Tokenizer.from_json_str(make_tokenizer(vocab_size=400).to_str())
-    diff = probe_mismatch(reference, other)
-    assert diff is not None and diff.startswith("text ") and "add_special_tokens=False" in diff
-    assert probe_mismatch(reference, fastokens.Tokenizer.from_json_str(reference.to_str())) is None
+
+    def probe(encode):
+        return {special: encode(special) for special in (False, True)}
+
+    want = probe(lambda special: flat_encodings(reference.encode_batch(list(PROBE_TEXTS), add_special_tokens=special)))
+    for json_str, differs in ((make_tokenizer(vocab_size=400).to_str(), True), (reference.to_str(), False)):
+        fast = fastokens.Tokenizer.from_json_str(json_str)
+        diff = probe_difference(probe(lambda special: tokenizer_backend.encode_flat(
+            fast, PROBE_TEXTS, add_special_tokens=special)), want)
+        assert (diff is not None) is differs
+        if differs:
+            assert diff.startswith("text ") and "add_special_tokens=False" in diff
 
 
 def test_static_check_names_every_part_outside_the_checked_kinds():
@@ -187,8 +233,8 @@ def test_static_check_names_every_part_outside_the_checked_kinds():
 
 def test_one_proof_per_process_and_tokenizer_shared_across_handles_and_threads(monkeypatch, fast_calls):
     proofs = []
-    real = tokenizer_backend.probe_verdict
-    monkeypatch.setattr(tokenizer_backend, "probe_verdict", lambda js: proofs.append(1) or real(js))
+    real = tokenizer_backend.build_fastokens
+    monkeypatch.setattr(tokenizer_backend, "build_fastokens", lambda js: proofs.append(1) or real(js))
     tok = make_tokenizer()
     ref = load_tokenizer(tok).use_backend("tokenizers")
     frames = [make_texts(40, seed=s) for s in range(8)]
@@ -228,9 +274,9 @@ def test_a_forked_child_keeps_a_settled_proof_and_proves_an_unsettled_one_again(
     ref = load_tokenizer(tok).use_backend("tokenizers")
     handle = load_tokenizer(tok)
     parent, release = os.getpid(), threading.Event()
-    real = tokenizer_backend.probe_verdict
+    real = tokenizer_backend.build_fastokens
     if not settled:  # the parent's proof is still on its thread when the child forks
-        monkeypatch.setattr(tokenizer_backend, "probe_verdict",
+        monkeypatch.setattr(tokenizer_backend, "build_fastokens",
                             lambda js: (release.wait(30) if os.getpid() == parent else None) or real(js))
     _ids(handle, TEXTS)
     if settled:
@@ -252,7 +298,7 @@ def test_explain_names_the_backend():
     ds = Dataset.from_tables("d", [pa.table({"text": make_texts(300, seed=4)})])
     pipe = Pipeline(StaticMixtureWorkSource([ds], {"d": 1.0}, chunk_size=64, seed=1)).tokenize(
         make_tokenizer(), field="text", special_tokens="eos").batch(8, drop_last=False)
-    assert "tokenize@p1[backend=auto: backend='auto', decided on the first frame]" in pipe.explain()
+    assert "tokenize@p1[backend=auto: decided on the first frame]" in pipe.explain()
     list(pipe)
     assert "tokenize@p1[backend=auto: fastokens (ids checked against tokenizers)]" in pipe.explain()
 
@@ -269,15 +315,26 @@ def test_tokenize_chat_without_a_template_takes_the_backend():
         TokenizeChatOp(tok, apply_chat_template=False, backend="rust")
 
 
-def test_pipeline_tokenize_delivers_the_same_rows_on_every_backend():
+@pytest.mark.parametrize("special_tokens", ["bos_eos", "bos", "eos", "none", "tokenizer_default"])
+@pytest.mark.parametrize("shape", [{}, {"max_length": 24, "split_long_samples": True},
+                                   {"max_length": 9, "truncation": True}, {"max_length": 30, "padding": "max_length"}],
+                         ids=["plain", "split", "truncate", "pad"])
+def test_pipeline_tokenize_delivers_the_same_rows_on_every_backend(special_tokens, shape):
     ds = Dataset.from_tables("d", [pa.table({"text": make_texts(300, seed=4)})])
+    tok = _llama3_like()
 
     def rows(backend):
         ws = StaticMixtureWorkSource([ds], {"d": 1.0}, chunk_size=64, seed=1)
-        pipe = Pipeline(ws).tokenize(make_tokenizer(), field="text", special_tokens="eos", max_length=24,
-                                     split_long_samples=True, backend=backend).batch(8, drop_last=False)
-        return [item.table.select(["input_ids"]).to_pylist() for item in pipe]
+        pipe = Pipeline(ws).tokenize(tok, field="text", special_tokens=special_tokens, bos_token_id=0,
+                                     eos_token_id=1, backend=backend, **shape).batch(8, drop_last=False)
+        return [item.table.select(["input_ids", "attention_mask"]).to_pylist() for item in pipe]
 
-    assert rows("auto") == rows("tokenizers") == rows("fastokens")
+    want = rows("tokenizers")
+    assert rows("auto") == want
+    assert rows("fastokens") == want
+
+
+def test_an_unknown_backend_is_refused():
+    ds = Dataset.from_tables("d", [pa.table({"text": ["a"]})])
     with pytest.raises(ConfigError, match="backend='fast'"):
         Pipeline(StaticMixtureWorkSource([ds], {"d": 1.0})).tokenize(make_tokenizer(), field="text", backend="fast")

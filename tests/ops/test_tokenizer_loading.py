@@ -4,6 +4,7 @@ hub ids fail at once without downloading; handles pickle cheaply and build once.
 from __future__ import annotations
 
 import pickle
+import shutil
 import time
 
 import numpy as np
@@ -174,6 +175,27 @@ def test_handle_pickles_as_json_and_rebuilds_once(tok, folder, monkeypatch):
     assert copy.identity() == h.identity() and (copy.bos_token_id, copy.eos_token_id) == (0, 1)
     c = pickle.loads(pickle.dumps(load_tokenizer(CallableTokenizer(make_tokenizer()))))
     assert rows(*c.encode_ids(TEXTS[:5])) == reference_ids(tok, TEXTS[:5])
+
+
+def test_a_file_is_loaded_once_per_process_and_its_handles_share_it(tok, folder, tmp_path, monkeypatch):
+    folder = shutil.copytree(folder, tmp_path / "tok")
+    builds = []
+    real = tokmod._build_tokenizer
+    monkeypatch.setattr(tokmod, "_build_tokenizer", lambda s: builds.append(1) or real(s))
+    a, b = load_tokenizer(tokenizer_id=str(folder)), load_tokenizer(tokenizer_id=str(folder))
+    assert len(builds) == 1 and a.tokenizer is b.tokenizer
+    a.materialize()
+    b.materialize()
+    assert len(builds) == 1  # shared, not copied
+    # one handle truncating builds its own copy; the shared one keeps encoding whole rows
+    assert rows(*a.encode_ids(TEXTS[:5], truncate_to=2)) == [r[:2] for r in reference_ids(tok, TEXTS[:5])]
+    assert len(builds) == 2 and a.tokenizer is not b.tokenizer and b.tokenizer.truncation is None
+    assert rows(*b.encode_ids(TEXTS[:5])) == reference_ids(tok, TEXTS[:5])
+    # a changed file is loaded again
+    config = folder / "tokenizer_config.json"
+    config.write_text(config.read_text() + " ")
+    load_tokenizer(tokenizer_id=str(folder))
+    assert len(builds) == 3
 
 
 def test_identity_is_the_content(tok, folder, tmp_path):

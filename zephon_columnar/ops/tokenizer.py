@@ -41,6 +41,7 @@ import hashlib
 import itertools
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any, Callable, Literal, get_args
 
@@ -48,8 +49,8 @@ import numpy as np
 
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.ops.config import TokenizerBackend
-from zephon_columnar.ops.tokenizer_backend import (FastokensProof, existing_proof, flat_encodings, shared_proof,
-                                                   truncate_rows)
+from zephon_columnar.ops.tokenizer_backend import (FastokensProof, existing_proof, flat_encodings, forget_proofs,
+                                                   shared_proof, truncate_rows)
 
 #: Added-token contents searched, in this order, for a bare tokenizer's BOS.
 BOS_CANDIDATES: tuple[str, ...] = ("<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>", "[CLS]",
@@ -270,7 +271,10 @@ class TokenizerHandle:
         #: Why a special id is None, when a config file said something about it.
         self.notes = dict(notes or {})
         self._tok = tokenizer
-        self._owned = False  # whether self._tok is our own copy (ours to configure)
+        #: Whose ``self._tok`` is: the caller's (or none yet: "borrowed", never configured: a copy is
+        #: built before use), this process's handles' of one file ("shared": `_load_path` built it,
+        #: cleared its padding and truncation, and nobody configures it), or this handle's own.
+        self._tok_is: Literal["borrowed", "shared", "own"] = "borrowed"
         self._json = json_str
         self._fn = fn
         self._identity = identity
@@ -284,7 +288,7 @@ class TokenizerHandle:
         if self.kind == "tokenizers":
             state["_json"] = self.json_str()
             state["_tok"] = None
-            state["_owned"] = False
+            state["_tok_is"] = "borrowed"
             state["_trunc"] = None
         return state
 
@@ -309,17 +313,25 @@ class TokenizerHandle:
 
     def materialize(self) -> TokenizerHandle:
         """Build the tokenizer now (workers call this once in ``setup``)."""
-        if self.kind == "tokenizers":
+        if self.kind == "tokenizers" and self._tok_is == "borrowed":
             self._own()
         return self
 
     def _own(self) -> Any:
-        if not self._owned:
+        if self._tok_is != "own":
             tok = _build_tokenizer(self.json_str())
             tok.no_padding()  # padding to the longest of a call would depend on the frame
             tok.no_truncation()
-            self._tok, self._owned, self._trunc = tok, True, None
+            self._tok, self._tok_is, self._trunc = tok, "own", None
         return self._tok
+
+    def shared_copy(self) -> TokenizerHandle:
+        """Another handle on the same built tokenizer, which neither configures (one that needs
+        truncation builds its own)."""
+        other = TokenizerHandle.__new__(TokenizerHandle)
+        other.__dict__.update(self.__dict__)
+        other.notes = dict(self.notes)
+        return other
 
     @property
     def tokenizer(self) -> Any:
@@ -375,7 +387,7 @@ class TokenizerHandle:
             return "tokenizers (backend='tokenizers')"
         proof = existing_proof(self.identity())
         if proof is None:
-            return f"backend={self.backend!r}, decided on the first frame"
+            return "decided on the first frame"
         verdict = proof.verdict
         return verdict.note if verdict is not None else "tokenizers until fastokens is proven (on the first frames)"
 
@@ -387,24 +399,23 @@ class TokenizerHandle:
             self._encode_callable(["preflight probe"], add_special_tokens, None)
             return
         self._encode_reference(["preflight probe"], add_special_tokens, None)
-        if self.backend == "fastokens" and self._proof().probed().encoder is None:
-            raise _fastokens_refused(self._proof().probed().note)
+        if self.backend == "fastokens":
+            probed = self._proof().probed(self._encode_reference)
+            if probed.encoder is None:
+                raise _fastokens_refused(probed.note)
 
     def _proof(self) -> FastokensProof:
         return shared_proof(self.identity(), self.json_str(), self.tokenizer)
 
     def _encode_rust(self, texts: list[str], add_special_tokens: bool,
                      truncate_to: int | None) -> tuple[np.ndarray, np.ndarray]:
-        def reference() -> tuple[np.ndarray, np.ndarray]:
-            return self._encode_reference(texts, add_special_tokens, truncate_to)
-
         # tokenizers' own truncation keeps the post-processor's specials: that case stays there.
         if self.backend == "tokenizers" or (add_special_tokens and truncate_to is not None):
-            return reference()
+            return self._encode_reference(texts, add_special_tokens, truncate_to)
         strict = self.backend == "fastokens"
         proof = self._proof()
         encoded = proof.encode(texts, add_special_tokens=add_special_tokens, truncate_to=truncate_to,
-                               reference=reference, strict=strict)
+                               reference=self._encode_reference, strict=strict)
         if strict and proof.verdict is not None and proof.verdict.encoder is None:
             raise _fastokens_refused(proof.verdict.note)
         return encoded
@@ -412,7 +423,7 @@ class TokenizerHandle:
     def _encode_reference(self, texts: list[str], add_special_tokens: bool,
                           truncate_to: int | None) -> tuple[np.ndarray, np.ndarray]:
         tok = self._tok
-        if not self._owned and (truncate_to is not None or tok is None or tok.padding or tok.truncation):
+        if self._tok_is != "own" and (truncate_to is not None or tok is None or tok.padding or tok.truncation):
             tok = self._own()
         if truncate_to != self._trunc:
             if truncate_to is None:
@@ -540,7 +551,41 @@ def _int_or_none(v: Any) -> int | None:
 
 
 def _load_path(path: str | os.PathLike[str], *, arg: str) -> TokenizerHandle:
+    """A handle on the tokenizer at ``path``; loaded once per process and file contents (the
+    operator copies of one pipeline, on their threads, share the built tokenizer: a 32k-vocabulary
+    ``tokenizer.json`` takes 50-100 ms to build, holding the GIL)."""
     f = resolve_tokenizer_path(path, arg=arg)
+    is_folder = Path(os.fspath(path)).expanduser().is_dir()
+    files = [f, *(f.parent / name for name in CONFIG_FILES)] if is_folder else [f]
+    key = (arg, os.fspath(path), *(_file_stamp(x) for x in files))
+    with _loaded_lock:
+        loaded = _loaded.get(key)
+        if loaded is None:
+            loaded = _loaded[key] = _build_path_handle(path, f, arg=arg, is_folder=is_folder)
+    return loaded.shared_copy()
+
+
+_loaded: dict[tuple[Any, ...], TokenizerHandle] = {}
+_loaded_lock = threading.Lock()
+
+
+def forget_tokenizers() -> None:
+    """Drop this process's loaded tokenizers and fastokens proofs, so the next use loads and
+    proves again (tests that count loads or change an encoder do this)."""
+    with _loaded_lock:
+        _loaded.clear()
+    forget_proofs()
+
+
+def _file_stamp(f: Path) -> tuple[str, int, int] | None:
+    try:
+        st = f.stat()
+    except FileNotFoundError:
+        return None
+    return (str(f), st.st_mtime_ns, st.st_size)
+
+
+def _build_path_handle(path: str | os.PathLike[str], f: Path, *, arg: str, is_folder: bool) -> TokenizerHandle:
     try:
         json_str = f.read_text(encoding="utf-8")
         tok = _build_tokenizer(json_str)
@@ -551,14 +596,13 @@ def _load_path(path: str | os.PathLike[str], *, arg: str) -> TokenizerHandle:
     tok.no_truncation()
     sp = _heuristic_specials(tok)
     notes: dict[str, str] = {}
-    is_folder = Path(os.fspath(path)).expanduser().is_dir()
     if is_folder:
         cfg, notes = _folder_specials(f.parent, tok)
         sp.update(cfg)
     handle = TokenizerHandle(kind="tokenizers", source=f"{arg}={os.fspath(path)!r}", tokenizer=tok,
                              json_str=json_str, bos_token_id=sp["bos"], eos_token_id=sp["eos"],
                              pad_token_id=sp["pad"], notes=notes, identity=path_identity(path))
-    handle._owned = True  # built here: ours to configure
+    handle._tok_is = "shared"  # built here, configured by no handle
     return handle
 
 

@@ -14,16 +14,16 @@ loaded the tokenizer but gave other ids):
 
 1. `unsupported_parts`: every part of the ``tokenizer.json`` (model, normalizer,
    pre-tokenizer, post-processor) is a kind the equivalence checks cover;
-2. `probe_mismatch`: the two backends agree on `PROBE_TEXTS` (normalization forms, combining
+2. `probe_difference`: the two backends agree on `PROBE_TEXTS` (normalization forms, combining
    marks, emoji, CJK, right-to-left text, control characters, whitespace runs, special-token
    strings inside text, a long word and a long document, empty strings), with and without the
    tokenizer's own special tokens;
 3. the first frame of real data, encoded by both.
 
-Steps 1 and 2 run on a background thread while ``tokenizers`` encodes the first frame (the ids
-delivered for it); step 3 compares fastokens on that frame when the next one comes. So the first
-batch comes as soon as it does without fastokens, and no id reaches the stream before the
-backend giving it is proven.
+``tokenizers`` encodes the first frame (the ids delivered for it); then a thread builds the
+fastokens tokenizer, and the next frame's call runs steps 2 and 3 and settles. So the first
+batch comes about as soon as it does without fastokens, and no id reaches the stream before
+the backend giving it is proven.
 
 Example:
     >>> unsupported_parts({"model": {"type": "WordPiece"}, "normalizer": None})
@@ -48,6 +48,12 @@ import numpy as np
 from zephon_columnar.errors import ConfigurationWarning, warn
 
 log = logging.getLogger(__name__)
+
+Encoded = tuple[np.ndarray, np.ndarray]
+"""(int32 ids, int64 row offsets): what every backend's encoding is turned into."""
+#: ``TokenizerHandle._encode_reference``: tokenizers' encoding of (texts, add_special_tokens,
+#: truncate_to).
+Reference = Callable[[list[str], bool, "int | None"], Encoded]
 
 #: ``tokenizer.json`` parts the fastokens path is checked for, by ``type``.
 SUPPORTED_NORMALIZERS = frozenset({"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Prepend", "Replace", "Strip",
@@ -136,21 +142,15 @@ def first_difference(texts: Sequence[str], a: tuple[np.ndarray, np.ndarray],
     return "the encodings differ in length"
 
 
-def probe_mismatch(reference: Any, fast: Any, texts: Sequence[str] = PROBE_TEXTS) -> str | None:
-    """None when ``fast`` (a fastokens tokenizer) gives ``reference``'s ids (a
-    ``tokenizers.Tokenizer`` without padding or truncation) on ``texts``, with and without
-    special tokens; else where they first differ."""
+def probe_difference(got: Mapping[bool, Encoded], want: Mapping[bool, Encoded],
+                     texts: Sequence[str] = PROBE_TEXTS) -> str | None:
+    """None when two encoders' encodings of ``texts`` (by ``add_special_tokens``: False and
+    True) are equal; else where they first differ."""
     for special in (False, True):
-        want = _reference_flat(reference, texts, add_special_tokens=special)
-        got = encode_flat(fast, texts, add_special_tokens=special)
-        diff = first_difference(texts, got, want)
+        diff = first_difference(texts, got[special], want[special])
         if diff is not None:
             return f"{diff} (add_special_tokens={special})"
     return None
-
-
-def _reference_flat(tok: Any, texts: Sequence[str], *, add_special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:
-    return flat_encodings(tok.encode_batch_fast(list(texts), add_special_tokens=add_special_tokens))
 
 
 def flat_encodings(encodings: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -167,8 +167,6 @@ def flat_encodings(encodings: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---------------------------------------------------------------------- the proof, once per process
-Encoded = tuple[np.ndarray, np.ndarray]
-"""(int32 ids, int64 row offsets): what every backend's encoding is turned into."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,6 +176,9 @@ class Verdict:
 
     encoder: Any
     note: str
+    #: fastokens loaded the tokenizer but gave other ids (a probe text or the first frame): a
+    #: surprise worth a warning, where a tokenizer it is not made for falls back quietly.
+    mismatch: bool = False
 
 
 class FastokensProof:
@@ -186,92 +187,112 @@ class FastokensProof:
     calibration clones neither repeat the work nor compete for the cores with it.
 
     Step 1 runs when the proof is made (`static_refusal`: cheap). `encode` has tokenizers
-    encode the first non-empty frame, keeps it, and only then starts step 2 on a thread
-    (building the fastokens tokenizer takes a core for ~0.15 s with a 32k vocabulary and
-    releases the GIL; started earlier, it slowed the first frame, and so the first batch, on 2
-    cores). The next call waits for the thread, encodes the kept frame with fastokens (step 3)
-    and settles the `verdict`. With ``strict`` (``backend="fastokens"``: a refusal should
-    surface at once) the first frame waits for step 2 and is checked itself: encoded by both,
-    tokenizers' ids delivered.
+    encode the first non-empty frame (the ids it delivers), keeps it, and only then starts a
+    thread that builds the fastokens tokenizer (a core for ~0.15 s with a 32k vocabulary; it
+    releases the GIL) and encodes `PROBE_TEXTS` with it; started earlier, it slowed the first
+    frame, and so the first batch, on 2 cores. The next call, which has to wait for the proof
+    anyway, encodes the probe with tokenizers meanwhile (step 2), then the kept frame with
+    fastokens (step 3), and settles the `verdict`. With ``strict`` (``backend="fastokens"``: a
+    refusal should surface at once) the first frame waits for step 2 and is checked itself:
+    encoded by both, tokenizers' ids delivered.
     """
 
     def __init__(self, json_str: str, refusal: Verdict | None = None) -> None:
         self._json = json_str
-        self._lock = threading.Lock()  # one caller at a time keeps a frame or settles
+        self._lock = threading.RLock()  # one caller at a time keeps a frame, probes or settles
         self._start_lock = threading.Lock()
-        self._probed: Verdict | None = refusal  # steps 1 and 2: ``refusal`` (step 1's), or the thread's
+        self._probed: Verdict | None = refusal  # steps 1 and 2 (``refusal``: step 1's)
+        self._built: tuple[Any, dict[bool, Encoded]] | Verdict | None = None  # the thread's outcome
+        self._thread: threading.Thread | None = None
         self._kept: tuple[list[str], bool, int | None, Encoded] | None = None
         #: Settled: None until step 3 has run.
         self.verdict: Verdict | None = None
-        self._thread: threading.Thread | None = None  # step 2, once started
 
     def _start(self) -> None:
-        """Start step 2 on its thread unless it ran or step 1 refused."""
+        """Start building the fastokens tokenizer on its thread (once; not after a refusal)."""
         with self._start_lock:
             if self._thread is None and self._probed is None:
                 # Not a daemon: a process exits only after the thread leaves fastokens' native
                 # code (a daemon thread still in it at exit aborts the process).
-                self._thread = threading.Thread(target=self._prove, name="zephon-fastokens-proof")
+                self._thread = threading.Thread(target=self._build, name="zephon-fastokens-proof")
                 self._thread.start()
 
-    def _prove(self) -> None:
-        self._probed = probe_verdict(self._json)
+    def _build(self) -> None:
+        self._built = build_fastokens(self._json)
 
-    def probed(self) -> Verdict:
-        """Steps 1 and 2's outcome, waiting for the thread."""
-        self._start()
+    def wait(self) -> None:
+        """Until the thread (if started) is done."""
         if self._thread is not None:
             self._thread.join()
-        assert self._probed is not None
+
+    def probed(self, reference: Reference) -> Verdict:
+        """Steps 1 and 2's outcome: the probe is encoded by ``reference`` here while the thread
+        builds the fastokens tokenizer."""
+        with self._lock:
+            return self._probe(reference)
+
+    def _probe(self, reference: Reference) -> Verdict:
+        if self._probed is None:
+            self._start()
+            want = {special: reference(list(PROBE_TEXTS), special, None) for special in (False, True)}
+            self.wait()
+            built = self._built
+            assert built is not None
+            if isinstance(built, Verdict):
+                self._probed = built
+            else:
+                fast, got = built
+                diff = probe_difference(got, want)
+                self._probed = (Verdict(encoder=fast, note="fastokens (ids checked against tokenizers)") if diff is None
+                                else Verdict(encoder=None, mismatch=True,
+                                             note=f"tokenizers: fastokens gave other ids on a probe text, {diff}"))
         return self._probed
 
     def encode(self, texts: list[str], *, add_special_tokens: bool, truncate_to: int | None,
-               reference: Callable[[], Encoded], strict: bool = False) -> Encoded:
+               reference: Reference, strict: bool = False) -> Encoded:
         """The ids of ``texts`` from the backend proven for this tokenizer (cut to
-        ``truncate_to`` ids a row); ``reference()`` encodes the same texts with tokenizers (the
-        same cut). Until the proof settles, the ids delivered are tokenizers'."""
+        ``truncate_to`` ids a row); ``reference`` encodes with tokenizers. Until the proof
+        settles, the ids delivered are tokenizers'."""
         verdict = self.verdict
         if verdict is None:
             if not any(texts):
-                return reference()  # nothing to prove on (and nothing to encode)
+                return reference(texts, add_special_tokens, truncate_to)  # nothing to prove on
             with self._lock:
                 verdict = self.verdict
                 if verdict is None:
                     if self._kept is None and self._probed is None and not strict:
-                        want = reference()
+                        want = reference(texts, add_special_tokens, truncate_to)
                         self._kept = (list(texts), add_special_tokens, truncate_to, want)
                         self._start()
                         return want
-                    self.probed()
+                    probed = self.probed(reference)
                     kept, delivered = self._kept, None
                     if kept is None:
-                        delivered = reference()
+                        delivered = reference(texts, add_special_tokens, truncate_to)
                         kept = (texts, add_special_tokens, truncate_to, delivered)
-                    verdict = self.verdict = self._settle(*kept, quiet=strict)
+                    verdict = self.verdict = _settle(probed, *kept, quiet=strict)
                     self._kept = None
                     if delivered is not None:
                         return delivered
         if verdict.encoder is None:
-            return reference()
+            return reference(texts, add_special_tokens, truncate_to)
         return _fast_encode(verdict.encoder, texts, add_special_tokens, truncate_to)
 
-    def _settle(self, texts: list[str], add_special_tokens: bool, truncate_to: int | None, want: Encoded, *,
-                quiet: bool) -> Verdict:
-        """Step 3 on a frame tokenizers encoded as ``want``; says the outcome once (``quiet``:
-        no warning, the caller raises instead)."""
-        probed = self._probed
-        assert probed is not None
-        verdict = probed
-        if probed.encoder is not None:
-            diff = first_difference(texts, _fast_encode(probed.encoder, texts, add_special_tokens, truncate_to), want)
-            if diff is not None:
-                verdict = Verdict(encoder=None, note=f"tokenizers: fastokens gave other ids on the first frame, {diff}")
-        log.info("tokenize: encoding with %s", verdict.note)
-        if "fastokens gave other ids" in verdict.note and not quiet:
-            # A tokenizer fastokens is not made for falls back quietly (the log line and explain()
-            # say so); one it loads but encodes differently is a surprise worth a warning.
-            warn(f"tokenize: {verdict.note}; encoding with tokenizers (the same ids, slower).", ConfigurationWarning)
-        return verdict
+
+def _settle(probed: Verdict, texts: list[str], add_special_tokens: bool, truncate_to: int | None, want: Encoded, *,
+            quiet: bool) -> Verdict:
+    """Step 3 on a frame tokenizers encoded as ``want``; says the outcome once (``quiet``: no
+    warning, the caller raises instead)."""
+    verdict = probed
+    if probed.encoder is not None:
+        diff = first_difference(texts, _fast_encode(probed.encoder, texts, add_special_tokens, truncate_to), want)
+        if diff is not None:
+            verdict = Verdict(encoder=None, mismatch=True,
+                              note=f"tokenizers: fastokens gave other ids on the first frame, {diff}")
+    log.info("tokenize: encoding with %s", verdict.note)
+    if verdict.mismatch and not quiet:
+        warn(f"tokenize: {verdict.note}; encoding with tokenizers (the same ids, slower).", ConfigurationWarning)
+    return verdict
 
 
 def _fast_encode(encoder: Any, texts: Sequence[str], add_special_tokens: bool, truncate_to: int | None) -> Encoded:
@@ -319,23 +340,16 @@ def tokenizer_parts(tok: Any) -> dict[str, Any]:
                                  ("post_processor", tok.post_processor))}}
 
 
-def probe_verdict(json_str: str) -> Verdict:
-    """Step 2 of the proof for the tokenizer ``json_str`` describes (step 1 passed). The
-    fastokens tokenizer is built first: that releases the GIL, the reference's build does not."""
+def build_fastokens(json_str: str) -> tuple[Any, dict[bool, Encoded]] | Verdict:
+    """The fastokens tokenizer for ``json_str`` and its encodings of `PROBE_TEXTS` (by
+    ``add_special_tokens``), or a verdict saying it cannot load the tokenizer."""
     import fastokens
-    import tokenizers
 
     try:
         fast = fastokens.Tokenizer.from_json_str(json_str)
     except Exception as err:  # noqa: BLE001 - whatever the backend cannot load, tokenizers can
         return Verdict(encoder=None, note=f"tokenizers: fastokens cannot load this tokenizer ({type(err).__name__}: {err})")
-    reference = tokenizers.Tokenizer.from_str(json_str)
-    reference.no_padding()
-    reference.no_truncation()
-    diff = probe_mismatch(reference, fast)
-    if diff is not None:
-        return Verdict(encoder=None, note=f"tokenizers: fastokens gave other ids on a probe text, {diff}")
-    return Verdict(encoder=fast, note="fastokens (ids checked against tokenizers)")
+    return fast, {special: encode_flat(fast, PROBE_TEXTS, add_special_tokens=special) for special in (False, True)}
 
 
 _proofs: dict[str, FastokensProof] = {}
@@ -364,7 +378,7 @@ def forget_proofs() -> None:
     on its next use (tests that change an encoder do this)."""
     with _proofs_lock:
         for proof in _proofs.values():
-            proof.probed()
+            proof.wait()
         _proofs.clear()
 
 
