@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import threading
+import time
 import unicodedata
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -122,10 +123,10 @@ def _kinds(part: Any) -> list[str]:
 
 def encode_flat(fast: Any, texts: Sequence[str], *, add_special_tokens: bool) -> tuple[np.ndarray, np.ndarray]:
     """``fastokens.Tokenizer.encode_batch_flat`` as (int32 ids, int64 offsets), the shape
-    `TokenizerHandle.encode_ids` returns (ids below 2**31: every vocabulary is)."""
+    `TokenizerHandle.encode_ids` returns: its little-endian uint32 / uint64 buffers read in
+    place as int32 / int64 (ids and offsets are below 2**31 and 2**63), read-only."""
     ids, offsets = fast.encode_batch_flat(list(texts), add_special_tokens=add_special_tokens)
-    flat = np.frombuffer(ids, np.uint32).astype(np.int32)
-    return flat, np.frombuffer(offsets, np.uint64).astype(np.int64)
+    return np.frombuffer(ids, np.dtype("<i4")), np.frombuffer(offsets, np.dtype("<i8"))
 
 
 def first_difference(texts: Sequence[str], a: tuple[np.ndarray, np.ndarray],
@@ -167,6 +168,8 @@ def flat_encodings(encodings: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---------------------------------------------------------------------- the proof, once per process
+#: Seconds the proof's thread waits before building the fastokens tokenizer (see `_build`).
+BUILD_DEFERRAL_S = 0.03
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -218,6 +221,11 @@ class FastokensProof:
                 self._thread.start()
 
     def _build(self) -> None:
+        # Building starts by holding the GIL for ~13 ms (parsing the JSON); deferred a little,
+        # the first frame's assembly and the first batch's packing (Python) go first. Measured
+        # (benchmarks/RESULTS.md, issue 27, session 30): first batch 174 -> 151 ms (medians of 7),
+        # level with tokenizers alone (159).
+        time.sleep(BUILD_DEFERRAL_S)
         self._built = build_fastokens(self._json)
 
     def wait(self) -> None:
