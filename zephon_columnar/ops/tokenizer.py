@@ -577,6 +577,16 @@ def forget_tokenizers() -> None:
     forget_proofs()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child keeps the loaded tokenizers but not a lock a lost thread may hold."""
+    global _loaded_lock
+    _loaded_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _file_stamp(f: Path) -> tuple[str, int, int] | None:
     try:
         st = f.stat()
