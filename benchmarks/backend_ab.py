@@ -43,7 +43,8 @@ def child(corpus: str, tokenizer: str, backend: str) -> dict:
             first = time.perf_counter() - t0
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {"backend": backend, "tokens": tokens, "tokens_per_s": tokens / wall, "first_batch_ms": first * 1e3,
-            "cpu_s_per_mtok": cpu / (tokens / 1e6), "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "cpu_s_per_mtok": cpu / (tokens / 1e6),
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def main() -> None:

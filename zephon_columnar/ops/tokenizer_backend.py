@@ -202,8 +202,8 @@ class FastokensProof:
 
     def __init__(self, json_str: str, refusal: Verdict | None = None) -> None:
         self._json = json_str
-        self._lock = threading.RLock()  # one caller at a time keeps a frame, probes or settles
-        self._start_lock = threading.Lock()
+        # One caller at a time keeps a frame, starts the thread, probes or settles.
+        self._lock = threading.RLock()
         self._probed: Verdict | None = refusal  # steps 1 and 2 (``refusal``: step 1's)
         self._built: tuple[Any, dict[bool, Encoded]] | Verdict | None = None  # the thread's outcome
         self._thread: threading.Thread | None = None
@@ -212,13 +212,13 @@ class FastokensProof:
         self.verdict: Verdict | None = None
 
     def _start(self) -> None:
-        """Start building the fastokens tokenizer on its thread (once; not after a refusal)."""
-        with self._start_lock:
-            if self._thread is None and self._probed is None:
-                # Not a daemon: a process exits only after the thread leaves fastokens' native
-                # code (a daemon thread still in it at exit aborts the process).
-                self._thread = threading.Thread(target=self._build, name="zephon-fastokens-proof")
-                self._thread.start()
+        """Start building the fastokens tokenizer on its thread (once; not after a refusal;
+        under ``self._lock``)."""
+        if self._thread is None and self._probed is None:
+            # Not a daemon: a process exits only after the thread leaves fastokens' native code
+            # (a daemon thread still in it at exit aborts the process).
+            self._thread = threading.Thread(target=self._build, name="zephon-fastokens-proof")
+            self._thread.start()
 
     def _build(self) -> None:
         # Building starts by holding the GIL for ~13 ms (parsing the JSON); deferred a little,
@@ -237,24 +237,22 @@ class FastokensProof:
         """Steps 1 and 2's outcome: the probe is encoded by ``reference`` here while the thread
         builds the fastokens tokenizer."""
         with self._lock:
-            return self._probe(reference)
-
-    def _probe(self, reference: Reference) -> Verdict:
-        if self._probed is None:
-            self._start()
-            want = {special: reference(list(PROBE_TEXTS), special, None) for special in (False, True)}
-            self.wait()
-            built = self._built
-            assert built is not None
-            if isinstance(built, Verdict):
-                self._probed = built
-            else:
-                fast, got = built
-                diff = probe_difference(got, want)
-                self._probed = (Verdict(encoder=fast, note="fastokens (ids checked against tokenizers)") if diff is None
-                                else Verdict(encoder=None, mismatch=True,
-                                             note=f"tokenizers: fastokens gave other ids on a probe text, {diff}"))
-        return self._probed
+            if self._probed is None:
+                self._start()
+                want = {special: reference(list(PROBE_TEXTS), special, None) for special in (False, True)}
+                self.wait()
+                built = self._built
+                assert built is not None
+                if isinstance(built, Verdict):
+                    self._probed = built
+                else:
+                    fast, got = built
+                    diff = probe_difference(got, want)
+                    self._probed = (Verdict(encoder=fast, note="fastokens (ids checked against tokenizers)")
+                                    if diff is None else
+                                    Verdict(encoder=None, mismatch=True,
+                                            note=f"tokenizers: fastokens gave other ids on a probe text, {diff}"))
+            return self._probed
 
     def encode(self, texts: list[str], *, add_special_tokens: bool, truncate_to: int | None,
                reference: Reference, strict: bool = False) -> Encoded:
@@ -332,10 +330,12 @@ def static_refusal(reference: Any) -> Verdict | None:
     try:
         import fastokens  # noqa: F401 - only whether it is there
     except ImportError:
-        return Verdict(encoder=None, note="tokenizers (fastokens is not installed: pip install 'zephon_columnar[fast]')")
+        return Verdict(encoder=None,
+                       note="tokenizers (fastokens is not installed: pip install 'zephon_columnar[fast]')")
     parts = unsupported_parts(tokenizer_parts(reference))
     if parts:
-        return Verdict(encoder=None, note=f"tokenizers: fastokens is not checked for this tokenizer's {', '.join(parts)}")
+        return Verdict(encoder=None,
+                       note=f"tokenizers: fastokens is not checked for this tokenizer's {', '.join(parts)}")
     return None
 
 
@@ -356,7 +356,8 @@ def build_fastokens(json_str: str) -> tuple[Any, dict[bool, Encoded]] | Verdict:
     try:
         fast = fastokens.Tokenizer.from_json_str(json_str)
     except Exception as err:  # noqa: BLE001 - whatever the backend cannot load, tokenizers can
-        return Verdict(encoder=None, note=f"tokenizers: fastokens cannot load this tokenizer ({type(err).__name__}: {err})")
+        return Verdict(encoder=None,
+                       note=f"tokenizers: fastokens cannot load this tokenizer ({type(err).__name__}: {err})")
     return fast, {special: encode_flat(fast, PROBE_TEXTS, add_special_tokens=special) for special in (False, True)}
 
 
