@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -227,3 +231,21 @@ def test_arrow_batches_follow_the_same_output_contract():
             tokens_field="tokens", extra_fields=["input_ids"])
     with pytest.raises(ConfigError, match="requires a 'positions' field"):
         make_batch([[1, 2]]).to_training(return_cu_seqlens=True)
+
+
+@pytest.mark.parametrize("caller, warned", [("loader", 0), ("user", 1)])
+def test_the_read_only_tensor_warning_is_silenced_for_the_loader_only(caller, warned):
+    """types.py silences torch's "not writable" warning for its zero-copy views, and only for
+    its own calls: a user's torch.from_numpy of a read-only array still warns. A fresh process
+    each (torch warns once per process)."""
+    call = {"loader": "make_batch([[1, 2], [3, 4]], value_type=pa.int64()).to_training(zero_copy=True)",
+            "user": "torch.from_numpy(np.frombuffer(bytes(16), np.int64))"}[caller]
+    script = (
+        "import warnings, numpy as np, pyarrow as pa, torch\n"
+        "from tests.test_types import make_batch\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        f"    {call}\n"
+        "print(sum('not writable' in str(w.message) for w in seen))\n")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=root)
+    assert out.stdout.split() == [str(warned)], out.stdout + out.stderr

@@ -969,8 +969,10 @@ def _owned(value: np.ndarray, dtype: np.dtype, zero_copy: bool) -> np.ndarray:
 
 
 # Zero-copy hand-off of Arrow buffers: torch warns that they are read-only; the tensors are
-# views of immutable loader data, so the warning (for that message only) is noise.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+# views of immutable loader data, so the warning is noise, for that message from this module's
+# calls only (a user's own torch.from_numpy of a read-only array still warns).
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable",
+                        module=r"zephon_columnar\.types$")
 
 
 # What a payload holds: Arrow columns become these when records are made (lists of numbers as
