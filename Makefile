@@ -14,9 +14,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -U pip
 	# torch is pinned to the CPU wheel on local disk; install it first so nothing pulls another build.
 	$(PY) -m pip install -q "torch==2.13.0"
-	# The tests start a local Ray cluster (the remote runner) and a local S3 server (object storage):
-	# those optional extras are part of the test setup.
-	$(PY) -m pip install -q -e ".[test,fast,ray,s3,compat]"
+	# The tests start a local Ray cluster (the remote runner) and a local S3 server (object storage)
+	# and write Hugging Face datasets: those optional extras are part of the test setup.
+	$(PY) -m pip install -q -e ".[test,fast,ray,s3,compat,hf,progress]"
 	# Zephon 0.2.0's source distribution (its test suite), for compat/ and its CI selection.
 	$(PY) compat/zephon_suite.py fetch
 	touch $@
