@@ -370,8 +370,7 @@ class TokenizerHandle:
     def use_backend(self, backend: TokenizerBackend) -> TokenizerHandle:
         """Encode with ``backend`` ("auto": fastokens where proven identical, else tokenizers;
         "fastokens": the same, but a tokenizer it cannot prove is a `ConfigError`)."""
-        if backend not in get_args(TokenizerBackend):
-            raise ConfigError(f"tokenize(backend={backend!r}): choose one of {list(get_args(TokenizerBackend))}.")
+        check_backend(backend, "tokenize")
         if backend == "fastokens" and self.kind != "tokenizers":
             raise ConfigError(f"tokenize(backend='fastokens'): {self.source} is not a tokenizers.Tokenizer "
                               "(tokenizer.json); fastokens encodes those only. Use backend='auto'.")
@@ -405,7 +404,9 @@ class TokenizerHandle:
                 raise _fastokens_refused(probed.note)
 
     def _proof(self) -> FastokensProof:
-        return shared_proof(self.identity(), self.json_str(), self.tokenizer)
+        # Looked up first: starting one reads the reference tokenizer's parts (built if need be).
+        key = self.identity()
+        return existing_proof(key) or shared_proof(key, self.json_str(), self.tokenizer)
 
     def _encode_rust(self, texts: list[str], add_special_tokens: bool,
                      truncate_to: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -462,6 +463,13 @@ def _flatten(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     np.cumsum(np.fromiter(map(len, rows), dtype=np.int64, count=n), out=offsets[1:])
     flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32, count=int(offsets[-1]))
     return flat, offsets
+
+
+def check_backend(backend: Any, where: str) -> TokenizerBackend:
+    """``backend`` when it is one of `TokenizerBackend`'s values, else a ConfigError naming ``where``."""
+    if backend not in get_args(TokenizerBackend):
+        raise ConfigError(f"{where}: backend={backend!r}; use one of {list(get_args(TokenizerBackend))}.")
+    return backend
 
 
 def _fastokens_refused(note: str) -> ConfigError:
@@ -645,9 +653,7 @@ class TokenizerOwner:
     name: str  # the operator's (`BaseOp.name`)
 
     def _choose_backend(self, backend: TokenizerBackend) -> None:
-        if backend not in get_args(TokenizerBackend):
-            raise ConfigError(f"{self.name}: backend={backend!r}; use one of {list(get_args(TokenizerBackend))}.")
-        self._backend = backend
+        self._backend = check_backend(backend, self.name)
 
     def _ensure_handle(self) -> "TokenizerHandle":
         if self._handle is None:

@@ -259,30 +259,35 @@ class FastokensProof:
         """The ids of ``texts`` from the backend proven for this tokenizer (cut to
         ``truncate_to`` ids a row); ``reference`` encodes with tokenizers. Until the proof
         settles, the ids delivered are tokenizers'."""
-        verdict = self.verdict
-        if verdict is None:
-            if not any(texts):
-                return reference(texts, add_special_tokens, truncate_to)  # nothing to prove on
+        if self.verdict is None and any(texts):  # an empty frame has nothing to prove on
             with self._lock:
-                verdict = self.verdict
-                if verdict is None:
-                    if self._kept is None and self._probed is None and not strict:
-                        want = reference(texts, add_special_tokens, truncate_to)
-                        self._kept = (list(texts), add_special_tokens, truncate_to, want)
-                        self._start()
-                        return want
-                    probed = self.probed(reference)
-                    kept, delivered = self._kept, None
-                    if kept is None:
-                        delivered = reference(texts, add_special_tokens, truncate_to)
-                        kept = (texts, add_special_tokens, truncate_to, delivered)
-                    verdict = self.verdict = _settle(probed, *kept, quiet=strict)
-                    self._kept = None
+                if self.verdict is None:
+                    delivered = self._prove_on(texts, add_special_tokens, truncate_to, reference, strict)
                     if delivered is not None:
                         return delivered
-        if verdict.encoder is None:
+        verdict = self.verdict
+        if verdict is None or verdict.encoder is None:
             return reference(texts, add_special_tokens, truncate_to)
         return _fast_encode(verdict.encoder, texts, add_special_tokens, truncate_to)
+
+    def _prove_on(self, texts: list[str], add_special_tokens: bool, truncate_to: int | None, reference: Reference,
+                  strict: bool) -> Encoded | None:
+        """Under the lock, unsettled: keep this first frame for step 3 and start the build, or
+        settle (on the kept frame, or on this one). The ids of ``texts`` when tokenizers
+        encoded them here, else None (the caller encodes with the verdict)."""
+        if self._kept is None and self._probed is None and not strict:
+            want = reference(texts, add_special_tokens, truncate_to)
+            self._kept = (list(texts), add_special_tokens, truncate_to, want)
+            self._start()
+            return want
+        probed = self.probed(reference)
+        kept, delivered = self._kept, None
+        if kept is None:
+            delivered = reference(texts, add_special_tokens, truncate_to)
+            kept = (texts, add_special_tokens, truncate_to, delivered)
+        self.verdict = _settle(probed, *kept, quiet=strict)
+        self._kept = None
+        return delivered
 
 
 def _settle(probed: Verdict, texts: list[str], add_special_tokens: bool, truncate_to: int | None, want: Encoded, *,
