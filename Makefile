@@ -1,11 +1,12 @@
 # Two commands set up everything on a fresh machine:
 #   make demo   builds .venv if missing, installs, writes a small real-text dataset, runs the demo
 #   make test   builds .venv if missing, installs, runs the tests
+#   make lint   the linter, the formatter's check and the type checker on the package (CI runs it)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test venv bench clean
+.PHONY: demo test lint venv bench clean
 
 venv: $(VENV)/.installed
 
@@ -15,8 +16,9 @@ $(VENV)/.installed: pyproject.toml
 	# torch is pinned to the CPU wheel on local disk; install it first so nothing pulls another build.
 	$(PY) -m pip install -q "torch==2.13.0"
 	# The tests start a local Ray cluster (the remote runner) and a local S3 server (object storage)
-	# and write Hugging Face datasets: those optional extras are part of the test setup.
-	$(PY) -m pip install -q -e ".[test,fast,ray,s3,compat,hf,progress]"
+	# and write Hugging Face datasets: those optional extras are part of the test setup, with
+	# the pinned linter and type checker.
+	$(PY) -m pip install -q -e ".[test,fast,ray,s3,compat,hf,progress,lint]"
 	# Zephon 0.2.0's source distribution (its test suite), for compat/ and its CI selection.
 	$(PY) compat/zephon_suite.py fetch
 	touch $@
@@ -26,6 +28,11 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest -p no:cacheprovider --doctest-modules zephon_columnar tests
+
+lint: venv
+	$(VENV)/bin/ruff check zephon_columnar
+	$(VENV)/bin/ruff format --check zephon_columnar
+	$(VENV)/bin/mypy
 
 bench: venv  # needs the one-time setup of benchmarks/README.md
 	PYTHONPATH=. $(PY) benchmarks/prepacked.py --corpus benchmarks/data/small --rounds 5

@@ -22,6 +22,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.io import fs
@@ -31,20 +32,35 @@ INDEXABLE_FORMATS = ("jsonl", "parquet")
 FORMAT_VERSION = 1
 
 
-def build_index(format_name: str, dataset_dir: str | Path, *, output_path: str | Path | None = None,
-                progress: bool = True, max_workers: int = 8) -> str:
+def build_index(
+    format_name: str,
+    dataset_dir: str | Path,
+    *,
+    output_path: str | Path | None = None,
+    progress: bool = True,
+    max_workers: int = 8,
+) -> str:
     """Write ``index.json`` for the ``format_name`` files directly in ``dataset_dir`` (local or
     a URL) to ``output_path`` (default ``dataset_dir/index.json``); return where it went.
     ``max_workers`` is accepted for Zephon's signature (files are read one after another)."""
     if format_name not in INDEXABLE_FORMATS:
-        raise ConfigError(f"build_index: format {format_name!r} cannot be indexed; use one of "
-                          f"{list(INDEXABLE_FORMATS)}.")
+        raise ConfigError(
+            f"build_index: format {format_name!r} cannot be indexed; use one of {list(INDEXABLE_FORMATS)}."
+        )
     if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
         raise ConfigError(f"build_index: max_workers={max_workers!r}; pass an int >= 1.")
     root = os.fspath(dataset_dir)
     dataset = discover(fs.basename(root.rstrip("/")) or "dataset", root, fmt=format_name)  # type: ignore[arg-type]
-    shards = [{"basename": fs.basename(shard.path or ""), "bytes": int(shard.num_bytes),
-               "num_rows": int(shard.num_rows), "hashes": {}, "extra": {}} for shard in dataset.shards]
+    shards: list[dict[str, Any]] = [
+        {
+            "basename": fs.basename(shard.path or ""),
+            "bytes": int(shard.num_bytes),
+            "num_rows": int(shard.num_rows),
+            "hashes": {},
+            "extra": {},
+        }
+        for shard in dataset.shards
+    ]
     target = os.fspath(output_path) if output_path is not None else fs.join(root, fs.INDEX_FILE)
     fs.write_bytes(target, json.dumps({"format_version": FORMAT_VERSION, "shards": shards}, indent=2).encode())
     if progress:
@@ -54,12 +70,14 @@ def build_index(format_name: str, dataset_dir: str | Path, *, output_path: str |
 
 def _cli(argv: list[str]) -> int:
     if len(argv) != 2:
-        print(f"Usage: python -m zephon_columnar.build_index <format> <dataset_dir>\nFormats: "
-              f"{', '.join(INDEXABLE_FORMATS)}")
+        print(
+            f"Usage: python -m zephon_columnar.build_index <format> <dataset_dir>\nFormats: "
+            f"{', '.join(INDEXABLE_FORMATS)}"
+        )
         return 1
     try:
         build_index(argv[0], argv[1])
-    except Exception as exc:  # a CLI: report, do not trace back
+    except Exception as exc:  # noqa: BLE001 - a CLI: report, do not trace back
         print(f"Error: {exc}", file=sys.stderr)
         return 1
     return 0

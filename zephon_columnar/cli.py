@@ -27,7 +27,8 @@ import json
 import resource
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from zephon_columnar.errors import ZephonError
 
@@ -80,18 +81,25 @@ def inspect_command(args: argparse.Namespace) -> int:
     ds = Dataset.from_path("data", args.path, fmt=args.format)
     sample = _first_row(ds)
     report = {
-        "path": args.path, "format": ds.backend.get("kind"), "shards": ds.shard_count(), "rows": ds.total(),
+        "path": args.path,
+        "format": ds.backend.get("kind"),
+        "shards": ds.shard_count(),
+        "rows": ds.total(),
         "bytes": int(ds.raw_bytes().sum()),
-        "shard_list": [{"id": s.shard_id, "rows": s.num_rows, "bytes": s.num_bytes, "path": s.path}
-                       for s in ds.shards[:max(0, args.shards)]],
+        "shard_list": [
+            {"id": s.shard_id, "rows": s.num_rows, "bytes": s.num_bytes, "path": s.path}
+            for s in ds.shards[: max(0, args.shards)]
+        ],
         "schema": {f.name: str(f.type) for f in sample.schema} if sample is not None else {},
         "sample_row": _shortened(sample.to_pylist()[0]) if sample is not None else None,
     }
     if args.json:
         print(json.dumps(report, default=str))
         return 0
-    print(f"path: {report['path']}\nformat: {report['format']}\nshards: {report['shards']}\n"
-          f"rows: {report['rows']}\nbytes: {report['bytes']:,}")
+    print(
+        f"path: {report['path']}\nformat: {report['format']}\nshards: {report['shards']}\n"
+        f"rows: {report['rows']}\nbytes: {report['bytes']:,}"
+    )
     for s in report["shard_list"]:
         print(f"  shard {s['id']}: {s['rows']:,} rows, {s['bytes']:,} bytes, {s['path']}")
     if ds.shard_count() > len(report["shard_list"]):
@@ -140,11 +148,15 @@ def bench_command(args: argparse.Namespace) -> int:
     if args.tokenizer is not None:
         pipe = pipe.tokenize(tokenizer_id=args.tokenizer, field=args.field, special_tokens="eos")
     bins = {"num_bins": args.num_bins} if args.algorithm in ("first_fit", "best_fit") else {}
-    pipe = (pipe.pack_flat(args.max_length, algorithm=args.algorithm, tokens_field=tokens_field, **bins)
-            .batch(args.batch).options(runner=args.runner).show_progress(args.progress_every))
+    pipe = (
+        pipe.pack_flat(args.max_length, algorithm=args.algorithm, tokens_field=tokens_field, **bins)
+        .batch(args.batch)
+        .options(runner=args.runner)
+        .show_progress(args.progress_every)
+    )
     batches = 0
     first = None
-    for batch in pipe:
+    for _batch in pipe:
         batches += 1
         if first is None:
             first = time.perf_counter() - t0
@@ -153,15 +165,23 @@ def bench_command(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - t0
     tokens = batches * args.batch * args.max_length
     report = {
-        "path": args.path, "runner": args.runner, "algorithm": args.algorithm, "batches": batches,
-        "tokens": tokens, "seconds": round(seconds, 3), "first_batch_s": None if first is None else round(first, 3),
-        "batches_per_s": round(batches / seconds, 2), "tokens_per_s": round(tokens / seconds),
+        "path": args.path,
+        "runner": args.runner,
+        "algorithm": args.algorithm,
+        "batches": batches,
+        "tokens": tokens,
+        "seconds": round(seconds, 3),
+        "first_batch_s": None if first is None else round(first, 3),
+        "batches_per_s": round(batches / seconds, 2),
+        "tokens_per_s": round(tokens / seconds),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
     }
     if args.json:
         print(json.dumps(report))
     else:
-        print(f"{batches} batches of {args.batch} x {args.max_length} tokens in {seconds:.2f} s: "
-              f"{report['tokens_per_s']:,} tokens/s, {report['batches_per_s']} batches/s; first batch "
-              f"{report['first_batch_s']} s; peak RSS {report['peak_rss_mb']} MB")
+        print(
+            f"{batches} batches of {args.batch} x {args.max_length} tokens in {seconds:.2f} s: "
+            f"{report['tokens_per_s']:,} tokens/s, {report['batches_per_s']} batches/s; first batch "
+            f"{report['first_batch_s']} s; peak RSS {report['peak_rss_mb']} MB"
+        )
     return 0

@@ -11,6 +11,7 @@ import os
 import sys
 import threading
 import warnings
+from types import FrameType
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
@@ -28,7 +29,8 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
         >>> seen[0].filename.startswith(_PACKAGE), str(seen[0].message)
         (False, 'three rows dropped')
     """
-    frame, level = sys._getframe(1), 2
+    frame: FrameType | None = sys._getframe(1)  # noqa: SLF001 - the caller's frame, as warnings itself does
+    level = 2
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level if frame is not None else 2)
@@ -98,14 +100,19 @@ def operator_failure(err: BaseException, message: str) -> BaseException:
         wrapped = PipelineError  # raised from next(), these would end the caller's loop silently
     if wrapped is None:
         try:
-            wrapped = type(cls.__name__, (cls, PipelineError), {
-                "__module__": __name__, "__qualname__": f"PipelineError[{cls.__qualname__}]",
-                # The original class may want other constructor arguments (UnicodeDecodeError,
-                # OSError): build with the message only and print it as given.
-                "__new__": lambda klass, *args: cls.__new__(klass, *args),
-                "__init__": lambda self, *args: Exception.__init__(self, *args),
-                "__str__": lambda self: str(self.args[0]) if self.args else "",
-            })
+            wrapped = type(
+                cls.__name__,
+                (cls, PipelineError),
+                {
+                    "__module__": __name__,
+                    "__qualname__": f"PipelineError[{cls.__qualname__}]",
+                    # The original class may want other constructor arguments (UnicodeDecodeError,
+                    # OSError): build with the message only and print it as given.
+                    "__new__": lambda klass, *args: cls.__new__(klass, *args),
+                    "__init__": lambda self, *args: Exception.__init__(self, *args),
+                    "__str__": lambda self: str(self.args[0]) if self.args else "",
+                },
+            )
         except TypeError:  # a class that cannot be subclassed (layout conflict): plain PipelineError
             wrapped = PipelineError
         _WRAPPED[cls] = wrapped

@@ -44,11 +44,20 @@ OPEN = "__open"
 PADDING_LENGTH = "__padding_length"
 #: A packed row's pieces, in order (see `zephon_columnar.ops.pack.emit`).
 SEGMENTS = "__segments"
-SEGMENT_STRUCT = pa.struct([
-    ("dataset", pa.int32()), ("shard", pa.int32()), ("row", pa.int64()), ("chunk", pa.int64()),
-    ("offset", pa.int32()), ("component", pa.int32()), ("lineage", pa.list_(pa.int32())),
-    ("start", pa.int64()), ("length", pa.int32()), ("closes", pa.bool_()),
-])
+SEGMENT_STRUCT = pa.struct(
+    [
+        ("dataset", pa.int32()),
+        ("shard", pa.int32()),
+        ("row", pa.int64()),
+        ("chunk", pa.int64()),
+        ("offset", pa.int32()),
+        ("component", pa.int32()),
+        ("lineage", pa.list_(pa.int32())),
+        ("start", pa.int64()),
+        ("length", pa.int32()),
+        ("closes", pa.bool_()),
+    ]
+)
 #: Carried rows (pieces of documents) say how many tokens of their document came before them.
 TOKEN_SKIP = "__token_skip"
 
@@ -87,8 +96,9 @@ def lineage_parts(frame: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     lens = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     offsets = np.zeros(n + 1, np.int64)
     np.cumsum(lens, out=offsets[1:])
-    values = pc.list_flatten(arr).to_numpy(zero_copy_only=False).astype(np.int32) if offsets[-1] else \
-        np.zeros(0, np.int32)
+    values = (
+        pc.list_flatten(arr).to_numpy(zero_copy_only=False).astype(np.int32) if offsets[-1] else np.zeros(0, np.int32)
+    )
     return offsets, values
 
 
@@ -229,8 +239,9 @@ def frame_of(payload: dict | pa.Table, *, lane: int = 0, chunk_id: int = 0, firs
     n = table.num_rows
     rows = np.arange(first_row, first_row + n)
     pointers = np.stack([np.zeros(n, np.int64), np.zeros(n, np.int64), rows], axis=1)
-    book = pointer_frame(lane=lane, chunk_id=chunk_id, offsets=rows, pointers=pointers,
-                         components=np.zeros(n, np.int32))
+    book = pointer_frame(
+        lane=lane, chunk_id=chunk_id, offsets=rows, pointers=pointers, components=np.zeros(n, np.int32)
+    )
     return with_payload(book, table)
 
 
@@ -248,8 +259,9 @@ def refs_of(frame: pa.Table) -> pa.Table:
     through the operators that made it, which is how checkpoints hold rows without their data.
     (Per-row state a stage stored beside a reference, ``__s_*`` columns, is not part of it, nor
     ``__open``, which the operators compute again with the row.)"""
-    return frame.select([n for n in frame.column_names
-                         if is_bookkeeping(n) and n != OPEN and not n.startswith(("__s_", "__sf_"))])
+    return frame.select(
+        [n for n in frame.column_names if is_bookkeeping(n) and n != OPEN and not n.startswith(("__s_", "__sf_"))]
+    )
 
 
 def payload_of(frame: pa.Table) -> pa.Table:

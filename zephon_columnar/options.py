@@ -16,9 +16,9 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import sys
 import importlib.util
 import os
+import sys
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -29,15 +29,47 @@ MappingStrategy = Literal["contiguous", "interleaved"]
 IpcTransport = Literal["socketpair", "pipe"]
 
 #: Options accepted for compatibility that do not change how this engine runs.
-NO_OP_OPTIONS = frozenset({
-    "per_stage_runner", "mp_context", "worker_allocation", "default_stage_prefetch", "per_stage_prefetch",
-    "ipc_transport", "ipc_buffer_bytes", "mixture_config", "allow_latency_flush_in_deterministic",
-    "shutdown_mode", "mtp_prefetch",
-    "mtp_auto_checkpoint", "shm_enabled", "shm_coalesce",
-    "shm_min_item_bytes", "shm_min_new_allocation_bytes", "shm_min_forward_bytes", "shm_compact_above_ratio",
-    "shm_compact_min_savings_bytes", "shm_max_coalesced_bytes", "max_worker_retries", "aggregate_store",
-    "aggregate_serializer", "aggregate_compressor",
-})
+NO_OP_OPTIONS = frozenset(
+    {
+        "per_stage_runner",
+        "mp_context",
+        "worker_allocation",
+        "default_stage_prefetch",
+        "per_stage_prefetch",
+        "ipc_transport",
+        "ipc_buffer_bytes",
+        "mixture_config",
+        "allow_latency_flush_in_deterministic",
+        "shutdown_mode",
+        "mtp_prefetch",
+        "mtp_auto_checkpoint",
+        "shm_enabled",
+        "shm_coalesce",
+        "shm_min_item_bytes",
+        "shm_min_new_allocation_bytes",
+        "shm_min_forward_bytes",
+        "shm_compact_above_ratio",
+        "shm_compact_min_savings_bytes",
+        "shm_max_coalesced_bytes",
+        "max_worker_retries",
+        "aggregate_store",
+        "aggregate_serializer",
+        "aggregate_compressor",
+    }
+)
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or a ConfigError saying how to install it."""
+    try:
+        import ray
+    except ImportError as err:
+        raise ConfigError(
+            "options(runner='remote') runs the stateless stages on Ray, which is not installed: "
+            "pip install 'zephon_columnar[ray]' (or pip install ray), or use runner='threads' "
+            "or 'process'."
+        ) from err
+    return ray
 
 
 @dataclass(kw_only=True)
@@ -99,7 +131,7 @@ class RuntimeOptions:
     def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
 
-    def updated(self, **hints: Any) -> "RuntimeOptions":
+    def updated(self, **hints: Any) -> RuntimeOptions:
         """A copy with ``hints`` applied; unknown names and bad values raise, listing the valid
         ones. Options that depend on each other (``world_size``, ``global_rank``, ``dp_degree``)
         are checked together by `validate` when the pipeline builds its engine, so they may be
@@ -107,9 +139,11 @@ class RuntimeOptions:
         valid = self.field_names()
         unknown = sorted(set(hints) - set(valid))
         if unknown:
-            raise ConfigError(f"options(): unknown option(s) {unknown}. Valid options: {', '.join(valid)}. (Zephon "
-                              "0.2.0 warns and ignores an unknown option; zephon_columnar refuses it, so that a "
-                              "misspelt option never silently leaves the default in place.)")
+            raise ConfigError(
+                f"options(): unknown option(s) {unknown}. Valid options: {', '.join(valid)}. (Zephon "
+                "0.2.0 warns and ignores an unknown option; zephon_columnar refuses it, so that a "
+                "misspelt option never silently leaves the default in place.)"
+            )
         new = dataclasses.replace(self, **hints)
         new.validate_fields()
         return new
@@ -118,12 +152,16 @@ class RuntimeOptions:
         """Every check: each field's own, then the ones between fields."""
         self.validate_fields()
         if not (0 <= self.global_rank < self.world_size):
-            raise ConfigError(f"options(world_size={self.world_size}, global_rank={self.global_rank}): "
-                              "need 0 <= global_rank < world_size.")
+            raise ConfigError(
+                f"options(world_size={self.world_size}, global_rank={self.global_rank}): "
+                "need 0 <= global_rank < world_size."
+            )
         dp = self.resolved_dp_degree()
         if self.world_size > 1 and self.world_size % dp:
-            raise ConfigError(f"options(world_size={self.world_size}, dp_degree={dp}): world_size must be a "
-                              "multiple of dp_degree (ranks per data-parallel group = world_size / dp_degree).")
+            raise ConfigError(
+                f"options(world_size={self.world_size}, dp_degree={dp}): world_size must be a "
+                "multiple of dp_degree (ranks per data-parallel group = world_size / dp_degree)."
+            )
 
     def unsharded_world(self) -> int | None:
         """The world size of an initialized ``torch.distributed`` process group of more than one
@@ -137,7 +175,7 @@ class RuntimeOptions:
             if dist is None or not dist.is_available() or not dist.is_initialized():
                 return None
             world = int(dist.get_world_size())
-        except Exception:  # a half-initialized or unusual backend: say nothing rather than guess
+        except Exception:  # noqa: BLE001 - a half-initialized or unusual backend: say nothing rather than guess
             return None
         return world if world > 1 else None
 
@@ -146,14 +184,16 @@ class RuntimeOptions:
         self.store_options()  # raises on unknown keys and bad values
         self.metrics_sink()
         if self.tracking_value() not in (None, "off", "stages", "nodes"):
-            raise ConfigError(f"options(execution_tracking={self.execution_tracking!r}): use 'off', 'stages' or "
-                              "'nodes' (or zephon_columnar.observability.ExecutionTrackingMode).")
+            raise ConfigError(
+                f"options(execution_tracking={self.execution_tracking!r}): use 'off', 'stages' or "
+                "'nodes' (or zephon_columnar.observability.ExecutionTrackingMode)."
+            )
         if self.runner not in (None, "inline", "threads", "process", "remote", "ray"):
-            raise ConfigError(f"options(runner={self.runner!r}): use 'inline', 'threads', 'process' or 'remote' "
-                              "(Ray; also spelled 'ray').")
+            raise ConfigError(
+                f"options(runner={self.runner!r}): use 'inline', 'threads', 'process' or 'remote' "
+                "(Ray; also spelled 'ray')."
+            )
         if self.runner in ("remote", "ray") and importlib.util.find_spec("ray") is None:
-            from zephon_columnar.engine.ray_runner import import_ray
-
             import_ray()  # raises, saying what to install
         for name in ("max_workers", "op_queue_capacity", "canonical_replicas", "dp_degree", "mtp_buffer"):
             v = getattr(self, name)
@@ -162,18 +202,24 @@ class RuntimeOptions:
         v = self.prefetch_batches
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise ConfigError(f"options(prefetch_batches={v!r}): pass an int >= 0 (0: no prefetch thread) or None.")
-        if self.flush_every_k_chunks is not None and (not isinstance(self.flush_every_k_chunks, int)
-                                                      or self.flush_every_k_chunks < 0):
+        if self.flush_every_k_chunks is not None and (
+            not isinstance(self.flush_every_k_chunks, int) or self.flush_every_k_chunks < 0
+        ):
             raise ConfigError(f"options(flush_every_k_chunks={self.flush_every_k_chunks!r}): pass an int >= 0.")
         for name in ("world_size", "global_rank"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < (1 if name == "world_size" else 0):
                 raise ConfigError(f"options({name}={v!r}): pass an int >= {1 if name == 'world_size' else 0}.")
-        if self.op_timeout_s is not None and (isinstance(self.op_timeout_s, bool) or not isinstance(
-                self.op_timeout_s, (int, float)) or not 0 < self.op_timeout_s < float("inf")):
+        if self.op_timeout_s is not None and (
+            isinstance(self.op_timeout_s, bool)
+            or not isinstance(self.op_timeout_s, (int, float))
+            or not 0 < self.op_timeout_s < float("inf")
+        ):
             raise ConfigError(f"options(op_timeout_s={self.op_timeout_s!r}): pass seconds > 0, or None for no limit.")
         if self.mapping_strategy not in (None, "contiguous", "interleaved"):
-            raise ConfigError(f"options(mapping_strategy={self.mapping_strategy!r}): use 'contiguous' or 'interleaved'.")
+            raise ConfigError(
+                f"options(mapping_strategy={self.mapping_strategy!r}): use 'contiguous' or 'interleaved'."
+            )
 
     # ------------------------------------------------------------------ resolved values
     def tracking_on(self) -> bool:
@@ -205,15 +251,19 @@ class RuntimeOptions:
                 raise ConfigError(f"options(metrics_sink_config=...): unknown keys {unknown}; valid: {sorted(names)}.")
             config = MetricsSinkConfig(**sink)
         else:
-            raise ConfigError(f"options(metrics_sink_config={sink!r}): pass a "
-                              "zephon_columnar.observability.MetricsSinkConfig, a dict of its fields, or None.")
+            raise ConfigError(
+                f"options(metrics_sink_config={sink!r}): pass a "
+                "zephon_columnar.observability.MetricsSinkConfig, a dict of its fields, or None."
+            )
         if config is not None:
             try:
                 MetricsSinkMode(config.mode)
             except ValueError:
                 raise ConfigError(f"MetricsSinkConfig(mode={config.mode!r}): use 'log', 'statsd' or 'both'.") from None
             if not isinstance(config.flush_interval_s, (int, float)) or config.flush_interval_s < 0:
-                raise ConfigError(f"MetricsSinkConfig(flush_interval_s={config.flush_interval_s!r}): pass seconds >= 0.")
+                raise ConfigError(
+                    f"MetricsSinkConfig(flush_interval_s={config.flush_interval_s!r}): pass seconds >= 0."
+                )
             if not isinstance(config.max_batch_size, int) or config.max_batch_size < 1:
                 raise ConfigError(f"MetricsSinkConfig(max_batch_size={config.max_batch_size!r}): pass an int >= 1.")
         return config
@@ -227,7 +277,7 @@ class RuntimeOptions:
     def resolved_runner(self) -> Literal["inline", "threads", "process", "remote"]:
         if self.runner == "ray":
             return "remote"
-        return self.runner or "threads"  # type: ignore[return-value]
+        return self.runner or "threads"
 
     def resolved_max_workers(self) -> int:
         return self.max_workers or max(1, min(os.cpu_count() or 1, 16))

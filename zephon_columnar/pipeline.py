@@ -14,12 +14,13 @@ once `batch()` is in the plan, else `SampleRecord`s; iterating again starts from
 beginning unless `restore()` was called.
 """
 
-
+import copy
 import multiprocessing
 import threading
 import time
 import warnings
-from typing import Any, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
@@ -29,10 +30,6 @@ from zephon_columnar.engine.aggregate import (
     torch_distributed_ready,
 )
 from zephon_columnar.engine.calibrate import prime_token_mixture
-from zephon_columnar.engine.engine import Engine, EngineRun
-from zephon_columnar.engine.indexed import IndexedPipeline, indexing_obstacle
-from zephon_columnar.engine.warmup import RestoreWarmup
-from zephon_columnar.io.readers import ReaderPool
 from zephon_columnar.engine.checkpoint import (
     LaneCursor,
     LaneSnapshot,
@@ -48,20 +45,45 @@ from zephon_columnar.engine.checkpoint import (
     source_state_of,
     verify_digests,
 )
-from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning, PipelineError, WrongTypeError, warn
-from zephon_columnar.ops.base import BaseOp
-from zephon_columnar.ops.config import (FlushStrategy, Homogeneity, LossScope, MissingFieldMode, PackingAlgorithm,
-                                       ShuffleAlgorithm, ShuffleStrategy, SpanSource, SpecialTokensMode,
-                                       TokenizerBackend)
-from zephon_columnar.progress import Progress
-from zephon_columnar.ops.batch import BatchOp
+from zephon_columnar.engine.engine import Engine
+from zephon_columnar.engine.indexed import IndexedPipeline, indexing_obstacle
+from zephon_columnar.engine.run import Run
+from zephon_columnar.engine.warmup import RestoreWarmup
+from zephon_columnar.errors import (
+    CheckpointError,
+    ConfigError,
+    ConfigurationWarning,
+    PipelineError,
+    WrongTypeError,
+    warn,
+)
 from zephon_columnar.io import fs
+from zephon_columnar.io.readers import ReaderPool
+from zephon_columnar.observability import (
+    FetchStageSummary,
+    FetchTimingSummary,
+    FetchTimingTotals,
+    PrefetchTimingSummary,
+)
+from zephon_columnar.ops.base import BaseOp
+from zephon_columnar.ops.batch import BatchOp
+from zephon_columnar.ops.config import (
+    FlushStrategy,
+    Homogeneity,
+    LossScope,
+    MissingFieldMode,
+    PackingAlgorithm,
+    ShuffleAlgorithm,
+    ShuffleStrategy,
+    SpanSource,
+    SpecialTokensMode,
+    TokenizerBackend,
+)
 from zephon_columnar.ops.fetch import FetchOp, shard_cache_settings
 from zephon_columnar.ops.map import FilterOp, MapBatchOp, MapOp, MaterializeOp
 from zephon_columnar.ops.user import FunctionOp
-from zephon_columnar.observability import (FetchStageSummary, FetchTimingSummary, FetchTimingTotals,
-                                           PrefetchTimingSummary)
 from zephon_columnar.options import RuntimeOptions
+from zephon_columnar.progress import Progress
 from zephon_columnar.validation import (
     ValidationError,
     ValidationReport,
@@ -70,21 +92,27 @@ from zephon_columnar.validation import (
 )
 from zephon_columnar.work.base import WorkSource
 
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11; annotations only
+
 
 class Pipeline:
     """Fluent builder: work source -> fetch -> your transforms -> batch -> training loop."""
 
     def __init__(self, work_source: WorkSource) -> None:
         if not isinstance(work_source, WorkSource):
-            raise ConfigError(f"Pipeline(work_source): got {type(work_source).__name__}; pass a WorkSource "
-                              "such as StaticMixtureWorkSource(datasets, mixture).")
+            raise ConfigError(
+                f"Pipeline(work_source): got {type(work_source).__name__}; pass a WorkSource "
+                "such as StaticMixtureWorkSource(datasets, mixture)."
+            )
         self._ws = work_source
         self._ops: list[BaseOp] = [FetchOp()]
         self._options = RuntimeOptions()
         self._prefetch: tuple[int, int] | None = None
         self._pending: dict[int, LaneState] | None = None
-        self._pending_recipe: dict[str, Any] = {}
-        self._run: EngineRun | None = None
+        self._pending_recipe: Mapping[str, Any] = {}
+        self._run: Run | None = None
+        self._lane_subset: list[int] | None = None  # a loader worker's share of this rank's lanes
         self._last_delivered: dict[int, LaneState] | None = None
         self._warmup: RestoreWarmup | None = None
         self._validated: tuple[BaseOp, ...] = ()  # the user operators the last validation passed
@@ -92,17 +120,25 @@ class Pipeline:
         self._created_at = time.time()
         self._progress: dict[str, Any] | None = None  # show_progress() settings
 
+    def for_lanes(self, lanes: Sequence[int]) -> "Pipeline":
+        """A copy of this pipeline that reads only ``lanes`` of this rank's (a torch loader
+        worker's share), not iterated yet. Not in Zephon's API: `torch.py` uses it."""
+        return self._copy_with(_lane_subset=list(lanes), _run=None)
+
     # ------------------------------------------------------------------ builder
     def _refuse_while_iterating(self, what: str) -> None:
-        if self._run is not None and not self._run._closed:  # noqa: SLF001
-            raise RuntimeError(f"Pipeline.{what} while the pipeline is being iterated: close the iterator "
-                               "first (a checkpoint must describe the run that produced it).")
+        if self._run is not None and not self._run.closed:
+            raise RuntimeError(
+                f"Pipeline.{what} while the pipeline is being iterated: close the iterator "
+                "first (a checkpoint must describe the run that produced it)."
+            )
 
     def _add(self, op: BaseOp) -> "Pipeline":
         self._refuse_while_iterating(f"{op.op_name()}()")
         if any(isinstance(o, BatchOp) for o in self._ops):
-            raise ConfigError(f"{op.op_name()}() after batch(): only map_batch may follow batch(); "
-                              f"add {op.op_name()} before batch().")
+            raise ConfigError(
+                f"{op.op_name()}() after batch(): only map_batch may follow batch(); add {op.op_name()} before batch()."
+            )
         self._ops.append(op)
         return self
 
@@ -114,14 +150,11 @@ class Pipeline:
         self._ops[0] = FetchOp(parallelism=parallelism, max_batch=max_batch)
         return self
 
-    def fetch_parallelism(self, parallelism: int | None, max_batch: int | None = None) -> "Pipeline":
-        """Zephon's alias of ``fetch(parallelism, max_batch)``."""
-        return self.fetch(parallelism=parallelism, max_batch=max_batch)
+    fetch_parallelism = fetch  # Zephon's alias of ``fetch(parallelism, max_batch)``
 
-    fetch_parallelism = fetch
-
-    def prefetch(self, buffer_size: int = 1024, parallelism: int | None = None, *,
-                 placement: str = "local") -> "Pipeline":
+    def prefetch(
+        self, buffer_size: int = 1024, parallelism: int | None = None, *, placement: str = "local"
+    ) -> "Pipeline":
         """Warm a local cache of remote shards ahead of fetch (background downloads).
 
         Never changes the data; local files are read in place and need no prefetch.
@@ -134,8 +167,9 @@ class Pipeline:
     def materialize(self, placement: str = "auto", parallelism: int | None = None) -> "Pipeline":
         return self._add(MaterializeOp(parallelism))
 
-    def map_transform(self, fn: Any, *, drop_none: bool = True, placement: str = "auto",
-                      parallelism: int | None = None) -> "Pipeline":
+    def map_transform(
+        self, fn: Any, *, drop_none: bool = True, placement: str = "auto", parallelism: int | None = None
+    ) -> "Pipeline":
         """Transform rows: ``fn(payload) -> payload | None`` (None drops the row), or Polars
         expression(s) applied with ``with_columns`` to whole frames (the fast path).
 
@@ -157,15 +191,28 @@ class Pipeline:
 
         return self._add(DecodeTextOp(parallelism=parallelism, **kwargs))
 
-    def tokenize(self, tokenizer: Any = None, tokenizer_id: str | None = None, *, field: str,
-                 missing_field: MissingFieldMode = "error", add_attention_mask: bool = True,
-                 max_length: int | None = None,
-                 padding: bool | str = False, truncation: bool = False, return_tensors: str | None = None,
-                 split_long_samples: bool = False, use_fast: bool = True, preserve_upstream_payload: bool = False,
-                 special_tokens: SpecialTokensMode = "bos_eos", bos_token_id: int | None = None,
-                 eos_token_id: int | None = None,
-                 placement: str = "auto", parallelism: int | None = None,
-                 backend: TokenizerBackend = "auto") -> "Pipeline":
+    def tokenize(
+        self,
+        tokenizer: Any = None,
+        tokenizer_id: str | None = None,
+        *,
+        field: str,
+        missing_field: MissingFieldMode = "error",
+        add_attention_mask: bool = True,
+        max_length: int | None = None,
+        padding: bool | str = False,
+        truncation: bool = False,
+        return_tensors: str | None = None,
+        split_long_samples: bool = False,
+        use_fast: bool = True,
+        preserve_upstream_payload: bool = False,
+        special_tokens: SpecialTokensMode = "bos_eos",
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        placement: str = "auto",
+        parallelism: int | None = None,
+        backend: TokenizerBackend = "auto",
+    ) -> "Pipeline":
         """Tokenize ``field`` into ``input_ids`` (and ``attention_mask``) list<int32> columns.
 
         ``tokenizer`` may be a ``tokenizers.Tokenizer``, a ``transformers`` fast tokenizer or any
@@ -179,21 +226,50 @@ class Pipeline:
         """
         from zephon_columnar.ops.tokenize import TokenizeOp
 
-        return self._add(TokenizeOp(
-            tokenizer, tokenizer_id, field=field, missing_field=missing_field, add_attention_mask=add_attention_mask,
-            max_length=max_length, padding=padding, truncation=truncation, return_tensors=return_tensors,
-            split_long_samples=split_long_samples, use_fast=use_fast,
-            preserve_upstream_payload=preserve_upstream_payload, special_tokens=special_tokens,
-            bos_token_id=bos_token_id, eos_token_id=eos_token_id, parallelism=parallelism, backend=backend))
+        return self._add(
+            TokenizeOp(
+                tokenizer,
+                tokenizer_id,
+                field=field,
+                missing_field=missing_field,
+                add_attention_mask=add_attention_mask,
+                max_length=max_length,
+                padding=padding,
+                truncation=truncation,
+                return_tensors=return_tensors,
+                split_long_samples=split_long_samples,
+                use_fast=use_fast,
+                preserve_upstream_payload=preserve_upstream_payload,
+                special_tokens=special_tokens,
+                bos_token_id=bos_token_id,
+                eos_token_id=eos_token_id,
+                parallelism=parallelism,
+                backend=backend,
+            )
+        )
 
-    def tokenize_chat(self, tokenizer: Any = None, tokenizer_id: str | None = None, *, eos_token: str | None = None,
-                      field: str = "messages", max_length: int | None = None, chat_template: str | None = None,
-                      apply_chat_template: bool = True, span_source: SpanSource = "auto", loss_scope: LossScope | None = None,
-                      loss_on_last_turn_only: bool | None = None, chat_template_kwargs: dict[str, Any] | None = None,
-                      tools_field: str = "tools", enable_thinking_field: str = "enable_thinking",
-                      mask_field_out: str = "loss_mask", preserve_upstream_payload: bool = False,
-                      placement: str = "auto", parallelism: int | None = None,
-                      backend: TokenizerBackend = "auto") -> "Pipeline":
+    def tokenize_chat(
+        self,
+        tokenizer: Any = None,
+        tokenizer_id: str | None = None,
+        *,
+        eos_token: str | None = None,
+        field: str = "messages",
+        max_length: int | None = None,
+        chat_template: str | None = None,
+        apply_chat_template: bool = True,
+        span_source: SpanSource = "auto",
+        loss_scope: LossScope | None = None,
+        loss_on_last_turn_only: bool | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools_field: str = "tools",
+        enable_thinking_field: str = "enable_thinking",
+        mask_field_out: str = "loss_mask",
+        preserve_upstream_payload: bool = False,
+        placement: str = "auto",
+        parallelism: int | None = None,
+        backend: TokenizerBackend = "auto",
+    ) -> "Pipeline":
         """Tokenize ``messages`` conversations into ``input_ids`` plus a ``loss_mask`` that is 1 on
         assistant tokens, with a Jinja chat template (text or file) or without one. ``backend``
         as in `tokenize`; with a chat template the tokenizer also gives character offsets (for
@@ -204,16 +280,31 @@ class Pipeline:
         """
         from zephon_columnar.ops.chat import TokenizeChatOp
 
-        return self._add(TokenizeChatOp(
-            tokenizer, tokenizer_id, eos_token=eos_token, field=field, max_length=max_length,
-            chat_template=chat_template, apply_chat_template=apply_chat_template, span_source=span_source,
-            loss_scope=loss_scope, loss_on_last_turn_only=loss_on_last_turn_only,
-            chat_template_kwargs=chat_template_kwargs, tools_field=tools_field,
-            enable_thinking_field=enable_thinking_field, mask_field_out=mask_field_out,
-            preserve_upstream_payload=preserve_upstream_payload, parallelism=parallelism, backend=backend))
+        return self._add(
+            TokenizeChatOp(
+                tokenizer,
+                tokenizer_id,
+                eos_token=eos_token,
+                field=field,
+                max_length=max_length,
+                chat_template=chat_template,
+                apply_chat_template=apply_chat_template,
+                span_source=span_source,
+                loss_scope=loss_scope,
+                loss_on_last_turn_only=loss_on_last_turn_only,
+                chat_template_kwargs=chat_template_kwargs,
+                tools_field=tools_field,
+                enable_thinking_field=enable_thinking_field,
+                mask_field_out=mask_field_out,
+                preserve_upstream_payload=preserve_upstream_payload,
+                parallelism=parallelism,
+                backend=backend,
+            )
+        )
 
-    def expand_chat(self, *, field: str = "messages", placement: str = "auto",
-                    parallelism: int | None = None) -> "Pipeline":
+    def expand_chat(
+        self, *, field: str = "messages", placement: str = "auto", parallelism: int | None = None
+    ) -> "Pipeline":
         """One row per answered user turn of each conversation in ``field``: the conversation up
         to (not including) the next user message (`zephon_columnar.ops.expand_chat`).
 
@@ -225,8 +316,16 @@ class Pipeline:
         self._check_placement(placement)
         return self._add(ExpandChatOp(field=field, parallelism=parallelism))
 
-    def shuffle(self, buffer_size: int | None = None, *, seed: int = 0, algorithm: ShuffleAlgorithm = "streaming",
-                warmup_growth: float = 1.5, placement: str = "auto", parallelism: int | None = None) -> "Pipeline":
+    def shuffle(
+        self,
+        buffer_size: int | None = None,
+        *,
+        seed: int = 0,
+        algorithm: ShuffleAlgorithm = "streaming",
+        warmup_growth: float = 1.5,
+        placement: str = "auto",
+        parallelism: int | None = None,
+    ) -> "Pipeline":
         """Shuffle each lane's rows through a deterministic buffer of ``buffer_size`` rows (8192
         when None): ``"streaming"`` (a reservoir), ``"block"`` or ``"block_warmup"`` (tumbling
         blocks). The order is a pure function of (seed, lane, the rows' identities): the same
@@ -235,21 +334,30 @@ class Pipeline:
         Example:
             >>> import pyarrow as pa
             >>> from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
-            >>> ws = StaticMixtureWorkSource([Dataset.from_tables("toy", [pa.table({"x": list(range(10))})])], {"toy": 1.0},
-            ...                              shuffle_shards=False)
+            >>> ws = StaticMixtureWorkSource([Dataset.from_tables("toy", [pa.table({"x": list(range(10))})])],
+            ...                              {"toy": 1.0}, shuffle_shards=False)
             >>> out = [r.payload["x"] for r in Pipeline(ws).shuffle(4, seed=7)]
             >>> sorted(out) == list(range(10)), out != list(range(10))  # every row once, reordered
             (True, True)
         """
         from zephon_columnar.ops.shuffle import ShuffleOp
 
-        return self._add(ShuffleOp(buffer_size, seed=seed, algorithm=algorithm,
-                                   warmup_growth=warmup_growth, parallelism=parallelism))
+        return self._add(
+            ShuffleOp(buffer_size, seed=seed, algorithm=algorithm, warmup_growth=warmup_growth, parallelism=parallelism)
+        )
 
-    def ensure_mixture(self, *, max_buffer_size: int | None = 1000, drain_target_ratio: float = 0.8,
-                       obsolete_drain_rate: float = 0.1, weight_by: Any = "auto", warn_tolerance: float | None = None,
-                       mixture: Mapping[str, float] | None = None, placement: str = "auto",
-                       parallelism: int | None = None) -> "Pipeline":
+    def ensure_mixture(
+        self,
+        *,
+        max_buffer_size: int | None = 1000,
+        drain_target_ratio: float = 0.8,
+        obsolete_drain_rate: float = 0.1,
+        weight_by: Any = "auto",
+        warn_tolerance: float | None = None,
+        mixture: Mapping[str, float] | None = None,
+        placement: str = "auto",
+        parallelism: int | None = None,
+    ) -> "Pipeline":
         """Hold each lane's output mixture on target (by tokens by default) with smooth weighted
         round robin: rows of a component the target owes go out at once, others wait (up to
         ``max_buffer_size``). See `zephon_columnar.ops.ensure_mixture` for the exact rule.
@@ -265,16 +373,32 @@ class Pipeline:
         """
         from zephon_columnar.ops.ensure_mixture import EnsureMixtureOp
 
-        return self._add(EnsureMixtureOp(max_buffer_size=max_buffer_size, drain_target_ratio=drain_target_ratio,
-                                         obsolete_drain_rate=obsolete_drain_rate, weight_by=weight_by,
-                                         warn_tolerance=warn_tolerance, mixture=mixture, parallelism=parallelism))
+        return self._add(
+            EnsureMixtureOp(
+                max_buffer_size=max_buffer_size,
+                drain_target_ratio=drain_target_ratio,
+                obsolete_drain_rate=obsolete_drain_rate,
+                weight_by=weight_by,
+                warn_tolerance=warn_tolerance,
+                mixture=mixture,
+                parallelism=parallelism,
+            )
+        )
 
-    def stateful_transform(self, name: str, *, init_state: Callable[[], Any], push: Callable[[Any, list], Any],
-                           flush: Callable[[Any], list] | None = None,
-                           should_flush: Callable[[Any], bool] | None = None,
-                           transform: Callable[[list], list] | None = None, placement: str = "auto",
-                           parallelism: int = 1, indexable: bool = False,
-                           preserves_cursor_order: bool = True) -> "Pipeline":
+    def stateful_transform(
+        self,
+        name: str,
+        *,
+        init_state: Callable[[], Any],
+        push: Callable[[Any, list], Any],
+        flush: Callable[[Any], list] | None = None,
+        should_flush: Callable[[Any], bool] | None = None,
+        transform: Callable[[list], list] | None = None,
+        placement: str = "auto",
+        parallelism: int = 1,
+        indexable: bool = False,
+        preserves_cursor_order: bool = True,
+    ) -> "Pipeline":
         """Per-lane state in your own callbacks: ``push(state, records) -> (state, outputs)`` in
         windows of 64 records, ``flush(state) -> outputs`` at flush points and the end,
         ``should_flush(state)`` for an early flush; ``transform(records) -> records`` runs on the
@@ -283,8 +407,8 @@ class Pipeline:
         Example:
             >>> import pyarrow as pa
             >>> from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
-            >>> ws = StaticMixtureWorkSource([Dataset.from_tables("toy", [pa.table({"id": [3, 1, 3, 2, 1]})])], {"toy": 1.0},
-            ...                              shuffle_shards=False)
+            >>> ws = StaticMixtureWorkSource([Dataset.from_tables("toy", [pa.table({"id": [3, 1, 3, 2, 1]})])],
+            ...                              {"toy": 1.0}, shuffle_shards=False)
             >>> def dedupe(seen, records):
             ...     fresh = []
             ...     for r in records:
@@ -297,21 +421,45 @@ class Pipeline:
         """
         from zephon_columnar.ops.stateful import RecordsTransformOp, StatefulTransformOp
 
-        self._add(StatefulTransformOp(name, init_state=init_state, push=push, flush=flush, should_flush=should_flush,
-                                      indexable=indexable, preserves_cursor_order=preserves_cursor_order))
+        self._add(
+            StatefulTransformOp(
+                name,
+                init_state=init_state,
+                push=push,
+                flush=flush,
+                should_flush=should_flush,
+                indexable=indexable,
+                preserves_cursor_order=preserves_cursor_order,
+            )
+        )
         if transform is not None:
             if not isinstance(parallelism, int) or parallelism < 1:
                 raise ConfigError(f"stateful_transform(parallelism={parallelism!r}): pass a positive int.")
             self._add(RecordsTransformOp(name, transform, parallelism))
         return self
 
-    def pack_flat(self, max_length: int, *, num_bins: int | None = None, max_sequences_per_bin: int | None = None,
-                  algorithm: PackingAlgorithm = "first_fit", tokens_field: str = "auto", pad_token_id: int | None = None,
-                  emit_positions: bool = True, drop_oversized: bool | None = None, min_sequence_length: int = 1,
-                  shuffle_strategy: ShuffleStrategy | None = None, shuffle_seed: int | None = None, flush_strategy: FlushStrategy = "fifo",
-                  candidate_pool_size: int | None = None, max_candidate_age: int | None = None,
-                  homogeneity: Homogeneity = "none", groups: Any = None, placement: str = "auto",
-                  parallelism: int | None = None) -> "Pipeline":
+    def pack_flat(
+        self,
+        max_length: int,
+        *,
+        num_bins: int | None = None,
+        max_sequences_per_bin: int | None = None,
+        algorithm: PackingAlgorithm = "first_fit",
+        tokens_field: str = "auto",
+        pad_token_id: int | None = None,
+        emit_positions: bool = True,
+        drop_oversized: bool | None = None,
+        min_sequence_length: int = 1,
+        shuffle_strategy: ShuffleStrategy | None = None,
+        shuffle_seed: int | None = None,
+        flush_strategy: FlushStrategy = "fifo",
+        candidate_pool_size: int | None = None,
+        max_candidate_age: int | None = None,
+        homogeneity: Homogeneity = "none",
+        groups: Any = None,
+        placement: str = "auto",
+        parallelism: int | None = None,
+    ) -> "Pipeline":
         """Pack each lane's documents into flat rows of exactly ``max_length`` tokens, ready for
         ``SampleBatch.to_training`` (token column, aligned fields, ``positions`` restarting at
         every document).
@@ -325,8 +473,11 @@ class Pipeline:
         Example:
             >>> import pyarrow as pa
             >>> from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
-            >>> ws = StaticMixtureWorkSource([Dataset.from_tables("toy", [pa.table({"input_ids": [[1, 2, 3], [4, 5, 6], [7, 8], [9]]})])], {"toy": 1.0},
-            ...                              shuffle_shards=False)
+            >>> ws = StaticMixtureWorkSource(
+            ...     [Dataset.from_tables("toy", [pa.table({"input_ids": [[1, 2, 3], [4, 5, 6], [7, 8], [9]]})])],
+            ...     {"toy": 1.0},
+            ...     shuffle_shards=False,
+            ... )
             >>> pipe = Pipeline(ws).pack_flat(5, algorithm="first_fit", num_bins=2, pad_token_id=0).batch(2)
             >>> t = next(iter(pipe)).to_training(return_padding_mask=True)
             >>> t["input_ids"].tolist(), t["positions"].tolist()
@@ -335,22 +486,50 @@ class Pipeline:
         from zephon_columnar.ops.pack import PackFlatOp
 
         self._check_groups(groups)
-        return self._add(PackFlatOp(
-            max_length, num_bins=num_bins, max_sequences_per_bin=max_sequences_per_bin, algorithm=algorithm,
-            tokens_field=tokens_field, pad_token_id=pad_token_id, emit_positions=emit_positions,
-            drop_oversized=drop_oversized, min_sequence_length=min_sequence_length,
-            shuffle_strategy=shuffle_strategy, shuffle_seed=shuffle_seed, flush_strategy=flush_strategy,
-            candidate_pool_size=candidate_pool_size, max_candidate_age=max_candidate_age,
-            homogeneity=homogeneity, groups=groups, parallelism=parallelism))
+        return self._add(
+            PackFlatOp(
+                max_length,
+                num_bins=num_bins,
+                max_sequences_per_bin=max_sequences_per_bin,
+                algorithm=algorithm,
+                tokens_field=tokens_field,
+                pad_token_id=pad_token_id,
+                emit_positions=emit_positions,
+                drop_oversized=drop_oversized,
+                min_sequence_length=min_sequence_length,
+                shuffle_strategy=shuffle_strategy,
+                shuffle_seed=shuffle_seed,
+                flush_strategy=flush_strategy,
+                candidate_pool_size=candidate_pool_size,
+                max_candidate_age=max_candidate_age,
+                homogeneity=homogeneity,
+                groups=groups,
+                parallelism=parallelism,
+            )
+        )
 
-    def pack_sequences(self, max_length: int, *, num_bins: int | None = None,
-                       max_sequences_per_bin: int | None = None, algorithm: PackingAlgorithm = "first_fit",
-                       tokens_field: str = "auto", length_fn: Any = None, drop_oversized: bool | None = None,
-                       min_sequence_length: int = 1, shuffle_strategy: ShuffleStrategy | None = None,
-                       shuffle_seed: int | None = None, flush_strategy: FlushStrategy = "fifo", pack_payloads: Any = "keep_list",
-                       candidate_pool_size: int | None = None, max_candidate_age: int | None = None,
-                       homogeneity: Homogeneity = "none", groups: Any = None, placement: str = "auto",
-                       parallelism: int | None = None) -> "Pipeline":
+    def pack_sequences(
+        self,
+        max_length: int,
+        *,
+        num_bins: int | None = None,
+        max_sequences_per_bin: int | None = None,
+        algorithm: PackingAlgorithm = "first_fit",
+        tokens_field: str = "auto",
+        length_fn: Any = None,
+        drop_oversized: bool | None = None,
+        min_sequence_length: int = 1,
+        shuffle_strategy: ShuffleStrategy | None = None,
+        shuffle_seed: int | None = None,
+        flush_strategy: FlushStrategy = "fifo",
+        pack_payloads: Any = "keep_list",
+        candidate_pool_size: int | None = None,
+        max_candidate_age: int | None = None,
+        homogeneity: Homogeneity = "none",
+        groups: Any = None,
+        placement: str = "auto",
+        parallelism: int | None = None,
+    ) -> "Pipeline":
         """Pack like `pack_flat`, but keep each row's segments apart as ``packed_samples`` (whole
         payloads for first_fit/best_fit, aligned slices for the wrapping algorithms); see
         `zephon_columnar.ops.pack.sequences`.
@@ -358,8 +537,11 @@ class Pipeline:
         Example:
             >>> import pyarrow as pa
             >>> from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
-            >>> ws = StaticMixtureWorkSource([Dataset.from_tables("toy", [pa.table({"input_ids": [[1, 2, 3], [4, 5, 6], [7, 8], [9]]})])], {"toy": 1.0},
-            ...                              shuffle_shards=False)
+            >>> ws = StaticMixtureWorkSource(
+            ...     [Dataset.from_tables("toy", [pa.table({"input_ids": [[1, 2, 3], [4, 5, 6], [7, 8], [9]]})])],
+            ...     {"toy": 1.0},
+            ...     shuffle_shards=False,
+            ... )
             >>> pipe = Pipeline(ws).pack_sequences(5, algorithm="first_fit", num_bins=2)
             >>> [[s["input_ids"].tolist() for s in r.payload["packed_samples"]] for r in pipe]  # arrays: read data
             [[[1, 2, 3], [7, 8]], [[4, 5, 6], [9]]]
@@ -369,15 +551,31 @@ class Pipeline:
 
         self._check_groups(groups)
         if length_fn is not None:
-            raise ConfigError("pack_sequences(length_fn=...): packing measures the token field's length here; "
-                              "pass tokens_field=<the list column to measure> instead (a length field that is "
-                              "not a list is not supported).")
-        self._add(PackSequencesOp(
-            max_length, num_bins=num_bins, max_sequences_per_bin=max_sequences_per_bin, algorithm=algorithm,
-            tokens_field=tokens_field, drop_oversized=drop_oversized, min_sequence_length=min_sequence_length,
-            shuffle_strategy=shuffle_strategy, shuffle_seed=shuffle_seed, flush_strategy=flush_strategy,
-            pack_payloads=pack_payloads, candidate_pool_size=candidate_pool_size, max_candidate_age=max_candidate_age,
-            homogeneity=homogeneity, groups=groups, parallelism=parallelism))
+            raise ConfigError(
+                "pack_sequences(length_fn=...): packing measures the token field's length here; "
+                "pass tokens_field=<the list column to measure> instead (a length field that is "
+                "not a list is not supported)."
+            )
+        self._add(
+            PackSequencesOp(
+                max_length,
+                num_bins=num_bins,
+                max_sequences_per_bin=max_sequences_per_bin,
+                algorithm=algorithm,
+                tokens_field=tokens_field,
+                drop_oversized=drop_oversized,
+                min_sequence_length=min_sequence_length,
+                shuffle_strategy=shuffle_strategy,
+                shuffle_seed=shuffle_seed,
+                flush_strategy=flush_strategy,
+                pack_payloads=pack_payloads,
+                candidate_pool_size=candidate_pool_size,
+                max_candidate_age=max_candidate_age,
+                homogeneity=homogeneity,
+                groups=groups,
+                parallelism=parallelism,
+            )
+        )
         if callable(pack_payloads):
             self._add(MapOp(merge_with(pack_payloads), parallelism=parallelism))
         return self
@@ -393,13 +591,22 @@ class Pipeline:
         g.validate_against(names)
         loose = sorted(set(names) - set(g.to_member_map()))
         if loose:
-            warnings.warn(f"pack_flat(groups=...): components {loose} are in no group; each packs on its own.",
-                          stacklevel=3)
+            warnings.warn(
+                f"pack_flat(groups=...): components {loose} are in no group; each packs on its own.", stacklevel=3
+            )
 
-    def add_op(self, op: BaseOp | str, /, *, name: str | None = None, placement: str = "auto",
-               process_many: Callable[[list[Any]], list[Any]] | None = None,
-               preserves_cursor_order: bool | None = None, parallelism: int | None = None,
-               **kwargs: Any) -> "Pipeline":
+    def add_op(
+        self,
+        op: BaseOp | str,
+        /,
+        *,
+        name: str | None = None,
+        placement: str = "auto",
+        process_many: Callable[[list[Any]], list[Any]] | None = None,
+        preserves_cursor_order: bool | None = None,
+        parallelism: int | None = None,
+        **kwargs: Any,
+    ) -> "Pipeline":
         """Append a user-defined operator, in either of Zephon's forms.
 
         - Instance: ``add_op(QualityScoreOp("v2"))``, a `BaseOp` subclass (``traits`` and
@@ -421,33 +628,62 @@ class Pipeline:
         self._check_placement(placement)
         if isinstance(op, BaseOp):
             if process_many is not None or preserves_cursor_order is not None or parallelism is not None or kwargs:
-                given = [k for k, v in (("process_many", process_many), ("preserves_cursor_order",
-                                        preserves_cursor_order), ("parallelism", parallelism)) if v is not None]
-                raise ConfigError(f"add_op({op.op_name()}, {', '.join(given + sorted(kwargs))}=...): an operator "
-                                  "instance does not accept the kwargs form's fields: it brings its own traits and "
-                                  "callables; pass only name= and placement=.")
+                given = [
+                    k
+                    for k, v in (
+                        ("process_many", process_many),
+                        ("preserves_cursor_order", preserves_cursor_order),
+                        ("parallelism", parallelism),
+                    )
+                    if v is not None
+                ]
+                raise ConfigError(
+                    f"add_op({op.op_name()}, {', '.join(given + sorted(kwargs))}=...): an operator "
+                    "instance does not accept the kwargs form's fields: it brings its own traits and "
+                    "callables; pass only name= and placement=."
+                )
             if name:
                 op.name = name
             return self._add(op)
         if not isinstance(op, str):
-            raise WrongTypeError(f"add_op({type(op).__name__}): pass a BaseOp instance, or a name and "
-                                 "process_many= (the kwargs form).")
+            raise WrongTypeError(
+                f"add_op({type(op).__name__}): pass a BaseOp instance, or a name and process_many= (the kwargs form)."
+            )
         if name is not None:
-            raise ConfigError(f"add_op({op!r}, name={name!r}, ...): the kwargs form takes the operator's name "
-                              "positionally; drop name= (it renames operator instances only).")
+            raise ConfigError(
+                f"add_op({op!r}, name={name!r}, ...): the kwargs form takes the operator's name "
+                "positionally; drop name= (it renames operator instances only)."
+            )
         if preserves_cursor_order is None:
-            raise ConfigError(f"add_op({op!r}, ...): preserves_cursor_order= is required: True if the operator "
-                              "emits records in the order it got them, else False.")
+            raise ConfigError(
+                f"add_op({op!r}, ...): preserves_cursor_order= is required: True if the operator "
+                "emits records in the order it got them, else False."
+            )
         unknown = sorted(set(kwargs) - _ADD_OP_KWARGS)
         if unknown:
-            raise WrongTypeError(f"add_op() got unexpected keyword arguments {unknown}; the kwargs form takes "
-                                 f"{sorted(_ADD_OP_KWARGS | {'process_many', 'preserves_cursor_order', 'parallelism'})}.")
+            raise WrongTypeError(
+                f"add_op() got unexpected keyword arguments {unknown}; the kwargs form takes "
+                f"{sorted(_ADD_OP_KWARGS | {'process_many', 'preserves_cursor_order', 'parallelism'})}."
+            )
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        return self._add(FunctionOp(op, process_many=process_many, preserves_cursor_order=preserves_cursor_order,
-                                    parallelism=parallelism, **kwargs))
+        return self._add(
+            FunctionOp(
+                op,
+                process_many=process_many,
+                preserves_cursor_order=preserves_cursor_order,
+                parallelism=parallelism,
+                **kwargs,
+            )
+        )
 
-    def map_batch(self, fn: Callable[[Any], Any], *, drop_none: bool = True, placement: str = "auto",
-                  parallelism: int | None = None) -> "Pipeline":
+    def map_batch(
+        self,
+        fn: Callable[[Any], Any],
+        *,
+        drop_none: bool = True,
+        placement: str = "auto",
+        parallelism: int | None = None,
+    ) -> "Pipeline":
         """Transform each delivered batch: ``fn(SampleBatch) -> SampleBatch | None`` (None drops the
         batch; with ``drop_none=False`` it is delivered unchanged). Comes after ``batch()``. It runs
         in the thread that iterates the pipeline, in delivery order: ``parallelism`` and
@@ -459,16 +695,20 @@ class Pipeline:
         self._refuse_while_iterating("map_batch()")
         self._check_placement(placement)
         if not any(isinstance(o, BatchOp) for o in self._ops):
-            raise ConfigError("map_batch() before batch(): map_batch transforms SampleBatches; call batch() first, "
-                              "or use map_transform to transform records.")
+            raise ConfigError(
+                "map_batch() before batch(): map_batch transforms SampleBatches; call batch() first, "
+                "or use map_transform to transform records."
+            )
         self._ops.append(MapBatchOp(fn, drop_none=drop_none))
         return self
 
     @staticmethod
     def _check_placement(placement: str) -> None:
         if placement not in ("auto", "local", "remote", "driver", "worker"):
-            raise ConfigError(f"placement={placement!r}: use 'auto' (placement has no effect here: every stage "
-                              "runs on the pipeline's runner).")
+            raise ConfigError(
+                f"placement={placement!r}: use 'auto' (placement has no effect here: every stage "
+                "runs on the pipeline's runner)."
+            )
 
     def batch(self, microbatch_size: int, *, drop_last: bool = True, placement: str = "auto") -> "Pipeline":
         """Group each lane's rows into `SampleBatch`es of ``microbatch_size`` (lane-pure).
@@ -488,10 +728,36 @@ class Pipeline:
         if self._prefetch is not None:
             from zephon_columnar.engine.prefetch import ShardPrefetcher
 
-            prefetcher = ShardPrefetcher(self._ws.datasets_by_id, parallelism=self._prefetch[1],
-                                         buffer_size=self._prefetch[0])
-        return Engine(self._ws, list(self._ops), self._options, prefetcher=prefetcher,
-                      lane_subset=getattr(self, "_lane_subset", None))
+            prefetcher = ShardPrefetcher(
+                self._ws.datasets_by_id, parallelism=self._prefetch[1], buffer_size=self._prefetch[0]
+            )
+        return Engine(
+            self._ws,
+            list(self._ops),
+            self._options,
+            prefetcher=prefetcher,
+            lane_subset=self._lane_subset,
+        )
+
+    def _copy_with(self, **private: Any) -> "Pipeline":
+        """A shallow copy of this pipeline with some of its private attributes replaced."""
+        twin = copy.copy(self)
+        vars(twin).update(private)
+        return twin
+
+    def _side_process_engine(self) -> Callable[[], Engine]:
+        """What builds an mtp-mode side process's engine there: this pipeline up to ``batch``
+        (``map_batch`` runs in the trainer), in process, never iterated (picklable)."""
+        from zephon_columnar.engine.mtp import ops_up_to_batch
+
+        child = self._copy_with(
+            _options=self._options.updated(mtp_mode=False),
+            _run=None,
+            _warmup=None,
+            _pending=None,
+            _ops=ops_up_to_batch(self._ops),
+        )
+        return child._engine  # noqa: SLF001 - a copy of this very pipeline
 
     def explain(self) -> str:
         """The compiled stages, runner, parallelism, lanes, queue sizes and how checkpoints
@@ -525,14 +791,16 @@ class Pipeline:
 
         if self._run is None:
             return None
-        records = [{"lane": lane, "name": k, "value": v}
-                   for lane, stats in sorted(self._run.stats().items()) for k, v in sorted(stats.items())]
+        records = [
+            {"lane": lane, "name": k, "value": v}
+            for lane, stats in sorted(self._run.stats().items())
+            for k, v in sorted(stats.items())
+        ]
         return PipelineSummary(records=records + self._tracked())
 
     def _tracked(self) -> list[dict[str, Any]]:
         """The execution-tracking records of the current (or last) run ([] when off)."""
-        tracked = getattr(self._run, "tracked_records", None)
-        return tracked() if tracked is not None else []
+        return self._run.tracked_records() if self._run is not None else []
 
     def enable_observability(self, tracking: Any = "stages", *, sink: Any = None) -> "Pipeline":
         """Turn on execution tracking (``"stages"``/``"nodes"``, or an
@@ -558,16 +826,23 @@ class Pipeline:
         during it; local files are read in place, neither hit nor miss). ``cache`` adds the cache's
         counters in this process: ``downloads``, ``hits``, ``evictions`` (copies deleted to keep
         ``CacheOptions.limit_bytes``) and ``retries``. None without tracking or a run."""
-        fetch_groups = getattr(self._run, "fetch_groups", None)
-        if fetch_groups is None or not self._options.tracking_on():
+        if self._run is None or not self._options.tracking_on():
             return None
         cache = fs.default_shard_cache()
-        summary = FetchTimingSummary(tracking_mode=self._options.tracking_mode(),
-                                     cache={"downloads": cache.downloads, "hits": cache.hits,
-                                            "evictions": cache.evictions, "retries": cache.retries})
-        for (stage, dataset_id, shard_id), counts in sorted(fetch_groups().items()):
+        summary = FetchTimingSummary(
+            tracking_mode=self._options.tracking_mode(),
+            cache={
+                "downloads": cache.downloads,
+                "hits": cache.hits,
+                "evictions": cache.evictions,
+                "retries": cache.retries,
+            },
+        )
+        for (stage, dataset_id, shard_id), counts in sorted(self._run.fetch_groups().items()):
             totals = FetchTimingTotals(**{k: int(v) for k, v in counts.items()})
-            summary.stages.setdefault(stage, FetchStageSummary(index=stage)).shard_totals[(dataset_id, shard_id)] = totals
+            summary.stages.setdefault(stage, FetchStageSummary(index=stage)).shard_totals[(dataset_id, shard_id)] = (
+                totals
+            )
             summary.stages[stage].totals.merge(totals)
         return summary
 
@@ -576,17 +851,15 @@ class Pipeline:
         runs in the lane sources, ahead of the first stage): chunks of pointers seen, shards
         submitted, downloaded (with their bytes and seconds), failed; None without ``prefetch()``
         or a run."""
-        prefetcher = getattr(getattr(self._run, "engine", None), "prefetcher", None)
+        prefetcher = self._run.engine.prefetcher if self._run is not None else None
         if prefetcher is None:
             return None
-        return PrefetchTimingSummary(tracking_mode=self._options.tracking_mode(),
-                                     stages={0: prefetcher.timing()})
+        return PrefetchTimingSummary(tracking_mode=self._options.tracking_mode(), stages={0: prefetcher.timing()})
 
     def inflight_summary(self) -> dict[int, dict[int, int]] | None:
         """``{parallel stage: {lane: frames submitted and not yet taken}}`` now; None without
         tracking or a run."""
-        summary = getattr(self._run, "in_flight_by_stage", None)
-        return summary() if summary is not None else None
+        return self._run.in_flight_by_stage() if self._run is not None else None
 
     @property
     def ws(self) -> WorkSource:
@@ -635,15 +908,20 @@ class Pipeline:
     def _warn_if_every_rank_reads_the_same_data(self) -> None:
         world = self._options.unsharded_world()
         if world is not None:
-            warn(f"torch.distributed is initialized with {world} ranks, but this pipeline has no data-parallel "
-                 "options, so every rank receives the same batches. Pass options(dp_degree=..., dp_group_id=...) "
-                 "(data-parallel groups; tensor-parallel peers share a group) or options(world_size=..., "
-                 "global_rank=...) when every rank is its own data-parallel group.", ConfigurationWarning)
+            warn(
+                f"torch.distributed is initialized with {world} ranks, but this pipeline has no data-parallel "
+                "options, so every rank receives the same batches. Pass options(dp_degree=..., dp_group_id=...) "
+                "(data-parallel groups; tensor-parallel peers share a group) or options(world_size=..., "
+                "global_rank=...) when every rank is its own data-parallel group.",
+                ConfigurationWarning,
+            )
 
     def __iter__(self) -> Iterator[Any]:
-        if self._run is not None and not self._run._closed:  # noqa: SLF001
-            raise RuntimeError("Pipeline is already being iterated; close the first iterator (or let it finish) "
-                               "before starting another.")
+        if self._run is not None and not self._run.closed:
+            raise RuntimeError(
+                "Pipeline is already being iterated; close the first iterator (or let it finish) "
+                "before starting another."
+            )
         self._warn_if_every_rank_reads_the_same_data()
         self._auto_validate()
         prime_token_mixture(self._ws, self._ops)
@@ -660,11 +938,14 @@ class Pipeline:
             if self._warmup is not None:  # the side process reads through its own readers
                 self._warmup.cancel()
                 self._warmup = None
-            self._run = MtpRun(self, engine, cursors)
+            self._run = MtpRun(self._side_process_engine(), engine, cursors)
         else:
             if self._options.mtp_mode:  # a daemon (a DataLoader worker) may not start a process
-                warnings.warn("options(mtp_mode=True) inside a daemon process (a DataLoader worker?): it cannot "
-                              "start the engine's side process, so the engine runs in this process.", stacklevel=2)
+                warnings.warn(
+                    "options(mtp_mode=True) inside a daemon process (a DataLoader worker?): it cannot "
+                    "start the engine's side process, so the engine runs in this process.",
+                    stacklevel=2,
+                )
             self._run = engine.start(cursors, readers=self._take_warmup(engine))
         observers: list[Any] = [] if self._progress is None else [Progress(**self._progress)]
         sink = self._options.metrics_sink()
@@ -685,8 +966,7 @@ class Pipeline:
         """With ``options(mtp_mode=True)`` and an open iterator: items ready in the shared-memory
         ring (``depth``) against its ``capacity`` (``mtp_buffer``), and their ``staged_bytes``
         against ``capacity_bytes`` (``mtp_buffer_bytes``). None otherwise."""
-        queue_stats = getattr(self._run, "queue_stats", None)
-        return queue_stats() if queue_stats is not None and not self._run._closed else None  # noqa: SLF001
+        return self._run.queue_stats() if self._run is not None else None
 
     # ------------------------------------------------------------------ checkpoints
     def _delivered(self) -> dict[int, Any]:
@@ -716,9 +996,12 @@ class Pipeline:
         ``torch.load(weights_only=True)`` all store it. ``as_bytes=True`` (Zephon 0.2.1):
         compact bytes (zstandard-compressed JSON) that ``restore`` takes as they are."""
         if type(self._ws).state_dict is WorkSource.state_dict:
-            warn(f"{type(self._ws).__name__} does not extend WorkSource.state_dict: the checkpoint holds only its "
-                 "lane identity, so a restore starts it from its first chunk. Return its position from "
-                 "state_dict() (and read it in load_state_dict()).", ConfigurationWarning)
+            warn(
+                f"{type(self._ws).__name__} does not extend WorkSource.state_dict: the checkpoint holds only its "
+                "lane identity, so a restore starts it from its first chunk. Return its position from "
+                "state_dict() (and read it in load_state_dict()).",
+                ConfigurationWarning,
+            )
         ckpt = self._checkpoint()
         return checkpoint_bytes(ckpt) if as_bytes else ckpt
 
@@ -729,8 +1012,13 @@ class Pipeline:
         # run; after it, the last run still describes what was delivered).
         engine = self._run.engine if self._run is not None else self._engine()
         delivered = self._delivered()
-        local = build_checkpoint(PipelineState(recipe=engine.recipe(), world=engine.world(),
-                                               lanes={lane: delivered[lane] for lane in engine.lanes if lane in delivered}))
+        local = build_checkpoint(
+            PipelineState(
+                recipe=engine.recipe(),
+                world=engine.world(),
+                lanes={lane: delivered[lane] for lane in engine.lanes if lane in delivered},
+            )
+        )
         opts = self._options
         if opts.world_size == 1 or not collective:
             return local
@@ -738,10 +1026,16 @@ class Pipeline:
         if torch_distributed_ready():
             return gather_torch(local)
         if opts.aggregate_dir:
-            return gather_directory(local, directory=opts.aggregate_dir, run_id=opts.run_id,
-                                    round_id=self._checkpoint_round, rank=opts.global_rank,
-                                    world_size=opts.world_size, timeout_s=opts.aggregate_timeout_s,
-                                    not_before=self._created_at)
+            return gather_directory(
+                local,
+                directory=opts.aggregate_dir,
+                run_id=opts.run_id,
+                round_id=self._checkpoint_round,
+                rank=opts.global_rank,
+                world_size=opts.world_size,
+                timeout_s=opts.aggregate_timeout_s,
+                not_before=self._created_at,
+            )
         return local
 
     merge_checkpoints = staticmethod(merge_checkpoints)
@@ -753,7 +1047,7 @@ class Pipeline:
         Raises `CheckpointError` if the checkpoint is malformed, lacks lanes this rank owns,
         or was taken with another recipe (seed, mixture, chunk size, lanes, operators).
         """
-        if self._run is not None and not self._run._closed:  # noqa: SLF001
+        if self._run is not None and not self._run.closed:
             raise RuntimeError("Pipeline.restore() during iteration: close the iterator first.")
         ckpt = load_checkpoint(ckpt)
         saved = parse_checkpoint(ckpt)
@@ -764,8 +1058,13 @@ class Pipeline:
             fs.configure_shard_cache(**cache)
         check_recipe(recipe, engine.recipe())
         for lane, cur in lanes.items():
-            check_lane_state(lane, cur, self._ws.datasets_by_id, engine.plan.flush_every,
-                             ordered_stages=len(engine.plan.ordered_stages()))
+            check_lane_state(
+                lane,
+                cur,
+                self._ws.datasets_by_id,
+                engine.plan.flush_every,
+                ordered_stages=len(engine.plan.ordered_stages()),
+            )
         for lane in self._owned_cursors(engine, lanes):
             probe = self._ws.clone_for_lane(lane, engine.canonical_replicas)
             cur = lanes[lane]
@@ -789,8 +1088,14 @@ class Pipeline:
         if self._options.resolved_runner() not in ("process", "remote"):  # their workers read with their own readers
             owned = self._owned_cursors(engine, lanes).values()
             first = engine.plan.batch.microbatch_size if engine.plan.batch is not None else 1
-            self._warmup = RestoreWarmup.start(self._ws.datasets_by_id, [  # what each lane's first item needs
-                cur.pending.refs.slice(0, first) for cur in owned if isinstance(cur, LaneSnapshot) and cur.pending is not None])
+            self._warmup = RestoreWarmup.start(
+                self._ws.datasets_by_id,
+                [  # what each lane's first item needs
+                    cur.pending.refs.slice(0, first)
+                    for cur in owned
+                    if isinstance(cur, LaneSnapshot) and cur.pending is not None
+                ],
+            )
 
     def _take_warmup(self, engine: Engine) -> ReaderPool | None:
         """The restore warm-up's readers, for the run ``engine`` is about to start (None: no
@@ -862,7 +1167,7 @@ class _RunIterator:
     ``observers`` (the progress readout, the metrics sink) see every item delivered
     (``update(item)``) and the end of the pass (``close()``, once)."""
 
-    def __init__(self, run: EngineRun, observers: list[Any]) -> None:
+    def __init__(self, run: Run, observers: list[Any]) -> None:
         self._run = run
         self._observers = observers
         self._inside = threading.Lock()  # held during next(): a second caller meanwhile is a misuse
@@ -898,7 +1203,8 @@ class _RunIterator:
             f"one pipeline iterator was used by two threads at once (thread {self._shared_by!r} called next() "
             "while another thread was inside it); each item goes to one consumer only. Give each thread its own "
             "pipeline (for disjoint data: options(world_size=N, global_rank=i)), or let one thread iterate and "
-            "hand items to the others through a queue.Queue.")
+            "hand items to the others through a queue.Queue."
+        )
 
     def _end_observers(self) -> None:
         observers, self._observers = self._observers, []
@@ -909,18 +1215,29 @@ class _RunIterator:
         self._end_observers()
         self._run.close()
 
-    def __enter__(self) -> "_RunIterator":
+    def __enter__(self) -> "Self":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:
         try:
             self._run.close()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 - best-effort cleanup at garbage collection: never raise from __del__
             pass
 
 
-_ADD_OP_KWARGS = frozenset({"accumulator", "process_one", "validation_samples", "indexable", "batch_shape_sensitive",
-                            "requires_serial_state", "calibration_replayable", "process_columns", "columns_format"})
+_ADD_OP_KWARGS = frozenset(
+    {
+        "accumulator",
+        "process_one",
+        "validation_samples",
+        "indexable",
+        "batch_shape_sensitive",
+        "requires_serial_state",
+        "calibration_replayable",
+        "process_columns",
+        "columns_format",
+    }
+)

@@ -69,8 +69,10 @@ class Progress:
     def line(self) -> str:
         elapsed = max(time.perf_counter() - self.start, 1e-9)
         lanes = " ".join(f"{lane}:{n}@chunk{chunk}" for lane, (n, chunk) in sorted(self.lanes.items()))
-        return (f"zephon_columnar: {self.items:,} items, {self.rows:,} rows | {self.tokens:,} tokens | "
-                f"{self.tokens / elapsed:,.0f} tok/s | lanes {lanes}")
+        return (
+            f"zephon_columnar: {self.items:,} items, {self.rows:,} rows | {self.tokens:,} tokens | "
+            f"{self.tokens / elapsed:,.0f} tok/s | lanes {lanes}"
+        )
 
     def _report(self) -> None:
         if self._bar is not None:

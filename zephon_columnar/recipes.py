@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -44,3 +45,26 @@ def _differences(saved: Any, current: Any, path: str) -> list[str]:
 
 def _normalize(value: Any) -> Any:
     return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def callable_identity(fn: Any) -> str:
+    """Best-effort stable identity of a callable a recipe names (an HF-like tokenizer, a token
+    counter): its class, ``name_or_path``, a hash of its vocabulary when it has ``get_vocab``, and
+    its special token ids.
+
+    Example:
+        >>> callable_identity(len).startswith("callable:builtins.builtin_function_or_method|")
+        True
+    """
+    cls = type(fn)
+    parts = [f"{cls.__module__}.{cls.__qualname__}", str(getattr(fn, "name_or_path", ""))]
+    get_vocab = getattr(fn, "get_vocab", None)
+    if callable(get_vocab):
+        try:
+            vocab = json.dumps(sorted(get_vocab().items()))
+        except Exception:  # noqa: BLE001 - identity is best effort: class and name then
+            vocab = ""
+        parts.append(hashlib.sha256(vocab.encode()).hexdigest())
+    for key in ("bos", "eos", "pad"):
+        parts.append(f"{key}={getattr(fn, f'{key}_token_id', None)}")
+    return "callable:" + "|".join(parts)

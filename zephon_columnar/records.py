@@ -22,9 +22,10 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from operator import attrgetter
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -50,15 +51,19 @@ class SampleCursor:
     lineage: tuple[int, ...] = ()
 
     @staticmethod
-    def from_key(key: Sequence[Any]) -> "SampleCursor":
+    def from_key(key: Sequence[Any]) -> SampleCursor:
         chunk_id, chunk_offset, lineage, sample_id = key
-        return SampleCursor(int(chunk_id), int(chunk_offset), tuple(int(x) for x in sample_id),  # type: ignore[arg-type]
-                            tuple(int(x) for x in lineage))
+        return SampleCursor(
+            int(chunk_id),
+            int(chunk_offset),
+            tuple(int(x) for x in sample_id),  # type: ignore[arg-type]
+            tuple(int(x) for x in lineage),
+        )
 
     def as_key(self) -> tuple[int, int, tuple[int, ...], SampleId]:
         return (self.chunk_id, self.chunk_offset, self.lineage, self.sample_id)
 
-    def child(self, index: int) -> "SampleCursor":
+    def child(self, index: int) -> SampleCursor:
         if index < 0:
             raise ValueError(f"SampleCursor.child({index}): a lineage index is non-negative.")
         return replace(self, lineage=self.lineage + (int(index),))
@@ -67,10 +72,10 @@ class SampleCursor:
     def base_offset(self) -> tuple[int, int]:
         return (self.chunk_id, self.chunk_offset)
 
-    def __lt__(self, other: "SampleCursor") -> bool:
+    def __lt__(self, other: SampleCursor) -> bool:
         return self.as_key() < other.as_key()
 
-    def __le__(self, other: "SampleCursor") -> bool:
+    def __le__(self, other: SampleCursor) -> bool:
         return self.as_key() <= other.as_key()
 
 
@@ -110,14 +115,14 @@ class SampleMeta:
     def as_cursor_key(self) -> tuple[int, int, tuple[int, ...], SampleId]:
         return self.cursor.as_key()
 
-    def child(self, index: int) -> "SampleMeta":
+    def child(self, index: int) -> SampleMeta:
         """The meta of the ``index``-th record made from this one (lineage extended)."""
         return replace(self, lineage=self.lineage + (int(index),))
 
-    def with_lineage(self, path: Iterable[int]) -> "SampleMeta":
+    def with_lineage(self, path: Iterable[int]) -> SampleMeta:
         return replace(self, lineage=tuple(int(i) for i in path))
 
-    def with_contributors(self, refs: Iterable[ContributorRef] | None) -> "SampleMeta":
+    def with_contributors(self, refs: Iterable[ContributorRef] | None) -> SampleMeta:
         tags = dict(self.tags)
         refs = tuple(refs or ())
         if refs:
@@ -126,7 +131,7 @@ class SampleMeta:
             tags.pop("_contributors", None)
         return replace(self, tags=tags)
 
-    def with_tombstone(self, value: bool = True) -> "SampleMeta":
+    def with_tombstone(self, value: bool = True) -> SampleMeta:
         tags = dict(self.tags)
         if value:
             tags["_tombstone"] = True
@@ -181,8 +186,9 @@ class SampleRecord:
 
 
 # ---------------------------------------------------------------- helpers for operators
-def spawn_child(parent: SampleMeta, child_idx: int, *, is_last_child: bool = False,
-                tags: dict[str, Any] | None = None) -> SampleMeta:
+def spawn_child(
+    parent: SampleMeta, child_idx: int, *, is_last_child: bool = False, tags: dict[str, Any] | None = None
+) -> SampleMeta:
     """Meta of the ``child_idx``-th record an operator makes from ``parent`` (fan-out): the
     parent's lineage extended by ``child_idx``; ``is_last_child`` marks the child that
     completes the parent.
@@ -193,12 +199,17 @@ def spawn_child(parent: SampleMeta, child_idx: int, *, is_last_child: bool = Fal
         [(0,), (1,)]
     """
     if is_last_child and parent.tombstone:
-        raise ValueError("spawn_child: Cannot spawn a closing child from tombstone metadata: a tombstone has "
-                         "no children that complete it; drop the tombstone's children instead.")
+        raise ValueError(
+            "spawn_child: Cannot spawn a closing child from tombstone metadata: a tombstone has "
+            "no children that complete it; drop the tombstone's children instead."
+        )
     child = parent.child(child_idx)
     if parent.contributors:
-        refs = parent.contributors if is_last_child else tuple(
-            replace(ref, is_last_child=False) for ref in parent.contributors)
+        refs = (
+            parent.contributors
+            if is_last_child
+            else tuple(replace(ref, is_last_child=False) for ref in parent.contributors)
+        )
     else:
         refs = (ContributorRef(child.cursor, is_last_child),)
     new_tags = {**parent.tags, **(tags or {}), "_contributors": refs}
@@ -206,34 +217,58 @@ def spawn_child(parent: SampleMeta, child_idx: int, *, is_last_child: bool = Fal
     return replace(child, tags=new_tags)
 
 
-def pack_meta(primary_cursor: SampleCursor, contributors: Iterable[ContributorRef], *, lane_id: int,
-              component_sample_counts: dict[int, int], component_token_counts: dict[int, int] | None = None,
-              tags: dict[str, Any] | None = None) -> SampleMeta:
+def pack_meta(
+    primary_cursor: SampleCursor,
+    contributors: Iterable[ContributorRef],
+    *,
+    lane_id: int,
+    component_sample_counts: dict[int, int],
+    component_token_counts: dict[int, int] | None = None,
+    tags: dict[str, Any] | None = None,
+) -> SampleMeta:
     """Meta of a record that merges several (``contributors``); ``primary_cursor`` (unique per
     lane) is its identity, and its stream position."""
     new_tags = {k: v for k, v in (tags or {}).items() if k != "_tombstone"}
     new_tags["_contributors"] = tuple(contributors)
-    return SampleMeta(sample_id=primary_cursor.sample_id, lane_id=lane_id, chunk_id=primary_cursor.chunk_id,
-                      chunk_offset=primary_cursor.chunk_offset, component_sample_counts=dict(component_sample_counts),
-                      component_token_counts=component_token_counts, lineage=primary_cursor.lineage, tags=new_tags)
+    return SampleMeta(
+        sample_id=primary_cursor.sample_id,
+        lane_id=lane_id,
+        chunk_id=primary_cursor.chunk_id,
+        chunk_offset=primary_cursor.chunk_offset,
+        component_sample_counts=dict(component_sample_counts),
+        component_token_counts=component_token_counts,
+        lineage=primary_cursor.lineage,
+        tags=new_tags,
+    )
 
 
 def tombstone_meta(ref: ContributorRef, lane_id: int) -> SampleMeta:
     """Meta of a tombstone: "the sample ``ref`` closes was dropped"."""
     if not ref.is_last_child:
-        raise ValueError("tombstone_meta: pass a closing contributor (is_last_child=True); only the "
-                         "piece that completes a sample can say it was dropped.")
+        raise ValueError(
+            "tombstone_meta: pass a closing contributor (is_last_child=True); only the "
+            "piece that completes a sample can say it was dropped."
+        )
     c = ref.cursor
-    return SampleMeta(sample_id=c.sample_id, lane_id=lane_id, chunk_id=c.chunk_id, chunk_offset=c.chunk_offset,
-                      lineage=c.lineage, tags={"_tombstone": True, "_contributors": (ref,)})
+    return SampleMeta(
+        sample_id=c.sample_id,
+        lane_id=lane_id,
+        chunk_id=c.chunk_id,
+        chunk_offset=c.chunk_offset,
+        lineage=c.lineage,
+        tags={"_tombstone": True, "_contributors": (ref,)},
+    )
 
 
 def tombstones_for_record(record: SampleRecord) -> list[SampleRecord]:
     """What an operator returns instead of a record it drops: one tombstone per sample the
     record completes. (This engine resumes from stream positions, so a dropped record never
     holds anything back; tombstones are accepted and discarded, for Zephon's contract.)"""
-    return [SampleRecord(tombstone_meta(ref, record.meta.lane_id), None)
-            for ref in record.meta.contribution_refs() if ref.is_last_child]
+    return [
+        SampleRecord(tombstone_meta(ref, record.meta.lane_id), None)
+        for ref in record.meta.contribution_refs()
+        if ref.is_last_child
+    ]
 
 
 # ---------------------------------------------------------------- frame -> records
@@ -255,7 +290,8 @@ def records_of(table: pa.Table, fields: FieldsByDataset | None = None) -> list[S
     n = table.num_rows
     payloads = payload_dicts(table, names)
     lane, chunk, offset, dataset, shard, row, comp = (
-        table.column(c).to_pylist() for c in (F.LANE, F.CHUNK, F.OFFSET, F.DATASET, F.SHARD, F.ROW, F.COMPONENT))
+        table.column(c).to_pylist() for c in (F.LANE, F.CHUNK, F.OFFSET, F.DATASET, F.SHARD, F.ROW, F.COMPONENT)
+    )
     pad = table.column(F.PADDING_LENGTH).to_pylist() if F.PADDING_LENGTH in columns else None
     lineage = F.lineage_paths(table)
     opened = F.open_rows(table).tolist()
@@ -275,9 +311,16 @@ def records_of(table: pa.Table, fields: FieldsByDataset | None = None) -> list[S
         for d, s, r, ln, c, o, k, g, op in zip(dataset, shard, row, lane, chunk, offset, comp, lineage, opened):
             meta = new(SampleMeta)
             # SampleMeta is frozen: its __dict__ is filled directly, as its __init__ would.
-            meta.__dict__.update(sample_id=(d, s, r), lane_id=ln, chunk_id=c, chunk_offset=o,
-                                 component_sample_counts={k: 1}, component_token_counts=None, lineage=g,
-                                 tags=_child_tags(c, o, (d, s, r), g, op) if g else {})
+            meta.__dict__.update(
+                sample_id=(d, s, r),
+                lane_id=ln,
+                chunk_id=c,
+                chunk_offset=o,
+                component_sample_counts={k: 1},
+                component_token_counts=None,
+                lineage=g,
+                tags=_child_tags(c, o, (d, s, r), g, op) if g else {},
+            )
             metas.append(meta)
     else:
         for i in range(n):
@@ -288,17 +331,33 @@ def records_of(table: pa.Table, fields: FieldsByDataset | None = None) -> list[S
                 samples, tokens, tags["_contributors"] = _packed_meta(segments[i])
             elif lineage[i]:
                 tags.update(_child_tags(chunk[i], offset[i], (dataset[i], shard[i], row[i]), lineage[i], opened[i]))
-            metas.append(SampleMeta(sample_id=(dataset[i], shard[i], row[i]), lane_id=lane[i], chunk_id=chunk[i],
-                                    chunk_offset=offset[i], component_sample_counts=samples,
-                                    component_token_counts=tokens, lineage=lineage[i], tags=tags))
+            metas.append(
+                SampleMeta(
+                    sample_id=(dataset[i], shard[i], row[i]),
+                    lane_id=lane[i],
+                    chunk_id=chunk[i],
+                    chunk_offset=offset[i],
+                    component_sample_counts=samples,
+                    component_token_counts=tokens,
+                    lineage=lineage[i],
+                    tags=tags,
+                )
+            )
     return list(map(SampleRecord, metas, payloads))
 
 
 #: Whether `records_of` may set a `SampleMeta`'s attributes itself: its __init__ only assigns
 #: these eight fields (if SampleMeta changes, records_of goes back to calling it).
 _PLAIN_META_INIT = "__post_init__" not in vars(SampleMeta) and [f.name for f in fields(SampleMeta)] == [
-    "sample_id", "lane_id", "chunk_id", "chunk_offset", "component_sample_counts", "component_token_counts",
-    "lineage", "tags"]
+    "sample_id",
+    "lane_id",
+    "chunk_id",
+    "chunk_offset",
+    "component_sample_counts",
+    "component_token_counts",
+    "lineage",
+    "tags",
+]
 
 
 def _child_tags(chunk: int, offset: int, sample: SampleId, lineage: tuple[int, ...], open_: bool) -> dict[str, Any]:
@@ -375,13 +434,17 @@ def payload_values(table: pa.Table, name: str) -> list[Any]:
 def _is_numeric_list(t: pa.DataType) -> bool:
     """``list<int|float>`` (or large_list): what record views hold as numpy views."""
     return (pa.types.is_list(t) or pa.types.is_large_list(t)) and (
-        pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type))
+        pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)
+    )
 
 
 def _is_segment_list(t: pa.DataType) -> bool:
     """``list<struct<...>>`` with a list-of-numbers field: ``pack_sequences``' packed_samples."""
-    return ((pa.types.is_list(t) or pa.types.is_large_list(t)) and pa.types.is_struct(t.value_type)
-            and any(_is_numeric_list(f.type) for f in t.value_type))
+    return (
+        (pa.types.is_list(t) or pa.types.is_large_list(t))
+        and pa.types.is_struct(t.value_type)
+        and any(_is_numeric_list(f.type) for f in t.value_type)
+    )
 
 
 def _with_segment_arrays(column: pa.ChunkedArray) -> list[Any]:
@@ -390,10 +453,10 @@ def _with_segment_arrays(column: pa.ChunkedArray) -> list[Any]:
     segment order."""
     rows = column.to_pylist()
     segments = pc.list_flatten(column)  # every row's segments, in order (null rows give none)
-    for field in column.type.value_type:
-        if not _is_numeric_list(field.type):
+    for fld in column.type.value_type:
+        if not _is_numeric_list(fld.type):
             continue
-        views = _numeric_list_views(pc.struct_field(segments, field.name))
+        views = _numeric_list_views(pc.struct_field(segments, fld.name))
         if views is None:
             continue  # a list holding a null: Python lists, as for a plain column
         flat = iter(views)
@@ -401,7 +464,7 @@ def _with_segment_arrays(column: pa.ChunkedArray) -> list[Any]:
             for segment in row or ():
                 view = next(flat)
                 if view is not None:
-                    segment[field.name] = view
+                    segment[fld.name] = view
     return rows
 
 
@@ -459,13 +522,17 @@ def _payload_arrays(payloads: list[dict[str, Any]], op_name: str) -> tuple[list[
             continue
         if len(kinds) > 1:
             shown = ", ".join(sorted(k.__name__ for k in kinds))
-            raise WrongTypeError(f"operator {op_name!r} returned field {name!r} with mixed types ({shown}); "
-                                 "return the same type for a field in every row (e.g. float(x)).")
+            raise WrongTypeError(
+                f"operator {op_name!r} returned field {name!r} with mixed types ({shown}); "
+                "return the same type for a field in every row (e.g. float(x))."
+            )
         try:
             arrays.append(pa.array(values))
         except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
-            raise WrongTypeError(f"operator {op_name!r} returned field {name!r} with values Arrow cannot "
-                                 f"hold in one column ({err}); return the same type for it in every row.") from err
+            raise WrongTypeError(
+                f"operator {op_name!r} returned field {name!r} with values Arrow cannot "
+                f"hold in one column ({err}); return the same type for it in every row."
+            ) from err
         if pa.types.is_list(arrays[-1].type):
             lists.append(name)
     return names, arrays, lists
@@ -480,8 +547,10 @@ def _array_of_arrays(values: list[Any], name: str, op_name: str) -> pa.Array:
     present = [r for r in rows if r is not None]
     if any(r.ndim != 1 for r in present) or len({r.dtype for r in present}) > 1:
         shown = sorted({f"{r.ndim}-D {r.dtype}" for r in present})
-        raise WrongTypeError(f"operator {op_name!r} returned field {name!r} with arrays of different kinds "
-                             f"({', '.join(shown)}); return 1-D arrays of one dtype (or lists) in every row.")
+        raise WrongTypeError(
+            f"operator {op_name!r} returned field {name!r} with arrays of different kinds "
+            f"({', '.join(shown)}); return 1-D arrays of one dtype (or lists) in every row."
+        )
     lengths = np.array([0 if r is None else len(r) for r in rows], np.int64)
     offsets = np.zeros(len(rows) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
@@ -503,11 +572,15 @@ def _as_dtype(values: Any, dtype: np.dtype) -> np.ndarray:
 def check_records(out: Any, *, op_name: str, what: str = "process_many") -> list[SampleRecord]:
     """``out`` as a list of records, or a `WrongTypeError` saying what to return instead."""
     if not isinstance(out, (list, tuple)) or any(not isinstance(r, SampleRecord) for r in out):
-        got = type(out).__name__ if not isinstance(out, (list, tuple)) else \
-            next(type(r).__name__ for r in out if not isinstance(r, SampleRecord))
+        got = (
+            type(out).__name__
+            if not isinstance(out, (list, tuple))
+            else next(type(r).__name__ for r in out if not isinstance(r, SampleRecord))
+        )
         raise WrongTypeError(
             f"operator {op_name!r}: {what} must return a list of SampleRecord, got {got} (rebuild "
-            "record.payload and return the record that carried it, not dicts or tensors).")
+            "record.payload and return the record that carried it, not dicts or tensors)."
+        )
     return list(out)
 
 
@@ -531,7 +604,9 @@ def frame_of_records(records: Sequence[SampleRecord], *, op_name: str = "records
             if not isinstance(r.payload, dict):
                 raise WrongTypeError(
                     f"operator {op_name!r} returned a record of sample {r.meta.sample_id} whose payload is a "
-                    f"{type(r.payload).__name__}; a payload is a dict (return tombstones_for_record(record) to drop it).")
+                    f"{type(r.payload).__name__}; a payload is a dict (return tombstones_for_record(record) to "
+                    "drop it)."
+                )
     n = len(metas)
     # One list per field (C-level attribute reads, no per-record tuple for the GC to track).
     lanes, chunks, offsets, samples, lineages, counts = (list(map(get, metas)) for get in _META_FIELDS)
@@ -543,9 +618,15 @@ def frame_of_records(records: Sequence[SampleRecord], *, op_name: str = "records
     components = [next(iter(c), 0) for c in counts]  # each meta's first component (0 for none)
     # The bookkeeping columns of F.pointer_frame, then lineage and pad length where any row has
     # them, then the payload: what F.with_payload(book, payloads_to_table(...)) gives.
-    arrays = [pa.array(np.array(lanes, np.int32)), pa.array(np.array(chunks, np.int64)),
-              pa.array(np.array(offsets, np.int32)), pa.array(dataset.astype(np.int32)),
-              pa.array(shard.astype(np.int32)), pa.array(row), pa.array(np.array(components, np.int32))]
+    arrays = [
+        pa.array(np.array(lanes, np.int32)),
+        pa.array(np.array(chunks, np.int64)),
+        pa.array(np.array(offsets, np.int32)),
+        pa.array(dataset.astype(np.int32)),
+        pa.array(shard.astype(np.int32)),
+        pa.array(row),
+        pa.array(np.array(components, np.int32)),
+    ]
     names = list(F.BOOKKEEPING)
     if any(lineages):
         arrays.append(pa.array([list(g) for g in lineages], pa.list_(pa.int32())))
@@ -568,5 +649,6 @@ def _is_open(meta: SampleMeta) -> bool:
 
 
 #: What `frame_of_records` reads of each meta.
-_META_FIELDS = tuple(map(attrgetter, ("lane_id", "chunk_id", "chunk_offset", "sample_id", "lineage",
-                                      "component_sample_counts")))
+_META_FIELDS = tuple(
+    map(attrgetter, ("lane_id", "chunk_id", "chunk_offset", "sample_id", "lineage", "component_sample_counts"))
+)

@@ -44,8 +44,11 @@ _SEGMENT_NAMES = [f.name for f in F.SEGMENT_STRUCT]
 
 
 def _delta_ok(table: pa.Table) -> bool:
-    return F.CHUNK in table.column_names and F.OFFSET in table.column_names and all(
-        pa.types.is_integer(f.type) and table.column(f.name).null_count == 0 for f in table.schema)
+    return (
+        F.CHUNK in table.column_names
+        and F.OFFSET in table.column_names
+        and all(pa.types.is_integer(f.type) and table.column(f.name).null_count == 0 for f in table.schema)
+    )
 
 
 def _smallest(values: np.ndarray) -> np.ndarray:
@@ -66,7 +69,7 @@ def _delta_text(table: pa.Table) -> str:
 
 
 def _from_delta_text(text: str) -> pa.Table:
-    packed = F.frame_from_text(text[len(_DELTA):])
+    packed = F.frame_from_text(text[len(_DELTA) :])
     order = packed.column("__order").to_numpy().astype(np.int64)
     inverse = np.empty(len(order), np.int64)
     inverse[order] = np.arange(len(order))
@@ -111,8 +114,15 @@ def schema_to_json(schema: pa.Schema | None) -> Any:
     else the compressed Arrow form."""
     if schema is None:
         return None
-    if all(pa.types.is_list(f.type) and (pa.types.is_integer(f.type.value_type) or pa.types.is_floating(
-            f.type.value_type) or pa.types.is_boolean(f.type.value_type)) for f in schema):  # list<...> only
+    if all(
+        pa.types.is_list(f.type)
+        and (
+            pa.types.is_integer(f.type.value_type)
+            or pa.types.is_floating(f.type.value_type)
+            or pa.types.is_boolean(f.type.value_type)
+        )
+        for f in schema
+    ):  # list<...> only
         return [[f.name, str(f.type.value_type)] for f in schema]
     return F.frame_to_text(schema.empty_table())
 
@@ -151,7 +161,7 @@ def rows_from_json(value: Any) -> pa.Table | None:
     if isinstance(value, str):
         return _from_delta_text(value) if value.startswith(_DELTA) else F.frame_from_text(value)
     if not isinstance(value, dict) or not isinstance(value.get("cols"), dict) or not isinstance(value.get("n"), int):
-        raise ValueError(f"not an encoded table: {str(value)[:80]}")
+        raise ValueError(f"not an encoded table: {str(value)[:80]}")  # noqa: TRY004 - a malformed value, as below
     arrays, names = [], []
     for name, values in value["cols"].items():
         t = _type_of(name)

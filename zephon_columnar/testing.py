@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -32,8 +33,12 @@ def signature(item: Any) -> tuple:
         payload = F.payload_of(item.table).to_pydict()
         return ("batch", item.lane_id, item.ids, json.dumps(payload, sort_keys=True, default=repr))
     if isinstance(item, SampleRecord):
-        return ("record", item.meta.lane_id, item.meta.sample_id,
-                json.dumps(item.payload, sort_keys=True, default=_jsonable))
+        return (
+            "record",
+            item.meta.lane_id,
+            item.meta.sample_id,
+            json.dumps(item.payload, sort_keys=True, default=_jsonable),
+        )
     raise TypeError(f"signature(): expected SampleBatch or SampleRecord, got {type(item).__name__}")
 
 
@@ -77,8 +82,9 @@ def run_accumulator(acc: Any, frames: Sequence[Any], flush_after: Iterable[int] 
     return out + acc.flush(reset=True, end=True)
 
 
-def assert_frame_split_invariant(make_accumulator: Callable[[], Any], rows: Any, *, cuts: Sequence[Sequence[int]],
-                                 flush_at: Sequence[int] = ()) -> None:
+def assert_frame_split_invariant(
+    make_accumulator: Callable[[], Any], rows: Any, *, cuts: Sequence[Sequence[int]], flush_at: Sequence[int] = ()
+) -> None:
     """Push ``rows`` (a frame) into fresh accumulators cut into frames at each list of ``cuts``
     (row indices where a new frame starts), with flush points after the rows ``flush_at``: every
     cut must give the same output rows (payload and bookkeeping), in the same order, as one
@@ -91,7 +97,7 @@ def assert_frame_split_invariant(make_accumulator: Callable[[], Any], rows: Any,
 
     def frames_for(starts: Sequence[int]) -> tuple[list[Any], set[int]]:
         bounds = sorted({0, n, *(c for c in starts if 0 < c < n), *(f for f in flush_at if 0 < f < n)})
-        frames = [rows.slice(a, b - a) for a, b in zip(bounds, bounds[1:])]
+        frames = [rows.slice(a, b - a) for a, b in itertools.pairwise(bounds)]
         flush_after = {i for i, b in enumerate(bounds[1:]) if b in set(flush_at)}
         return frames, flush_after
 
@@ -104,12 +110,15 @@ def assert_frame_split_invariant(make_accumulator: Callable[[], Any], rows: Any,
         got = rows_of(run_accumulator(make_accumulator(), *frames_for(starts)))
         if got != reference:
             first = next((i for i, (a, b) in enumerate(zip(got, reference)) if a != b), min(len(got), len(reference)))
-            raise AssertionError(f"frames cut at {list(starts)}: output row {first} differs from one frame per "
-                                 f"epoch ({len(got)} rows against {len(reference)})")
+            raise AssertionError(
+                f"frames cut at {list(starts)}: output row {first} differs from one frame per "
+                f"epoch ({len(got)} rows against {len(reference)})"
+            )
 
 
-def assert_resumes_exactly(make_pipeline: Callable[[], Any], ks: Sequence[int], *,
-                           again: Sequence[int] = (0, 1)) -> list[tuple]:
+def assert_resumes_exactly(
+    make_pipeline: Callable[[], Any], ks: Sequence[int], *, again: Sequence[int] = (0, 1)
+) -> list[tuple]:
     """For each k: head + restored continuation == uninterrupted stream; and, for each j of
     ``again``, a checkpoint taken after j more items of the restored run resumes exactly too (a
     job that restarts and checkpoints again before, or right after, its first step). Returns
@@ -119,8 +128,10 @@ def assert_resumes_exactly(make_pipeline: Callable[[], Any], ks: Sequence[int], 
     def check(got: list[tuple], what: str) -> None:
         if got != full:
             first_bad = next((i for i, (a, b) in enumerate(zip(got, full)) if a != b), min(len(got), len(full)))
-            raise AssertionError(f"{what}: resumed stream differs from the uninterrupted one at item {first_bad} "
-                                 f"(resumed {len(got)} items, uninterrupted {len(full)})")
+            raise AssertionError(
+                f"{what}: resumed stream differs from the uninterrupted one at item {first_bad} "
+                f"(resumed {len(got)} items, uninterrupted {len(full)})"
+            )
 
     for k in ks:
         head, ckpt = take_and_checkpoint(make_pipeline(), k)

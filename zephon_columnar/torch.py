@@ -35,15 +35,15 @@ Example:
 from __future__ import annotations
 
 import atexit
-import copy
 import hashlib
 import json
 import multiprocessing
 import multiprocessing.context
 import threading
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, NoReturn, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -116,8 +116,9 @@ def _cut_word_parts(word: int) -> tuple[int, int, int]:
 class PipelineIterableDataset(torch.utils.data.IterableDataset):
     """Yields the pipeline's items (or ``to_training`` dicts when keyword arguments were given)."""
 
-    def __init__(self, pipeline: "Pipeline", *, stateful: bool = True,
-                 to_training: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, pipeline: Pipeline, *, stateful: bool = True, to_training: Mapping[str, Any] | None = None
+    ) -> None:
         super().__init__()
         self.pipeline = pipeline
         self.stateful = stateful
@@ -129,7 +130,7 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         # workers of one rank resuming on another layout tell each other which snapshot each has.
         self._cut_slots: Any = multiprocessing.Array("q", MAX_LOADER_WORKERS, lock=False)
         # in a loader worker: its engine, and the state a StatefulDataLoader restored into it
-        self._worker_pipe: "Pipeline | None" = None
+        self._worker_pipe: Pipeline | None = None
         self._worker_lanes: list[int] | None = None
         self._worker_restore: Mapping[str, Any] | None = None
         self._phase: LoaderPhase | None = None
@@ -139,7 +140,7 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         if info is None:
             self._mark_worker_pass(False)
-            pipe: "Pipeline | None" = self.pipeline
+            pipe: Pipeline | None = self.pipeline
         else:
             self._mark_worker_pass(True)
             exit_after_queue_feeders()
@@ -165,16 +166,31 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             o = self.pipeline._options  # noqa: SLF001
             phase = self._phase
             if ckpt is not None and phase is not None and o.aggregate_dir:
-                write_loader_part(ckpt, directory=o.aggregate_dir, run_id=o.run_id, phase=phase.name,
-                                  group=o.resolved_dp_group_id(), worker=info.id, delivered=phase.delivered)
-            return {"worker": info.id, "lanes": list(self._worker_lanes or []), "rank_lanes": _rank_lanes(self.pipeline),
-                    "pipeline": ckpt, "loader_phase": None if phase is None else asdict(phase),
-                    "dp_degree": o.resolved_dp_degree(), "run_id": o.run_id}
+                write_loader_part(
+                    ckpt,
+                    directory=o.aggregate_dir,
+                    run_id=o.run_id,
+                    phase=phase.name,
+                    group=o.resolved_dp_group_id(),
+                    worker=info.id,
+                    delivered=phase.delivered,
+                )
+            return {
+                "worker": info.id,
+                "lanes": list(self._worker_lanes or []),
+                "rank_lanes": _rank_lanes(self.pipeline),
+                "pipeline": ckpt,
+                "loader_phase": None if phase is None else asdict(phase),
+                "dp_degree": o.resolved_dp_degree(),
+                "run_id": o.run_id,
+            }
         if self._worker_pass is not None and self._worker_pass.value:
-            raise ConfigError("state_dict(): the last pass ran in DataLoader worker processes, which read ahead of "
-                              "what the training loop took, so this process cannot tell where to resume. Use "
-                              "torchdata's StatefulDataLoader (exact with num_workers > 0) or "
-                              "DataLoader(num_workers=0): the pipeline runs its own workers.")
+            raise ConfigError(
+                "state_dict(): the last pass ran in DataLoader worker processes, which read ahead of "
+                "what the training loop took, so this process cannot tell where to resume. Use "
+                "torchdata's StatefulDataLoader (exact with num_workers > 0) or "
+                "DataLoader(num_workers=0): the pipeline runs its own workers."
+            )
         return {"pipeline": self.pipeline.checkpoint()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -184,20 +200,24 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             raise ConfigError(f"load_state_dict(): expected a dict from state_dict() with key 'pipeline', got {keys}.")
         if "lanes" in state:  # one loader worker's state (StatefulDataLoader restores it in that worker)
             if torch.utils.data.get_worker_info() is None:
-                raise ConfigError("load_state_dict(): this is one DataLoader worker's state; restore it through "
-                                  "the StatefulDataLoader that saved it (loader.load_state_dict).")
+                raise ConfigError(
+                    "load_state_dict(): this is one DataLoader worker's state; restore it through "
+                    "the StatefulDataLoader that saved it (loader.load_state_dict)."
+                )
             self._worker_restore, self._worker_pipe, self._worker_lanes = state, None, None
             return
         self.pipeline.restore(state["pipeline"])
         # Where loader workers start from: part of their phase's name (`_new_phase`).
-        self._start = hashlib.sha256(json.dumps(load_checkpoint(state["pipeline"]), sort_keys=True).encode()).hexdigest()
+        self._start = hashlib.sha256(
+            json.dumps(load_checkpoint(state["pipeline"]), sort_keys=True).encode()
+        ).hexdigest()
 
     # ---------------------------------------------------------------- workers
     def _mark_worker_pass(self, in_workers: bool) -> None:
         if self._worker_pass is not None:
             self._worker_pass.value = int(in_workers)
 
-    def _worker_pipeline(self, worker: int, workers: int) -> "Pipeline | None":
+    def _worker_pipeline(self, worker: int, workers: int) -> Pipeline | None:
         """This loader worker's engine over its share of the lanes (None: an idle worker).
         Decided once per worker (a resume on another layout meets the rank's other workers
         once)."""
@@ -216,16 +236,15 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             self._worker_lanes = lanes
             if not lanes:
                 return None
-            pipe = copy.copy(self.pipeline)
-            pipe._lane_subset = lanes  # noqa: SLF001
-            pipe._run = None  # noqa: SLF001
+            pipe = self.pipeline.for_lanes(lanes)
             if ckpt is not None:
                 pipe.restore(ckpt)
             self._worker_pipe = pipe
         return self._worker_pipe
 
-    def _resume_elsewhere(self, restored: Mapping[str, Any], worker: int,
-                          workers: int) -> tuple[list[int], Mapping[str, Any], LoaderPhase]:
+    def _resume_elsewhere(
+        self, restored: Mapping[str, Any], worker: int, workers: int
+    ) -> tuple[list[int], Mapping[str, Any], LoaderPhase]:
         """Resume worker ``worker`` from a state saved on another data-parallel layout: (its
         lanes, the checkpoint of every lane at the loader's cut, its phase).
 
@@ -240,8 +259,10 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             _refuse_other_layout(self.pipeline, restored)
         saved = LoaderPhase(**saved_phase)
         if int(restored["worker"]) != worker:
-            raise CheckpointError(f"load_state_dict(): DataLoader worker {worker} was given the state of worker "
-                                  f"{restored['worker']}; restore through the StatefulDataLoader that saved it.")
+            raise CheckpointError(
+                f"load_state_dict(): DataLoader worker {worker} was given the state of worker "
+                f"{restored['worker']}; restore through the StatefulDataLoader that saved it."
+            )
         phases = self._exchange_cut(saved, worker, workers, o.aggregate_timeout_s)
         rank_items = max(p.rank_item() for p in phases) + 1
         cut = {w: p.delivered_at(rank_items) for w, p in enumerate(phases) if p.position >= 0}
@@ -249,17 +270,22 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             raise CheckpointError(
                 "load_state_dict(): the DataLoader workers' snapshots are not one step of the loader's round robin "
                 f"(items delivered per worker {[p.delivered for p in phases]}): was it iterated with in_order=False, "
-                "or did a worker run out of data? Such a state resumes on the layout it was saved on only.")
+                "or did a worker run out of data? Such a state resumes on the layout it was saved on only."
+            )
         saver_run = restored.get("run_id", o.run_id)  # the saving job's: a resumed job may have its own
-        merged = read_loader_parts(cut, directory=o.aggregate_dir, run_id=saver_run, phase=saved.name,
-                                   groups=int(restored["dp_degree"]))
+        merged = read_loader_parts(
+            cut, directory=o.aggregate_dir, run_id=saver_run, phase=saved.name, groups=int(restored["dp_degree"])
+        )
         # The loader asks first the worker after the last one that yielded (idle ones drop out).
         last = max(range(len(phases)), key=lambda w: phases[w].rank_item()) if rank_items else workers - 1
         first = last + 1 if last + 1 < active_workers(len(_rank_lanes(self.pipeline)), workers) else 0
         pending = {lane: state.items for lane, state in parse_checkpoint(merged).lanes.items()}
         lanes = worker_lanes(self.pipeline, worker, workers, first_worker=first, emitted=pending)
-        return lanes, merged, self._new_phase(f"{saved.name}/{rank_items}", worker, workers, first=first,
-                                              serving=bool(lanes))
+        return (
+            lanes,
+            merged,
+            self._new_phase(f"{saved.name}/{rank_items}", worker, workers, first=first, serving=bool(lanes)),
+        )
 
     def _new_phase(self, start: str, worker: int, workers: int, *, first: int, serving: bool) -> LoaderPhase:
         """This worker's phase from its start: named by where it started (a fresh pass, a
@@ -279,8 +305,10 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         from an earlier resume of this dataset is not taken for this one."""
         slots = self._cut_slots
         if slots is None or workers > MAX_LOADER_WORKERS:
-            raise CheckpointError(f"load_state_dict(): resuming {workers} DataLoader workers on another data-parallel "
-                                  f"layout works with at most {MAX_LOADER_WORKERS} workers per rank.")
+            raise CheckpointError(
+                f"load_state_dict(): resuming {workers} DataLoader workers on another data-parallel "
+                f"layout works with at most {MAX_LOADER_WORKERS} workers per rank."
+            )
         generation = (_cut_word_parts(slots[worker])[0] + 1) % (1 << 15)
         slots[worker] = _cut_word(generation, saved.delivered, saved.position)
         deadline = time.monotonic() + timeout_s
@@ -290,8 +318,10 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
                 return [replace(saved, delivered=d, position=p) for _, d, p in words]
             if time.monotonic() > deadline:
                 waiting = [w for w, (g, _, _) in enumerate(words) if g != generation]
-                raise CheckpointError(f"load_state_dict(): DataLoader worker {worker} waited {timeout_s:.0f}s for "
-                                      f"workers {waiting} of this rank to load their states (aggregate_timeout_s).")
+                raise CheckpointError(
+                    f"load_state_dict(): DataLoader worker {worker} waited {timeout_s:.0f}s for "
+                    f"workers {waiting} of this rank to load their states (aggregate_timeout_s)."
+                )
             time.sleep(0.01)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -341,15 +371,19 @@ def await_queue_feeders(timeout_s: float) -> None:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
-def _rank_lanes(pipe: "Pipeline") -> list[int]:
+def _rank_lanes(pipe: Pipeline) -> list[int]:
     from zephon_columnar.engine.lanes import owned_lanes
 
     o = pipe._options  # noqa: SLF001
-    return owned_lanes(canonical_replicas=o.resolved_canonical_replicas(), dp_degree=o.resolved_dp_degree(),
-                       dp_group_id=o.resolved_dp_group_id(), mapping=o.resolved_mapping())
+    return owned_lanes(
+        canonical_replicas=o.resolved_canonical_replicas(),
+        dp_degree=o.resolved_dp_degree(),
+        dp_group_id=o.resolved_dp_group_id(),
+        mapping=o.resolved_mapping(),
+    )
 
 
-def _worker_state_fits(pipe: "Pipeline", state: Mapping[str, Any]) -> bool:
+def _worker_state_fits(pipe: Pipeline, state: Mapping[str, Any]) -> bool:
     """Whether a loader worker's state was saved on this rank's data-parallel layout (its
     rank owned the lanes this rank owns): it then resumes from its own lanes' checkpoint."""
     mine = _rank_lanes(pipe)
@@ -359,7 +393,7 @@ def _worker_state_fits(pipe: "Pipeline", state: Mapping[str, Any]) -> bool:
     return {int(lane) for lane in state["lanes"]} <= set(mine)
 
 
-def _refuse_other_layout(pipe: "Pipeline", state: Mapping[str, Any]) -> NoReturn:
+def _refuse_other_layout(pipe: Pipeline, state: Mapping[str, Any]) -> NoReturn:
     """A worker state from another layout without the aggregate directory that holds the
     other ranks' snapshots: its lanes are not this rank's, and going on would deliver another
     rank's data or stop early."""
@@ -372,7 +406,8 @@ def _refuse_other_layout(pipe: "Pipeline", state: Mapping[str, Any]) -> NoReturn
         "state taken with num_workers > 0 holds this rank's lanes only; to resume it on another number of ranks, "
         "set options(aggregate_dir=...) to a directory every rank sees, both when it is saved and when it is "
         "resumed (the workers keep their snapshots there), or checkpoint with num_workers=0 or "
-        "Pipeline.checkpoint().")
+        "Pipeline.checkpoint()."
+    )
 
 
 def active_workers(lanes: int, workers: int) -> int:
@@ -386,8 +421,9 @@ def active_workers(lanes: int, workers: int) -> int:
     return max(d for d in range(1, min(workers, lanes) + 1) if lanes % d == 0)
 
 
-def worker_lanes(pipe: "Pipeline", worker: int, workers: int, *, first_worker: int = 0,
-                 emitted: Mapping[int, int] | None = None) -> list[int]:
+def worker_lanes(
+    pipe: Pipeline, worker: int, workers: int, *, first_worker: int = 0, emitted: Mapping[int, int] | None = None
+) -> list[int]:
     """The lanes loader worker ``worker`` of ``workers`` serves (see the module docstring):
     counted from the lane the rank serves next (by ``emitted``, items per lane; default: the
     restored checkpoint's), the worker the loader asks first (``first_worker``) takes it.
@@ -413,7 +449,7 @@ def worker_lanes(pipe: "Pipeline", worker: int, workers: int, *, first_worker: i
     if emitted:
         first = lanes.index(next_lane(lanes, {lane: emitted[lane] for lane in lanes if lane in emitted}))
     rotated = lanes[first:] + lanes[:first]
-    return sorted(rotated[(worker - first_worker) % active::active])
+    return sorted(rotated[(worker - first_worker) % active :: active])
 
 
 class PipelineMapDataset(torch.utils.data.Dataset):
@@ -433,7 +469,7 @@ class PipelineMapDataset(torch.utils.data.Dataset):
         ...                                      shuffle=True, num_workers=2)  # doctest: +SKIP
     """
 
-    def __init__(self, indexed: "IndexedPipeline") -> None:
+    def __init__(self, indexed: IndexedPipeline) -> None:
         super().__init__()
         self.indexed = indexed
 
@@ -446,7 +482,7 @@ class PipelineMapDataset(torch.utils.data.Dataset):
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         return samples_of(self.indexed.frame([_position(i) for i in indices]), self.indexed.fields)
 
-    def record(self, index: int) -> "SampleRecord":
+    def record(self, index: int) -> SampleRecord:
         """The sample at ``index`` as the stream yields it (payload as Python values, and meta)."""
         return self.indexed.records([_position(index)])[0]
 
@@ -457,8 +493,10 @@ class PipelineMapDataset(torch.utils.data.Dataset):
 
 def _position(index: Any) -> int:
     if isinstance(index, (bool, np.bool_)) or not isinstance(index, (int, np.integer)):
-        raise TypeError(f"an indexable dataset takes integer positions, got {type(index).__name__} {index!r:.60}; "
-                        "slices and masks are not supported (pass a list of ints to __getitems__).")
+        raise TypeError(
+            f"an indexable dataset takes integer positions, got {type(index).__name__} {index!r:.60}; "
+            "slices and masks are not supported (pass a list of ints to __getitems__)."
+        )
     return int(index)
 
 
@@ -490,8 +528,10 @@ def _column(column: pa.ChunkedArray) -> list[Any]:
     arr = column.combine_chunks()
     kind = arr.type
     numeric = (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and (
-        pa.types.is_integer(kind.value_type) or pa.types.is_floating(kind.value_type)
-        or pa.types.is_boolean(kind.value_type))
+        pa.types.is_integer(kind.value_type)
+        or pa.types.is_floating(kind.value_type)
+        or pa.types.is_boolean(kind.value_type)
+    )
     values = arr.flatten() if numeric else None
     if values is None or arr.null_count or values.null_count:
         return arr.to_pylist()

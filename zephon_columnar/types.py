@@ -13,9 +13,10 @@ Example:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sized
+from collections.abc import Mapping, Sequence, Sized
+from itertools import pairwise
 from numbers import Integral
-from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +27,7 @@ from zephon_columnar.errors import ConfigError, WrongTypeError
 if TYPE_CHECKING:
     import torch
 
-from zephon_columnar.records import (  # noqa: F401  (the record vocabulary, re-exported here as in Zephon)
+from zephon_columnar.records import (
     ContributorRef,
     FieldsByDataset,
     SampleCursor,
@@ -66,19 +67,25 @@ class SampleBatch:
     have one.
     """
 
-    __slots__ = ("_table", "_records", "_fields", "_from_records")
+    __slots__ = ("_fields", "_from_records", "_records", "_table")
 
-    def __init__(self, table: pa.Table | Sequence[SampleRecord] | None = None, *,
-                 records: Sequence[SampleRecord] | None = None, fields: FieldsByDataset | None = None) -> None:
+    def __init__(
+        self,
+        table: pa.Table | Sequence[SampleRecord] | None = None,
+        *,
+        records: Sequence[SampleRecord] | None = None,
+        fields: FieldsByDataset | None = None,
+    ) -> None:
         if (table is None) == (records is None):
-            raise TypeError("SampleBatch: pass the rows once, as an Arrow table or as records "
-                            "(SampleBatch(records=[...]), Zephon's form).")
+            raise TypeError(
+                "SampleBatch: pass the rows once, as an Arrow table or as records "
+                "(SampleBatch(records=[...]), Zephon's form)."
+            )
         self._fields = fields
         if table is None or not isinstance(table, pa.Table):
             # Records are kept as given (their payload objects too): ``records`` returns them and
             # to_training reads their payloads. The table is made on first use of ``table``.
-            self._records: tuple[SampleRecord, ...] | None = tuple(
-                records if records is not None else table)  # type: ignore[arg-type]
+            self._records: tuple[SampleRecord, ...] | None = tuple(records if records is not None else table)  # type: ignore[arg-type]
             self._table: pa.Table | None = None
             self._from_records = True
         else:
@@ -230,36 +237,81 @@ class SampleBatch:
             (torch.int64, torch.Size([8, 2047]))
         """
         _check_training_options(
-            return_labels=return_labels, extra_fields=extra_fields, exclude_fields=exclude_fields,
-            return_num_valid_tokens=return_num_valid_tokens, return_loss_mask=return_loss_mask,
-            return_cu_seqlens=return_cu_seqlens, return_padding_mask=return_padding_mask,
-            eos_mask_loss=eos_mask_loss, eos_token_id=eos_token_id, position_mode=position_mode)
+            return_labels=return_labels,
+            extra_fields=extra_fields,
+            exclude_fields=exclude_fields,
+            return_num_valid_tokens=return_num_valid_tokens,
+            return_loss_mask=return_loss_mask,
+            return_cu_seqlens=return_cu_seqlens,
+            return_padding_mask=return_padding_mask,
+            eos_mask_loss=eos_mask_loss,
+            eos_token_id=eos_token_id,
+            position_mode=position_mode,
+        )
         if (len(self._records or ()) if self._from_records else self.table.num_rows) == 0:
             return _empty_training(
-                rename_fields, exclude_fields, return_num_valid_tokens=return_num_valid_tokens,
-                return_loss_mask=return_loss_mask, return_padding_mask=return_padding_mask,
-                return_cu_seqlens=return_cu_seqlens, position_mode=position_mode, flatten=flatten)
+                rename_fields,
+                exclude_fields,
+                return_num_valid_tokens=return_num_valid_tokens,
+                return_loss_mask=return_loss_mask,
+                return_padding_mask=return_padding_mask,
+                return_cu_seqlens=return_cu_seqlens,
+                position_mode=position_mode,
+                flatten=flatten,
+            )
         if self._from_records:
             out = _records_training(
-                self._records or (), tokens_field=tokens_field, return_labels=return_labels, dtype=dtype,
-                extra_fields=extra_fields, ignore_index=ignore_index, flatten=flatten,
-                return_num_valid_tokens=return_num_valid_tokens, return_loss_mask=return_loss_mask,
-                return_cu_seqlens=return_cu_seqlens, return_padding_mask=return_padding_mask,
-                eos_token_id=eos_token_id if eos_mask_loss else None, position_mode=position_mode)
+                self._records or (),
+                tokens_field=tokens_field,
+                return_labels=return_labels,
+                dtype=dtype,
+                extra_fields=extra_fields,
+                ignore_index=ignore_index,
+                flatten=flatten,
+                return_num_valid_tokens=return_num_valid_tokens,
+                return_loss_mask=return_loss_mask,
+                return_cu_seqlens=return_cu_seqlens,
+                return_padding_mask=return_padding_mask,
+                eos_token_id=eos_token_id if eos_mask_loss else None,
+                position_mode=position_mode,
+            )
         else:
             out = self._table_training(
-                tokens_field=tokens_field, return_labels=return_labels, dtype=dtype,
-                extra_fields=extra_fields, ignore_index=ignore_index, flatten=flatten,
-                return_num_valid_tokens=return_num_valid_tokens, return_loss_mask=return_loss_mask,
-                return_cu_seqlens=return_cu_seqlens, return_padding_mask=return_padding_mask,
-                eos_token_id=eos_token_id if eos_mask_loss else None, position_mode=position_mode,
-                pad_token_id=pad_token_id, zero_copy=zero_copy)
+                tokens_field=tokens_field,
+                return_labels=return_labels,
+                dtype=dtype,
+                extra_fields=extra_fields,
+                ignore_index=ignore_index,
+                flatten=flatten,
+                return_num_valid_tokens=return_num_valid_tokens,
+                return_loss_mask=return_loss_mask,
+                return_cu_seqlens=return_cu_seqlens,
+                return_padding_mask=return_padding_mask,
+                eos_token_id=eos_token_id if eos_mask_loss else None,
+                position_mode=position_mode,
+                pad_token_id=pad_token_id,
+                zero_copy=zero_copy,
+            )
         return _rename_and_exclude(out, rename_fields, exclude_fields)
 
-    def _table_training(self, *, tokens_field: str, return_labels: bool, dtype: Any, extra_fields: Sequence[str],
-                        ignore_index: int, flatten: bool, return_num_valid_tokens: bool, return_loss_mask: bool,
-                        return_cu_seqlens: bool, return_padding_mask: bool, eos_token_id: int | None,
-                        position_mode: PositionMode, pad_token_id: int, zero_copy: bool) -> dict[str, Any]:
+    def _table_training(
+        self,
+        *,
+        tokens_field: str,
+        return_labels: bool,
+        dtype: Any,
+        extra_fields: Sequence[str],
+        ignore_index: int,
+        flatten: bool,
+        return_num_valid_tokens: bool,
+        return_loss_mask: bool,
+        return_cu_seqlens: bool,
+        return_padding_mask: bool,
+        eos_token_id: int | None,
+        position_mode: PositionMode,
+        pad_token_id: int,
+        zero_copy: bool,
+    ) -> dict[str, Any]:
         """to_training of an Arrow-backed batch (options already checked; rename/exclude left
         to the caller): vectorized over the Arrow buffers, no per-row Python loop."""
         table = self.table
@@ -269,12 +321,17 @@ class SampleBatch:
         pad = _pad_mask(lengths, b, s, table)
         names = _Names(table.schema)
 
-        reserved = ("ids", "texts", "input_ids") + (("labels",) if return_labels else ()) \
+        reserved = (
+            ("ids", "texts", "input_ids")
+            + (("labels",) if return_labels else ())
             + (("padding_mask",) if return_padding_mask else ())
+        )
         for name in extra_fields:
             if name in reserved:
-                raise ConfigError(f"to_training: extra_fields cannot overwrite generated field {name!r}; "
-                                  "rename the payload field or drop it from extra_fields.")
+                raise ConfigError(
+                    f"to_training: extra_fields cannot overwrite generated field {name!r}; "
+                    "rename the payload field or drop it from extra_fields."
+                )
 
         loss_mask_payload = None
         if "loss_mask" in names and field_name != "loss_mask":
@@ -292,8 +349,10 @@ class SampleBatch:
         extras = {}
         for name in extra_fields:
             if name not in names:
-                raise ConfigError(f"to_training: Extra field {name!r} not found in the batch "
-                                        f"(fields: {F.payload_names(table)}); drop it from extra_fields.")
+                raise ConfigError(
+                    f"to_training: Extra field {name!r} not found in the batch "
+                    f"(fields: {F.payload_names(table)}); drop it from extra_fields."
+                )
             extras[name], _ = _stack_list_column(table.column(name), 0, name)
 
         out: dict[str, Any] = {}
@@ -327,7 +386,7 @@ class SampleBatch:
         if return_padding_mask:
             out["padding_mask"] = input_pad
         meta: dict[str, Any] = {}
-        if return_cu_seqlens:
+        if return_cu_seqlens and input_pad is not None:  # set just above whenever cu_seqlens is asked for
             cu, max_seqlen = _cu_seqlens(payload_positions, input_pad, flatten)
             meta = {"cu_seqlens": cu, "max_seqlen": int(max_seqlen) if flatten else max_seqlen}
         if flatten:
@@ -342,57 +401,94 @@ class SampleBatch:
 
 
 # ---------------------------------------------------------------------- option checks
-_NEEDS_POSITIONS = ("to_training: return_cu_seqlens requires a 'positions' field in every payload (the document "
-                    "boundaries); pack with pack_flat(emit_positions=True), or drop return_cu_seqlens.")
+_NEEDS_POSITIONS = (
+    "to_training: return_cu_seqlens requires a 'positions' field in every payload (the document "
+    "boundaries); pack with pack_flat(emit_positions=True), or drop return_cu_seqlens."
+)
 
 
-def _check_training_options(*, return_labels: bool, extra_fields: Sequence[str], exclude_fields: Sequence[str],
-                            return_num_valid_tokens: bool, return_loss_mask: bool, return_cu_seqlens: bool,
-                            return_padding_mask: bool, eos_mask_loss: bool, eos_token_id: Any,
-                            position_mode: str) -> None:
+def _check_training_options(
+    *,
+    return_labels: bool,
+    extra_fields: Sequence[str],
+    exclude_fields: Sequence[str],
+    return_num_valid_tokens: bool,
+    return_loss_mask: bool,
+    return_cu_seqlens: bool,
+    return_padding_mask: bool,
+    eos_mask_loss: bool,
+    eos_token_id: Any,
+    position_mode: str,
+) -> None:
     """Reject conflicting or malformed to_training options before any data is read (so an empty
     batch rejects them too); warn about an ``eos_token_id`` that would be ignored."""
     if isinstance(exclude_fields, str):
-        raise WrongTypeError(f"to_training: exclude_fields must be a sequence of names, not a string; "
-                             f"write exclude_fields=({exclude_fields!r},).")
+        raise WrongTypeError(
+            f"to_training: exclude_fields must be a sequence of names, not a string; "
+            f"write exclude_fields=({exclude_fields!r},)."
+        )
     if return_loss_mask and not return_labels:
-        raise ConfigError("to_training: return_loss_mask requires return_labels=True (the mask is label-aligned); "
-                          "without labels a payload 'loss_mask' is passed through as it is.")
+        raise ConfigError(
+            "to_training: return_loss_mask requires return_labels=True (the mask is label-aligned); "
+            "without labels a payload 'loss_mask' is passed through as it is."
+        )
     if return_padding_mask and "padding_mask" in extra_fields:
-        raise ConfigError("to_training: extra_fields cannot include 'padding_mask' with return_padding_mask=True; "
-                          "drop one of them.")
+        raise ConfigError(
+            "to_training: extra_fields cannot include 'padding_mask' with return_padding_mask=True; drop one of them."
+        )
     if position_mode not in ("preserve", "sequence"):
         raise ConfigError(f"to_training: position_mode must be 'preserve' or 'sequence', not {position_mode!r}.")
-    if eos_token_id is not None and (isinstance(eos_token_id, bool) or not isinstance(eos_token_id, Integral)
-                                     or eos_token_id < 0):
+    if eos_token_id is not None and (
+        isinstance(eos_token_id, bool) or not isinstance(eos_token_id, Integral) or eos_token_id < 0
+    ):
         raise ConfigError(f"to_training: eos_token_id must be a nonnegative integer or None, not {eos_token_id!r}.")
     if eos_mask_loss and not return_labels:
-        raise ConfigError("to_training: eos_mask_loss requires return_labels=True (it masks the labels whose input "
-                          "token is eos_token_id).")
+        raise ConfigError(
+            "to_training: eos_mask_loss requires return_labels=True (it masks the labels whose input "
+            "token is eos_token_id)."
+        )
     if eos_mask_loss and eos_token_id is None:
         raise ConfigError("to_training: eos_mask_loss requires an explicit eos_token_id (the id of your EOS token).")
     if eos_token_id is not None and not eos_mask_loss:
-        warnings.warn("to_training: eos_token_id is ignored when eos_mask_loss=False; pass eos_mask_loss=True to "
-                      "mask the labels predicted from EOS tokens.", UserWarning, stacklevel=3)
+        warnings.warn(
+            "to_training: eos_token_id is ignored when eos_mask_loss=False; pass eos_mask_loss=True to "
+            "mask the labels predicted from EOS tokens.",
+            UserWarning,
+            stacklevel=3,
+        )
     if return_cu_seqlens and {"cu_seqlens", "max_seqlen"}.intersection(extra_fields):
-        raise ConfigError("to_training: extra_fields cannot include 'cu_seqlens' or 'max_seqlen' with "
-                          "return_cu_seqlens=True; drop one of them.")
+        raise ConfigError(
+            "to_training: extra_fields cannot include 'cu_seqlens' or 'max_seqlen' with "
+            "return_cu_seqlens=True; drop one of them."
+        )
     if return_num_valid_tokens:
         if not return_labels:
             raise ConfigError("to_training: return_num_valid_tokens requires return_labels=True (it counts labels).")
         if "num_valid_tokens" in extra_fields:
-            raise ConfigError("to_training: extra_fields cannot include 'num_valid_tokens' with "
-                              "return_num_valid_tokens=True; drop one of them.")
+            raise ConfigError(
+                "to_training: extra_fields cannot include 'num_valid_tokens' with "
+                "return_num_valid_tokens=True; drop one of them."
+            )
     if return_labels and "loss_mask" in extra_fields:
-        raise ConfigError("to_training: extra_fields cannot include 'loss_mask' with return_labels=True: extra "
-                          "fields are input-aligned, not label-aligned. The payload mask already masks the labels; "
-                          "use return_loss_mask=True for the label-aligned mask, or return_labels=False for the "
-                          "raw mask.")
+        raise ConfigError(
+            "to_training: extra_fields cannot include 'loss_mask' with return_labels=True: extra "
+            "fields are input-aligned, not label-aligned. The payload mask already masks the labels; "
+            "use return_loss_mask=True for the label-aligned mask, or return_labels=False for the "
+            "raw mask."
+        )
 
 
-def _empty_training(rename_fields: Mapping[str, str] | None, exclude_fields: Sequence[str], *,
-                    return_num_valid_tokens: bool, return_loss_mask: bool, return_padding_mask: bool,
-                    return_cu_seqlens: bool, position_mode: str, flatten: bool) -> dict[str, Any]:
+def _empty_training(
+    rename_fields: Mapping[str, str] | None,
+    exclude_fields: Sequence[str],
+    *,
+    return_num_valid_tokens: bool,
+    return_loss_mask: bool,
+    return_padding_mask: bool,
+    return_cu_seqlens: bool,
+    position_mode: str,
+    flatten: bool,
+) -> dict[str, Any]:
     """to_training of an empty batch: lists (there is no row to stack), and what was asked for."""
     out: dict[str, Any] = {"ids": [], "texts": []}
     if return_num_valid_tokens:
@@ -409,21 +505,29 @@ def _empty_training(rename_fields: Mapping[str, str] | None, exclude_fields: Seq
     return _rename_and_exclude(out, rename_fields, exclude_fields, allow_missing_sources=True)
 
 
-def _rename_and_exclude(out: dict[str, Any], rename_fields: Mapping[str, str] | None,
-                        exclude_fields: Sequence[str], *, allow_missing_sources: bool = False) -> dict[str, Any]:
+def _rename_and_exclude(
+    out: dict[str, Any],
+    rename_fields: Mapping[str, str] | None,
+    exclude_fields: Sequence[str],
+    *,
+    allow_missing_sources: bool = False,
+) -> dict[str, Any]:
     """Apply ``rename_fields`` (every source must be an emitted key, unless the batch is empty;
     final names must be unique, so swaps are fine), then drop ``exclude_fields`` (final names;
     absent ones are ignored)."""
     if rename_fields:
         missing = [k for k in rename_fields if k not in out]
         if missing and not allow_missing_sources:
-            raise ConfigError(f"to_training: rename_fields source keys not in output: {missing}; the output has "
-                              f"{list(out)}.")
+            raise ConfigError(
+                f"to_training: rename_fields source keys not in output: {missing}; the output has {list(out)}."
+            )
         finals = [rename_fields.get(k, k) for k in out]
         collisions = sorted({k for k in finals if finals.count(k) > 1})
         if collisions:
-            raise ConfigError(f"to_training: rename_fields target keys collide: {collisions}; give each output "
-                              "a distinct name (or exclude one of them by its name before renaming).")
+            raise ConfigError(
+                f"to_training: rename_fields target keys collide: {collisions}; give each output "
+                "a distinct name (or exclude one of them by its name before renaming)."
+            )
         out = {rename_fields.get(k, k): v for k, v in out.items()}
     for name in exclude_fields:
         out.pop(name, None)
@@ -450,8 +554,9 @@ def _resolve_dtype(dtype: Any) -> tuple[Any, _Framework]:
     try:
         return np.dtype(dtype), "numpy"
     except TypeError as err:
-        raise ConfigError(f"to_training: dtype={dtype!r} is not a dtype; use 'auto', a torch dtype, a numpy dtype, "
-                          "or None for lists.") from err
+        raise ConfigError(
+            f"to_training: dtype={dtype!r} is not a dtype; use 'auto', a torch dtype, a numpy dtype, or None for lists."
+        ) from err
 
 
 def _record_pad_length(meta: SampleMeta) -> int:
@@ -473,8 +578,9 @@ def _row_len(row: Any) -> int | None:
 
 def _is_nested(rows: Any) -> bool:
     """Whether list rows hold containers rather than scalars (not a (B, L) batch)."""
-    return any(isinstance(v, (list, tuple, dict, str, bytes)) or getattr(v, "ndim", 0) != 0
-               for row in rows for v in row)
+    return any(
+        isinstance(v, (list, tuple, dict, str, bytes)) or getattr(v, "ndim", 0) != 0 for row in rows for v in row
+    )
 
 
 def _stack_rows(rows: list[Any], dtype: Any, fw: _Framework, name: str) -> Any:
@@ -494,9 +600,11 @@ def _stack_rows(rows: list[Any], dtype: Any, fw: _Framework, name: str) -> Any:
         return np.stack([np.asarray(row, dtype=dtype) for row in rows])
     except (ValueError, RuntimeError, TypeError) as err:
         lengths = sorted({n for n in map(_row_len, rows) if n is not None})
-        raise ConfigError(f"to_training: the rows of {name!r} do not stack into one {fw} array (row lengths "
-                          f"{lengths[:8]}: {err}). Give every row the same length (pack_flat), or pass dtype=None "
-                          "for per-row lists.") from err
+        raise ConfigError(
+            f"to_training: the rows of {name!r} do not stack into one {fw} array (row lengths "
+            f"{lengths[:8]}: {err}). Give every row the same length (pack_flat), or pass dtype=None "
+            "for per-row lists."
+        ) from err
 
 
 def _fill_where(x: Any, cond: Any, value: int, fw: _Framework) -> Any:
@@ -509,14 +617,28 @@ def _fill_where(x: Any, cond: Any, value: int, fw: _Framework) -> Any:
 def _check_pad_lengths(pads: list[int], lengths: list[int]) -> None:
     for i, (n, length) in enumerate(zip(pads, lengths)):
         if not 0 <= n <= length:
-            raise ConfigError(f"to_training: padding_length {n} of the record at index {i} must lie within its "
-                              f"token row's length ({length}); fix the record's meta.")
+            raise ConfigError(
+                f"to_training: padding_length {n} of the record at index {i} must lie within its "
+                f"token row's length ({length}); fix the record's meta."
+            )
 
 
-def _records_training(records: Sequence[SampleRecord], *, tokens_field: str, return_labels: bool, dtype: Any,
-                      extra_fields: Sequence[str], ignore_index: int, flatten: bool, return_num_valid_tokens: bool,
-                      return_loss_mask: bool, return_cu_seqlens: bool, return_padding_mask: bool,
-                      eos_token_id: int | None, position_mode: PositionMode) -> dict[str, Any]:
+def _records_training(
+    records: Sequence[SampleRecord],
+    *,
+    tokens_field: str,
+    return_labels: bool,
+    dtype: Any,
+    extra_fields: Sequence[str],
+    ignore_index: int,
+    flatten: bool,
+    return_num_valid_tokens: bool,
+    return_loss_mask: bool,
+    return_cu_seqlens: bool,
+    return_padding_mask: bool,
+    eos_token_id: int | None,
+    position_mode: PositionMode,
+) -> dict[str, Any]:
     """to_training of a batch built from (at least one) records, from their payloads: dicts with
     a token field, or numpy arrays / torch tensors that are the token rows themselves (then there
     is no text, extra field, loss mask or positions). Options are already checked; rename and
@@ -528,30 +650,37 @@ def _records_training(records: Sequence[SampleRecord], *, tokens_field: str, ret
             raise ConfigError(_NEEDS_POSITIONS)
         for i, (tok, pos) in enumerate(zip(token_rows, extras["positions"])):
             if not isinstance(pos, Sized) or not isinstance(tok, Sized) or len(pos) != len(tok):
-                raise ConfigError(f"to_training: 'positions' must match the token sequence length at index {i} "
-                                  f"(got {pos!r:.60} for {_row_len(tok)} tokens).")
+                raise ConfigError(
+                    f"to_training: 'positions' must match the token sequence length at index {i} "
+                    f"(got {pos!r:.60} for {_row_len(tok)} tokens)."
+                )
     dtype, fw = _resolve_dtype(dtype)
     out: dict[str, Any] = {"ids": [r.meta.sample_id for r in records], "texts": texts}
     tokens = _stack_rows(token_rows, dtype, fw, field_name)
-    row_lengths = [len(row) for row in tokens] if fw is None else None
+    row_lengths: list[int] = [len(row) for row in tokens] if fw is None else []
     if fw is not None:
         width = tokens.shape[1] if tokens.ndim >= 2 else 0
     pads = [_record_pad_length(r.meta) for r in records] if return_labels or return_padding_mask else []
     shift = int(return_labels)
     if return_padding_mask:
         if fw is not None and tokens.ndim != 2:
-            raise ConfigError(f"to_training: return_padding_mask requires 2-D tokens; {field_name!r} stacks to "
-                              f"shape {tuple(tokens.shape)}.")
+            raise ConfigError(
+                f"to_training: return_padding_mask requires 2-D tokens; {field_name!r} stacks to "
+                f"shape {tuple(tokens.shape)}."
+            )
         _check_pad_lengths(pads, row_lengths if fw is None else [width] * len(pads))
         if fw is None:
-            out["padding_mask"] = [[False] * min(n_row - n, max(0, n_row - shift)) + [True] * max(0, n - shift)
-                                   for n_row, n in zip(row_lengths, pads)]
+            out["padding_mask"] = [
+                [False] * min(n_row - n, max(0, n_row - shift)) + [True] * max(0, n - shift)
+                for n_row, n in zip(row_lengths, pads)
+            ]
         else:
             cutoff = np.asarray([width - n for n in pads], dtype=np.int64)
             mask = np.arange(max(0, width - shift))[None, :] >= cutoff[:, None]
             out["padding_mask"] = _to_fw(mask, fw, tokens)
 
     if return_labels:
+        labels: Any  # lists when fw is None, else the framework's array
         if fw is None:
             out["input_ids"] = [row[:-1] for row in tokens]
             labels = [row[1:] for row in tokens]
@@ -563,20 +692,23 @@ def _records_training(records: Sequence[SampleRecord], *, tokens_field: str, ret
             # whole row is pad: the shift drops one of them).
             label_pads = [n - int(0 < n == (row_lengths[i] if fw is None else width)) for i, n in enumerate(pads)]
             if fw is None:
-                labels = [row[:len(row) - n] + [ignore_index] * n if n else row for row, n in zip(labels, label_pads)]
+                labels = [row[: len(row) - n] + [ignore_index] * n if n else row for row, n in zip(labels, label_pads)]
             else:
                 lw = labels.shape[-1]
                 cut = np.asarray([lw - n for n in label_pads], dtype=np.int64)
-                labels = _fill_where(labels, _to_fw(np.arange(lw)[None, :] >= cut[:, None], fw, labels),
-                                     ignore_index, fw)
+                labels = _fill_where(
+                    labels, _to_fw(np.arange(lw)[None, :] >= cut[:, None], fw, labels), ignore_index, fw
+                )
         out["labels"] = labels
     else:
         out["input_ids"] = tokens
 
     for name, rows in extras.items():
         if name in out:
-            raise ConfigError(f"to_training: extra_fields cannot overwrite generated field {name!r}; rename the "
-                              "payload field or drop it from extra_fields.")
+            raise ConfigError(
+                f"to_training: extra_fields cannot overwrite generated field {name!r}; rename the "
+                "payload field or drop it from extra_fields."
+            )
         if name == "positions" and position_mode == "sequence" and not return_cu_seqlens:
             continue  # replaced below; the payload's positions are only needed for boundaries
         stacked = _stack_rows(rows, dtype, fw, name)
@@ -589,8 +721,10 @@ def _records_training(records: Sequence[SampleRecord], *, tokens_field: str, ret
         if return_labels:
             # mask[i] gates token i as a label, i.e. label position i - 1: shift like labels.
             if fw is None:
-                out["labels"] = [[lab if m else ignore_index for lab, m in zip(row, mrow[1:])]
-                                 for row, mrow in zip(out["labels"], masks)]
+                out["labels"] = [
+                    [lab if m else ignore_index for lab, m in zip(row, mrow[1:])]
+                    for row, mrow in zip(out["labels"], masks)
+                ]
             else:
                 out["labels"] = _fill_where(out["labels"], masks[..., 1:] == 0, ignore_index, fw)
         elif "loss_mask" not in out:
@@ -598,8 +732,10 @@ def _records_training(records: Sequence[SampleRecord], *, tokens_field: str, ret
 
     if eos_token_id is not None:
         if fw is None:
-            out["labels"] = [[ignore_index if tok == eos_token_id else lab for tok, lab in zip(trow, lrow)]
-                             for trow, lrow in zip(out["input_ids"], out["labels"])]
+            out["labels"] = [
+                [ignore_index if tok == eos_token_id else lab for tok, lab in zip(trow, lrow)]
+                for trow, lrow in zip(out["input_ids"], out["labels"])
+            ]
         else:
             out["labels"] = _fill_where(out["labels"], out["input_ids"] == eos_token_id, ignore_index, fw)
 
@@ -622,90 +758,115 @@ def _records_training(records: Sequence[SampleRecord], *, tokens_field: str, ret
     if return_cu_seqlens:
         positions = out["positions"]
         if fw is not None and tuple(positions.shape) != tuple(out["input_ids"].shape):
-            raise ConfigError(f"to_training: 'positions' must match the input_ids shape "
-                              f"({tuple(positions.shape)} != {tuple(out['input_ids'].shape)}).")
+            raise ConfigError(
+                f"to_training: 'positions' must match the input_ids shape "
+                f"({tuple(positions.shape)} != {tuple(out['input_ids'].shape)})."
+            )
         meta = dict(zip(("cu_seqlens", "max_seqlen"), _row_cu_seqlens(positions, fw, flatten)))
 
     if position_mode == "sequence":
         inputs = out["input_ids"]
         if (fw is None and _is_nested(inputs)) or (fw is not None and inputs.ndim != 2):
-            raise ConfigError("to_training: position_mode='sequence' requires 2-D input_ids (one token id per "
-                              f"position); {field_name!r} holds nested values.")
+            raise ConfigError(
+                "to_training: position_mode='sequence' requires 2-D input_ids (one token id per "
+                f"position); {field_name!r} holds nested values."
+            )
         if fw is None:
             out["positions"] = [list(range(len(row))) for row in inputs]
         elif fw == "torch":
             import torch
 
-            out["positions"] = torch.arange(inputs.shape[1], dtype=inputs.dtype,
-                                            device=inputs.device).repeat(inputs.shape[0], 1)
+            out["positions"] = torch.arange(inputs.shape[1], dtype=inputs.dtype, device=inputs.device).repeat(
+                inputs.shape[0], 1
+            )
         else:
             out["positions"] = np.tile(np.arange(inputs.shape[1], dtype=inputs.dtype), (inputs.shape[0], 1))
 
     if flatten:
-        out = {k: v if k in ("ids", "texts") else
-               ([x for row in v for x in row] if fw is None else v.reshape(-1)) for k, v in out.items()}
+        out = {
+            k: v if k in ("ids", "texts") else ([x for row in v for x in row] if fw is None else v.reshape(-1))
+            for k, v in out.items()
+        }
     if num_valid is not None:
         out["num_valid_tokens"] = num_valid
     out.update(meta)
     return out
 
 
-def _payload_rows(payloads: list[Any], tokens_field: str, extra_fields: Sequence[str]
-                  ) -> tuple[list[Any], list[str], dict[str, list[Any]], list[Any] | None, str]:
+def _payload_rows(
+    payloads: list[Any], tokens_field: str, extra_fields: Sequence[str]
+) -> tuple[list[Any], list[str], dict[str, list[Any]], list[Any] | None, str]:
     """(token rows, texts, extra rows by name (with ``positions`` when the payloads have it),
     loss-mask rows or None, token field name) of a batch's payloads."""
     if not isinstance(payloads[0], dict):
         for i, p in enumerate(payloads):
             if isinstance(p, dict):
-                raise WrongTypeError(f"to_training: mixed payload types at index {i} (expected all arrays, got "
-                                     "dict); give every record of a batch the same kind of payload.")
+                raise WrongTypeError(
+                    f"to_training: mixed payload types at index {i} (expected all arrays, got "
+                    "dict); give every record of a batch the same kind of payload."
+                )
             if not hasattr(p, "shape") or isinstance(p, (str, bytes)):
-                raise WrongTypeError(f"to_training expects dict or array-like (numpy/torch) payloads; the record at "
-                                     f"index {i} has a {type(p).__name__}.")
+                raise WrongTypeError(
+                    f"to_training expects dict or array-like (numpy/torch) payloads; the record at "
+                    f"index {i} has a {type(p).__name__}."
+                )
         return payloads, [""] * len(payloads), {}, None, "payload"
     for i, p in enumerate(payloads):
         if not isinstance(p, dict):
-            raise WrongTypeError(f"to_training: Expected dict payload, got: {type(p).__name__} (record at index {i}); "
-                                 "give every record of a batch the same kind of payload.")
+            raise WrongTypeError(
+                f"to_training: Expected dict payload, got: {type(p).__name__} (record at index {i}); "
+                "give every record of a batch the same kind of payload."
+            )
     texts = [str(p.get("text", "")) for p in payloads]
     name = tokens_field
     if tokens_field == "auto":
         first = payloads[0]
         found = [c for c in TOKEN_FIELD_CANDIDATES if c in first and _has_length(first[c])]
         if not found:
-            raise ConfigError(f"to_training: Cannot auto-detect tokens field; payload keys: {list(first)}. Expected "
-                              f"one of: {', '.join(TOKEN_FIELD_CANDIDATES)}; or pass tokens_field=<name>.")
+            raise ConfigError(
+                f"to_training: Cannot auto-detect tokens field; payload keys: {list(first)}. Expected "
+                f"one of: {', '.join(TOKEN_FIELD_CANDIDATES)}; or pass tokens_field=<name>."
+            )
         name = found[0]
     for i, p in enumerate(payloads):
         if name not in p:
-            raise ConfigError(f"to_training: Field {name!r} not found in payload at index {i} (tokens_field); "
-                              "every record needs it.")
+            raise ConfigError(
+                f"to_training: Field {name!r} not found in payload at index {i} (tokens_field); every record needs it."
+            )
     token_rows = [p[name] for p in payloads]
     extras: dict[str, list[Any]] = {}
     for field_name in extra_fields:
         for i, p in enumerate(payloads):
             if field_name not in p:
-                raise ConfigError(f"to_training: Extra field {field_name!r} not found in payload at index {i}; "
-                                  "drop it from extra_fields or add it to every record.")
+                raise ConfigError(
+                    f"to_training: Extra field {field_name!r} not found in payload at index {i}; "
+                    "drop it from extra_fields or add it to every record."
+                )
         extras[field_name] = [p[field_name] for p in payloads]
     if "positions" in payloads[0] and "positions" not in extras:
         for i, p in enumerate(payloads):
             if "positions" not in p:
-                raise ConfigError(f"to_training: 'positions' present in some payloads but missing at index {i}; "
-                                  "give every record positions or none.")
+                raise ConfigError(
+                    f"to_training: 'positions' present in some payloads but missing at index {i}; "
+                    "give every record positions or none."
+                )
         extras["positions"] = [p["positions"] for p in payloads]
     mask_rows = None
     if "loss_mask" in payloads[0]:
         for i, (p, tok) in enumerate(zip(payloads, token_rows)):
             if "loss_mask" not in p:
-                raise ConfigError(f"to_training: 'loss_mask' present in some payloads but missing at index {i}; "
-                                  "give every record a loss_mask or none.")
+                raise ConfigError(
+                    f"to_training: 'loss_mask' present in some payloads but missing at index {i}; "
+                    "give every record a loss_mask or none."
+                )
             mask = p["loss_mask"]
             if not isinstance(mask, Sized) or not isinstance(tok, Sized):
                 raise ConfigError(f"to_training: 'loss_mask' and {name!r} must be sequences at index {i}.")
             if len(mask) != len(tok):
-                raise ConfigError(f"to_training: 'loss_mask' length {len(mask)} does not match {name!r} length "
-                                  f"{len(tok)} at index {i}.")
+                raise ConfigError(
+                    f"to_training: 'loss_mask' length {len(mask)} does not match {name!r} length "
+                    f"{len(tok)} at index {i}."
+                )
         mask_rows = [p["loss_mask"] for p in payloads]
     return token_rows, texts, extras, mask_rows, name
 
@@ -734,11 +895,12 @@ def _row_cu_seqlens(positions: Any, fw: _Framework, flatten: bool) -> tuple[Any,
         for row in positions:
             row = list(row)
             if row and row[0] != 0:
-                raise ConfigError("to_training: positions must start at zero in every nonempty row "
-                                  f"(a row starts at {row[0]}).")
+                raise ConfigError(
+                    f"to_training: positions must start at zero in every nonempty row (a row starts at {row[0]})."
+                )
             starts = [i for i, v in enumerate(row) if v == 0]
             cu = starts + [len(row)]
-            maxima.append(max((b - a for a, b in zip(cu, cu[1:])), default=0))
+            maxima.append(max((b - a for a, b in pairwise(cu)), default=0))
             flat.extend(offset + s for s in starts)
             offset += len(row)
             bounds.append(cu)
@@ -749,13 +911,13 @@ def _row_cu_seqlens(positions: Any, fw: _Framework, flatten: bool) -> tuple[Any,
     arr = positions.detach().cpu().numpy() if fw == "torch" else np.asarray(positions)
     if arr.ndim != 2:
         raise ConfigError(f"to_training: return_cu_seqlens requires 2-D positions, not shape {arr.shape}.")
-    b, s = arr.shape
+    _b, s = arr.shape
     if s and bool((arr[:, 0] != 0).any()):
         raise ConfigError("to_training: positions must start at zero in every nonempty row.")
     if (arr.size if flatten else s) > 2**31 - 1:
         raise ConfigError("to_training: cumulative sequence lengths exceed the int32 range; use shorter batches.")
-    cu, maxima = _segment_bounds(arr == 0, flatten)
-    return _to_fw(cu, fw, positions), (maxima if flatten else _to_fw(maxima, fw, positions))
+    cu_array, longest = _segment_bounds(arr == 0, flatten)
+    return _to_fw(cu_array, fw, positions), (longest if flatten else _to_fw(longest, fw, positions))
 
 
 # ---------------------------------------------------------------------- helpers
@@ -789,26 +951,29 @@ def _resolve_tokens_field(table: pa.Table, tokens_field: str) -> str:
     names = _Names(table.schema)
     if tokens_field != "auto":
         if tokens_field not in names:
-            raise ConfigError(f"to_training: Field {tokens_field!r} (tokens_field) not found in the batch "
-                              f"(fields: {F.payload_names(table)}); pass one of them.")
+            raise ConfigError(
+                f"to_training: Field {tokens_field!r} (tokens_field) not found in the batch "
+                f"(fields: {F.payload_names(table)}); pass one of them."
+            )
         return tokens_field
     for cand in TOKEN_FIELD_CANDIDATES:
         if cand in names:
             return cand
     raise ConfigError(
         f"to_training: Cannot auto-detect tokens field: no token field in the batch (looked for "
-        f"{list(TOKEN_FIELD_CANDIDATES)}; fields: {F.payload_names(table)}). Tokenize first or pass tokens_field=<name>."
+        f"{list(TOKEN_FIELD_CANDIDATES)}; fields: {F.payload_names(table)}). Tokenize first or pass "
+        "tokens_field=<name>."
     )
 
 
 def _list_array(col: pa.ChunkedArray, name: str) -> pa.Array:
     arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)
-            or pa.types.is_fixed_size_list(arr.type)):
+    if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type)):
         raise ConfigError(f"to_training: field {name!r} has type {arr.type}, not a list of numbers.")
     if arr.null_count:
-        raise ConfigError(f"to_training: field {name!r} has {arr.null_count} null rows; "
-                          "filter them out or fill them before batching.")
+        raise ConfigError(
+            f"to_training: field {name!r} has {arr.null_count} null rows; filter them out or fill them before batching."
+        )
     return arr
 
 
@@ -839,11 +1004,13 @@ def _list_parts(arr: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray]:
         if flat.null_count:
             first_null = int(np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))[0])
             row = int(np.searchsorted(offsets - offsets[0], first_null, side="right")) - 1
-            raise ConfigError(f"to_training: field {name!r} has {flat.null_count} null element(s), the first in "
-                              f"batch row {row}; fill or drop them before batching.")
+            raise ConfigError(
+                f"to_training: field {name!r} has {flat.null_count} null element(s), the first in "
+                f"batch row {row}; fill or drop them before batching."
+            )
         return flat.to_numpy(zero_copy_only=False), offsets
     # A read-only view of loader memory: to_training copies it unless zero_copy=True.
-    return _numpy_view(child)[offsets[0]:offsets[-1]], offsets
+    return _numpy_view(child)[offsets[0] : offsets[-1]], offsets
 
 
 def _stack_list_column(col: pa.ChunkedArray, pad_value: int, name: str) -> tuple[np.ndarray, np.ndarray | None]:
@@ -888,8 +1055,15 @@ def _pad_mask(lengths: np.ndarray | None, b: int, s: int, table: pa.Table) -> np
     return np.arange(s)[None, :] >= real[:, None]
 
 
-def _valid_mask(pad: np.ndarray | None, loss_mask: np.ndarray | None, inputs: np.ndarray,
-                eos_token_id: int | None, *, shape: tuple[int, ...], shift: int) -> np.ndarray | None:
+def _valid_mask(
+    pad: np.ndarray | None,
+    loss_mask: np.ndarray | None,
+    inputs: np.ndarray,
+    eos_token_id: int | None,
+    *,
+    shape: tuple[int, ...],
+    shift: int,
+) -> np.ndarray | None:
     """Positions that count for the loss (None: all of them). ``shift=1`` aligns the pad and
     payload loss mask with labels (``tokens[:, 1:]``)."""
     valid = None if pad is None else ~pad[:, shift:]
@@ -971,24 +1145,42 @@ def _owned(value: np.ndarray, dtype: np.dtype, zero_copy: bool) -> np.ndarray:
 # Zero-copy hand-off of Arrow buffers: torch warns that they are read-only; the tensors are
 # views of immutable loader data, so the warning is noise, for that message from this module's
 # calls only (a user's own torch.from_numpy of a read-only array still warns).
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable",
-                        module=r"zephon_columnar\.types$")
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", module=r"zephon_columnar\.types$")
 
 
 # What a payload holds: Arrow columns become these when records are made (lists of numbers as
 # numpy arrays), and what user operators may put back.
 SampleNumeric: TypeAlias = "int | float | complex | np.number[Any]"
 SamplePayloadArray: TypeAlias = "np.ndarray[Any, Any] | torch.Tensor"
-SamplePayloadAtom: TypeAlias = ("bytes | memoryview | str | SampleNumeric | np.datetime64 | np.timedelta64 | "
-                                "SamplePayloadArray | None")
+SamplePayloadAtom: TypeAlias = (
+    "bytes | memoryview | str | SampleNumeric | np.datetime64 | np.timedelta64 | SamplePayloadArray | None"
+)
 SamplePayload: TypeAlias = "SamplePayloadAtom | list[SamplePayload] | dict[Any, SamplePayload]"
 SamplePayloadDict: TypeAlias = "dict[Any, SamplePayload]"
 #: What flows between operators: a record, or (after ``batch``) a batch of them.
 StreamItem: TypeAlias = "SampleRecord | SampleBatch"
 
 __all__ = [
-    "ChunkId", "ChunkOffset", "ComponentId", "ContributorRef", "DatasetId", "LaneId", "LineageIndex", "LineagePath",
-    "LocalSampleId", "SampleBatch", "SampleCursor", "SampleCursorKey", "SampleId", "SampleMeta", "SampleNumeric",
-    "SamplePayload", "SamplePayloadArray", "SamplePayloadAtom", "SamplePayloadDict", "SampleRecord", "ShardId",
+    "ChunkId",
+    "ChunkOffset",
+    "ComponentId",
+    "ContributorRef",
+    "DatasetId",
+    "LaneId",
+    "LineageIndex",
+    "LineagePath",
+    "LocalSampleId",
+    "SampleBatch",
+    "SampleCursor",
+    "SampleCursorKey",
+    "SampleId",
+    "SampleMeta",
+    "SampleNumeric",
+    "SamplePayload",
+    "SamplePayloadArray",
+    "SamplePayloadAtom",
+    "SamplePayloadDict",
+    "SampleRecord",
+    "ShardId",
     "StreamItem",
 ]

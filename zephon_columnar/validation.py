@@ -70,11 +70,13 @@ import pickle
 import sys
 import types
 from collections import Counter
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from zephon_columnar.errors import PipelineError
+from zephon_columnar.ops.tokenizer import TokenizerOwner
 
 if TYPE_CHECKING:
     from zephon_columnar.ops.accumulators import Accumulator
@@ -113,8 +115,10 @@ class ValidationReport:
     def format(self) -> str:
         if not self.issues:
             return "validation: no issues"
-        return "\n".join(f"[{i.severity}] {i.code} in {i.op_name}: {i.message}"
-                         + (f" → {i.doc_link}" if i.doc_link else "") for i in self.issues)
+        return "\n".join(
+            f"[{i.severity}] {i.code} in {i.op_name}: {i.message}" + (f" → {i.doc_link}" if i.doc_link else "")
+            for i in self.issues
+        )
 
 
 class ValidationError(PipelineError):
@@ -126,19 +130,20 @@ class ValidationError(PipelineError):
         self.report = report
 
 
-def preflight_tokenizers(pipeline: "Pipeline") -> ValidationReport:
+def preflight_tokenizers(pipeline: Pipeline) -> ValidationReport:
     """Load every tokenizer configured on ``pipeline`` (in copies of its operators) and report
     ``TOKENIZER_PREFLIGHT_FAILED`` for each one that fails. Operators without a tokenizer are
     skipped."""
     report = ValidationReport()
     for op in pipeline._ops:  # noqa: SLF001 - the pipeline's own operator list
-        preflight = getattr(op, "preflight", None)
-        if preflight is None:
+        if not isinstance(op, TokenizerOwner):
             continue
         try:
             op.clone().preflight()
-        except Exception as err:  # report every failure, whatever its type
-            report.issues.append(Issue("error", "TOKENIZER_PREFLIGHT_FAILED", op.op_name(), f"{type(err).__name__}: {err}"))
+        except Exception as err:  # noqa: BLE001 - report every failure, whatever its type
+            report.issues.append(
+                Issue("error", "TOKENIZER_PREFLIGHT_FAILED", op.op_name(), f"{type(err).__name__}: {err}")
+            )
     return report
 
 
@@ -153,7 +158,7 @@ def validate_ops(ops: list[Any]) -> ValidationReport:
     return report
 
 
-def _validate_op(op: "BaseOp") -> list[Issue]:
+def _validate_op(op: BaseOp) -> list[Issue]:
     from zephon_columnar.ops.user import FunctionOp
 
     name = _name_of(op)
@@ -165,18 +170,35 @@ def _validate_op(op: "BaseOp") -> list[Issue]:
         # Its setup may load a model: with no samples of its own nothing is probed; with them,
         # copies are probed without setup (as in Zephon) unless process_many cannot run so.
         if not own_samples:
-            issues.append(Issue("warning", "OP_INSTANCE_RUNTIME_CHECKS_SKIPPED", name, (
-                "this BaseOp instance has its own setup() and no validation_samples(), so only the static checks "
-                "ran: determinism, cross-call state, sample identity and calibration replay need probe calls, and "
-                "setup may be costly. Override validation_samples() to return a few SampleRecords shaped like the "
-                "op's real input to have them checked at run time.")))
+            issues.append(
+                Issue(
+                    "warning",
+                    "OP_INSTANCE_RUNTIME_CHECKS_SKIPPED",
+                    name,
+                    (
+                        "this BaseOp instance has its own setup() and no validation_samples(), so only the static "
+                        "checks ran: determinism, cross-call state, sample identity and calibration replay need probe "
+                        "calls, and setup may be costly. Override validation_samples() to return a few SampleRecords "
+                        "shaped like the op's real input to have them checked at run time."
+                    ),
+                )
+            )
             return issues
         set_up = _call(op.clone(), samples).error is not None
     if not isinstance(op, FunctionOp) and not own_samples:
-        issues.append(Issue("warning", "OP_INSTANCE_RUNTIME_CHECKS_SKIPPED", name, (
-            "this BaseOp instance has no validation_samples(), so Zephon would run only the static checks on it; "
-            "here the runtime checks ran on synthetic {'text', 'value'} records, which may not look like its data. "
-            "Override validation_samples() to return a few SampleRecords shaped like the op's real input.")))
+        issues.append(
+            Issue(
+                "warning",
+                "OP_INSTANCE_RUNTIME_CHECKS_SKIPPED",
+                name,
+                (
+                    "this BaseOp instance has no validation_samples(), so Zephon would run only the static checks on "
+                    "it; here the runtime checks ran on synthetic {'text', 'value'} records, which may not look like "
+                    "its data. Override validation_samples() to return a few SampleRecords shaped like the op's real "
+                    "input."
+                ),
+            )
+        )
     issues += _guarded(name, "operator", lambda: _check_operator(op, name, samples, own_samples, set_up))
     if set_up:  # an accumulator may need what setup builds: not probed on copies without it
         issues += _guarded(name, "accumulator", lambda: _check_accumulator(op, name, samples))
@@ -186,7 +208,7 @@ def _validate_op(op: "BaseOp") -> list[Issue]:
 def _name_of(op: Any) -> str:
     try:
         return str(op.op_name())
-    except Exception:
+    except Exception:  # noqa: BLE001 - a user's op_name() may raise anything: its class names it then
         return type(op).__name__
 
 
@@ -204,13 +226,21 @@ def _guarded(name: str, what: str, check: Callable[[], list[Issue]]) -> list[Iss
         return check()
     except _NoProbe as err:
         return [err.issue]
-    except Exception as err:
-        return [Issue("error", "OP_VALIDATOR_CRASHED", name, (
-            f"the {what} check crashed with {type(err).__name__}: {err}; the op could not be fully validated. "
-            "Fix what the message points at, or set options(auto_validation='off') to skip validation."))]
+    except Exception as err:  # noqa: BLE001 - validation reports, never raises: whatever a check raised is reported
+        return [
+            Issue(
+                "error",
+                "OP_VALIDATOR_CRASHED",
+                name,
+                (
+                    f"the {what} check crashed with {type(err).__name__}: {err}; the op could not be fully validated. "
+                    "Fix what the message points at, or set options(auto_validation='off') to skip validation."
+                ),
+            )
+        ]
 
 
-def _own_setup(op: "BaseOp") -> bool:
+def _own_setup(op: BaseOp) -> bool:
     """Whether ``op`` is a `BaseOp` instance with its own ``setup`` (not the kwargs form)."""
     from zephon_columnar.ops.base import BaseOp
     from zephon_columnar.ops.user import FunctionOp
@@ -218,7 +248,7 @@ def _own_setup(op: "BaseOp") -> bool:
     return not isinstance(op, FunctionOp) and type(op).setup is not BaseOp.setup
 
 
-def _fresh_probe(op: "BaseOp", name: str, stack: ExitStack, set_up: bool = True) -> "BaseOp":
+def _fresh_probe(op: BaseOp, name: str, stack: ExitStack, set_up: bool = True) -> BaseOp:
     """A copy of ``op`` set up as the engine sets up a worker's copy (torn down with ``stack``),
     or, with ``set_up=False``, just a copy (see `_validate_op`)."""
     from zephon_columnar.ops.base import OpContext
@@ -226,31 +256,47 @@ def _fresh_probe(op: "BaseOp", name: str, stack: ExitStack, set_up: bool = True)
     try:
         probe = op.clone()
     except Exception as err:
-        raise _NoProbe(Issue("error", "OP_VALIDATOR_CRASHED", name, (
-            f"copying the operator failed (clone() raised {type(err).__name__}: {err}); the engine copies it for "
-            "every worker, so it would fail too. Build unpicklable resources (locks, clients, models) in setup(), "
-            "not __init__."))) from err
+        raise _NoProbe(
+            Issue(
+                "error",
+                "OP_VALIDATOR_CRASHED",
+                name,
+                (
+                    f"copying the operator failed (clone() raised {type(err).__name__}: {err}); the engine copies it "
+                    "for every worker, so it would fail too. Build unpicklable resources (locks, clients, models) in "
+                    "setup(), not __init__."
+                ),
+            )
+        ) from err
     if not set_up:
         return probe
     try:
         probe.setup(OpContext())
     except Exception as err:
-        raise _NoProbe(Issue("warning", "OP_REJECTS_GENERIC_PAYLOAD", name, (
-            f"!! NOT VALIDATED !! setup(OpContext()) raised {type(err).__name__}: {err}, so no runtime check ran. "
-            "Make setup() work without engine services, or validate the op in a test of your own."))) from err
+        raise _NoProbe(
+            Issue(
+                "warning",
+                "OP_REJECTS_GENERIC_PAYLOAD",
+                name,
+                (
+                    f"!! NOT VALIDATED !! setup(OpContext()) raised {type(err).__name__}: {err}, so no runtime check "
+                    "ran. Make setup() work without engine services, or validate the op in a test of your own."
+                ),
+            )
+        ) from err
     stack.callback(_teardown, probe)
     return probe
 
 
-def _teardown(probe: "BaseOp") -> None:
+def _teardown(probe: BaseOp) -> None:
     try:
         probe.teardown()
-    except Exception:  # a probe's teardown failing says nothing about the op's data
+    except Exception:  # noqa: BLE001, S110 - a probe's teardown failing says nothing about the op's data
         pass
 
 
 # ====================================================================== probe records
-def _synthetic_records(n_lanes: int = 3, per_lane: int = 4) -> list["SampleRecord"]:
+def _synthetic_records(n_lanes: int = 3, per_lane: int = 4) -> list[SampleRecord]:
     """``{'text', 'value'}`` records on lanes 0..n_lanes-1, sample ids ``(0, lane, offset)`` (the
     inputs Zephon probes with). The last record of each lane is a fan-out child (lineage
     ``(0,)``, made with `spawn_child`), so an op that rebuilds meta and loses lineage shows."""
@@ -266,19 +312,32 @@ def _synthetic_records(n_lanes: int = 3, per_lane: int = 4) -> list["SampleRecor
     return records
 
 
-def _probe_records(op: "BaseOp", name: str) -> tuple[list["SampleRecord"], bool, list[Issue]]:
+def _probe_records(op: BaseOp, name: str) -> tuple[list[SampleRecord], bool, list[Issue]]:
     """(records to probe with, whether they are the op's own, issues): ``validation_samples()``
     when it gives a usable list, else the synthetic records."""
     from zephon_columnar.records import SampleMeta, SampleRecord
 
     def failed(why: str) -> tuple[list[SampleRecord], bool, list[Issue]]:
-        return _synthetic_records(), False, [Issue("warning", "OP_VALIDATION_SAMPLES_FACTORY_FAILED", name, (
-            f"validation_samples() {why}; the synthetic {{'text', 'value'}} records were used instead. Return a "
-            "non-empty list of SampleRecord(SampleMeta(...), payload_dict) shaped like the op's input."))]
+        return (
+            _synthetic_records(),
+            False,
+            [
+                Issue(
+                    "warning",
+                    "OP_VALIDATION_SAMPLES_FACTORY_FAILED",
+                    name,
+                    (
+                        f"validation_samples() {why}; the synthetic {{'text', 'value'}} records were used instead. "
+                        "Return a non-empty list of SampleRecord(SampleMeta(...), payload_dict) shaped like the op's "
+                        "input."
+                    ),
+                )
+            ],
+        )
 
     try:
         samples = op.validation_samples()
-    except Exception as err:
+    except Exception as err:  # noqa: BLE001 - a user's factory may raise anything; reported below
         return failed(f"raised {type(err).__name__}: {err}")
     if samples is None:
         return _synthetic_records(), False, []
@@ -292,7 +351,7 @@ def _probe_records(op: "BaseOp", name: str) -> tuple[list["SampleRecord"], bool,
     return list(samples), True, []
 
 
-def _shifted(samples: list["SampleRecord"]) -> list["SampleRecord"]:
+def _shifted(samples: list[SampleRecord]) -> list[SampleRecord]:
     """Copies of ``samples`` under other sample ids (dataset id + 1): a second, distinct input."""
     out = copy.deepcopy(samples)
     for r in out:
@@ -302,7 +361,7 @@ def _shifted(samples: list["SampleRecord"]) -> list["SampleRecord"]:
     return out
 
 
-def _records_in(output: Any) -> list["SampleRecord"]:
+def _records_in(output: Any) -> list[SampleRecord]:
     """The records of a ``process_many`` output (a `SampleBatch` counts as its records)."""
     from zephon_columnar.types import SampleBatch
 
@@ -312,15 +371,18 @@ def _records_in(output: Any) -> list["SampleRecord"]:
     return records
 
 
-def _key(record: "SampleRecord") -> tuple[Any, tuple[int, ...]]:
+def _key(record: SampleRecord) -> tuple[Any, tuple[int, ...]]:
     return (record.meta.sample_id, tuple(record.meta.lineage))
 
 
-def _samples_closed(record: "SampleRecord") -> list[tuple[Any, tuple[int, ...]]]:
+def _samples_closed(record: SampleRecord) -> list[tuple[Any, tuple[int, ...]]]:
     """The samples a record stands for: itself, or for a tombstone the samples it closes."""
     if record.meta.tombstone:
-        return [(ref.cursor.sample_id, tuple(ref.cursor.lineage))
-                for ref in record.meta.contribution_refs() if ref.is_last_child]
+        return [
+            (ref.cursor.sample_id, tuple(ref.cursor.lineage))
+            for ref in record.meta.contribution_refs()
+            if ref.is_last_child
+        ]
     return [_key(record)]
 
 
@@ -336,8 +398,14 @@ class _HashSink:
         return len(data)
 
 
-_CODE_TYPES = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.ModuleType, type,
-               functools.partial)
+_CODE_TYPES = (
+    types.FunctionType,
+    types.MethodType,
+    types.BuiltinFunctionType,
+    types.ModuleType,
+    type,
+    functools.partial,
+)
 
 
 def _fingerprint(value: Any) -> str | None:
@@ -357,7 +425,7 @@ def _fingerprint(value: Any) -> str | None:
         sink = _HashSink()
         try:
             pickler(sink, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
-        except Exception:
+        except Exception:  # noqa: BLE001, S112 - pickling may fail in any way: try the next pickler
             continue
         return sink.hash.hexdigest()
     return None
@@ -369,11 +437,17 @@ def _output_keys(output: Any) -> list[Any]:
 
     if not isinstance(output, (list, tuple)):
         return [("value", _fingerprint(output))]
-    keys = []
+    keys: list[tuple[Any, ...]] = []
     for item in output:
         if isinstance(item, SampleRecord):
-            keys.append((repr(item.meta.sample_id), repr(item.meta.lineage), _fingerprint(item.meta),
-                         _content_key(item.payload)))
+            keys.append(
+                (
+                    repr(item.meta.sample_id),
+                    repr(item.meta.lineage),
+                    _fingerprint(item.meta),
+                    _content_key(item.payload),
+                )
+            )
         else:
             keys.append((type(item).__name__, _fingerprint(item)))
     return keys
@@ -395,7 +469,7 @@ class _Outcome:
     output: Any = None
     error: Exception | None = None
 
-    def same_as(self, other: "_Outcome") -> bool:
+    def same_as(self, other: _Outcome) -> bool:
         if (self.error is None) != (other.error is None):
             return False
         if self.error is not None and other.error is not None:
@@ -407,10 +481,13 @@ class _Outcome:
             return f"raised {type(self.error).__name__}: {self.error}"
         return f"returned {len(self.output) if isinstance(self.output, (list, tuple)) else 1} items"
 
-    def difference(self, other: "_Outcome") -> str:
+    def difference(self, other: _Outcome) -> str:
         """Where ``other`` first departs from this outcome, in words."""
-        if self.error is not None or other.error is not None or not (
-                isinstance(self.output, (list, tuple)) and isinstance(other.output, (list, tuple))):
+        if (
+            self.error is not None
+            or other.error is not None
+            or not (isinstance(self.output, (list, tuple)) and isinstance(other.output, (list, tuple)))
+        ):
             return f"first {self.describe()}, then {other.describe()}"
         if len(self.output) != len(other.output):
             return f"first {len(self.output)} items, then {len(other.output)}"
@@ -422,16 +499,17 @@ class _Outcome:
         return f"item {i}: first {pair[0]!r:.120}, then {pair[1]!r:.120}"
 
 
-def _call(probe: "BaseOp", samples: list["SampleRecord"]) -> _Outcome:
+def _call(probe: BaseOp, samples: list[SampleRecord]) -> _Outcome:
     try:
         return _Outcome(output=probe.process_many(copy.deepcopy(samples)))
-    except Exception as err:  # the op's own failure: classified by the caller
+    except Exception as err:  # noqa: BLE001 - the op's own failure: classified by the caller
         return _Outcome(error=err)
 
 
 # ====================================================================== operator checks
-def _check_operator(op: "BaseOp", name: str, samples: list["SampleRecord"], own_samples: bool,
-                    set_up: bool = True) -> list[Issue]:
+def _check_operator(
+    op: BaseOp, name: str, samples: list[SampleRecord], own_samples: bool, set_up: bool = True
+) -> list[Issue]:
     """``process_many`` on fresh (set-up) copies: output type, determinism, cross-call state,
     state changed by a call, sample identity and calibration replay."""
     with ExitStack() as stack:
@@ -448,10 +526,18 @@ def _check_operator(op: "BaseOp", name: str, samples: list["SampleRecord"], own_
             return _rejected(op, name, first.error, own_samples)
         wrong = _not_stream_items(first) or _not_stream_items(second)
         if wrong:
-            return [Issue("error", "OP_OUTPUT_NOT_STREAM_ITEM", name, (
-                f"process_many returned {wrong}; it must return a list of SampleRecord. Rebuild record.payload and "
-                "return the record that carried it (spawn_child for extra records, tombstones_for_record to drop "
-                "one), not dicts or tensors."))]
+            return [
+                Issue(
+                    "error",
+                    "OP_OUTPUT_NOT_STREAM_ITEM",
+                    name,
+                    (
+                        f"process_many returned {wrong}; it must return a list of SampleRecord. Rebuild record.payload "
+                        "and return the record that carried it (spawn_child for extra records, tombstones_for_record "
+                        "to drop one), not dicts or tensors."
+                    ),
+                )
+            ]
         issues = _state_change_issues(name, changed_attrs, changed_captured)
         if not first.same_as(second):
             issues.append(_differs(name, first, second, changed_captured))
@@ -463,24 +549,41 @@ def _check_operator(op: "BaseOp", name: str, samples: list["SampleRecord"], own_
     return issues
 
 
-def _rejected(op: "BaseOp", name: str, err: Exception, own_samples: bool) -> list[Issue]:
+def _rejected(op: BaseOp, name: str, err: Exception, own_samples: bool) -> list[Issue]:
     """The op raised the same way on both probes: nothing could be checked (not evidence of a bug)."""
     what = "its validation_samples()" if own_samples else "the synthetic {'text': str, 'value': int} records"
-    issues = [Issue("warning", "OP_REJECTS_GENERIC_PAYLOAD", name, (
-        f"!! NOT VALIDATED !! process_many raised {type(err).__name__}: {err} on {what}, every time, so determinism, "
-        "cross-call state, state changes and sample identity were not checked. Give the op validation_samples() "
-        "(override it, or add_op(..., validation_samples=lambda: [...])) with records shaped like its input."))]
+    issues = [
+        Issue(
+            "warning",
+            "OP_REJECTS_GENERIC_PAYLOAD",
+            name,
+            (
+                f"!! NOT VALIDATED !! process_many raised {type(err).__name__}: {err} on {what}, every time, so "
+                "determinism, cross-call state, state changes and sample identity were not checked. Give the op "
+                "validation_samples() (override it, or add_op(..., validation_samples=lambda: [...])) with records "
+                "shaped like its input."
+            ),
+        )
+    ]
     if _declares_calibration(op):
-        issues.append(Issue("warning", "OP_CALIBRATION_REPLAY_NOT_VALIDATED", name, (
-            "calibration_replayable=True could not be checked: process_many raised on the probe records. Supply "
-            "validation_samples() the op accepts.")))
+        issues.append(
+            Issue(
+                "warning",
+                "OP_CALIBRATION_REPLAY_NOT_VALIDATED",
+                name,
+                (
+                    "calibration_replayable=True could not be checked: process_many raised on the probe records. "
+                    "Supply validation_samples() the op accepts."
+                ),
+            )
+        )
     return issues
 
 
-def _declares_calibration(op: "BaseOp") -> bool:
+def _declares_calibration(op: BaseOp) -> bool:
     try:
         return bool(op.traits().calibration_replayable)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a user's traits() may raise anything: then it declares nothing
         return False
 
 
@@ -502,8 +605,10 @@ def _not_stream_items(outcome: _Outcome) -> str | None:
         if not isinstance(item.meta, SampleMeta):
             return f"a SampleRecord whose meta is a {type(item.meta).__name__} at output[{i}]"
         if not item.meta.tombstone and not isinstance(item.payload, dict):
-            return (f"a SampleRecord whose payload is a {type(item.payload).__name__} at output[{i}] (this engine "
-                    "keeps payloads as dicts of fields)")
+            return (
+                f"a SampleRecord whose payload is a {type(item.payload).__name__} at output[{i}] (this engine "
+                "keeps payloads as dicts of fields)"
+            )
     return None
 
 
@@ -512,26 +617,46 @@ def _differs(name: str, first: _Outcome, second: _Outcome, changed_captured: lis
     state they share (captured by the op's code) carried from one call to the next."""
     seen = first.difference(second)
     if changed_captured:  # Zephon's code for it; the message says where the difference comes from
-        return Issue("error", "OP_NONDETERMINISTIC", name, (
-            f"the same input gave different results on two fresh copies of the op ({seen}), and a call changed "
-            f"state its code captures ({', '.join(changed_captured)}): output depends on earlier calls. Keep state "
-            "across calls in the accumulator (accumulator()), which the engine rebuilds at every flush point."))
-    return Issue("error", "OP_NONDETERMINISTIC", name, (
-        f"two identical process_many calls on fresh copies of the op differ ({seen}). Derive randomness from "
-        "a seed and the record (e.g. random.Random(hash(record.meta.sample_id))), never from the clock or the "
-        "global random state."))
+        return Issue(
+            "error",
+            "OP_NONDETERMINISTIC",
+            name,
+            (
+                f"the same input gave different results on two fresh copies of the op ({seen}), and a call changed "
+                f"state its code captures ({', '.join(changed_captured)}): output depends on earlier calls. Keep state "
+                "across calls in the accumulator (accumulator()), which the engine rebuilds at every flush point."
+            ),
+        )
+    return Issue(
+        "error",
+        "OP_NONDETERMINISTIC",
+        name,
+        (
+            f"two identical process_many calls on fresh copies of the op differ ({seen}). Derive randomness from "
+            "a seed and the record (e.g. random.Random(hash(record.meta.sample_id))), never from the clock or the "
+            "global random state."
+        ),
+    )
 
 
-def _cross_call_issues(probe: "BaseOp", name: str, samples: list["SampleRecord"], first: _Outcome) -> list[Issue]:
+def _cross_call_issues(probe: BaseOp, name: str, samples: list[SampleRecord], first: _Outcome) -> list[Issue]:
     """A, then B, then A again on one copy: the second A must give what the first did."""
     _call(probe, _shifted(samples))  # what B gives does not matter, only what it leaves behind
     again = _call(probe, samples)
     if again.same_as(first):
         return []
-    return [Issue("error", "OP_CROSS_CALL_STATE", name, (
-        f"the same input gave a different result after another call ({first.difference(again)}): "
-        "process_many carries state from one call to the next. Keep state across calls "
-        "in the accumulator (accumulator()), which the engine rebuilds at every flush point."))]
+    return [
+        Issue(
+            "error",
+            "OP_CROSS_CALL_STATE",
+            name,
+            (
+                f"the same input gave a different result after another call ({first.difference(again)}): "
+                "process_many carries state from one call to the next. Keep state across calls "
+                "in the accumulator (accumulator()), which the engine rebuilds at every flush point."
+            ),
+        )
+    ]
 
 
 def _changed(before: dict[str, str | None], after: dict[str, str | None]) -> list[str]:
@@ -545,22 +670,38 @@ def _state_change_issues(name: str, attrs: list[str], captured: list[str]) -> li
     """Warnings for state one call changed: the op's attributes, and what its code captures."""
     issues = []
     if attrs:
-        issues.append(Issue("warning", "OP_MUTATES_SELF", name, (
-            f"process_many changed the op's attributes {_few(attrs, 6)}. Fine for a read-only cache (a tokenizer "
-            "warming up); samples seen or counters belong in the accumulator (accumulator()).")))
+        issues.append(
+            Issue(
+                "warning",
+                "OP_MUTATES_SELF",
+                name,
+                (
+                    f"process_many changed the op's attributes {_few(attrs, 6)}. Fine for a read-only cache (a "
+                    "tokenizer warming up); samples seen or counters belong in the accumulator (accumulator())."
+                ),
+            )
+        )
     if attrs or captured:
         where = [f"attribute {a!r}" for a in attrs] + captured
-        issues.append(Issue("warning", "OP_STATE_CHANGED_DURING_CALL", name, (
-            f"one process_many call changed {', '.join(where)}. Such state differs between workers (each has "
-            "its own copy of the op; process workers also copy what its code captures) and is lost on restart: "
-            "keep it in the accumulator (accumulator()).")))
+        issues.append(
+            Issue(
+                "warning",
+                "OP_STATE_CHANGED_DURING_CALL",
+                name,
+                (
+                    f"one process_many call changed {', '.join(where)}. Such state differs between workers (each has "
+                    "its own copy of the op; process workers also copy what its code captures) and is lost on restart: "
+                    "keep it in the accumulator (accumulator())."
+                ),
+            )
+        )
     return issues
 
 
 _MUTABLE_CONTAINERS = (list, dict, set, bytearray, collections.deque)
 
 
-def _captured_state(probe: "BaseOp") -> dict[str, str | None]:
+def _captured_state(probe: BaseOp) -> dict[str, str | None]:
     """Fingerprints of what the op's user code holds on to outside its attributes: the object a
     given method is bound to, closure cells, default arguments, and the module-level containers
     it names."""
@@ -597,7 +738,7 @@ def _global_names(code: types.CodeType) -> set[str]:
     return names
 
 
-def _identity_issues(name: str, samples: list["SampleRecord"], output: Any) -> list[Issue]:
+def _identity_issues(name: str, samples: list[SampleRecord], output: Any) -> list[Issue]:
     """Outputs keep their input's sample id, and a fan-out child's lineage extends its parent's
     (``spawn_child``), one distinct lineage per child."""
     lineages: dict[Any, set[tuple[int, ...]]] = collections.defaultdict(set)
@@ -608,21 +749,49 @@ def _identity_issues(name: str, samples: list["SampleRecord"], output: Any) -> l
     issues = []
     fabricated = [r.meta.sample_id for r in records if r.meta.sample_id not in lineages]
     if fabricated:
-        issues.append(Issue("error", "OP_FABRICATES_SAMPLE_ID", name, (
-            f"output sample ids {_few(fabricated)} are not among the inputs. Keep the input record's meta (rebuild "
-            "record.payload), or derive new records' meta with spawn_child(record.meta, i).")))
-    stray = [_key(r) for r in records if r.meta.sample_id in lineages and not any(
-        tuple(r.meta.lineage)[:len(parent)] == parent for parent in lineages[r.meta.sample_id])]
+        issues.append(
+            Issue(
+                "error",
+                "OP_FABRICATES_SAMPLE_ID",
+                name,
+                (
+                    f"output sample ids {_few(fabricated)} are not among the inputs. Keep the input record's meta "
+                    "(rebuild record.payload), or derive new records' meta with spawn_child(record.meta, i)."
+                ),
+            )
+        )
+    stray = [
+        _key(r)
+        for r in records
+        if r.meta.sample_id in lineages
+        and not any(tuple(r.meta.lineage)[: len(parent)] == parent for parent in lineages[r.meta.sample_id])
+    ]
     if stray:
-        issues.append(Issue("error", "OP_LINEAGE_NOT_VIA_CHILD", name, (
-            f"outputs (sample id, lineage) {_few(stray)} do not extend their input's lineage. Derive a fan-out "
-            "child's meta with spawn_child(record.meta, i) (or record.meta.child(i)), which appends i.")))
+        issues.append(
+            Issue(
+                "error",
+                "OP_LINEAGE_NOT_VIA_CHILD",
+                name,
+                (
+                    f"outputs (sample id, lineage) {_few(stray)} do not extend their input's lineage. Derive a fan-out "
+                    "child's meta with spawn_child(record.meta, i) (or record.meta.child(i)), which appends i."
+                ),
+            )
+        )
     counts = Counter(_key(r) for r in records)
     duplicated = [k for k, n in counts.items() if n > max(1, inputs[k])]
     if duplicated:
-        issues.append(Issue("error", "OP_FANOUT_DUPLICATE_LINEAGE", name, (
-            f"several outputs share (sample id, lineage) {_few(duplicated)}. Give each record made from one input "
-            "its own child index: spawn_child(record.meta, i) with i = 0, 1, 2, ...")))
+        issues.append(
+            Issue(
+                "error",
+                "OP_FANOUT_DUPLICATE_LINEAGE",
+                name,
+                (
+                    f"several outputs share (sample id, lineage) {_few(duplicated)}. Give each record made from one "
+                    "input its own child index: spawn_child(record.meta, i) with i = 0, 1, 2, ..."
+                ),
+            )
+        )
     return issues
 
 
@@ -632,7 +801,7 @@ def _few(items: list[Any], limit: int = 3) -> str:
 
 
 # ---------------------------------------------------------------------- calibration replay
-def _calibration_issues(op: "BaseOp", name: str, samples: list["SampleRecord"], set_up: bool = True) -> list[Issue]:
+def _calibration_issues(op: BaseOp, name: str, samples: list[SampleRecord], set_up: bool = True) -> list[Issue]:
     """A ``calibration_replayable`` op gives the same records (sample id and payload, drops
     included) whether called on the whole batch, one record at a time (``process_one``), on
     records with placeholder scheduling metadata, or in its accumulator's groups."""
@@ -647,14 +816,15 @@ def _calibration_issues(op: "BaseOp", name: str, samples: list["SampleRecord"], 
                 records = _replay(probe, mode, samples)
             except _AccumulatorUnusable:
                 continue  # the accumulator checks report it
-            except Exception as err:
+            except Exception as err:  # noqa: BLE001 - a user's operator may raise anything; reported below
                 why = f"{mode} processing raised {type(err).__name__}: {err}"
                 return _replay_unchecked(name, why) if baseline is None else _replay_mismatch(name, why)
         if records is None:
             return _replay_mismatch(name, f"{mode} processing returned something other than a list of SampleRecord")
         try:
-            signature = Counter((repr(r.meta.sample_id), _payload_key(r.payload)) for r in records
-                                if not r.meta.tombstone)
+            signature = Counter(
+                (repr(r.meta.sample_id), _payload_key(r.payload)) for r in records if not r.meta.tombstone
+            )
         except TypeError as err:
             return _replay_unchecked(name, str(err))
         if baseline is None:
@@ -668,7 +838,7 @@ class _AccumulatorUnusable(Exception):
     pass
 
 
-def _replay(probe: "BaseOp", mode: str, samples: list["SampleRecord"]) -> list["SampleRecord"] | None:
+def _replay(probe: BaseOp, mode: str, samples: list[SampleRecord]) -> list[SampleRecord] | None:
     """The records ``probe`` emits for ``samples`` processed in ``mode`` (None: not records)."""
     from zephon_columnar.records import SampleRecord
 
@@ -692,14 +862,16 @@ def _replay(probe: "BaseOp", mode: str, samples: list["SampleRecord"]) -> list["
     return out if all(isinstance(r, SampleRecord) for r in out) else None
 
 
-def _placeholder(record: "SampleRecord") -> "SampleRecord":
+def _placeholder(record: SampleRecord) -> SampleRecord:
     """``record`` with the placeholder scheduling metadata calibration replays with (lane 0,
     chunk 0): only its identity (sample id, lineage, tags) is kept."""
-    meta = replace(record.meta, lane_id=0, chunk_id=0, chunk_offset=0, component_sample_counts={0: 1},
-                   component_token_counts=None)
+    meta = replace(
+        record.meta, lane_id=0, chunk_id=0, chunk_offset=0, component_sample_counts={0: 1}, component_token_counts=None
+    )
     if meta.contributors:
-        meta = meta.with_contributors(replace(ref, cursor=replace(ref.cursor, chunk_id=0, chunk_offset=0))
-                                      for ref in meta.contributors)
+        meta = meta.with_contributors(
+            replace(ref, cursor=replace(ref.cursor, chunk_id=0, chunk_offset=0)) for ref in meta.contributors
+        )
     return replace(record, meta=meta)
 
 
@@ -724,16 +896,32 @@ def _payload_key(value: Any) -> Any:
 
 
 def _replay_unchecked(name: str, why: str) -> list[Issue]:
-    return [Issue("warning", "OP_CALIBRATION_REPLAY_NOT_VALIDATED", name, (
-        f"calibration_replayable=True could not be checked: {why}. Supply validation_samples() the op accepts "
-        "without engine services, with payloads of scalars, lists, dicts, arrays or tensors."))]
+    return [
+        Issue(
+            "warning",
+            "OP_CALIBRATION_REPLAY_NOT_VALIDATED",
+            name,
+            (
+                f"calibration_replayable=True could not be checked: {why}. Supply validation_samples() the op accepts "
+                "without engine services, with payloads of scalars, lists, dicts, arrays or tensors."
+            ),
+        )
+    ]
 
 
 def _replay_mismatch(name: str, why: str) -> list[Issue]:
-    return [Issue("error", "OP_CALIBRATION_REPLAY_MISMATCH", name, (
-        f"calibration_replayable=True but {why} compared with one call on the whole batch. Replay must give the "
-        "same payloads and record counts per sample however records are grouped and whatever their lane or "
-        "chunk; declare calibration_replayable=False if the op depends on them."))]
+    return [
+        Issue(
+            "error",
+            "OP_CALIBRATION_REPLAY_MISMATCH",
+            name,
+            (
+                f"calibration_replayable=True but {why} compared with one call on the whole batch. Replay must give "
+                "the same payloads and record counts per sample however records are grouped and whatever their lane or "
+                "chunk; declare calibration_replayable=False if the op depends on them."
+            ),
+        )
+    ]
 
 
 # ====================================================================== accumulator checks
@@ -743,7 +931,7 @@ def _accumulator_ctx() -> dict[str, Any]:
     return {"deterministic": True, "seed": 0, "component_names": {}}
 
 
-def _new_accumulator(probe: "BaseOp") -> "Accumulator[Any]":
+def _new_accumulator(probe: BaseOp) -> Accumulator[Any]:
     from zephon_columnar.ops.user import accumulator_of
 
     return accumulator_of(probe, _accumulator_ctx())
@@ -753,7 +941,7 @@ class _Malformed(Exception):
     """An accumulator returned something other than ready batches (the engine raises on it)."""
 
 
-def _ready(result: Any, what: str) -> list[tuple[list["SampleRecord"], Any]]:
+def _ready(result: Any, what: str) -> list[tuple[list[SampleRecord], Any]]:
     """``result`` as ready batches ``(records, lane_id)``, or `_Malformed` saying what it is."""
     from zephon_columnar.records import SampleMeta, SampleRecord
 
@@ -762,22 +950,25 @@ def _ready(result: Any, what: str) -> list[tuple[list["SampleRecord"], Any]]:
     batches = []
     for item in result:
         if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], (list, tuple))):
-            raise _Malformed(f"{what} returned a list holding {type(item).__name__}; each ready batch is a "
-                             "(records, lane_id) pair")
+            raise _Malformed(
+                f"{what} returned a list holding {type(item).__name__}; each ready batch is a (records, lane_id) pair"
+            )
         records, lane = item
         for r in records:
             if not isinstance(r, SampleRecord) or not isinstance(r.meta, SampleMeta):
-                raise _Malformed(f"{what} returned a ready batch holding {type(r).__name__}; batches hold the "
-                                 "SampleRecords that were pushed")
+                raise _Malformed(
+                    f"{what} returned a ready batch holding {type(r).__name__}; batches hold the "
+                    "SampleRecords that were pushed"
+                )
         batches.append((list(records), lane))
     return batches
 
 
-def _emitted(batches: list[tuple[list["SampleRecord"], Any]]) -> list["SampleRecord"]:
+def _emitted(batches: list[tuple[list[SampleRecord], Any]]) -> list[SampleRecord]:
     return [r for records, _ in batches for r in records]
 
 
-def _check_accumulator(op: "BaseOp", name: str, samples: list["SampleRecord"]) -> list[Issue]:
+def _check_accumulator(op: BaseOp, name: str, samples: list[SampleRecord]) -> list[Issue]:
     """The op's accumulator on the probe records: conservation, reset, has_pending_data, lanes,
     per-lane flush. Stops after the factory or push/flush raising (the rest would too)."""
     with ExitStack() as stack:
@@ -787,51 +978,77 @@ def _check_accumulator(op: "BaseOp", name: str, samples: list["SampleRecord"]) -
             return []  # the operator checks reported why
         try:
             _new_accumulator(probe)
-        except Exception as err:
-            return [Issue("error", "ACC_FACTORY_RAISED", name, (
-                f"the accumulator factory failed: {type(err).__name__}: {err}. It must build an Accumulator when "
-                f"called with deterministic=True and ctx={_accumulator_ctx()} (no lane_id)."))]
+        except Exception as err:  # noqa: BLE001 - a user's accumulator factory may raise anything; reported below
+            return [
+                Issue(
+                    "error",
+                    "ACC_FACTORY_RAISED",
+                    name,
+                    (
+                        f"the accumulator factory failed: {type(err).__name__}: {err}. It must build an Accumulator "
+                        f"when called with deterministic=True and ctx={_accumulator_ctx()} (no lane_id)."
+                    ),
+                )
+            ]
 
-        def factory() -> "Accumulator[Any]":
+        def factory() -> Accumulator[Any]:
             return _new_accumulator(probe)
 
         issues = _guarded(name, "accumulator conservation", lambda: _acc_conservation(factory, name, samples))
         if any(i.code == "ACC_PUSH_OR_FLUSH_RAISED" for i in issues):
             return issues
-        for what, check in (("accumulator reset", _acc_reset_is_fresh),
-                            ("has_pending_data", _acc_pending_is_truthful),
-                            ("accumulator lanes", _acc_keeps_lanes),
-                            ("per-lane flush", _acc_flushes_per_lane)):
+        for what, check in (
+            ("accumulator reset", _acc_reset_is_fresh),
+            ("has_pending_data", _acc_pending_is_truthful),
+            ("accumulator lanes", _acc_keeps_lanes),
+            ("per-lane flush", _acc_flushes_per_lane),
+        ):
             issues += _guarded(name, what, functools.partial(check, factory, name, samples))
         return issues
 
 
-def _acc_conservation(factory: Callable[[], Any], name: str, samples: list["SampleRecord"]) -> list[Issue]:
+def _acc_conservation(factory: Callable[[], Any], name: str, samples: list[SampleRecord]) -> list[Issue]:
     """Every pushed sample comes out of ``push_many`` + ``flush()`` once (or its tombstone)."""
     acc = factory()
     try:
         out = _emitted(_ready(acc.push_many(copy.deepcopy(samples)), "push_many") + _ready(acc.flush(), "flush()"))
-    except Exception as err:
-        return [Issue("error", "ACC_PUSH_OR_FLUSH_RAISED", name, (
-            f"push_many/flush failed on the probe records: {type(err).__name__}: {err}. An accumulator groups "
-            "any records it is given; if it needs particular fields, give the op validation_samples()."))]
+    except Exception as err:  # noqa: BLE001 - a user's accumulator may raise anything; reported below
+        return [
+            Issue(
+                "error",
+                "ACC_PUSH_OR_FLUSH_RAISED",
+                name,
+                (
+                    f"push_many/flush failed on the probe records: {type(err).__name__}: {err}. An accumulator groups "
+                    "any records it is given; if it needs particular fields, give the op validation_samples()."
+                ),
+            )
+        ]
     pushed = Counter(_key(r) for r in samples)
     got = Counter(k for r in out for k in _samples_closed(r))
     lost, gained = list((pushed - got).elements()), list((got - pushed).elements())
     if not lost and not gained:
         return []
-    return [Issue("error", "ACC_FLUSH_LOSES_SAMPLES", name, (
-        f"push_many + flush() took {sum(pushed.values())} samples and gave back {sum(got.values())} (lost "
-        f"{_few(lost) or 'none'}; extra {_few(gained) or 'none'}). Emit every record pushed exactly once by the "
-        "end of flush(); to drop one, emit tombstones_for_record(record) for it."))]
+    return [
+        Issue(
+            "error",
+            "ACC_FLUSH_LOSES_SAMPLES",
+            name,
+            (
+                f"push_many + flush() took {sum(pushed.values())} samples and gave back {sum(got.values())} (lost "
+                f"{_few(lost) or 'none'}; extra {_few(gained) or 'none'}). Emit every record pushed exactly once by "
+                "the end of flush(); to drop one, emit tombstones_for_record(record) for it."
+            ),
+        )
+    ]
 
 
-def _batch_shape(batches: list[tuple[list["SampleRecord"], Any]]) -> list[Any]:
+def _batch_shape(batches: list[tuple[list[SampleRecord], Any]]) -> list[Any]:
     """Ready batches as comparable values: lane label and each record's identity and content."""
     return [(repr(lane), _output_keys(records)) for records, lane in batches]
 
 
-def _acc_reset_is_fresh(factory: Callable[[], Any], name: str, samples: list["SampleRecord"]) -> list[Issue]:
+def _acc_reset_is_fresh(factory: Callable[[], Any], name: str, samples: list[SampleRecord]) -> list[Issue]:
     """After A, ``flush(reset=True)``, B gives what a new accumulator gives for B."""
     second = _shifted(samples)
     used = factory()
@@ -839,26 +1056,43 @@ def _acc_reset_is_fresh(factory: Callable[[], Any], name: str, samples: list["Sa
     try:
         used.flush(reset=True)
         after_reset = _ready(used.push_many(copy.deepcopy(second)), "push_many") + _ready(used.flush(), "flush()")
-    except Exception as err:
-        return [Issue("error", "ACC_RESET_RAISED", name, (
-            f"flush(reset=True), or using the accumulator after it, failed: {type(err).__name__}: {err}. After a "
-            "reset the accumulator must work exactly as a new one."))]
+    except Exception as err:  # noqa: BLE001 - a user's accumulator may raise anything; reported below
+        return [
+            Issue(
+                "error",
+                "ACC_RESET_RAISED",
+                name,
+                (
+                    f"flush(reset=True), or using the accumulator after it, failed: {type(err).__name__}: {err}. After "
+                    "a reset the accumulator must work exactly as a new one."
+                ),
+            )
+        ]
     fresh = factory()
     new = _ready(fresh.push_many(copy.deepcopy(second)), "push_many") + _ready(fresh.flush(), "flush()")
     if _batch_shape(after_reset) == _batch_shape(new):
         return []
-    return [Issue("error", "ACC_RESET_NOT_FRESH", name, (
-        f"after flush(reset=True) the same pushes gave {len(after_reset)} ready batches of "
-        f"{[len(b) for b, _ in after_reset]} records, a new accumulator {len(new)} of {[len(b) for b, _ in new]} "
-        "(or their records differ). flush(reset=True) must clear every buffer and counter, as in __init__."))]
+    return [
+        Issue(
+            "error",
+            "ACC_RESET_NOT_FRESH",
+            name,
+            (
+                f"after flush(reset=True) the same pushes gave {len(after_reset)} ready batches of "
+                f"{[len(b) for b, _ in after_reset]} records, a new accumulator {len(new)} of "
+                f"{[len(b) for b, _ in new]} (or their records differ). flush(reset=True) must clear every buffer and "
+                "counter, as in __init__."
+            ),
+        )
+    ]
 
 
-def _acc_pending_is_truthful(factory: Callable[[], Any], name: str, samples: list["SampleRecord"]) -> list[Issue]:
+def _acc_pending_is_truthful(factory: Callable[[], Any], name: str, samples: list[SampleRecord]) -> list[Issue]:
     """``has_pending_data()`` is True exactly while pushed samples have not come out (per lane
     too), and False once ``flush()`` gave back everything."""
     lane_of = {_key(r): r.meta.lane_id for r in samples}
 
-    def came_out(records: list["SampleRecord"]) -> list[Any]:  # the lanes they were pushed on
+    def came_out(records: list[SampleRecord]) -> list[Any]:  # the lanes they were pushed on
         return [lane_of[k] for r in records for k in _samples_closed(r) if k in lane_of]
 
     acc = factory()
@@ -871,8 +1105,10 @@ def _acc_pending_is_truthful(factory: Callable[[], Any], name: str, samples: lis
         held.subtract(came_out(_emitted(_ready(acc.push_many(copy.deepcopy(part)), "push_many"))))
         holding, pending = sum(held.values()) > 0, bool(acc.has_pending_data())
         if holding != pending:
-            lies.append(f"after pushing {len(part)} more it holds {max(0, sum(held.values()))} samples but "
-                        f"has_pending_data() is {pending}")
+            lies.append(
+                f"after pushing {len(part)} more it holds {max(0, sum(held.values()))} samples but "
+                f"has_pending_data() is {pending}"
+            )
     if _accepts_lane_id(acc.has_pending_data):
         wrong = [lane for lane in sorted(held) if (held[lane] > 0) != bool(acc.has_pending_data(lane))]
         if wrong:
@@ -882,12 +1118,20 @@ def _acc_pending_is_truthful(factory: Callable[[], Any], name: str, samples: lis
         lies.append("flush() gave back every sample, yet has_pending_data() is still True")
     if not lies:
         return []
-    return [Issue("error", "ACC_HAS_PENDING_LIES", name, (
-        f"has_pending_data() disagrees with what the accumulator holds: {'; '.join(lies)}. Return True exactly "
-        "while records pushed (for lane_id: on that lane) have not been emitted; the engine flushes by it."))]
+    return [
+        Issue(
+            "error",
+            "ACC_HAS_PENDING_LIES",
+            name,
+            (
+                f"has_pending_data() disagrees with what the accumulator holds: {'; '.join(lies)}. Return True exactly "
+                "while records pushed (for lane_id: on that lane) have not been emitted; the engine flushes by it."
+            ),
+        )
+    ]
 
 
-def _interleaved(samples: list["SampleRecord"]) -> list["SampleRecord"]:
+def _interleaved(samples: list[SampleRecord]) -> list[SampleRecord]:
     """``samples`` round-robin across their lanes, so one push spans lanes record by record."""
     by_lane: dict[Any, list[SampleRecord]] = {}
     for r in samples:
@@ -896,18 +1140,29 @@ def _interleaved(samples: list["SampleRecord"]) -> list["SampleRecord"]:
     return [lane[i] for i in range(rounds) for lane in by_lane.values() if i < len(lane)]
 
 
-def _acc_keeps_lanes(factory: Callable[[], Any], name: str, samples: list["SampleRecord"]) -> list[Issue]:
+def _acc_keeps_lanes(factory: Callable[[], Any], name: str, samples: list[SampleRecord]) -> list[Issue]:
     """Records keep their lane, and every ready batch holds one lane's records labelled with it."""
     issues = []
     lane_of = {_key(r): r.meta.lane_id for r in samples}
     acc = factory()
     out = _emitted(_ready(acc.push_many(copy.deepcopy(samples)), "push_many") + _ready(acc.flush(), "flush()"))
-    moved = [(_key(r), lane_of[_key(r)], r.meta.lane_id) for r in out
-             if _key(r) in lane_of and r.meta.lane_id != lane_of[_key(r)]]
+    moved = [
+        (_key(r), lane_of[_key(r)], r.meta.lane_id)
+        for r in out
+        if _key(r) in lane_of and r.meta.lane_id != lane_of[_key(r)]
+    ]
     if moved:
-        issues.append(Issue("error", "ACC_MUTATES_LANE_ID", name, (
-            f"records came out on another lane (sample, pushed on, emitted on): {_few(moved)}. An accumulator "
-            "must not change record.meta.lane_id: lanes are the engine's.")))
+        issues.append(
+            Issue(
+                "error",
+                "ACC_MUTATES_LANE_ID",
+                name,
+                (
+                    f"records came out on another lane (sample, pushed on, emitted on): {_few(moved)}. An accumulator "
+                    "must not change record.meta.lane_id: lanes are the engine's."
+                ),
+            )
+        )
     problems = []
     mixed_input = _interleaved(copy.deepcopy(samples))
     acc = factory()
@@ -924,9 +1179,17 @@ def _acc_keeps_lanes(factory: Callable[[], Any], name: str, samples: list["Sampl
         if len(lanes) > 1:
             problems.append(f"a batch mixes lanes {lanes}")
     if problems:
-        issues.append(Issue("error", "ACC_BATCH_NOT_LANE_PURE", name, (
-            f"{'; '.join(dict.fromkeys(problems))}. Buffer per lane (records' meta.lane_id) and return each "
-            "ready batch as (one lane's records, wait_ns).")))
+        issues.append(
+            Issue(
+                "error",
+                "ACC_BATCH_NOT_LANE_PURE",
+                name,
+                (
+                    f"{'; '.join(dict.fromkeys(problems))}. Buffer per lane (records' meta.lane_id) and return each "
+                    "ready batch as (one lane's records, wait_ns)."
+                ),
+            )
+        )
     return issues
 
 
@@ -938,7 +1201,7 @@ def _accepts_lane_id(method: Callable[..., Any]) -> bool:
     return any(p.name == "lane_id" or p.kind is p.VAR_KEYWORD for p in params)
 
 
-def _acc_flushes_per_lane(factory: Callable[[], Any], name: str, samples: list["SampleRecord"]) -> list[Issue]:
+def _acc_flushes_per_lane(factory: Callable[[], Any], name: str, samples: list[SampleRecord]) -> list[Issue]:
     """``flush(reset=True, lane_id=L)`` empties lane L and neither emits nor drops another lane
     (the engine flushes each lane at its own flush points)."""
     acc = factory()
@@ -953,48 +1216,108 @@ def _acc_flushes_per_lane(factory: Callable[[], Any], name: str, samples: list["
         emitted = _emitted(_ready(acc.flush(reset=True, lane_id=target), f"flush(reset=True, lane_id={target!r})"))
     except TypeError as err:
         return [_no_per_lane_flush(name, f"calling it with lane_id raised TypeError: {err}")]
-    except Exception as err:
-        return [Issue("error", "ACC_PUSH_OR_FLUSH_RAISED", name, (
-            f"flush(reset=True, lane_id={target!r}) failed: {type(err).__name__}: {err}; the engine flushes one "
-            "lane at a time this way."))]
+    except Exception as err:  # noqa: BLE001 - a user's accumulator may raise anything; reported below
+        return [
+            Issue(
+                "error",
+                "ACC_PUSH_OR_FLUSH_RAISED",
+                name,
+                (
+                    f"flush(reset=True, lane_id={target!r}) failed: {type(err).__name__}: {err}; the engine flushes "
+                    "one lane at a time this way."
+                ),
+            )
+        ]
     came_out = [lane_of.get(k) for r in pushed_out + emitted for k in _samples_closed(r)]
     never_out = sum(lane == target for lane in lane_of.values()) - came_out.count(target)
     issues = []
     if acc.has_pending_data(target):
         if never_out > 0:
-            issues.append(Issue("error", "ACC_PER_LANE_FLUSH_NOT_DRAINED", name, (
-                f"after flush(reset=True, lane_id={target!r}) lane {target!r} still has pending data ({never_out} "
-                "of its samples never came out). A per-lane flush must emit (or drop, with tombstones) everything "
-                "that lane holds.")))
+            issues.append(
+                Issue(
+                    "error",
+                    "ACC_PER_LANE_FLUSH_NOT_DRAINED",
+                    name,
+                    (
+                        f"after flush(reset=True, lane_id={target!r}) lane {target!r} still has pending data "
+                        f"({never_out} of its samples never came out). A per-lane flush must emit (or drop, with "
+                        "tombstones) everything that lane holds."
+                    ),
+                )
+            )
         else:
-            issues.append(Issue("error", "ACC_HAS_PENDING_LIES", name, (
-                f"has_pending_data({target!r}) is True after flush(reset=True, lane_id={target!r}) gave back every "
-                f"sample of lane {target!r}. Answer for the lane asked about only.")))
-    leaked = sorted({lane_of.get(k, r.meta.lane_id) for r in emitted for k in _samples_closed(r)} - {target},
-                    key=repr)
+            issues.append(
+                Issue(
+                    "error",
+                    "ACC_HAS_PENDING_LIES",
+                    name,
+                    (
+                        f"has_pending_data({target!r}) is True after flush(reset=True, lane_id={target!r}) gave back "
+                        f"every sample of lane {target!r}. Answer for the lane asked about only."
+                    ),
+                )
+            )
+    leaked = sorted({lane_of.get(k, r.meta.lane_id) for r in emitted for k in _samples_closed(r)} - {target}, key=repr)
     drained = sorted((lane for lane in pending_before if not acc.has_pending_data(lane)), key=repr)
     if leaked or drained:
-        issues.append(Issue("error", "ACC_FLUSH_LEAKS_OTHER_LANES", name, (
-            f"flush(reset=True, lane_id={target!r}) "
-            + ", ".join(x for x in (f"emitted records of lanes {leaked}" if leaked else "",
-                                    f"emptied lanes {drained}" if drained else "") if x)
-            + ". Flush only the lane asked for: other lanes are at other points of their streams.")))
+        issues.append(
+            Issue(
+                "error",
+                "ACC_FLUSH_LEAKS_OTHER_LANES",
+                name,
+                (
+                    f"flush(reset=True, lane_id={target!r}) "
+                    + ", ".join(
+                        x
+                        for x in (
+                            f"emitted records of lanes {leaked}" if leaked else "",
+                            f"emptied lanes {drained}" if drained else "",
+                        )
+                        if x
+                    )
+                    + ". Flush only the lane asked for: other lanes are at other points of their streams."
+                ),
+            )
+        )
     return issues
 
 
 def _no_per_lane_flush(name: str, why: str) -> Issue:
-    return Issue("error", "ACC_NO_PER_LANE_FLUSH", name, (
-        f"the accumulator cannot flush one lane: {why}. Define flush(self, *, reset=False, lane_id=None) and "
-        "has_pending_data(self, lane_id=None), acting on that lane only when lane_id is given."))
+    return Issue(
+        "error",
+        "ACC_NO_PER_LANE_FLUSH",
+        name,
+        (
+            f"the accumulator cannot flush one lane: {why}. Define flush(self, *, reset=False, lane_id=None) and "
+            "has_pending_data(self, lane_id=None), acting on that lane only when lane_id is given."
+        ),
+    )
 
 
 # ====================================================================== static scan
 #: Methods whose call changes the object they are called on.
-_MUTATING_METHODS = frozenset({"append", "extend", "insert", "pop", "popitem", "remove", "clear", "update",
-                               "setdefault", "add", "discard", "sort", "reverse", "__setitem__", "__delitem__"})
+_MUTATING_METHODS = frozenset(
+    {
+        "append",
+        "extend",
+        "insert",
+        "pop",
+        "popitem",
+        "remove",
+        "clear",
+        "update",
+        "setdefault",
+        "add",
+        "discard",
+        "sort",
+        "reverse",
+        "__setitem__",
+        "__delitem__",
+    }
+)
 
 
-def _check_source(op: "BaseOp", name: str) -> list[Issue]:
+def _check_source(op: BaseOp, name: str) -> list[Issue]:
     """Warnings from the source of the op's pure part: writes to ``self``, and calls that read
     the clock or unseeded randomness."""
     issues = []
@@ -1004,27 +1327,47 @@ def _check_source(op: "BaseOp", name: str) -> list[Issue]:
             continue  # no source to read (REPL, exec, builtin): nothing to say
         writes = _self_writes(found.node, found.receiver) if found.receiver else []
         if writes:
-            issues.append(Issue("warning", "OP_WRITES_TO_SELF", name, (
-                f"{label} writes to {found.receiver} ({found.show(writes)}). Configuration belongs in __init__, "
-                "per-worker resources in setup(), and state across calls in the accumulator (accumulator()).")))
+            issues.append(
+                Issue(
+                    "warning",
+                    "OP_WRITES_TO_SELF",
+                    name,
+                    (
+                        f"{label} writes to {found.receiver} ({found.show(writes)}). Configuration belongs in "
+                        "__init__, per-worker resources in setup(), and state across calls in the accumulator "
+                        "(accumulator())."
+                    ),
+                )
+            )
         calls = _nondeterministic_calls(found.node, found.fn)
         if calls:
-            issues.append(Issue("warning", "OP_NONDETERMINISTIC_STDLIB_CALL", name, (
-                f"{label} reads the clock or unseeded randomness ({found.show(calls)}), which breaks replay. "
-                "Seed a generator from the record (random.Random(hash(record.meta.sample_id))) or from a seed "
-                "given to __init__; keep the clock out of the data.")))
+            issues.append(
+                Issue(
+                    "warning",
+                    "OP_NONDETERMINISTIC_STDLIB_CALL",
+                    name,
+                    (
+                        f"{label} reads the clock or unseeded randomness ({found.show(calls)}), which breaks replay. "
+                        "Seed a generator from the record (random.Random(hash(record.meta.sample_id))) or from a seed "
+                        "given to __init__; keep the clock out of the data."
+                    ),
+                )
+            )
     return issues
 
 
-def _user_functions(op: "BaseOp") -> list[tuple[str, Any, bool]]:
+def _user_functions(op: BaseOp) -> list[tuple[str, Any, bool]]:
     """(label, callable, whether it is a method of the op) for the op's user-written pure part:
     the kwargs form's functions, or an instance's own process_many / process_one /
     process_columns (this library's defaults are skipped)."""
     from zephon_columnar.ops.user import FunctionOp
 
     if isinstance(op, FunctionOp):
-        given = (("process_many", op._process_many), ("process_columns", op._process_columns),  # noqa: SLF001
-                 ("process_one", op._process_one))  # noqa: SLF001
+        given = (
+            ("process_many", op._process_many),  # noqa: SLF001 - the functions FunctionOp wraps
+            ("process_columns", op._process_columns),  # noqa: SLF001
+            ("process_one", op._process_one),  # noqa: SLF001
+        )
         return [(label, fn, False) for label, fn in given if fn is not None]
     out = []
     for label in ("process_many", "process_one", "process_columns"):
@@ -1043,7 +1386,7 @@ def _code_function(fn: Any) -> types.FunctionType | None:
     if isinstance(fn, types.MethodType):
         fn = fn.__func__
     if not isinstance(fn, types.FunctionType) and callable(fn):
-        fn = getattr(type(fn), "__call__", None)  # a callable object: its class's __call__
+        fn = getattr(type(fn), "__call__", None)  # noqa: B004 - not a callable() test: a callable object's class's __call__
     return fn if isinstance(fn, types.FunctionType) else None
 
 
@@ -1067,9 +1410,8 @@ def _function_source(fn: Any, is_method: bool) -> _Source | None:
     code_fn = _code_function(fn)
     if code_fn is None:
         return None
-    bound = is_method or isinstance(fn, types.MethodType) or not isinstance(
-        fn, (types.FunctionType, functools.partial))
-    params = code_fn.__code__.co_varnames[:code_fn.__code__.co_argcount]
+    bound = is_method or isinstance(fn, types.MethodType) or not isinstance(fn, (types.FunctionType, functools.partial))
+    params = code_fn.__code__.co_varnames[: code_fn.__code__.co_argcount]
     receiver = params[0] if bound and params else None
     try:
         path = inspect.getsourcefile(code_fn)
@@ -1101,8 +1443,11 @@ def _defines(node: ast.AST, code: types.CodeType) -> bool:
         return node.name == code.co_name and first == code.co_firstlineno
     if isinstance(node, ast.Lambda):
         args = [a.arg for a in node.args.posonlyargs + node.args.args]
-        return (code.co_name == "<lambda>" and node.lineno == code.co_firstlineno
-                and args == list(code.co_varnames[:code.co_argcount]))
+        return (
+            code.co_name == "<lambda>"
+            and node.lineno == code.co_firstlineno
+            and args == list(code.co_varnames[: code.co_argcount])
+        )
     return False
 
 
@@ -1117,16 +1462,26 @@ def _self_writes(tree: ast.AST, receiver: str) -> list[int]:
     del, item store), mutates it in place (``self.seen.append(...)``) or calls setattr on it."""
     hits = set()
     for node in ast.walk(tree):
-        if (isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del))
-                and _root_name(node) == receiver):
+        if (
+            isinstance(node, (ast.Attribute, ast.Subscript))
+            and isinstance(node.ctx, (ast.Store, ast.Del))
+            and _root_name(node) == receiver
+        ):
             hits.add(node.lineno)
         elif isinstance(node, ast.Call):
             func = node.func
-            if (isinstance(func, ast.Attribute) and func.attr in _MUTATING_METHODS
-                    and not isinstance(func.value, ast.Name) and _root_name(func.value) == receiver):
-                hits.add(node.lineno)
-            elif (isinstance(func, ast.Name) and func.id in ("setattr", "delattr") and node.args
-                  and isinstance(node.args[0], ast.Name) and node.args[0].id == receiver):
+            if (
+                isinstance(func, ast.Attribute)
+                and func.attr in _MUTATING_METHODS
+                and not isinstance(func.value, ast.Name)
+                and _root_name(func.value) == receiver
+            ) or (
+                isinstance(func, ast.Name)
+                and func.id in ("setattr", "delattr")
+                and node.args
+                and isinstance(node.args[0], ast.Name)
+                and node.args[0].id == receiver
+            ):
                 hits.add(node.lineno)
     return sorted(hits)
 
@@ -1147,25 +1502,58 @@ def _nondeterministic_rules() -> dict[str, _Rule]:
     import random
     import secrets
 
-    rules = [_Rule(f"random.{n}") for n in dir(random) if not n.startswith("_") and n not in (
-        "Random", "SystemRandom", "seed", "getstate", "setstate") and callable(getattr(random, n))
-        and not isinstance(getattr(random, n), type)]
+    rules = [
+        _Rule(f"random.{n}")
+        for n in dir(random)
+        if not n.startswith("_")
+        and n not in ("Random", "SystemRandom", "seed", "getstate", "setstate")
+        and callable(getattr(random, n))
+        and not isinstance(getattr(random, n), type)
+    ]
     rules += [_Rule("random.SystemRandom"), _Rule("random.Random", 0), _Rule("random.seed", 0)]
-    rules += [_Rule(f"time.{n}") for n in ("time", "time_ns", "monotonic", "monotonic_ns", "perf_counter",
-                                          "perf_counter_ns", "process_time", "process_time_ns", "thread_time",
-                                          "thread_time_ns")]
+    rules += [
+        _Rule(f"time.{n}")
+        for n in (
+            "time",
+            "time_ns",
+            "monotonic",
+            "monotonic_ns",
+            "perf_counter",
+            "perf_counter_ns",
+            "process_time",
+            "process_time_ns",
+            "thread_time",
+            "thread_time_ns",
+        )
+    ]
     rules += [_Rule(f"time.{n}", 0) for n in ("ctime", "localtime", "gmtime", "asctime")] + [_Rule("time.strftime", 1)]
     rules += [_Rule("uuid.uuid1"), _Rule("uuid.uuid4"), _Rule("os.urandom")]
-    rules += [_Rule(f"secrets.{n}") for n in dir(secrets) if not n.startswith("_") and callable(getattr(secrets, n))
-              and n not in ("compare_digest",)]
+    rules += [
+        _Rule(f"secrets.{n}")
+        for n in dir(secrets)
+        if not n.startswith("_") and callable(getattr(secrets, n)) and n not in ("compare_digest",)
+    ]
     try:
         import numpy.random as npr
 
         seeded = ("default_rng", "RandomState", "seed")
-        kept = ("Generator", "SeedSequence", "BitGenerator", "MT19937", "PCG64", "PCG64DXSM", "Philox", "SFC64",
-                "get_state", "set_state", "get_bit_generator", "set_bit_generator")
-        rules += [_Rule(f"numpy.random.{n}", 0 if n in seeded else None) for n in getattr(npr, "__all__", ())
-                  if n not in kept]
+        kept = (
+            "Generator",
+            "SeedSequence",
+            "BitGenerator",
+            "MT19937",
+            "PCG64",
+            "PCG64DXSM",
+            "Philox",
+            "SFC64",
+            "get_state",
+            "set_state",
+            "get_bit_generator",
+            "set_bit_generator",
+        )
+        rules += [
+            _Rule(f"numpy.random.{n}", 0 if n in seeded else None) for n in getattr(npr, "__all__", ()) if n not in kept
+        ]
     except ImportError:  # pragma: no cover - numpy is a dependency
         pass
     return {r.name: r for r in rules}
@@ -1253,7 +1641,7 @@ def _cell(cell: Any) -> Any:
 
 
 def _canonical(dotted: str) -> str:
-    return "numpy." + dotted[len("np."):] if dotted.startswith("np.") else dotted
+    return "numpy." + dotted[len("np.") :] if dotted.startswith("np.") else dotted
 
 
 __all__ = ["Issue", "ValidationError", "ValidationReport", "preflight_tokenizers", "validate_ops"]

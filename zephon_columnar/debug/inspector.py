@@ -14,13 +14,16 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from zephon_columnar.io.options import StoreOptions
 
 if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11; annotations only
+
     from zephon_columnar.io.base import ShardReader
     from zephon_columnar.io.dataset import Dataset
 
@@ -29,13 +32,13 @@ class DatasetInspector:
     """Raw payloads of ``dataset``: ``read(shard_id, row)`` and ``read_many(shard_id, rows)``
     (rows in the order asked). ``io_options`` as for a pipeline (how remote files are read)."""
 
-    def __init__(self, dataset: "Dataset", *, io_options: StoreOptions | Mapping[str, Any] | None = None) -> None:
+    def __init__(self, dataset: Dataset, *, io_options: StoreOptions | Mapping[str, Any] | None = None) -> None:
         self._dataset = dataset
         self._options = StoreOptions.from_any(io_options)
         self._reader: ShardReader | None = None
         self._closed = False
 
-    def __enter__(self) -> "DatasetInspector":
+    def __enter__(self) -> Self:
         self._check_open()
         return self
 
@@ -55,8 +58,10 @@ class DatasetInspector:
         rows = np.asarray([int(i) for i in sample_indices], np.int64)
         bad = rows[(rows < 0) | (rows >= info.num_rows)]
         if len(bad):
-            raise IndexError(f"DatasetInspector: row {int(bad[0])} is out of range for shard {shard_id} of dataset "
-                             f"{self._dataset.name!r} ({info.num_rows} rows).")
+            raise IndexError(
+                f"DatasetInspector: row {int(bad[0])} is out of range for shard {shard_id} of dataset "
+                f"{self._dataset.name!r} ({info.num_rows} rows)."
+            )
         if self._reader is None:
             self._reader = self._dataset.open_reader()
         return self._reader.take(int(shard_id), rows).to_pylist()

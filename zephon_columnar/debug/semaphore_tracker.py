@@ -32,7 +32,7 @@ from typing import Any
 
 _ENV = "ZEPHON_SEMAPHORE_LEAK_DEBUG"
 _lock = threading.Lock()
-_registered: dict[str, "RegistrationInfo"] = {}
+_registered: dict[str, RegistrationInfo] = {}
 _installed = False
 
 
@@ -59,8 +59,13 @@ def registrations() -> dict[str, RegistrationInfo]:
 
 def _record(name: str, rtype: str) -> None:
     if rtype == "semaphore":
-        info = RegistrationInfo(name, time.time(), "".join(traceback.format_stack()[:-2]),
-                                threading.current_thread().name, threading.get_ident())
+        info = RegistrationInfo(
+            name,
+            time.time(),
+            "".join(traceback.format_stack()[:-2]),
+            threading.current_thread().name,
+            threading.get_ident(),
+        )
         with _lock:
             _registered[name] = info
 
@@ -101,8 +106,10 @@ def dump_semaphore_leak_report(*, force: bool = False) -> None:
     if not leaked and not force:
         return
     process = multiprocessing.current_process().name
-    lines = [f"=== Semaphore leak report ({process}, pid {os.getpid()}) ===",
-             f"registered and not unregistered: {len(leaked)}"]
+    lines = [
+        f"=== Semaphore leak report ({process}, pid {os.getpid()}) ===",
+        f"registered and not unregistered: {len(leaked)}",
+    ]
     for info in sorted(leaked.values(), key=lambda i: i.timestamp):
         when = time.strftime("%H:%M:%S", time.localtime(info.timestamp))
         lines += [f"{info.name} registered at {when} on thread {info.thread_name}", info.stack_trace.rstrip()]

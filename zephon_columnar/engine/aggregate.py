@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from zephon_columnar.engine.checkpoint import merge_checkpoints
 from zephon_columnar.errors import CheckpointError
@@ -38,8 +39,17 @@ def gather_torch(local: Mapping[str, Any]) -> dict[str, Any]:
 CLOCK_SKEW_S = 2.0
 
 
-def gather_directory(local: Mapping[str, Any], *, directory: str, run_id: str, round_id: int,
-                     rank: int, world_size: int, timeout_s: float, not_before: float) -> dict[str, Any]:
+def gather_directory(
+    local: Mapping[str, Any],
+    *,
+    directory: str,
+    run_id: str,
+    round_id: int,
+    rank: int,
+    world_size: int,
+    timeout_s: float,
+    not_before: float,
+) -> dict[str, Any]:
     """Write this rank's part under ``directory/run_id/round-N/`` and merge all ranks' parts.
 
     Parts written before ``not_before`` (this job's start, a wall-clock time) are left-overs of an
@@ -85,8 +95,9 @@ def loader_part_path(directory: str, run_id: str, phase: str, group: int, worker
     return Path(directory) / run_id / "loader" / phase / f"g{group:05d}-w{worker:03d}-k{delivered:09d}.json"
 
 
-def write_loader_part(ckpt: Mapping[str, Any], *, directory: str, run_id: str, phase: str, group: int, worker: int,
-                      delivered: int) -> None:
+def write_loader_part(
+    ckpt: Mapping[str, Any], *, directory: str, run_id: str, phase: str, group: int, worker: int, delivered: int
+) -> None:
     """Keep one DataLoader worker snapshot (its lanes' checkpoint) where a resume on another
     data-parallel layout finds it (`read_loader_parts`), and drop the one `LOADER_PARTS_KEPT`
     snapshots older. Nothing waits for other ranks: the parts are merged when they are read.
@@ -100,8 +111,9 @@ def write_loader_part(ckpt: Mapping[str, Any], *, directory: str, run_id: str, p
         loader_part_path(directory, run_id, phase, group, worker, delivered - LOADER_PARTS_KEPT).unlink(missing_ok=True)
 
 
-def read_loader_parts(cut: Mapping[int, int], *, directory: str, run_id: str, phase: str,
-                      groups: int) -> dict[str, Any]:
+def read_loader_parts(
+    cut: Mapping[int, int], *, directory: str, run_id: str, phase: str, groups: int
+) -> dict[str, Any]:
     """The checkpoint of every lane at a loader checkpoint's cut: for each data-parallel group
     and each active worker ``w``, its snapshot after ``cut[w]`` items, merged. A missing
     snapshot is a `CheckpointError` naming its file."""
@@ -116,7 +128,8 @@ def read_loader_parts(cut: Mapping[int, int], *, directory: str, run_id: str, ph
                     f"resuming DataLoader workers on another data-parallel layout needs {path} (worker {worker} of "
                     f"data-parallel group {group} after {delivered} items), which is missing: the checkpoint was taken "
                     f"with another aggregate_dir or run_id, those files were removed, or the ranks were not at the "
-                    "same step.") from None
+                    "same step."
+                ) from None
             except (OSError, ValueError) as err:
                 raise CheckpointError(f"resuming DataLoader workers: cannot read {path} ({err}).") from err
     return merge_checkpoints(parts)

@@ -13,7 +13,8 @@ data: a row's count is the length of its token array, the first integer-list fie
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -24,18 +25,19 @@ from zephon_columnar.ops.base import BaseOp, FrameOp, OpContext
 from zephon_columnar.ops.fetch import FetchOp
 from zephon_columnar.ops.tokenizer import TokenizerOwner
 from zephon_columnar.types import TOKEN_FIELD_CANDIDATES
+from zephon_columnar.work.base import WorkSource
+from zephon_columnar.work.static_mixture import StaticMixtureWorkSource
 
 if TYPE_CHECKING:
-    from zephon_columnar.work.static_mixture import StaticMixtureWorkSource
     from zephon_columnar.work.token_estimation import TokenEstimation
 
 
-def prime_token_mixture(ws: "StaticMixtureWorkSource", ops: Sequence[BaseOp]) -> None:
+def prime_token_mixture(ws: WorkSource, ops: Sequence[BaseOp]) -> None:
     """Prime ``ws`` (a no-op unless it ``requires_token_priming``) with the token counts of its
     calibration rows under ``ops`` (the pipeline's operators, fetch first)."""
     if not ws.requires_token_priming:
         return
-    if not hasattr(ws, "calibration_pointers"):
+    if not isinstance(ws, StaticMixtureWorkSource):
         ws.prime()  # another work source: it primes itself
         return
     est = ws.token_estimation
@@ -43,8 +45,9 @@ def prime_token_mixture(ws: "StaticMixtureWorkSource", ops: Sequence[BaseOp]) ->
     replay, tokenizer = _calibration_ops(ops)
     ctx = OpContext(services={"datasets_by_id": ws.datasets_by_id})
     fetch = FetchOp()
-    stages = [op.clone() for op in replay] + ([tokenizer.clone()] if tokenizer is not None and est.measure is None
-                                               else [])
+    stages = [op.clone() for op in replay] + (
+        [tokenizer.clone()] if tokenizer is not None and est.measure is None else []
+    )
     for op in [fetch, *stages]:
         op.setup(ctx)
     try:
@@ -70,12 +73,11 @@ def _calibration_ops(ops: Sequence[BaseOp]) -> tuple[list[BaseOp], BaseOp | None
     return replay, None
 
 
-def _count(pointers: np.ndarray, fetch: FetchOp, stages: list[BaseOp], est: "TokenEstimation") -> np.ndarray | None:
+def _count(pointers: np.ndarray, fetch: FetchOp, stages: list[BaseOp], est: TokenEstimation) -> np.ndarray | None:
     """Tokens of each calibration row (int64, one per pointer); None when there is nothing to
     count them with (no tokenizer, no ``measure``, no token array)."""
     n = len(pointers)
-    frame = F.pointer_frame(lane=0, chunk_id=0, offsets=np.arange(n), pointers=pointers,
-                            components=pointers[:, 0])
+    frame = F.pointer_frame(lane=0, chunk_id=0, offsets=np.arange(n), pointers=pointers, components=pointers[:, 0])
     frame = fetch.process_frame(frame)
     for op in stages:
         frame = op.process_frame(frame)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _POLL_S = 0.05
 
@@ -52,7 +53,7 @@ class Channel:
                 while not self._items:
                     if not alive() and not self._items:
                         self._consumer_waiting = False
-                        raise RuntimeError("prefetch thread ended without a result")
+                        raise RuntimeError("prefetch thread ended without a result") from None
                     self._cond.wait(_POLL_S)
                 self._consumer_waiting = False
             item = self._items.popleft()

@@ -19,18 +19,19 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import threading
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 
 from zephon_columnar import frame as F
 from zephon_columnar.engine.channel import Channel
-from zephon_columnar.engine.lane import LaneChain, LaneItem
-from zephon_columnar.engine.metrics import Metrics
-from zephon_columnar.engine.lanes import next_lane, owned_lanes
-from zephon_columnar.engine.plan import OrderedStage, ParallelStage, Plan, compile_plan
 from zephon_columnar.engine.checkpoint import HeldRows, LaneCursor, LaneSnapshot
-from zephon_columnar.engine.runners import RUNNERS
+from zephon_columnar.engine.lane import LaneChain, LaneItem
+from zephon_columnar.engine.lanes import next_lane, owned_lanes
+from zephon_columnar.engine.metrics import Metrics
+from zephon_columnar.engine.plan import OrderedStage, ParallelStage, Plan, compile_plan
+from zephon_columnar.engine.runners import InlineRunner, ProcessRunner, ThreadRunner
 from zephon_columnar.errors import ConfigurationWarning, EmptyPassWarning, Notices, PipelineError, warn
 from zephon_columnar.io.readers import ReaderPool
 from zephon_columnar.ops.accumulators.lane import restorable_by_reference
@@ -54,8 +55,14 @@ STATELESS_FRAME_BYTES = 2 << 20
 class Engine:
     """Compiled pipeline for one data-parallel group. Cheap to build; `start` runs it."""
 
-    def __init__(self, work_source: WorkSource, ops: list[BaseOp], options: RuntimeOptions,
-                 prefetcher: Any = None, lane_subset: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        work_source: WorkSource,
+        ops: list[BaseOp],
+        options: RuntimeOptions,
+        prefetcher: Any = None,
+        lane_subset: list[int] | None = None,
+    ) -> None:
         self.ws = work_source
         self.ops = ops
         self.options = options
@@ -77,9 +84,12 @@ class Engine:
         # delivered. Otherwise a checkpoint replays from the chunk's start.
         self.resume_by_input = not self.plan.stateful and all(
             not getattr(op, "fans_out", True) and op.traits().preserves_cursor_order
-            for stage in self.plan.parallel_stages() for op in stage.ops)
-        self.rows_per_frame = frame_rows(ops, stateless=not self.plan.stateful,
-                                         row_bytes=_stored_bytes_per_row(work_source.datasets_by_id.values()))
+            for stage in self.plan.parallel_stages()
+            for op in stage.ops
+        )
+        self.rows_per_frame = frame_rows(
+            ops, stateless=not self.plan.stateful, row_bytes=_stored_bytes_per_row(work_source.datasets_by_id.values())
+        )
         chunk = work_source.chunk_size_hint()
         if not self.plan.stateful and chunk:
             # No state to flush, so every K chunks is only a replay point: K = 1 would cap a frame at
@@ -118,9 +128,14 @@ class Engine:
 
     def world(self) -> dict[str, Any]:
         o = self.options
-        return {"canonical_replicas": self.canonical_replicas, "world_size": o.world_size,
-                "global_rank": o.global_rank, "dp_degree": o.resolved_dp_degree(),
-                "dp_group_id": o.resolved_dp_group_id(), "mapping": o.resolved_mapping()}
+        return {
+            "canonical_replicas": self.canonical_replicas,
+            "world_size": o.world_size,
+            "global_rank": o.global_rank,
+            "dp_degree": o.resolved_dp_degree(),
+            "dp_group_id": o.resolved_dp_group_id(),
+            "mapping": o.resolved_mapping(),
+        }
 
     def workers(self) -> int:
         stages = self.plan.parallel_stages()
@@ -134,22 +149,31 @@ class Engine:
         for i, stage in enumerate(self.plan.stages):
             if isinstance(stage, ParallelStage):
                 ops = [_describe_op(op) for op in stage.ops]
-                parts.append(f"Stage[{i}] place={place} runner={runner} x{self.workers()} "
-                             f"window={self.options.resolved_queue_capacity()} ops={ops}")
+                parts.append(
+                    f"Stage[{i}] place={place} runner={runner} x{self.workers()} "
+                    f"window={self.options.resolved_queue_capacity()} ops={ops}"
+                )
             else:
                 parts.append(f"Stage[{i}] place={place} ordered per lane ops=['{stage.op.op_name()}@p1']")
         if self.plan.batch is not None:
-            parts.append(f"Collect: batch({self.plan.batch.microbatch_size}, drop_last={self.plan.batch.drop_last}) "
-                         "ops=['batch@p1']")
+            parts.append(
+                f"Collect: batch({self.plan.batch.microbatch_size}, drop_last={self.plan.batch.drop_last}) "
+                "ops=['batch@p1']"
+            )
         else:
             parts.append("Collect: records")
         for op in self.plan.after_batch:
             parts.append(f"Then: map_batch({op.fingerprint()['fn']}, drop_none={op.drop_none}) in the iterating thread")
-        ahead = (f"prefetch thread {self.options.prefetch_batches} items ahead"
-                 if self.uses_prefetch_thread() else "no prefetch thread")
+        ahead = (
+            f"prefetch thread {self.options.prefetch_batches} items ahead"
+            if self.uses_prefetch_thread()
+            else "no prefetch thread"
+        )
         ahead += f" (final_prefetch={self.options.prefetch_batches or 0})"
-        tail = (f"Tail: lanes {self.lanes} of canonical_replicas={self.canonical_replicas}, flush every "
-                f"{self.plan.flush_every} chunk(s), {ahead}")
+        tail = (
+            f"Tail: lanes {self.lanes} of canonical_replicas={self.canonical_replicas}, flush every "
+            f"{self.plan.flush_every} chunk(s), {ahead}"
+        )
         resume = f"Checkpoints: by {self.mode} ({self.mode_reason})"
         placement = f"Placement: every stage on the {runner!r} runner (placement= arguments have no effect)"
         return "\n".join(parts + [tail, resume, placement])
@@ -170,11 +194,13 @@ class Engine:
     # ------------------------------------------------------------------ running
     def initial_cursor(self, lane: int) -> LaneCursor:
         ws = self.ws.clone_for_lane(lane, self.canonical_replicas)
-        return LaneCursor(epoch=0, rows=0, items=0, inputs=0, source_state=ws.state_dict(), carries={},
-                          exhausted=frozenset())
+        return LaneCursor(
+            epoch=0, rows=0, items=0, inputs=0, source_state=ws.state_dict(), carries={}, exhausted=frozenset()
+        )
 
-    def start(self, cursors: Mapping[int, LaneCursor | LaneSnapshot] | None = None, *,
-              readers: ReaderPool | None = None) -> "EngineRun":
+    def start(
+        self, cursors: Mapping[int, LaneCursor | LaneSnapshot] | None = None, *, readers: ReaderPool | None = None
+    ) -> EngineRun:
         """Run from ``cursors`` (the start of every lane not given); ``readers``: the shared
         readers fetch uses (a restore warm-up's, already reading), else fresh ones."""
         cursors = dict(cursors or {})
@@ -182,6 +208,7 @@ class Engine:
             if lane not in cursors:
                 cursors[lane] = self.initial_cursor(lane)
         return EngineRun(self, cursors, readers)
+
 
 def fields_by_dataset(datasets: Mapping[int, Any]) -> dict[int, frozenset[str]]:
     """``{dataset_id: payload field names}`` of datasets whose schema is known, when they differ
@@ -244,8 +271,9 @@ def frame_rows(ops: list[BaseOp], *, stateless: bool, row_bytes: float = 0.0) ->
 
 def _stored_bytes_per_row(datasets: Any) -> float:
     """The largest average stored bytes per row (file or table bytes over rows) of ``datasets``."""
-    sizes = [sum(s.num_bytes for s in ds.shards) / rows for ds in datasets
-             if (rows := sum(s.num_rows for s in ds.shards))]
+    sizes = [
+        sum(s.num_bytes for s in ds.shards) / rows for ds in datasets if (rows := sum(s.num_rows for s in ds.shards))
+    ]
     return max(sizes, default=0.0)
 
 
@@ -253,15 +281,17 @@ _END = object()
 
 
 class EngineRun:
-    """One pass over the stream: an iterator of items, and the per-lane state a checkpoint needs.
+    """One pass over the stream in this process (a `~zephon_columnar.engine.run.Run`): an
+    iterator of items, and the per-lane state a checkpoint needs.
 
     ``close()`` stops the prefetch thread and the workers promptly; it is called on
     exhaustion, on error and by ``__del__``, and may be called from any thread (a close from
     another thread while the caller is inside ``next()`` is finished by that ``next()``).
     """
 
-    def __init__(self, engine: Engine, cursors: dict[int, LaneCursor | LaneSnapshot],
-                 readers: ReaderPool | None = None) -> None:
+    def __init__(
+        self, engine: Engine, cursors: dict[int, LaneCursor | LaneSnapshot], readers: ReaderPool | None = None
+    ) -> None:
         self.engine = engine
         # Replay mode: the cursor of the last item delivered per lane. Reference mode: items
         # delivered per lane (the state itself is read from the chains when asked for).
@@ -285,22 +315,31 @@ class EngineRun:
         if runner_kind == "process" and multiprocessing.current_process().daemon:
             # A DataLoader worker is a daemon, which may not start processes: its share of the
             # lanes runs on threads (the same rows: the runner never changes the data).
-            warn("options(runner='process') inside a daemon process (a DataLoader worker?): it cannot start worker "
-                 "processes, so the stateless stages run on threads here; use the loader's num_workers for "
-                 "processes instead.", ConfigurationWarning)
+            warn(
+                "options(runner='process') inside a daemon process (a DataLoader worker?): it cannot start worker "
+                "processes, so the stateless stages run on threads here; use the loader's num_workers for "
+                "processes instead.",
+                ConfigurationWarning,
+            )
             runner_kind = "threads"
         stages = [s.ops for s in engine.plan.parallel_stages()]
         self._readers = readers if readers is not None else ReaderPool()
         tracking = engine.options.tracking_on()
-        services = {"datasets_by_id": engine.ws.datasets_by_id, "reader_pool": self._readers,
-                    "shard_cache": shard_cache_settings(engine.options), "collect_stats": tracking}
+        services = {
+            "datasets_by_id": engine.ws.datasets_by_id,
+            "reader_pool": self._readers,
+            "shard_cache": shard_cache_settings(engine.options),
+            "collect_stats": tracking,
+        }
         self.metrics = Metrics() if tracking else None
         self.notices = Notices()  # warnings about dropped data: once per pass, whichever lane
-        self._runner = RUNNERS[runner_kind](stages, services, engine.workers(), metrics=self.metrics,
-                                            time_limit_s=engine.options.op_timeout_s)
+        self._runner = RUNNERS[runner_kind](
+            stages, services, engine.workers(), metrics=self.metrics, time_limit_s=engine.options.op_timeout_s
+        )
         try:
-            self.chains = {lane: LaneChain(engine, lane, cursors[lane], self._runner, self.notices)
-                           for lane in engine.lanes}
+            self.chains = {
+                lane: LaneChain(engine, lane, cursors[lane], self._runner, self.notices) for lane in engine.lanes
+            }
             streams = {lane: iter(chain) for lane, chain in self.chains.items()}
         except BaseException:
             self._runner.close()
@@ -328,7 +367,7 @@ class EngineRun:
                 with self._advance:
                     self._in_hand = None
             q.put(_END, stopped)
-        except BaseException as err:  # surfaces in the caller's next()
+        except BaseException as err:  # noqa: BLE001 - any failure surfaces in the caller's next()
             if not stopped():
                 q.put(_Failure(err), stopped)
         finally:
@@ -346,7 +385,15 @@ class EngineRun:
     def in_flight_by_stage(self) -> dict[int, dict[int, int]] | None:
         return self.metrics.in_flight_by_stage() if self.metrics is not None else None
 
-    def fetch_groups(self) -> dict[tuple[int, int, int], dict[str, int]]:
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def queue_stats(self) -> dict[str, int] | None:
+        """None: items are handed over in this process, with no ring between."""
+        return None
+
+    def fetch_groups(self) -> dict[tuple[int, int, int], dict[str, float]]:
         """Execution tracking's fetch groups summed per (stage, dataset_id, shard_id) ({} when off)."""
         return self.metrics.fetch_groups() if self.metrics is not None else {}
 
@@ -364,11 +411,11 @@ class EngineRun:
         # After close() the chains are still there, stopped between two deliveries.
         with self._advance:  # the prefetch thread, if any, waits between two items
             ahead = self._undelivered()
-            held = {}
+            held: dict[int, int] = {}
             for item in reversed(in_transit):  # produced before anything still queued
                 ahead.setdefault(item.lane, []).insert(0, item.table)
                 held[item.lane] = held.get(item.lane, 0) + 1
-            out = {}
+            out: dict[int, LaneCursor | LaneSnapshot] = {}
             for lane, chain in self.chains.items():
                 snap = chain.snapshot(self.items[lane] - held.get(lane, 0))
                 made = ahead.get(lane)
@@ -394,7 +441,7 @@ class EngineRun:
         return out
 
     # ------------------------------------------------------------------ iterator
-    def __iter__(self) -> "EngineRun":
+    def __iter__(self) -> EngineRun:
         return self
 
     def __next__(self) -> Any:
@@ -423,10 +470,15 @@ class EngineRun:
             raise StopIteration
         self.items[item.lane] += 1
         if self.engine.mode == "replay":
-            self.delivered[item.lane] = LaneCursor(epoch=item.epoch, inputs=item.inputs, rows=item.rows,
-                                                   items=self.items[item.lane], source_state=item.source_state,
-                                                   carries=item.carries,
-                                                   exhausted=self.chains[item.lane].shared.exhausted_before(item.epoch))
+            self.delivered[item.lane] = LaneCursor(
+                epoch=item.epoch,
+                inputs=item.inputs,
+                rows=item.rows,
+                items=self.items[item.lane],
+                source_state=item.source_state,
+                carries=item.carries,
+                exhausted=self.chains[item.lane].shared.exhausted_before(item.epoch),
+            )
         return item
 
     def _check_empty_pass(self) -> None:
@@ -434,9 +486,13 @@ class EngineRun:
         the first stage in any lane (a filter that drops everything)."""
         read = sum(chain.guard.rows_in for chain in self.chains.values())
         if read and not any(chain.guard.rows_out for chain in self.chains.values()):
-            self.notices.warn("empty_pass", f"this pass read {read} rows of lanes {sorted(self.chains)} and delivered "
-                              "nothing: the operators before the first ordered stage let no row through (a filter "
-                              "that drops every row?).", EmptyPassWarning)
+            self.notices.warn(
+                "empty_pass",
+                f"this pass read {read} rows of lanes {sorted(self.chains)} and delivered "
+                "nothing: the operators before the first ordered stage let no row through (a filter "
+                "that drops every row?).",
+                EmptyPassWarning,
+            )
 
     def _get(self) -> LaneItem:
         assert self._queue is not None and self._thread is not None
@@ -445,8 +501,10 @@ class EngineRun:
         except RuntimeError:
             if self._stop.is_set():
                 raise StopIteration from None
-            raise PipelineError("the prefetch thread stopped without a result; this is a bug, "
-                                "please report it with the pipeline's explain()") from None
+            raise PipelineError(
+                "the prefetch thread stopped without a result; this is a bug, "
+                "please report it with the pipeline's explain()"
+            ) from None
         if got is _END:
             raise StopIteration
         if isinstance(got, _Failure):
@@ -486,11 +544,11 @@ class EngineRun:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 - best-effort cleanup at garbage collection: never raise from __del__
             pass
 
 
-def _tail(streams: dict[int, Iterator[LaneItem]], emitted: dict[int, int]) -> Iterator[LaneItem]:
+def _tail(streams: dict[int, Iterator[LaneItem]], emitted: dict[int, int]) -> Generator[LaneItem, None, None]:
     active = sorted(streams)
     try:
         while active:
@@ -524,3 +582,18 @@ def _describe_op(op: BaseOp) -> str:
     if note is not None:
         text += f"[{note}]"
     return text
+
+
+def _ray_runner(*args: Any, **kw: Any) -> Any:
+    from zephon_columnar.engine.ray_runner import RayRunner  # Ray is an optional extra
+
+    return RayRunner(*args, **kw)
+
+
+#: The runner of each ``options(runner=...)`` kind (`zephon_columnar.engine.runners`).
+RUNNERS: dict[str, Callable[..., Any]] = {
+    "inline": InlineRunner,
+    "threads": ThreadRunner,
+    "process": ProcessRunner,
+    "remote": _ray_runner,
+}

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 import numpy as np
@@ -48,26 +49,32 @@ if TYPE_CHECKING:
     from zephon_columnar.work.base import WorkSource
 
 
-def indexing_obstacle(ws: "WorkSource", ops: Sequence[BaseOp]) -> str | None:
+def indexing_obstacle(ws: WorkSource, ops: Sequence[BaseOp]) -> str | None:
     """Why the pipeline ``ws`` + ``ops`` cannot serve samples by position (None: it can)."""
     supports = getattr(ws, "supports_indexing", None)  # a duck-typed source may not have it
     if supports is None or not supports():
-        return (f"its work source ({type(ws).__name__}) has no sample positions: supports_indexing() is False "
-                "(for a StaticMixtureWorkSource, the stream never ends: bound it with stop_after_passes=N or "
-                "max_repeats=N)")
+        return (
+            f"its work source ({type(ws).__name__}) has no sample positions: supports_indexing() is False "
+            "(for a StaticMixtureWorkSource, the stream never ends: bound it with stop_after_passes=N or "
+            "max_repeats=N)"
+        )
     for op in ops:
         name = op.op_name()
         if isinstance(op, (BatchOp, MapBatchOp)):
-            return (f"operator {name!r} works on batches; a map-style dataset returns single samples, and "
-                    "DataLoader(batch_size=..., collate_fn=...) batches them")
+            return (
+                f"operator {name!r} works on batches; a map-style dataset returns single samples, and "
+                "DataLoader(batch_size=..., collate_fn=...) batches them"
+            )
         traits = op.traits()
         if not traits.indexable:
             return f"operator {name!r} is not indexable (it is not 1:1 or needs the rows before it)"
         if not traits.preserves_cursor_order:
             return f"operator {name!r} reorders rows"
         if any(stage.is_ordered() for stage in stages_of(op)):
-            return (f"operator {name!r} keeps state across rows (an ordered stage or a custom accumulator); "
-                    "an indexed sample is computed from its own row alone")
+            return (
+                f"operator {name!r} keeps state across rows (an ordered stage or a custom accumulator); "
+                "an indexed sample is computed from its own row alone"
+            )
     return None
 
 
@@ -84,11 +91,13 @@ class IndexedPipeline:
             (`indexing_obstacle` says why).
     """
 
-    def __init__(self, ws: "WorkSource", ops: Sequence[BaseOp], services: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, ws: WorkSource, ops: Sequence[BaseOp], services: Mapping[str, Any] | None = None) -> None:
         obstacle = indexing_obstacle(ws, ops)
         if obstacle is not None:
-            raise NotIndexableError(f"to_indexable_torch_dataset(): the pipeline is not indexable: {obstacle}. "
-                              "Use to_torch_dataset() for the stream instead.")
+            raise NotIndexableError(
+                f"to_indexable_torch_dataset(): the pipeline is not indexable: {obstacle}. "
+                "Use to_torch_dataset() for the stream instead."
+            )
         prime_token_mixture(ws, ops)
         self._positions = ws.positions()
         self._fields = fields_by_dataset(ws.datasets_by_id) or None
@@ -116,8 +125,9 @@ class IndexedPipeline:
             exactly one row per row (a ``map_transform`` returning None, for instance).
         """
         loc = self._positions.locate(indices)
-        frame = F.pointer_frame(lane=0, chunk_id=loc.chunks, offsets=loc.offsets, pointers=loc.pointers,
-                                components=loc.components)
+        frame = F.pointer_frame(
+            lane=0, chunk_id=loc.chunks, offsets=loc.offsets, pointers=loc.pointers, components=loc.components
+        )
         n = frame.num_rows
         with self._lock:
             for op in self._operators():
@@ -126,7 +136,8 @@ class IndexedPipeline:
                     raise PipelineError(
                         f"operator {op.op_name()!r} returned {frame.num_rows} rows for {n} at positions "
                         f"{np.asarray(indices).reshape(-1)[:8].tolist()}; an indexed pipeline needs exactly one "
-                        "sample per position (a map_transform must not return None here).")
+                        "sample per position (a map_transform must not return None here)."
+                    )
         return frame
 
     def records(self, indices: Sequence[int] | np.ndarray) -> list[SampleRecord]:

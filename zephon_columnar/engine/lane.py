@@ -26,20 +26,34 @@ import dataclasses
 import json
 import time
 from collections import deque
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
+from zephon_columnar.engine.checkpoint import (
+    EpochMarker,
+    HeldRows,
+    LaneCursor,
+    LaneSnapshot,
+    QueueEntry,
+    ResumePoint,
+    StageState,
+)
 from zephon_columnar.engine.plan import ParallelStage
-from zephon_columnar.engine.checkpoint import (EpochMarker, HeldRows, LaneCursor, LaneSnapshot, QueueEntry, ResumePoint,
-                                                StageState)
-from zephon_columnar.errors import (CheckpointError, DataDroppedWarning, Notices, PipelineError, ZephonError,
-                                    operator_failure)
-from zephon_columnar.ops.accumulators.lane import NO_EXHAUSTION, ChunkExhaustion, LaneContext
+from zephon_columnar.errors import (
+    CheckpointError,
+    DataDroppedWarning,
+    Notices,
+    PipelineError,
+    ZephonError,
+    operator_failure,
+)
+from zephon_columnar.ops.accumulators.lane import NO_EXHAUSTION, ChunkExhaustion, LaneContext, restorable_by_reference
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.types import SampleBatch, records_of
 from zephon_columnar.work.base import WorkSource
@@ -86,25 +100,34 @@ class LaneShared:
     and (replay mode) the rows each ordered stage carried across each flush point
     (``carries[epoch][stage]``)."""
 
-    def __init__(self, lane: int, ws: WorkSource, restore: LaneCursor | None, rows_per_item: int,
-                 notices: Notices, lanes: int) -> None:
+    def __init__(
+        self, lane: int, ws: WorkSource, restore: LaneCursor | None, rows_per_item: int, notices: Notices, lanes: int
+    ) -> None:
         recipe = ws.recipe()
         self.targets: dict[int, Mapping[str, float] | None] = {}
         self.exhaustion: dict[int, ChunkExhaustion] = {}  # chunks that say nothing are left out
         # What the lane's chunks said had run out before each flush epoch, as change points
         # [(first epoch, components)] (it changes once per component at most).
-        self.exhausted_changes: list[tuple[int, frozenset[str]]] = \
+        self.exhausted_changes: list[tuple[int, frozenset[str]]] = (
             [] if restore is None else [(restore.epoch, restore.exhausted)]
+        )
         names = {cid: name for name, cid in ws.component_ids().items()}
         seed = recipe.get("seed", 0) if isinstance(recipe.get("seed", 0), int) else 0
-        self.ctx = LaneContext(lane=lane, seed=seed, component_names=names, chunk_target=self.targets.get,
-                               rows_per_item=rows_per_item, notices=notices, rows_per_pass=ws.rows_per_pass(),
-                               lanes=lanes, continuing=frozenset(ws.continues_after_exhaustion()),
-                               chunk_exhaustion=lambda chunk_id: self.exhaustion.get(chunk_id, NO_EXHAUSTION),
-                               exhausted_before=self.exhausted_before)
+        self.ctx = LaneContext(
+            lane=lane,
+            seed=seed,
+            component_names=names,
+            chunk_target=self.targets.get,
+            rows_per_item=rows_per_item,
+            notices=notices,
+            rows_per_pass=ws.rows_per_pass(),
+            lanes=lanes,
+            continuing=frozenset(ws.continues_after_exhaustion()),
+            chunk_exhaustion=lambda chunk_id: self.exhaustion.get(chunk_id, NO_EXHAUSTION),
+            exhausted_before=self.exhausted_before,
+        )
         self.restore = restore
-        self.carries: dict[int, dict[int, pa.Table]] = {} if restore is None else \
-            {restore.epoch: dict(restore.carries)}
+        self.carries: dict[int, dict[int, pa.Table]] = {} if restore is None else {restore.epoch: dict(restore.carries)}
 
     def note_chunk(self, chunk_id: int, chunk: WorkChunk) -> None:
         # What the source aimed for, else what the chunk holds (ensure_mixture's target).
@@ -155,8 +178,9 @@ class Source:
     pointers from ``offset`` on, preceded by its `EpochStart` when it starts an epoch and
     ``marker`` is true (the marker has not gone out yet)."""
 
-    def __init__(self, engine: "Engine", shared: LaneShared, ws: WorkSource, chunk: int, offset: int,
-                 marker: bool) -> None:
+    def __init__(
+        self, engine: Engine, shared: LaneShared, ws: WorkSource, chunk: int, offset: int, marker: bool
+    ) -> None:
         self.engine = engine
         self.shared = shared
         self.ws = ws
@@ -190,8 +214,10 @@ class Source:
             return self.states[chunk]
         if chunk == self._next_pull:
             return self.ws.state_dict()
-        raise PipelineError(f"lane {self.shared.ctx.lane}: no work-source state for chunk {chunk}; this is a bug, "
-                            "please report it with the pipeline's explain()")
+        raise PipelineError(
+            f"lane {self.shared.ctx.lane}: no work-source state for chunk {chunk}; this is a bug, "
+            "please report it with the pipeline's explain()"
+        )
 
     def position_of(self, event: Any) -> tuple[int, int, bool]:
         """Where ``event`` (emitted by this source) starts."""
@@ -223,8 +249,10 @@ class Source:
             n = len(pointers)
             start = min(skip, n) if chunk_id == chunk0 else 0  # restore: pointers already consumed
             if chunk_id == chunk0 and skip > n:
-                raise CheckpointError(f"checkpoint lane {lane}: resumes chunk {chunk0} after {skip} rows, but the "
-                                      f"chunk has {n}; the checkpoint is corrupt or belongs to other data.")
+                raise CheckpointError(
+                    f"checkpoint lane {lane}: resumes chunk {chunk0} after {skip} rows, but the "
+                    f"chunk has {n}; the checkpoint is corrupt or belongs to other data."
+                )
             if chunk_id % k == 0 and (chunk_id != chunk0 or marker):
                 if held:
                     yield self._frame(lane, held)
@@ -253,18 +281,23 @@ class Source:
         if held:
             yield self._frame(lane, held)
 
-    def _frame(self, lane: int, pieces: list["_Piece"]) -> pa.Table:
+    def _frame(self, lane: int, pieces: list[_Piece]) -> pa.Table:
         """The pointer frame of ``pieces`` (consecutive rows of consecutive chunks); sets
         ``next_position`` to the row after it."""
         last = pieces[-1]
-        self.next_position = (last.chunk, last.end, False) if last.end < last.rows else \
-            (last.chunk + 1, 0, (last.chunk + 1) % self.k == 0)
+        self.next_position = (
+            (last.chunk, last.end, False)
+            if last.end < last.rows
+            else (last.chunk + 1, 0, (last.chunk + 1) % self.k == 0)
+        )
         sizes = [p.end - p.start for p in pieces]
         return F.pointer_frame(
-            lane=lane, chunk_id=np.repeat([p.chunk for p in pieces], sizes),
+            lane=lane,
+            chunk_id=np.repeat([p.chunk for p in pieces], sizes),
             offsets=np.concatenate([np.arange(p.start, p.end) for p in pieces]),
-            pointers=np.concatenate([p.pointers[p.start:p.end] for p in pieces]),
-            components=np.concatenate([p.components[p.start:p.end] for p in pieces]))
+            pointers=np.concatenate([p.pointers[p.start : p.end] for p in pieces]),
+            components=np.concatenate([p.components[p.start : p.end] for p in pieces]),
+        )
 
     def _chunks_ahead(self, chunk_id: int) -> Iterator[tuple[int, Any]]:
         """(chunk_id, chunk), pulled up to the prefetcher's ``buffer_size`` samples ahead so
@@ -284,7 +317,9 @@ class Source:
                     break
                 self._next_pull = chunk_id + 1
                 if prefetcher is not None:
-                    prefetcher.warm(np.concatenate([np.asarray(v).reshape(-1, 3) for v in chunk.component_arrays.values()]))
+                    prefetcher.warm(
+                        np.concatenate([np.asarray(v).reshape(-1, 3) for v in chunk.component_arrays.values()])
+                    )
                 buffered.append((chunk_id, chunk))
                 samples += len(chunk)
                 chunk_id += 1
@@ -381,8 +416,9 @@ class EmptyPassGuard:
 
     SHARED_LANE_PASSES = 40
 
-    def __init__(self, upstream: Iterator[Any], first: ParallelStep, lane: int, rows_per_pass: int | None,
-                 only_lane: bool) -> None:
+    def __init__(
+        self, upstream: Iterator[Any], first: ParallelStep, lane: int, rows_per_pass: int | None, only_lane: bool
+    ) -> None:
         self.upstream = upstream
         self.first = first
         self.lane = lane
@@ -404,7 +440,8 @@ class EmptyPassGuard:
                         f"lane {self.lane} read {self._in_since_out} rows since a row last came through its first "
                         f"stage, more than {self.passes} passes' worth of the data ({self.rows_per_pass} rows a "
                         "pass): every row is filtered out, and a source that repeats would be read forever. Check "
-                        "the filter and map conditions against a few rows of each dataset.")
+                        "the filter and map conditions against a few rows of each dataset."
+                    )
             yield ev
 
 
@@ -412,8 +449,7 @@ class _LazyRows:
     """Rows a restored lane holds by reference (a stage's input not yet pushed, rows not yet
     in a batch) until they are taken: then only those are computed."""
 
-    def __init__(self, refs: pa.Table, source: Callable[[pa.Table], pa.Table],
-                 schema: pa.Schema | None = None) -> None:
+    def __init__(self, refs: pa.Table, source: Callable[[pa.Table], pa.Table], schema: pa.Schema | None = None) -> None:
         self.refs = refs
         self.source = source
         self.schema = schema
@@ -422,7 +458,7 @@ class _LazyRows:
     def num_rows(self) -> int:
         return self.refs.num_rows
 
-    def head(self, n: int) -> tuple[pa.Table, "_LazyRows | None"]:
+    def head(self, n: int) -> tuple[pa.Table, _LazyRows | None]:
         """The first ``n`` rows, computed, and the rest (still by reference, or None)."""
         rows = self.source(self.refs.slice(0, n))
         rest = _LazyRows(self.refs.slice(n), self.source, self.schema) if n < self.refs.num_rows else None
@@ -445,9 +481,17 @@ class OrderedStep:
     metrics: Any = None
     lane: int = 0
 
-    def __init__(self, upstream: Iterator[Any], op: BaseOp, index: int, shared: LaneShared, acc: Any,
-                 queued: list[Any] | None = None, inbox: list[Any] | None = None,
-                 epoch_box: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        upstream: Iterator[Any],
+        op: BaseOp,
+        index: int,
+        shared: LaneShared,
+        acc: Any,
+        queued: list[Any] | None = None,
+        inbox: list[Any] | None = None,
+        epoch_box: list[int] | None = None,
+    ) -> None:
         self.epoch_box = epoch_box if epoch_box is not None else [0]
         self.upstream = upstream
         self.op = op
@@ -464,15 +508,20 @@ class OrderedStep:
             t0 = time.perf_counter()
             out = fn(*args, **kw)
             rows_in = sum(a.num_rows for a in args if isinstance(a, pa.Table))
-            self.metrics.add_op(("ordered", self.index, self.op.op_name()), calls=1, rows_in=rows_in,
-                                rows_out=sum(getattr(t, "num_rows", 0) for t in out or ()),
-                                busy_s=time.perf_counter() - t0)
+            self.metrics.add_op(
+                ("ordered", self.index, self.op.op_name()),
+                calls=1,
+                rows_in=rows_in,
+                rows_out=sum(getattr(t, "num_rows", 0) for t in out or ()),
+                busy_s=time.perf_counter() - t0,
+            )
             return out
         except ZephonError:
             raise
         except Exception as err:
-            raise operator_failure(err, f"operator {self.op.op_name()!r} (ordered stage) failed: "
-                                        f"{type(err).__name__}: {err}") from err
+            raise operator_failure(
+                err, f"operator {self.op.op_name()!r} (ordered stage) failed: {type(err).__name__}: {err}"
+            ) from err
 
     def slices(self, frame: pa.Table) -> list[pa.Table]:
         split = getattr(self.acc, "split_input", None)
@@ -488,11 +537,13 @@ class OrderedStep:
         self.out.extend(self._call(acc.flush, reset=True))
         self.epoch_box[0] = ev.epoch
         restore = shared.restore
-        if restore is not None and ev.epoch == restore.epoch and self.index in restore.carries:
+        if restore is not None and ev.epoch == restore.epoch and self.index in restore.carries:  # noqa: SIM102 - the inner if pushes rows
             # Replay restore: the rows this stage carried into the epoch being replayed.
             if self._call(acc.push, restore.carries[self.index]):
-                raise PipelineError(f"operator {self.op.op_name()!r}: its carried rows produced output when pushed "
-                                    "into a fresh accumulator; carry() must return only rows that stay buffered.")
+                raise PipelineError(
+                    f"operator {self.op.op_name()!r}: its carried rows produced output when pushed "
+                    "into a fresh accumulator; carry() must return only rows that stay buffered."
+                )
         carried = acc.carry()
         if carried is not None and carried.num_rows:
             shared.carries.setdefault(ev.epoch, {})[self.index] = carried
@@ -536,8 +587,15 @@ class Collector:
     """Cuts a lane's rows into batches (or single records). ``pending``: entries
     ``[frame, epoch, source_state, index in the epoch of the frame's first row, carries]``."""
 
-    def __init__(self, engine: "Engine", shared: LaneShared, upstream: Iterator[Any], epoch: int, skip: int,
-                 source_state: Mapping[str, Any]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        shared: LaneShared,
+        upstream: Iterator[Any],
+        epoch: int,
+        skip: int,
+        source_state: Mapping[str, Any],
+    ) -> None:
         self.engine = engine
         self.shared = shared
         self.upstream = upstream
@@ -547,7 +605,7 @@ class Collector:
         self.pending: deque[list[Any]] = deque()
         self.restored_schema: pa.Schema | None = None
 
-    def restore_pending(self, rows: "_LazyRows") -> None:
+    def restore_pending(self, rows: _LazyRows) -> None:
         """After a restore: the rows not yet in a batch, by reference (computed when taken)."""
         self.restored_schema = rows.schema
         if rows.num_rows:
@@ -619,19 +677,24 @@ class Collector:
         are counted, and warned about once per pass."""
         ctx = self.shared.ctx
         ctx.stats["batch_dropped_final_rows"] = ctx.stats.get("batch_dropped_final_rows", 0) + rows
-        ctx.notices.warn("batch_dropped_final_rows",
-                         f"batch({size}) dropped the last {rows} row(s) of lane {ctx.lane}, fewer than a batch "
-                         "(drop_last=True, the default; warned once per pass, every lane's count is in "
-                         f"metrics_snapshot() as batch_dropped_final_rows); pass batch({size}, drop_last=False) to "
-                         "get them as a short batch.", DataDroppedWarning)
+        ctx.notices.warn(
+            "batch_dropped_final_rows",
+            f"batch({size}) dropped the last {rows} row(s) of lane {ctx.lane}, fewer than a batch "
+            "(drop_last=True, the default; warned once per pass, every lane's count is in "
+            f"metrics_snapshot() as batch_dropped_final_rows); pass batch({size}, drop_last=False) to "
+            "get them as a short batch.",
+            DataDroppedWarning,
+        )
 
     def _epoch_reached(self, epoch: int) -> Mapping[int, pa.Table]:
         return self.shared.epoch_reached(epoch, epoch * self.engine.plan.flush_every)
 
     def _replay_overrun(self, left: int) -> CheckpointError:
         return CheckpointError(
-            f"checkpoint lane {self.shared.ctx.lane}: {self.skip} rows of flush epoch {self.epoch} were delivered, it "
-            f"says, but replaying the epoch gives {self.skip - left}; the checkpoint is corrupt or belongs to other data.")
+            f"checkpoint lane {self.shared.ctx.lane}: {self.skip} rows of flush epoch {self.epoch} were delivered, "
+            f"it says, but replaying the epoch gives {self.skip - left}; the checkpoint is corrupt or belongs to other "
+            "data."
+        )
 
 
 def _take_batch(lane: int, pending: deque, size: int, by_input: bool, fields: Any) -> LaneItem:
@@ -685,8 +748,9 @@ def _drain_records(lane: int, pending: deque, by_input: bool, fields: Any) -> It
 class LaneChain:
     """A lane's source, steps (aligned with the plan's stages) and collector."""
 
-    def __init__(self, engine: "Engine", lane: int, start: LaneCursor | LaneSnapshot, runner: Any,
-                 notices: Notices) -> None:
+    def __init__(
+        self, engine: Engine, lane: int, start: LaneCursor | LaneSnapshot, runner: Any, notices: Notices
+    ) -> None:
         self.engine = engine
         self.lane = lane
         self.runner = runner
@@ -724,19 +788,23 @@ class LaneChain:
                 parallel_index += 1
             else:
                 epoch_box = [epochs[ordered_index]]  # the stage's own flush epoch, moved on by its OrderedStep
-                acc = stage.op.lane_accumulator(dataclasses.replace(self.shared.ctx,
-                                                                    flush_epoch=lambda box=epoch_box: box[0]))
+                acc = stage.op.lane_accumulator(dataclasses.replace(self.shared.ctx, flush_epoch=_first_of(epoch_box)))
                 queued = inbox = None
                 if isinstance(start, LaneSnapshot):
                     saved = start.stages[ordered_index]
                     source = self.regen.source_for(pos)
                     _restore_accumulator(acc, saved, source, lane=lane, stage=ordered_index, op=stage.op.op_name())
-                    queued = [EpochStart(e.epoch, {}) if isinstance(e, EpochMarker) else
-                              _LazyRows(e.refs, self._transit_source(pos, e.schema), e.schema) for e in saved.queue]
+                    queued = [
+                        EpochStart(e.epoch, {})
+                        if isinstance(e, EpochMarker)
+                        else _LazyRows(e.refs, self._transit_source(pos, e.schema), e.schema)
+                        for e in saved.queue
+                    ]
                     if saved.inbox is not None:
                         size = OrderedStep.INPUT_SLICE
-                        inbox = [_LazyRows(saved.inbox.slice(i, size), source)
-                                 for i in range(0, saved.inbox.num_rows, size)]
+                        inbox = [
+                            _LazyRows(saved.inbox.slice(i, size), source) for i in range(0, saved.inbox.num_rows, size)
+                        ]
                 step = OrderedStep(events, stage.op, pos, self.shared, acc, queued, inbox, epoch_box)
                 ordered_index += 1
             step.metrics, step.lane = getattr(runner, "metrics", None), lane  # execution tracking
@@ -744,15 +812,17 @@ class LaneChain:
             events = iter(step)
             if pos == 0:
                 assert isinstance(step, ParallelStep)  # fetch is always first
-                self.guard = EmptyPassGuard(events, step, lane, self.shared.ctx.rows_per_pass,
-                                            only_lane=self.shared.ctx.lanes == 1)
+                self.guard = EmptyPassGuard(
+                    events, step, lane, self.shared.ctx.rows_per_pass, only_lane=self.shared.ctx.lanes == 1
+                )
                 events = iter(self.guard)
         self.collector = Collector(engine, self.shared, events, epoch, skip, state)
         self.source.resume_floor = self._resume_floor
         if isinstance(start, LaneSnapshot) and start.pending is not None:
             held = start.pending
-            self.collector.restore_pending(_LazyRows(
-                held.refs, self._transit_source(len(engine.plan.stages) - 1, held.schema), held.schema))
+            self.collector.restore_pending(
+                _LazyRows(held.refs, self._transit_source(len(engine.plan.stages) - 1, held.schema), held.schema)
+            )
 
     def __iter__(self) -> Iterator[LaneItem]:
         return iter(self.collector)
@@ -771,8 +841,10 @@ class LaneChain:
         if inflight:
             chunks.append(self.source.position_of(inflight[0])[0])
         head = self.steps[1] if len(self.steps) > 1 and isinstance(self.steps[1], OrderedStep) else None
-        held = [list(head.inbox) if head is not None else [],
-                [e[0] for e in self.collector.pending] if self.engine.resume_by_input else []]
+        held = [
+            list(head.inbox) if head is not None else [],
+            [e[0] for e in self.collector.pending] if self.engine.resume_by_input else [],
+        ]
         for rows in held:
             first = next((r for r in rows if not isinstance(r, _LazyRows) and r.num_rows), None)
             if first is not None:
@@ -788,7 +860,8 @@ class LaneChain:
             return None
         packer = ordered[0].acc
         if not getattr(packer, "can_rewind", lambda: False)() or any(
-                getattr(op, "fans_out", True) for op in plan.stages[0].ops):
+            getattr(op, "fans_out", True) for op in plan.fetch_stage().ops
+        ):
             return None
         if packer.skip_pending() and self.restored_from is not None:
             # Restored by rewinding and no document pushed since: the packer is where that
@@ -797,13 +870,18 @@ class LaneChain:
             rows = self.collector.pending_rows()
             start = self.restored_from
             return dataclasses.replace(
-                start, items=items, stages=tuple(dataclasses.replace(s, inbox=None, queue=()) for s in start.stages),
-                pending=HeldRows(refs=F.concat_frames(rows), schema=self.collector.payload_schema()) if rows else None)
+                start,
+                items=items,
+                stages=tuple(dataclasses.replace(s, inbox=None, queue=()) for s in start.stages),
+                pending=HeldRows(refs=F.concat_frames(rows), schema=self.collector.payload_schema()) if rows else None,
+            )
         # The oldest row of the packer not delivered yet: in the collector, then in transit.
         after = steps[2] if len(steps) > 2 else None
-        downstream = self.collector.pending_rows() + [F.refs_of(ev) for ev in (
-            after.in_transit() if isinstance(after, ParallelStep) else []) + list(ordered[0].out)
-            if isinstance(ev, pa.Table) and ev.num_rows]
+        downstream = self.collector.pending_rows() + [
+            F.refs_of(ev)
+            for ev in (after.in_transit() if isinstance(after, ParallelStep) else []) + list(ordered[0].out)
+            if isinstance(ev, pa.Table) and ev.num_rows
+        ]
         where, state = packer.rewind(downstream[0] if downstream else None)
         if where is None:
             return None
@@ -811,8 +889,14 @@ class LaneChain:
         if chunk not in self.source.states:
             return None  # too far back to regenerate cheaply: held by reference instead
         resume = ResumePoint(chunk=chunk, offset=offset, marker=False, source_state=self.source.states[chunk])
-        return LaneSnapshot(items=items, resume=resume, stages=(StageState(state=state, rows=None, inbox=None, queue=()),),
-                            pending=None, targets={}, exhaustion={})
+        return LaneSnapshot(
+            items=items,
+            resume=resume,
+            stages=(StageState(state=state, rows=None, inbox=None, queue=()),),
+            pending=None,
+            targets={},
+            exhaustion={},
+        )
 
     def snapshot(self, items: int) -> LaneSnapshot:
         """This lane's state between two deliveries (see the module docstring)."""
@@ -826,7 +910,7 @@ class LaneChain:
         rows = self.collector.pending_rows()
         head = steps[1] if len(steps) > 1 and isinstance(steps[1], OrderedStep) else None
         inbox = [p for p in head.inbox if p.num_rows] if head is not None else []
-        one_to_one = not any(getattr(op, "fans_out", True) for op in self.engine.plan.stages[0].ops)
+        one_to_one = not any(getattr(op, "fans_out", True) for op in self.engine.plan.fetch_stage().ops)
         # Rows a restore put back by reference come from before this run's first chunk, where the
         # source has no state: they stay references, and the lane resumes after them.
         at = None
@@ -858,21 +942,29 @@ class LaneChain:
             following = steps[pos + 1] if pos + 1 < len(steps) else None
             if isinstance(following, ParallelStep):
                 transit = following.in_transit() + transit
-            stages.append(StageState(
-                state=state, rows=held, inbox=None if step is steps[1] and head is None else step.inbox_refs(),
-                queue=tuple(_queue_entry(ev) for ev in transit if isinstance(ev, EpochStart) or ev.num_rows)))
+            stages.append(
+                StageState(
+                    state=state,
+                    rows=held,
+                    inbox=None if step is steps[1] and head is None else step.inbox_refs(),
+                    queue=tuple(_queue_entry(ev) for ev in transit if isinstance(ev, EpochStart) or ev.num_rows),
+                )
+            )
         pending = HeldRows(refs=F.concat_frames(rows), schema=self.collector.payload_schema()) if rows else None
         targets, exhaustion = {}, {}
         if any(getattr(s.acc, "uses_chunk_targets", False) for s in steps if isinstance(s, OrderedStep)):
             # Rows still in the lane come from chunks at or after the oldest one they name.
-            named = [t for s in stages for t in (s.rows, s.inbox) if t is not None] + \
-                [e.refs for s in stages for e in s.queue if isinstance(e, HeldRows)] + \
-                ([pending.refs] if pending is not None else [])
+            named = (
+                [t for s in stages for t in (s.rows, s.inbox) if t is not None]
+                + [e.refs for s in stages for e in s.queue if isinstance(e, HeldRows)]
+                + ([pending.refs] if pending is not None else [])
+            )
             oldest = min([int(pc.min(t.column(F.CHUNK)).as_py()) for t in named if t.num_rows] + [chunk])
             targets = {c: t for c, t in self.shared.targets.items() if c >= oldest}
             exhaustion = {c: e for c, e in self.shared.exhaustion.items() if c >= oldest}
-        return LaneSnapshot(items=items, resume=resume, stages=tuple(stages), pending=pending, targets=targets,
-                            exhaustion=exhaustion)
+        return LaneSnapshot(
+            items=items, resume=resume, stages=tuple(stages), pending=pending, targets=targets, exhaustion=exhaustion
+        )
 
 
 def _epochs_at(snapshot: LaneSnapshot, k: int) -> list[int]:
@@ -910,11 +1002,15 @@ def _restore_accumulator(acc: Any, saved: StageState, source: Any, *, lane: int,
     except CheckpointError:
         raise
     except (KeyError, TypeError, ValueError, IndexError, AttributeError, AssertionError, OverflowError) as err:
-        raise CheckpointError(f"{where}: its state cannot be restored ({type(err).__name__}: {err}); the checkpoint "
-                              "is damaged or was written by another version.") from err
+        raise CheckpointError(
+            f"{where}: its state cannot be restored ({type(err).__name__}: {err}); the checkpoint "
+            "is damaged or was written by another version."
+        ) from err
     if _canonical(state) != _canonical(saved.state) or not _same_refs(rows, saved.rows):
-        raise CheckpointError(f"{where}: its state does not read back as written ({_canonical(saved.state)[:200]} "
-                              f"restores as {_canonical(state)[:200]}); the checkpoint is damaged.")
+        raise CheckpointError(
+            f"{where}: its state does not read back as written ({_canonical(saved.state)[:200]} "
+            f"restores as {_canonical(state)[:200]}); the checkpoint is damaged."
+        )
 
 
 def _canonical(state: Any) -> str:
@@ -924,8 +1020,11 @@ def _canonical(state: Any) -> str:
 def _same_refs(a: pa.Table | None, b: pa.Table | None) -> bool:
     if a is None or b is None or not a.num_rows or not b.num_rows:
         return (a is None or not a.num_rows) and (b is None or not b.num_rows)
-    return a.num_rows == b.num_rows and set(a.column_names) == set(b.column_names) and \
-        a.select(b.column_names).equals(b, check_metadata=False)
+    return (
+        a.num_rows == b.num_rows
+        and set(a.column_names) == set(b.column_names)
+        and a.select(b.column_names).equals(b, check_metadata=False)
+    )
 
 
 class Regenerator:
@@ -959,6 +1058,8 @@ class Regenerator:
             return _select(rows, refs, what=", ".join(op.op_name() for op in stage.ops))
         step = self.chain.steps[pos] if pos < len(self.chain.steps) else None
         acc = step.acc if isinstance(step, OrderedStep) else stage.op.lane_accumulator(self.chain.shared.ctx)
+        if not restorable_by_reference(acc):  # the engine checkpoints by reference only where it is
+            raise RuntimeError(f"{stage.op.op_name()}: its accumulator cannot rebuild rows from references.")
         return acc.rebuild(refs, schema, self.source_for(pos))
 
 
@@ -989,9 +1090,12 @@ def _keys(frame: pa.Table) -> list[tuple]:
 
 def _select(rows: pa.Table, refs: pa.Table, *, what: str) -> pa.Table:
     """The rows of ``rows`` that ``refs`` name, in the order of ``refs``."""
-    if rows.num_rows == refs.num_rows and rows.column(F.CHUNK).equals(refs.column(F.CHUNK)) \
-            and rows.column(F.OFFSET).equals(refs.column(F.OFFSET)) \
-            and all(np.array_equal(a, b) for a, b in zip(F.lineage_parts(rows), F.lineage_parts(refs))):
+    if (
+        rows.num_rows == refs.num_rows
+        and rows.column(F.CHUNK).equals(refs.column(F.CHUNK))
+        and rows.column(F.OFFSET).equals(refs.column(F.OFFSET))
+        and all(np.array_equal(a, b) for a, b in zip(F.lineage_parts(rows), F.lineage_parts(refs)))
+    ):
         return rows  # the same rows in the same order (lineage included): nothing to pick
     index = {k: i for i, k in enumerate(_keys(rows))}
     try:
@@ -1000,5 +1104,11 @@ def _select(rows: pa.Table, refs: pa.Table, *, what: str) -> pa.Table:
         raise CheckpointError(
             f"restore: a row the checkpoint holds by reference (chunk, offset, lineage = {err.args[0][:3]}) did "
             f"not come out of {what} again; these operators are not deterministic, or the data changed since "
-            "the checkpoint was taken.") from None
+            "the checkpoint was taken."
+        ) from None
     return rows.take(pa.array(np.array(take, np.int64)))
+
+
+def _first_of(box: list[int]) -> Callable[[], int]:
+    """Reads ``box[0]`` when called: a value the caller moves on in place."""
+    return lambda: box[0]

@@ -11,13 +11,15 @@ Example:
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 from zephon_columnar.errors import ConfigError
 
 
-def owned_lanes(*, canonical_replicas: int, dp_degree: int, dp_group_id: int,
-                mapping: Literal["contiguous", "interleaved"]) -> list[int]:
+def owned_lanes(
+    *, canonical_replicas: int, dp_degree: int, dp_group_id: int, mapping: Literal["contiguous", "interleaved"]
+) -> list[int]:
     if canonical_replicas < dp_degree:
         raise ConfigError(
             f"canonical_replicas={canonical_replicas} < dp_degree={dp_degree}: some data-parallel groups "

@@ -22,7 +22,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pyarrow as pa
 
@@ -63,18 +64,25 @@ class Metrics:
     def in_flight(self, stage: int, lane: int, frames: int) -> None:
         with self._lock:
             self._in_flight[(stage, lane)] = frames
-            if frames > self._max_in_flight[stage]:
-                self._max_in_flight[stage] = frames
+            self._max_in_flight[stage] = max(self._max_in_flight[stage], frames)
 
     def records(self) -> list[dict[str, Any]]:
         """One record per operator (counters), then one per stage (waits, frames in flight)."""
         with self._lock:
-            out = [{"stage": key[0], "index": key[1], "op": key[2], **{k: row[k] for k in _FIELDS}}
-                   for key, row in sorted(self._ops.items(), key=lambda kv: (str(kv[0][0]), kv[0][1]))]
+            out = [
+                {"stage": key[0], "index": key[1], "op": key[2], **{k: row[k] for k in _FIELDS}}
+                for key, row in sorted(self._ops.items(), key=lambda kv: (str(kv[0][0]), kv[0][1]))
+            ]
             stages = sorted(set(self._waits) | set(self._max_in_flight))
-            out += [{"stage": s, "wait_s": self._waits.get(s, 0.0),
-                     "in_flight": sum(n for (st, _), n in self._in_flight.items() if st == s),
-                     "max_in_flight": self._max_in_flight.get(s, 0)} for s in stages]
+            out += [
+                {
+                    "stage": s,
+                    "wait_s": self._waits.get(s, 0.0),
+                    "in_flight": sum(n for (st, _), n in self._in_flight.items() if st == s),
+                    "max_in_flight": self._max_in_flight.get(s, 0),
+                }
+                for s in stages
+            ]
             return out
 
     def fetch_groups(self) -> dict[tuple[int, int, int], dict[str, float]]:
@@ -90,15 +98,27 @@ class Metrics:
             return dict(out)
 
 
-def run_tracked(ops: Sequence[Any], frame: pa.Table, stage: int, run_op: Callable[[Any, pa.Table], pa.Table],
-                sink: Callable[..., None]) -> pa.Table:
+def run_tracked(
+    ops: Sequence[Any],
+    frame: pa.Table,
+    stage: int,
+    run_op: Callable[[Any, pa.Table], pa.Table],
+    sink: Callable[..., None],
+) -> pa.Table:
     """``run_op`` each operator of a stage on ``frame``, reporting its counts to ``sink``."""
     for i, op in enumerate(ops):
         rows_in, bytes_in = frame.num_rows, frame.nbytes
         t0 = time.perf_counter()
         frame = run_op(op, frame)
-        sink((stage, i, op.op_name()), calls=1, rows_in=rows_in, rows_out=frame.num_rows, bytes_in=bytes_in,
-             bytes_out=frame.nbytes, busy_s=time.perf_counter() - t0)
+        sink(
+            (stage, i, op.op_name()),
+            calls=1,
+            rows_in=rows_in,
+            rows_out=frame.num_rows,
+            bytes_in=bytes_in,
+            bytes_out=frame.nbytes,
+            busy_s=time.perf_counter() - t0,
+        )
         if isinstance(op, FetchOp):
             for key, counts in op.take_group_counts():
                 sink(key, **counts)

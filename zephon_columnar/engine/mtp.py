@@ -26,7 +26,6 @@ watchdog thread covers the rest by polling the parent's pid.
 from __future__ import annotations
 
 import atexit
-import copy
 import multiprocessing
 import os
 import pickle
@@ -34,13 +33,13 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable, Mapping
 from multiprocessing import shared_memory
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 import pyarrow as pa
 
-from zephon_columnar import frame as F
 from zephon_columnar.engine.checkpoint import LaneCursor, LaneSnapshot, lane_from_json, lane_to_json
 from zephon_columnar.engine.children import die_with_parent, main_module_hidden
 from zephon_columnar.engine.engine import deliver
@@ -48,7 +47,6 @@ from zephon_columnar.errors import PipelineError
 
 if TYPE_CHECKING:
     from zephon_columnar.engine.engine import Engine
-    from zephon_columnar.pipeline import Pipeline
 
 #: Items the child may deliver ahead of the trainer when ``mtp_buffer`` is not set.
 DEFAULT_MTP_BUFFER = 16
@@ -68,9 +66,12 @@ _SPIN_S = 50e-6
 
 
 class MtpRun:
-    """The trainer's side of an mtp-mode pass; the same interface as `EngineRun`."""
+    """The trainer's side of an mtp-mode pass (a `~zephon_columnar.engine.run.Run`, as `EngineRun`)."""
 
-    def __init__(self, pipeline: "Pipeline", engine: "Engine", cursors: Mapping[int, Any] | None) -> None:
+    def __init__(self, make_engine: Callable[[], Engine], engine: Engine, cursors: Mapping[int, Any] | None) -> None:
+        """``make_engine``: builds the side process's engine there (picklable; the operators up
+        to ``batch``, see `ops_up_to_batch`, and options without mtp_mode). ``engine``: this
+        side's, for the lanes and the operators after ``batch``. ``cursors``: where to start."""
         self.engine = engine
         opts = engine.options
         self.capacity = opts.mtp_buffer or DEFAULT_MTP_BUFFER
@@ -79,12 +80,8 @@ class MtpRun:
         self._final: dict[int, Any] | None = None  # the state at the end, kept after the child exits
         self._final_stats: dict[int, dict[str, int]] = {}
         self._final_tracked: list[dict[str, Any]] = []
-        self._final_fetch_groups: dict[tuple[int, int, int], dict[str, int]] = {}
+        self._final_fetch_groups: dict[tuple[int, int, int], dict[str, float]] = {}
         self._taken = 0
-        child = copy.copy(pipeline)
-        child._options = opts.updated(mtp_mode=False)  # noqa: SLF001
-        child._run = child._warmup = child._pending = None  # noqa: SLF001
-        child._ops = _ops_up_to_batch(child._ops)  # noqa: SLF001 - map_batch runs here, on this side
         state = None if cursors is None else {lane: lane_to_json(cur) for lane, cur in cursors.items()}
         ctx = multiprocessing.get_context("spawn")
         self._shm = shared_memory.SharedMemory(create=True, size=max(1 << 16, int(opts.mtp_buffer_bytes)))
@@ -97,9 +94,21 @@ class MtpRun:
         self._ctrl, child_ctrl = ctx.Pipe()
         # Not a daemon: a daemon may not start processes, and runner="process" inside needs to.
         # An exit hook closes runs left open instead (before multiprocessing joins children).
-        self._proc = ctx.Process(target=_child_main, name="zephon-mtp", daemon=False, args=(
-            cloudpickle.dumps((child, state)), self._shm.name, self._counters, self._slots, child_items,
-            child_ctrl, self.capacity, os.getpid()))
+        self._proc = ctx.Process(
+            target=_child_main,
+            name="zephon-mtp",
+            daemon=False,
+            args=(
+                cloudpickle.dumps((make_engine, state)),
+                self._shm.name,
+                self._counters,
+                self._slots,
+                child_items,
+                child_ctrl,
+                self.capacity,
+                os.getpid(),
+            ),
+        )
         try:
             with main_module_hidden():
                 self._proc.start()
@@ -113,7 +122,7 @@ class MtpRun:
         _OPEN_RUNS.add(self)
 
     # ------------------------------------------------------------------ iterator
-    def __iter__(self) -> "MtpRun":
+    def __iter__(self) -> MtpRun:
         return self
 
     def __next__(self) -> Any:
@@ -134,13 +143,13 @@ class MtpRun:
         if c[_SENT] <= self._taken:
             self._wait_for_item()
         k = (self._taken % self.capacity) * _SLOT
-        start, length, end, version = self._slots[k:k + _SLOT]
+        start, length, end, version = self._slots[k : k + _SLOT]
         while version not in self._schemas or (length < 0 and not self._oversize):
             self._read_message()  # sent before the item was published: there already
         if length < 0:
             data = self._oversize.popleft()
         else:
-            data = bytes(self._shm.buf[start:start + length])  # a copy: the ring slot is reused
+            data = bytes(_ring(self._shm)[start : start + length])  # a copy: the ring slot is reused
             c[_READ] = end
         self._taken += 1
         c[_TAKEN] = self._taken
@@ -176,8 +185,10 @@ class MtpRun:
             if not self._proc.is_alive():
                 code = self._proc.exitcode
                 self._finish(final_state=False)
-                raise PipelineError(f"the engine's side process (mtp_mode) exited with code {code} without a "
-                                    "result; run with options(mtp_mode=False) to see the failure in this process.")
+                raise PipelineError(
+                    f"the engine's side process (mtp_mode) exited with code {code} without a "
+                    "result; run with options(mtp_mode=False) to see the failure in this process."
+                )
             if timeout is not None:
                 return
         try:
@@ -208,8 +219,10 @@ class MtpRun:
         if self._final is not None:
             return dict(self._final)
         if self._closed:
-            raise RuntimeError("checkpoint(): the mtp_mode pass was closed before it ended; take the "
-                               "checkpoint before closing the iterator.")
+            raise RuntimeError(
+                "checkpoint(): the mtp_mode pass was closed before it ended; take the "
+                "checkpoint before closing the iterator."
+            )
         return self._ask("snapshot", self._taken)
 
     def stats(self) -> dict[int, dict[str, int]]:
@@ -226,25 +239,37 @@ class MtpRun:
     def in_flight_by_stage(self) -> dict[int, dict[int, int]] | None:
         return None if self._closed else self._ask("in_flight")
 
-    def fetch_groups(self) -> dict[tuple[int, int, int], dict[str, int]]:
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def fetch_groups(self) -> dict[tuple[int, int, int], dict[str, float]]:
         """Execution tracking's fetch groups, from the side process (kept at the end of the pass)."""
         if self._closed:
             return dict(self._final_fetch_groups)
         return self._ask("fetch_groups")
 
-    def queue_stats(self) -> dict[str, int]:
-        """Items ready in the ring and their bytes, against the ring's capacity."""
+    def queue_stats(self) -> dict[str, int] | None:
+        """Items ready in the ring and their bytes, against the ring's capacity (None once closed)."""
+        if self._closed:
+            return None
         c = self._counters
-        return {"depth": int(c[_SENT] - c[_TAKEN]), "capacity": self.capacity,
-                "staged_bytes": int(c[_WRITTEN] - c[_READ]), "capacity_bytes": self._shm.size}
+        return {
+            "depth": int(c[_SENT] - c[_TAKEN]),
+            "capacity": self.capacity,
+            "staged_bytes": int(c[_WRITTEN] - c[_READ]),
+            "capacity_bytes": self._shm.size,
+        }
 
     def _ask(self, *request: Any) -> Any:
         with self._ctrl_lock:
             self._ctrl.send(request)
             while not self._ctrl.poll(_REPLY_POLL_S):
                 if not self._proc.is_alive():
-                    raise PipelineError(f"the engine's side process (mtp_mode) exited with code "
-                                        f"{self._proc.exitcode} while asked for {request[0]}.")
+                    raise PipelineError(
+                        f"the engine's side process (mtp_mode) exited with code "
+                        f"{self._proc.exitcode} while asked for {request[0]}."
+                    )
             kind, reply = self._ctrl.recv()
         if kind == "error":
             raise _rebuild_error(*reply)
@@ -295,22 +320,22 @@ class MtpRun:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 - best-effort cleanup at garbage collection: never raise from __del__
             pass
 
 
-def _ops_up_to_batch(ops: list) -> list:
+def ops_up_to_batch(ops: list) -> list:
     """The operators the side process runs: everything up to ``batch`` (``map_batch`` after it
     runs on the trainer's side)."""
     from zephon_columnar.ops.batch import BatchOp
 
     for i, op in enumerate(ops):
         if isinstance(op, BatchOp):
-            return ops[:i + 1]
+            return ops[: i + 1]
     return list(ops)
 
 
-_OPEN_RUNS: "weakref.WeakSet[MtpRun]" = weakref.WeakSet()
+_OPEN_RUNS: weakref.WeakSet[MtpRun] = weakref.WeakSet()
 
 
 @atexit.register
@@ -328,7 +353,7 @@ def _rebuild_error(blob: bytes | None, text: str) -> BaseException:
             err = pickle.loads(blob)
             if isinstance(err, BaseException):
                 return err
-        except Exception:  # noqa: BLE001 - an exception that does not travel: its text does
+        except Exception:  # noqa: BLE001, S110 - an exception that does not travel: its text does
             pass
     return PipelineError(f"in the engine's side process (mtp_mode): {text}")
 
@@ -345,11 +370,14 @@ def _error_message(err: BaseException) -> tuple[bytes | None, str]:
 class _Child:
     """The child's loop: deliver items into the ring, answer the trainer between items."""
 
-    def __init__(self, payload: bytes, shm_name: str, counters: Any, slots: Any, items: Any, ctrl: Any,
-                 capacity: int) -> None:
-        pipeline, state = cloudpickle.loads(payload)
-        cursors = None if state is None else {int(lane): lane_from_json(f"lanes.{lane}", js) for lane, js in state.items()}
-        self.engine = pipeline._engine()  # noqa: SLF001
+    def __init__(
+        self, payload: bytes, shm_name: str, counters: Any, slots: Any, items: Any, ctrl: Any, capacity: int
+    ) -> None:
+        make_engine, state = cloudpickle.loads(payload)
+        cursors = (
+            None if state is None else {int(lane): lane_from_json(f"lanes.{lane}", js) for lane, js in state.items()}
+        )
+        self.engine: Engine = make_engine()
         self.run = self.engine.start(cursors)
         self.replay = self.engine.mode == "replay"
         self.delivered = dict(self.run.delivered)  # replay mode: cursors as of the trainer's items
@@ -402,11 +430,11 @@ class _Child:
             self._wait(lambda: written + n - c[_READ] <= size)
             if self.closing:
                 return
-            self.shm.buf[start:start + n] = memoryview(data).cast("B")
+            _ring(self.shm)[start : start + n] = memoryview(data).cast("B")
             length, end = n, written + n
             c[_WRITTEN] = end
         k = (self.sent % self.capacity) * _SLOT
-        self.slots[k:k + _SLOT] = [start, length, end, self.schema_version]
+        self.slots[k : k + _SLOT] = [start, length, end, self.schema_version]
         self.in_transit.append((self.sent, item, cursor))
         self.sent += 1
         c[_SENT] = self.sent  # published: the slot and the bytes are in place
@@ -457,8 +485,9 @@ class _Child:
             self.shm.close()
 
 
-def _child_main(payload: bytes, shm_name: str, counters: Any, slots: Any, items: Any, ctrl: Any, capacity: int,
-                parent_pid: int) -> None:
+def _child_main(
+    payload: bytes, shm_name: str, counters: Any, slots: Any, items: Any, ctrl: Any, capacity: int, parent_pid: int
+) -> None:
     die_with_parent(parent_pid)
     try:
         child = _Child(payload, shm_name, counters, slots, items, ctrl, capacity)
@@ -477,3 +506,10 @@ def _child_main(payload: bytes, shm_name: str, counters: Any, slots: Any, items:
         pass  # the trainer went away
     finally:
         child.close()
+
+
+def _ring(shm: shared_memory.SharedMemory) -> memoryview:
+    """The bytes of an open shared-memory block (not kept: a view held open blocks its close)."""
+    buf = shm.buf
+    assert buf is not None, "the shared-memory ring is closed"
+    return buf

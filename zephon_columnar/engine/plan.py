@@ -10,8 +10,8 @@ follow it. Whether the plan has any ordered stage decides the flush cadence (see
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, Union
 
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.ops.base import BaseOp
@@ -38,7 +38,7 @@ class OrderedStage:
     op: BaseOp
 
 
-Stage = Union[ParallelStage, OrderedStage]
+Stage = ParallelStage | OrderedStage
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,12 @@ class Plan:
     batch: BatchOp | None
     flush_every: int
     after_batch: tuple[MapBatchOp, ...] = ()
+
+    def fetch_stage(self) -> ParallelStage:
+        """The first stage: the parallel one that starts with the fetch (every plan has it)."""
+        first = self.stages[0]
+        assert isinstance(first, ParallelStage), "a plan starts with its fetch stage"
+        return first
 
     @property
     def stateful(self) -> bool:
@@ -60,7 +66,7 @@ class Plan:
 
     def fingerprint(self) -> list[dict]:
         """What the operators do to the data (batching excluded: batch size may change on resume)."""
-        out = []
+        out: list[dict] = []
         for stage in self.stages:
             ops = stage.ops if isinstance(stage, ParallelStage) else (stage.op,)
             out.extend(op.fingerprint() for op in ops)
@@ -82,8 +88,10 @@ def compile_plan(ops: Sequence[BaseOp], *, flush_every_k_chunks: int | None) -> 
                 "Move it before batch()."
             )
         if isinstance(given, MapBatchOp):
-            raise ConfigError("map_batch comes before batch(); it transforms SampleBatches, so add it after "
-                              "batch(), or use map_transform for records.")
+            raise ConfigError(
+                "map_batch comes before batch(); it transforms SampleBatches, so add it after "
+                "batch(), or use map_transform for records."
+            )
         if isinstance(given, BatchOp):
             batch = given
             continue

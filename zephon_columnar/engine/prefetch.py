@@ -12,7 +12,8 @@ import concurrent.futures as cf
 import logging
 import threading
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -76,9 +77,15 @@ class ShardPrefetcher:
         """Chunks of pointers seen (``batches``, ``samples``); shards submitted, downloaded (with
         their bytes and seconds, summed over threads), failed."""
         with self._lock:
-            return PrefetchTimingTotals(batches=self.batches, samples=self.samples, prefetch_requests=self.submitted,
-                                        prefetch_succeeded=self.completed, prefetch_failed=self.failed,
-                                        bytes=self.bytes, seconds=self.seconds)
+            return PrefetchTimingTotals(
+                batches=self.batches,
+                samples=self.samples,
+                prefetch_requests=self.submitted,
+                prefetch_succeeded=self.completed,
+                prefetch_failed=self.failed,
+                bytes=self.bytes,
+                seconds=self.seconds,
+            )
 
     def close(self) -> None:
         if self._pool is not None:

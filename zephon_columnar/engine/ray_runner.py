@@ -23,30 +23,27 @@ from __future__ import annotations
 import concurrent.futures as cf
 import threading
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import cloudpickle
 import pyarrow as pa
 
 from zephon_columnar.engine.metrics import DeltaSink, Metrics
-from zephon_columnar.engine.runners import (_WorkerFailure, _WorkerWaits, raise_worker_failure, run_stage,
-                                            setup_stages, worker_failure)
-from zephon_columnar.errors import ConfigError, PipelineError
+from zephon_columnar.engine.runners import (
+    _WorkerFailure,
+    _WorkerWaits,
+    raise_worker_failure,
+    run_stage,
+    setup_stages,
+    worker_failure,
+)
+from zephon_columnar.errors import PipelineError
 from zephon_columnar.ops.base import BaseOp
+from zephon_columnar.options import import_ray
 
 #: How many times one frame is sent again after its actor died, before the error is raised.
 MAX_TRIES = 3
-
-
-def import_ray() -> Any:
-    """The ``ray`` module, or a ConfigError saying how to install it."""
-    try:
-        import ray
-    except ImportError as err:
-        raise ConfigError("options(runner='remote') runs the stateless stages on Ray, which is not installed: "
-                          "pip install 'zephon_columnar[ray]' (or pip install ray), or use runner='threads' "
-                          "or 'process'.") from err
-    return ray
 
 
 class StageWorker:
@@ -70,7 +67,7 @@ class _RemoteFuture(cf.Future):
     """One frame's call: a Ray object reference, sent again to a fresh actor when its actor
     died (up to `MAX_TRIES`)."""
 
-    def __init__(self, runner: "RayRunner", stage: int, frame: pa.Table) -> None:
+    def __init__(self, runner: RayRunner, stage: int, frame: pa.Table) -> None:
         super().__init__()
         self.runner, self.stage, self.frame = runner, stage, frame
         self.deaths = 0
@@ -87,7 +84,7 @@ class _RemoteFuture(cf.Future):
     def running(self) -> bool:
         return not self._inner.done()
 
-    def result(self, timeout: float | None = None) -> pa.Table:  # type: ignore[override]
+    def result(self, timeout: float | None = None) -> pa.Table:
         ray = self.runner.ray
         try:
             out = self._inner.result(timeout)
@@ -97,7 +94,8 @@ class _RemoteFuture(cf.Future):
                 raise PipelineError(
                     f"Ray actors died {self.deaths} times computing {self.runner.describe(self.stage, self.frame)} "
                     f"(last: {type(err).__name__}); see the actors' logs. Rerun with options(runner='threads') to "
-                    "see an error in-process.") from err
+                    "see an error in-process."
+                ) from err
             self.runner.replace(self.slot, self.actor)
             self._send()
             raise cf.TimeoutError() from None  # the caller waits again, on the new call
@@ -121,8 +119,14 @@ class RayRunner(_WorkerWaits):
 
     kind = "remote"
 
-    def __init__(self, stages: Sequence[Sequence[BaseOp]], services: dict[str, Any], workers: int,
-                 metrics: Metrics | None = None, time_limit_s: float | None = None) -> None:
+    def __init__(
+        self,
+        stages: Sequence[Sequence[BaseOp]],
+        services: dict[str, Any],
+        workers: int,
+        metrics: Metrics | None = None,
+        time_limit_s: float | None = None,
+    ) -> None:
         self.ray = ray = import_ray()
         if not ray.is_initialized():
             ray.init(include_dashboard=False, log_to_driver=True)
@@ -153,7 +157,7 @@ class RayRunner(_WorkerWaits):
                 return
             try:
                 self.ray.kill(dead, no_restart=True)
-            except Exception:  # noqa: BLE001 - gone already
+            except Exception:  # noqa: BLE001, S110 - gone already
                 pass
             self.actors[slot] = self._start()
             self.replaced += 1
@@ -172,6 +176,6 @@ class RayRunner(_WorkerWaits):
         for actor in self.actors:
             try:
                 self.ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone, or the cluster is down
+            except Exception:  # noqa: BLE001, S110 - already gone, or the cluster is down
                 pass
         self.actors = []

@@ -27,7 +27,8 @@ import queue
 import threading
 import time
 import traceback
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import cloudpickle
 import pyarrow as pa
@@ -45,8 +46,17 @@ def setup_stages(stages: Sequence[Sequence[BaseOp]], services: dict[str, Any]) -
         row = []
         for oi, op in enumerate(ops):
             clone = op.clone()
-            clone.setup(OpContext(services=services, stage_info=StageInfo(
-                stage_index=si, op_index=oi, stage_name=op.op_name(), collect_stats=bool(services.get("collect_stats")))))
+            clone.setup(
+                OpContext(
+                    services=services,
+                    stage_info=StageInfo(
+                        stage_index=si,
+                        op_index=oi,
+                        stage_name=op.op_name(),
+                        collect_stats=bool(services.get("collect_stats")),
+                    ),
+                )
+            )
             row.append(clone)
         copies.append(row)
     return copies
@@ -60,17 +70,21 @@ def _run_op(op: BaseOp, frame: pa.Table) -> pa.Table:
     except Exception as err:
         where = ""
         if frame.num_rows and F.LANE in frame.column_names:
-            where = (f" (lane {frame.column(F.LANE)[0].as_py()}, chunk {frame.column(F.CHUNK)[0].as_py()}, "
-                     f"{frame.num_rows} rows)")
+            where = (
+                f" (lane {frame.column(F.LANE)[0].as_py()}, chunk {frame.column(F.CHUNK)[0].as_py()}, "
+                f"{frame.num_rows} rows)"
+            )
         raise operator_failure(err, f"operator {op.op_name()!r} failed{where}: {type(err).__name__}: {err}") from err
     if not isinstance(out, pa.Table):
-        raise WrongTypeError(f"operator {op.op_name()!r}: process_frame returned {type(out).__name__}, "
-                             "not a pyarrow.Table")
+        raise WrongTypeError(
+            f"operator {op.op_name()!r}: process_frame returned {type(out).__name__}, not a pyarrow.Table"
+        )
     return out
 
 
-def run_stage(ops: Sequence[BaseOp], frame: pa.Table, stage: int = -1, sink: Callable[..., None] | None = None
-               ) -> pa.Table:
+def run_stage(
+    ops: Sequence[BaseOp], frame: pa.Table, stage: int = -1, sink: Callable[..., None] | None = None
+) -> pa.Table:
     """The operators of a stage on ``frame``; with ``sink`` (execution tracking), each one's
     counts are reported to it."""
     if sink is not None:
@@ -117,20 +131,27 @@ class _WorkerWaits:
 
     def _timed_out(self, fut: cf.Future) -> PipelineError:
         stage, frame = getattr(fut, "stage", -1), getattr(fut, "input", None)
-        return PipelineError(f"{self.describe(stage, frame)} ran for more than options(op_timeout_s="
-                             f"{self.time_limit_s}) seconds: stuck, or slower than the limit allows. "
-                             "Raise op_timeout_s if it is only slow; the call is abandoned.")
+        return PipelineError(
+            f"{self.describe(stage, frame)} ran for more than options(op_timeout_s="
+            f"{self.time_limit_s}) seconds: stuck, or slower than the limit allows. "
+            "Raise op_timeout_s if it is only slow; the call is abandoned."
+        )
 
     def describe(self, stage: int, frame: pa.Table | None) -> str:
         """``operator(s) a -> b (stage s) on N rows of lane l, chunk c ... (first sample: ...)``."""
         names = self._stage_names[stage] if 0 <= stage < len(self._stage_names) else "?"
         where = ""
         if frame is not None and frame.num_rows:
-            first = {n: frame.column(n)[0].as_py() for n in (F.LANE, F.CHUNK, F.OFFSET, F.DATASET, F.SHARD, F.ROW)
-                     if n in frame.column_names}
-            where = (f" on {frame.num_rows} rows of lane {first.get(F.LANE)}, chunk {first.get(F.CHUNK)} from offset "
-                     f"{first.get(F.OFFSET)} (first sample: dataset id {first.get(F.DATASET)}, shard "
-                     f"{first.get(F.SHARD)}, row {first.get(F.ROW)})")
+            first = {
+                n: frame.column(n)[0].as_py()
+                for n in (F.LANE, F.CHUNK, F.OFFSET, F.DATASET, F.SHARD, F.ROW)
+                if n in frame.column_names
+            }
+            where = (
+                f" on {frame.num_rows} rows of lane {first.get(F.LANE)}, chunk {first.get(F.CHUNK)} from offset "
+                f"{first.get(F.OFFSET)} (first sample: dataset id {first.get(F.DATASET)}, shard "
+                f"{first.get(F.SHARD)}, row {first.get(F.ROW)})"
+            )
         return f"operator(s) {names} (stage {stage}){where}"
 
 
@@ -162,7 +183,7 @@ class _DaemonPool:
             del job
             if not fut.set_running_or_notify_cancel():
                 continue
-            fut.started_at = time.monotonic()  # type: ignore[attr-defined]
+            fut.started_at = time.monotonic()
             try:
                 fut.set_result(fn(*args))
             except BaseException as err:  # noqa: BLE001 - delivered where the result is read
@@ -196,8 +217,14 @@ class InlineRunner:
 
     kind = "inline"
 
-    def __init__(self, stages: Sequence[Sequence[BaseOp]], services: dict[str, Any], workers: int,
-                 metrics: Metrics | None = None, time_limit_s: float | None = None) -> None:
+    def __init__(
+        self,
+        stages: Sequence[Sequence[BaseOp]],
+        services: dict[str, Any],
+        workers: int,
+        metrics: Metrics | None = None,
+        time_limit_s: float | None = None,
+    ) -> None:
         # time_limit_s does not apply: a call here runs in the caller's own thread
         self._ops = setup_stages(stages, services)
         self.workers = 1
@@ -211,7 +238,7 @@ class InlineRunner:
         fut: cf.Future = cf.Future()
         try:
             fut.set_result(run_stage(self._ops[stage], frame, stage, self._sink))
-        except BaseException as err:  # delivered where the result is read, like other runners
+        except BaseException as err:  # noqa: BLE001 - delivered where the result is read, like other runners
             fut.set_exception(err)
         return fut
 
@@ -229,8 +256,14 @@ class ThreadRunner(_WorkerWaits):
 
     kind = "threads"
 
-    def __init__(self, stages: Sequence[Sequence[BaseOp]], services: dict[str, Any], workers: int,
-                 metrics: Metrics | None = None, time_limit_s: float | None = None) -> None:
+    def __init__(
+        self,
+        stages: Sequence[Sequence[BaseOp]],
+        services: dict[str, Any],
+        workers: int,
+        metrics: Metrics | None = None,
+        time_limit_s: float | None = None,
+    ) -> None:
         self._init_waits(stages, time_limit_s)
         self.metrics = metrics
         self._sink = metrics.add_op if metrics is not None else None
@@ -265,9 +298,11 @@ class ThreadRunner(_WorkerWaits):
         self.cancel()
         if not self._pool.join(_CLOSE_GRACE_S):
             stuck = [t.name for t in self._pool.threads if t.is_alive()]
-            warn(f"closing the pipeline: worker thread(s) {stuck} still inside an operator after "
-                 f"{_CLOSE_GRACE_S} s are left behind (daemon threads: they do not keep the process alive); "
-                 "their operators are not torn down.")
+            warn(
+                f"closing the pipeline: worker thread(s) {stuck} still inside an operator after "
+                f"{_CLOSE_GRACE_S} s are left behind (daemon threads: they do not keep the process alive); "
+                "their operators are not torn down."
+            )
             return
         with self._lock:
             for ops in self._copies:
@@ -312,7 +347,7 @@ def worker_failure(err: BaseException) -> BaseException:
     cause = err.__cause__ if isinstance(err, PipelineError) and err.__cause__ is not None else err
     try:
         original = cloudpickle.dumps(cause)
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever does not pickle travels as its message alone
         original = None
     # Tracebacks do not survive pickling; keep the worker's in the message.
     return _WorkerFailure(f"{err}\n(in a worker process)\n{traceback.format_exc()}", original)
@@ -325,7 +360,7 @@ def raise_worker_failure(failure: _WorkerFailure) -> None:
     if failure.original is not None:
         try:
             original = cloudpickle.loads(failure.original)
-        except Exception:
+        except Exception:  # noqa: BLE001 - an original that does not unpickle here: its message is raised
             original = None
     if original is None:
         raise PipelineError(failure.message) from None
@@ -336,14 +371,16 @@ def _process_call(stage: int, ipc: bytes) -> bytes | tuple[bytes, dict]:
     assert _WORKER_OPS is not None
     try:
         out = run_stage(_WORKER_OPS[stage], F.frame_from_ipc(ipc), stage, _WORKER_SINK)
-    except BaseException as err:
+    except BaseException as err:  # noqa: BLE001 - every failure is re-raised as what the worker sends back
         raise worker_failure(err) from None
     data = F.frame_to_ipc(out).to_pybytes()
     return data if _WORKER_SINK is None else (data, _WORKER_SINK.take())
 
 
-_WORKER_DIED = ("a worker process died (killed, crashed, os._exit, or an operator's setup() failed in it){where}; see "
-                "its stderr above. Rerun with options(runner='threads') to see the error in-process.")
+_WORKER_DIED = (
+    "a worker process died (killed, crashed, os._exit, or an operator's setup() failed in it){where}; see "
+    "its stderr above. Rerun with options(runner='threads') to see the error in-process."
+)
 
 
 class _DecodedFuture(cf.Future):
@@ -362,7 +399,7 @@ class _DecodedFuture(cf.Future):
     def running(self) -> bool:
         return self._inner.running()
 
-    def result(self, timeout: float | None = None) -> pa.Table:  # type: ignore[override]
+    def result(self, timeout: float | None = None) -> pa.Table:
         try:
             data = self._inner.result(timeout)
         except cf.process.BrokenProcessPool as err:
@@ -394,8 +431,14 @@ class ProcessRunner(_WorkerWaits):
 
     kind = "process"
 
-    def __init__(self, stages: Sequence[Sequence[BaseOp]], services: dict[str, Any], workers: int,
-                 metrics: Metrics | None = None, time_limit_s: float | None = None) -> None:
+    def __init__(
+        self,
+        stages: Sequence[Sequence[BaseOp]],
+        services: dict[str, Any],
+        workers: int,
+        metrics: Metrics | None = None,
+        time_limit_s: float | None = None,
+    ) -> None:
         self._init_waits(stages, time_limit_s)
         self.metrics = metrics
         self._sink = metrics.add_op if metrics is not None else None
@@ -407,8 +450,12 @@ class ProcessRunner(_WorkerWaits):
         self.workers = workers
         self._procs: list[Any] = []
         self._calls: set[cf.Future] = set()  # submitted to the workers, not finished
-        self._pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                            initializer=_process_init, initargs=(payload, os.getpid()))
+        self._pool = cf.ProcessPoolExecutor(
+            max_workers=workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_process_init,
+            initargs=(payload, os.getpid()),
+        )
         with main_module_hidden(), worker_environment():
             for _ in range(workers):
                 # done once the worker's initializer ran (or failed: the next submit then reports it)
@@ -457,14 +504,3 @@ class ProcessRunner(_WorkerWaits):
             for proc in self._procs:
                 if proc.is_alive():
                     proc.terminate()
-
-
-def _ray_runner(*args: Any, **kw: Any) -> Any:
-    from zephon_columnar.engine.ray_runner import RayRunner  # Ray is an optional extra
-
-    return RayRunner(*args, **kw)
-
-
-RUNNERS: dict[str, Callable[..., Any]] = {"inline": InlineRunner, "threads": ThreadRunner, "process": ProcessRunner,
-                                          "remote": _ray_runner}
-

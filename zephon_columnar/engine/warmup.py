@@ -20,7 +20,9 @@ Example:
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from itertools import pairwise
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -57,14 +59,16 @@ class RestoreWarmup:
         self._thread = threading.Thread(target=self._run, name="zephon-restore-warmup", daemon=True)
 
     @classmethod
-    def start(cls, datasets_by_id: Mapping[int, Any], pending: Iterable[pa.Table]) -> "RestoreWarmup | None":
+    def start(cls, datasets_by_id: Mapping[int, Any], pending: Iterable[pa.Table]) -> RestoreWarmup | None:
         """A started warm-up of the samples ``pending`` (tables of row references) name, or None
         when there is nothing a shared reader would cache."""
         tables = [t for t in pending if t is not None and t.num_rows]
         if not tables:
             return None
         pointers = np.unique(np.concatenate([sample_pointers(t) for t in tables]), axis=0)
-        kinds = {int(d): getattr(datasets_by_id.get(int(d)), "backend", {}).get("kind") for d in np.unique(pointers[:, 0])}
+        kinds = {
+            int(d): getattr(datasets_by_id.get(int(d)), "backend", {}).get("kind") for d in np.unique(pointers[:, 0])
+        }
         if not any(kind in ReaderPool.SHARED_KINDS for kind in kinds.values()):
             return None
         warm = cls(datasets_by_id, pointers)
@@ -86,7 +90,6 @@ class RestoreWarmup:
             except Exception:  # noqa: BLE001 - the fetch reads these rows again and reports it
                 return
 
-
     def cancel(self) -> None:
         """Stop reading (after the current take) and close the readers: nobody will use them."""
         self._cancelled.set()
@@ -99,4 +102,4 @@ def _runs(keys: np.ndarray) -> list[tuple[int, int]]:
         return []
     change = np.flatnonzero(np.any(keys[1:] != keys[:-1], axis=1)) + 1
     bounds = np.concatenate(([0], change, [len(keys)])).tolist()
-    return list(zip(bounds[:-1], bounds[1:]))
+    return list(pairwise(bounds))

@@ -12,17 +12,34 @@ import os
 # at import time instead of inside the first pass a training job times. A process runner's worker
 # skips pyarrow.dataset (0.15-0.25 s of its start-up, on the first frame's path): nothing it
 # runs needs it, and what does would load it then.
-import pyarrow.compute  # noqa: F401
-import pyarrow.json  # noqa: F401
-import pyarrow.parquet  # noqa: F401
+import pyarrow.compute
+import pyarrow.json
+import pyarrow.parquet
 
 if os.environ.get("ZEPHON_COLUMNAR_PROCESS_WORKER") != "1":
     import pyarrow.dataset  # noqa: F401
 
 from zephon_columnar.io.base import ShardInfo
 from zephon_columnar.io.dataset import Dataset, InMemoryShard
-from zephon_columnar.io.options import (ArrowOptions, CacheOptions, LanceOptions, ParquetOptions,
-                                        ParquetRGCacheOptions, StoreOptions, VortexOptions)
+from zephon_columnar.io.options import (
+    ArrowOptions,
+    CacheOptions,
+    LanceOptions,
+    ParquetOptions,
+    ParquetRGCacheOptions,
+    StoreOptions,
+    VortexOptions,
+)
 
-__all__ = ["ArrowOptions", "CacheOptions", "Dataset", "InMemoryShard", "LanceOptions", "ParquetOptions",
-           "ParquetRGCacheOptions", "ShardInfo", "StoreOptions", "VortexOptions"]
+__all__ = [
+    "ArrowOptions",
+    "CacheOptions",
+    "Dataset",
+    "InMemoryShard",
+    "LanceOptions",
+    "ParquetOptions",
+    "ParquetRGCacheOptions",
+    "ShardInfo",
+    "StoreOptions",
+    "VortexOptions",
+]

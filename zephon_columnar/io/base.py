@@ -7,8 +7,9 @@ small cache of decoded row groups) and are never shared between threads.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +28,17 @@ class ShardInfo:
     num_rows: int
     num_bytes: int = 0
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def file_path(self) -> str:
+        """``path`` of a shard that is a file (every format but in-memory data).
+
+        Example:
+            >>> ShardInfo(shard_id=0, path="data/part-0.parquet", num_rows=10).file_path()
+            'data/part-0.parquet'
+        """
+        if self.path is None:
+            raise RuntimeError(f"shard {self.shard_id} is held in memory; it has no file to read.")
+        return self.path
 
 
 class ShardReader(Protocol):
@@ -55,8 +67,10 @@ def check_columns(name: str, schema: pa.Schema, columns: Sequence[str] | None) -
     if unknown:
         from zephon_columnar.errors import ConfigError
 
-        raise ConfigError(f"Dataset {name!r} has no column(s) {unknown}; its columns are {schema.names}. "
-                          "Pass columns from that list, or None for all.")
+        raise ConfigError(
+            f"Dataset {name!r} has no column(s) {unknown}; its columns are {schema.names}. "
+            "Pass columns from that list, or None for all."
+        )
     return columns
 
 
@@ -76,7 +90,8 @@ def shard_info(shards: Sequence[ShardInfo], shard_id: int, *, dataset: str | Non
     Example:
         >>> shard_info([ShardInfo(shard_id=0, path="a.parquet", num_rows=3)], 0).path
         'a.parquet'
-        >>> shard_info([ShardInfo(shard_id=2, path="a", num_rows=1), ShardInfo(shard_id=5, path="b", num_rows=1)], 5).path
+        >>> shard_info([ShardInfo(shard_id=2, path="a", num_rows=1),
+        ...             ShardInfo(shard_id=5, path="b", num_rows=1)], 5).path
         'b'
     """
     if 0 <= shard_id < len(shards) and shards[shard_id].shard_id == shard_id:
@@ -85,8 +100,10 @@ def shard_info(shards: Sequence[ShardInfo], shard_id: int, *, dataset: str | Non
         if info.shard_id == shard_id:
             return info
     who = "this dataset" if dataset is None else f"dataset {dataset!r}"
-    raise IndexError(f"shard {shard_id} does not exist; {who} has {len(shards)} shards with ids "
-                     f"{describe_ids([s.shard_id for s in shards])}. Pass one of those ids.")
+    raise IndexError(
+        f"shard {shard_id} does not exist; {who} has {len(shards)} shards with ids "
+        f"{describe_ids([s.shard_id for s in shards])}. Pass one of those ids."
+    )
 
 
 def describe_ids(ids: Sequence[int], shown: int = 8) -> str:

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -47,8 +48,9 @@ class TableReader:
         [3]
     """
 
-    def __init__(self, tables: Sequence[pa.Table], shard_ids: Sequence[int] | None = None, *,
-                 dataset: str | None = None) -> None:
+    def __init__(
+        self, tables: Sequence[pa.Table], shard_ids: Sequence[int] | None = None, *, dataset: str | None = None
+    ) -> None:
         ids = list(range(len(tables))) if shard_ids is None else [int(i) for i in shard_ids]
         if len(ids) != len(tables):
             raise ConfigError(f"TableReader: {len(ids)} shard ids for {len(tables)} tables; pass one id per table.")
@@ -59,8 +61,10 @@ class TableReader:
         table = self._tables.get(int(shard_id))
         if table is None:
             who = "this dataset" if self._dataset is None else f"dataset {self._dataset!r}"
-            raise IndexError(f"shard {shard_id} does not exist; {who} has {len(self._tables)} shards with ids "
-                             f"{describe_ids(list(self._tables))}. Pass one of those ids.")
+            raise IndexError(
+                f"shard {shard_id} does not exist; {who} has {len(self._tables)} shards with ids "
+                f"{describe_ids(list(self._tables))}. Pass one of those ids."
+            )
         return take_rows(table, rows)
 
     def close(self) -> None:
@@ -110,7 +114,7 @@ class Dataset:
 
     # ---------------------------------------------------------------- constructors
     @classmethod
-    def from_path(cls, name: str, path: str, *, fmt: DatasetFormat | None = None) -> "Dataset":
+    def from_path(cls, name: str, path: str, *, fmt: DatasetFormat | None = None) -> Dataset:
         """Discover a directory (local path or fsspec URL) of Parquet, JSONL (``.jsonl``,
         ``.jsonl.gz``, ``.jsonl.zst``) or Arrow files (a Hugging Face ``save_to_disk`` folder).
 
@@ -124,7 +128,7 @@ class Dataset:
         return discover(name, path, fmt=fmt)
 
     @classmethod
-    def from_dict(cls, name: str, shards: Mapping[int, InMemoryShard]) -> "Dataset":
+    def from_dict(cls, name: str, shards: Mapping[int, InMemoryShard]) -> Dataset:
         """A dataset of in-memory shards keyed by shard id (an int >= 0).
 
         The ids are kept: ``ids()`` lists them sorted, readers take rows by them and every
@@ -147,15 +151,16 @@ class Dataset:
         return cls.from_tables(name, tables, kind="inmem", shard_ids=ids)
 
     @classmethod
-    def from_hf(cls, name: str, hf_dataset: Any) -> "Dataset":
+    def from_hf(cls, name: str, hf_dataset: Any) -> Dataset:
         """Wrap an in-process ``datasets.Dataset`` zero-copy over its Arrow table."""
         from zephon_columnar.io.hf import dataset_from_hf
 
         return dataset_from_hf(name, hf_dataset)
 
     @classmethod
-    def from_tables(cls, name: str, tables: Sequence[pa.Table], *, kind: str = "arrow",
-                    shard_ids: Sequence[int] | None = None) -> "Dataset":
+    def from_tables(
+        cls, name: str, tables: Sequence[pa.Table], *, kind: str = "arrow", shard_ids: Sequence[int] | None = None
+    ) -> Dataset:
         """A dataset over in-memory Arrow tables, one shard each.
 
         ``shard_ids[i]`` is the id of ``tables[i]`` (default ``0..n-1``; ints >= 0, no repeats,
@@ -169,8 +174,9 @@ class Dataset:
         else:
             ids = [_check_shard_id(name, i) for i in shard_ids]
             if len(ids) != len(tables):
-                raise ConfigError(f"Dataset {name!r}: {len(ids)} shard ids for {len(tables)} tables; "
-                                  "pass one id per table.")
+                raise ConfigError(
+                    f"Dataset {name!r}: {len(ids)} shard ids for {len(tables)} tables; pass one id per table."
+                )
             dups = sorted(i for i, c in Counter(ids).items() if c > 1)
             if dups:
                 raise ConfigError(f"Dataset {name!r}: duplicate shard ids {dups}; give every shard its own id.")
@@ -235,8 +241,10 @@ class Dataset:
         return open_reader(self)
 
     def __repr__(self) -> str:
-        return (f"Dataset(name={self.name!r}, kind={self.backend.get('kind')!r}, path={self.path!r}, "
-                f"shards={len(self.shards)}, rows={self.total()})")
+        return (
+            f"Dataset(name={self.name!r}, kind={self.backend.get('kind')!r}, path={self.path!r}, "
+            f"shards={len(self.shards)}, rows={self.total()})"
+        )
 
 
 def _check_shard_id(name: str, shard_id: Any) -> int:
@@ -246,8 +254,10 @@ def _check_shard_id(name: str, shard_id: Any) -> int:
             raise TypeError
         value = operator.index(shard_id)
     except TypeError:
-        raise ConfigError(f"Dataset {name!r}: shard id {shard_id!r} is not an int; key the shards by "
-                          "int ids >= 0, e.g. {0: InMemoryShard(rows)}.") from None
+        raise ConfigError(
+            f"Dataset {name!r}: shard id {shard_id!r} is not an int; key the shards by "
+            "int ids >= 0, e.g. {0: InMemoryShard(rows)}."
+        ) from None
     if value < 0:
         raise ConfigError(f"Dataset {name!r}: shard id {value} is negative; shard ids are ints >= 0.")
     return value

@@ -40,11 +40,11 @@ from zephon_columnar.io.hf import (
 from zephon_columnar.io.jsonl import discover_jsonl, is_jsonl_name
 from zephon_columnar.io.parquet import discover_parquet
 
-FORMATS: tuple[str, ...] = get_args(DatasetFormat)
+FORMATS: tuple[DatasetFormat, ...] = get_args(DatasetFormat)
 _SHOWN = 5  # file names shown per format in error messages
 
 
-def format_of(name: str, *, plain_json: bool) -> str | None:
+def format_of(name: str, *, plain_json: bool) -> DatasetFormat | None:
     """The format a file name belongs to, or None (``.json`` counts only if ``plain_json``).
 
     Example:
@@ -67,8 +67,10 @@ def discover(name: str, path: str | os.PathLike[str], *, fmt: DatasetFormat | No
         >>> discover("chat", "memory://corpus/chat", fmt="jsonl")  # doctest: +SKIP
     """
     if fmt is not None and fmt not in FORMATS:
-        raise ConfigError(f"Dataset {name!r}: fmt={fmt!r} is not a format; pass one of {list(FORMATS)} "
-                          "or None to detect it from the file names.")
+        raise ConfigError(
+            f"Dataset {name!r}: fmt={fmt!r} is not a format; pass one of {list(FORMATS)} "
+            "or None to detect it from the file names."
+        )
     path = os.fspath(path)
     if not fs.exists(path):
         relative = fs.is_local(path) and not path.startswith("file://") and not os.path.isabs(path)
@@ -93,7 +95,8 @@ def _discover_file(name: str, path: str, fmt: DatasetFormat | None) -> Dataset:
     if fmt is None:
         raise DatasetFormatError(
             f"Dataset {name!r}: cannot tell the format of {path} from its name; rename it to "
-            "*.parquet, *.jsonl[.gz|.zst] or *.arrow, or pass fmt= one of " f"{list(FORMATS)}."
+            "*.parquet, *.jsonl[.gz|.zst] or *.arrow, or pass fmt= one of "
+            f"{list(FORMATS)}."
         )
     if fmt == "hf":  # one file of a save_to_disk folder: an Arrow IPC stream
         return discover_arrow(name, path, [url], kind="hf_arrow")
@@ -131,8 +134,11 @@ def _discover_dir(name: str, path: str, fmt: DatasetFormat | None) -> Dataset:
             )
         fmt = present[0] if present else None
     if fmt is None or not groups[fmt]:
-        hint = (" Files named *.json are read as JSON Lines only with fmt='jsonl'."
-                if any(fs.basename(f).endswith(".json") for f in files) else "")
+        hint = (
+            " Files named *.json are read as JSON Lines only with fmt='jsonl'."
+            if any(fs.basename(f).endswith(".json") for f in files)
+            else ""
+        )
         wanted = f"no {fmt} files" if fmt else "no data files"
         raise DatasetFormatError(
             f"Dataset {name!r}: {path} holds {wanted} (found: {_names(files) or 'nothing'}). Expected "

@@ -28,8 +28,9 @@ import os
 import re
 import threading
 import uuid
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Any, Callable, Iterable, Literal, NamedTuple, TypeVar
+from typing import IO, Any, Literal, NamedTuple, TypeGuard, TypeVar
 
 from zephon_columnar.errors import DatasetNotFoundError, ZephonError
 from zephon_columnar.io.options import CacheOptions
@@ -56,7 +57,7 @@ class FilePermissionError(UnreadableFileError, PermissionError):
     PermissionError`` catches it)."""
 
 
-def is_read_failure(err: BaseException) -> bool:
+def is_read_failure(err: BaseException) -> TypeGuard[OSError]:
     """Whether ``err`` is the OS refusing or failing a read rather than bad content.
 
     That is a PermissionError, or an OSError that carries an errno (Arrow sets one too, e.g.
@@ -82,22 +83,29 @@ def unreadable_file(url: str, err: OSError) -> UnreadableFileError:
     Example:
         >>> str(unreadable_file("/data/a.parquet", PermissionError(13, "Permission denied")))
         '/data/a.parquet: cannot be read (Permission denied). Give this process read permission on it (e.g. chmod a+r), or remove it from the dataset directory.'
-    """
+    """  # noqa: E501 - a doctest's expected output is the message verbatim: it cannot wrap
     if isinstance(err, PermissionError):
-        return FilePermissionError(f"{url}: cannot be read ({_reason(err)}). Give this process read permission "
-                                   "on it (e.g. chmod a+r), or remove it from the dataset directory.")
-    return UnreadableFileError(f"{url}: cannot be read ({_reason(err)}). The operating system failed the read; "
-                               "check the file and the storage it is on, or remove it from the dataset directory.")
+        return FilePermissionError(
+            f"{url}: cannot be read ({_reason(err)}). Give this process read permission "
+            "on it (e.g. chmod a+r), or remove it from the dataset directory."
+        )
+    return UnreadableFileError(
+        f"{url}: cannot be read ({_reason(err)}). The operating system failed the read; "
+        "check the file and the storage it is on, or remove it from the dataset directory."
+    )
 
 
 def unreadable_dir(dataset: str, url: str, err: OSError) -> UnreadableFileError:
     """Like :func:`unreadable_file`, for the directory ``url`` of the dataset ``dataset``."""
     where = f"Dataset {dataset!r}: cannot list the directory {url} ({_reason(err)})."
     if isinstance(err, PermissionError):
-        return FilePermissionError(f"{where} Give this process read and execute permission on it "
-                                   "(e.g. chmod a+rx), or pass a directory it can read.")
-    return UnreadableFileError(f"{where} The operating system failed the read; check the directory and "
-                               "the storage it is on.")
+        return FilePermissionError(
+            f"{where} Give this process read and execute permission on it "
+            "(e.g. chmod a+rx), or pass a directory it can read."
+        )
+    return UnreadableFileError(
+        f"{where} The operating system failed the read; check the directory and the storage it is on."
+    )
 
 
 def _reason(err: OSError) -> str:
@@ -124,10 +132,10 @@ def to_local(url: str) -> str:
     """The absolute OS path of a local path or ``file://`` URL (the caller checks ``is_local``)."""
     url = os.fspath(url)
     if url.startswith("file://"):
-        url = url[len("file://"):]
+        url = url[len("file://") :]
         # file://localhost/abs/path is the RFC form; fsspec also writes file:///abs/path.
         if url.startswith("localhost/"):
-            url = url[len("localhost"):]
+            url = url[len("localhost") :]
     return os.path.abspath(os.path.expanduser(url))
 
 
@@ -195,8 +203,14 @@ def file_info(url: str) -> tuple[int, str]:
         return st.st_size, str(st.st_mtime_ns)
     fs, path = url_to_fs(url)
     info = remote_call(url, "metadata request", lambda: fs.info(path))
-    tag = next((str(info[k]) for k in ("ETag", "etag", "mtime", "LastModified", "last_modified",
-                                       "updated", "created") if info.get(k) is not None), "")
+    tag = next(
+        (
+            str(info[k])
+            for k in ("ETag", "etag", "mtime", "LastModified", "last_modified", "updated", "created")
+            if info.get(k) is not None
+        ),
+        "",
+    )
     return int(info["size"]), tag
 
 
@@ -217,7 +231,8 @@ def list_data_files(url: str) -> list[str]:
 
     Not recursive. Hidden files (``.foo``) and ``_``-prefixed files (``_SUCCESS``,
     ``_metadata``, ``_committed_...``) are skipped: writers such as Spark leave them beside
-    the data; so is ``index.json``, the shard index ``build_index`` writes. Local directories give absolute paths; remote ones give full URLs.
+    the data; so is ``index.json``, the shard index ``build_index`` writes. Local directories
+    give absolute paths; remote ones give full URLs.
 
     Example:
         >>> list_data_files("memory://corpus")  # doctest: +SKIP
@@ -238,7 +253,7 @@ INDEX_FILE = "index.json"
 
 
 def _is_data_name(name: str) -> bool:
-    return not (name.startswith(".") or name.startswith("_") or name == INDEX_FILE)
+    return not (name.startswith((".", "_")) or name == INDEX_FILE)
 
 
 def open_binary(url: str) -> IO[bytes]:
@@ -257,6 +272,7 @@ def read_range(url: str, start: int, end: int) -> bytes:
 
 def read_bytes(url: str) -> bytes:
     """The whole content of a (small) file, e.g. ``state.json``."""
+
     def read() -> bytes:
         with open_binary(url) as f:
             return f.read()
@@ -286,7 +302,8 @@ def cache_root() -> str:
     """The root of zephon_columnar's on-disk caches: ``$ZEPHON_COLUMNAR_CACHE`` if set, else
     ``~/.cache/zephon_columnar``. Read at call time so tests and jobs can point it elsewhere.
 
-    Subfolders: ``shards/`` (downloaded remote shards), ``jsonl_index/`` (JSONL line indexes and the schema of every line).
+    Subfolders: ``shards/`` (downloaded remote shards), ``jsonl_index/`` (JSONL line indexes and
+    the schema of every line).
     """
     env = os.environ.get(_CACHE_ENV)
     if env:
@@ -329,7 +346,7 @@ class CacheCounts(NamedTuple):
     downloads: int
     retries: int
 
-    def since(self, before: "CacheCounts") -> "CacheCounts":
+    def since(self, before: CacheCounts) -> CacheCounts:
         return CacheCounts(*(now - then for now, then in zip(self, before)))
 
 
@@ -361,8 +378,14 @@ class ShardCache:
         '/tmp/shards/5b1c...-a.parquet'
     """
 
-    def __init__(self, root: str | None = None, *, limit_bytes: int | None = None,
-                 download_policy: RetryPolicy = DOWNLOAD_POLICY, metadata_policy: RetryPolicy = METADATA_POLICY) -> None:
+    def __init__(
+        self,
+        root: str | None = None,
+        *,
+        limit_bytes: int | None = None,
+        download_policy: RetryPolicy = DOWNLOAD_POLICY,
+        metadata_policy: RetryPolicy = METADATA_POLICY,
+    ) -> None:
         self._root = root
         self.limit_bytes = limit_bytes
         self.download_policy = download_policy
@@ -382,8 +405,9 @@ class ShardCache:
         """What this thread has asked of the cache so far; the difference over one read is that
         read's share (`FetchOp` reports it per shard group)."""
         mine = self._by_thread
-        return CacheCounts(hits=getattr(mine, "hits", 0), downloads=getattr(mine, "downloads", 0),
-                           retries=getattr(mine, "retries", 0))
+        return CacheCounts(
+            hits=getattr(mine, "hits", 0), downloads=getattr(mine, "downloads", 0), retries=getattr(mine, "retries", 0)
+        )
 
     def _count(self, name: Literal["hits", "downloads", "retries"]) -> None:
         with self._count_guard:
@@ -457,7 +481,10 @@ class ShardCache:
 
     def _evict(self, *, keep: str | None = None, incoming: int = 0) -> None:
         """Delete the least recently used copies (never ``keep``) until they and ``incoming``
-        more bytes fit ``limit_bytes``."""
+        more bytes fit ``limit_bytes`` (set: only a cache with a limit evicts)."""
+        limit = self.limit_bytes
+        if limit is None:
+            return
         with self._evict_guard:
             entries = []
             with os.scandir(self.root) as it:
@@ -470,7 +497,7 @@ class ShardCache:
                         entries.append((st.st_mtime_ns, e.path, st.st_size))
             total = sum(size for _, _, size in entries) + incoming + (os.path.getsize(keep) if keep else 0)
             for _, path, size in sorted(entries):
-                if total <= self.limit_bytes:
+                if total <= limit:
                     break
                 _remove_quietly(path)
                 total -= size
@@ -486,8 +513,13 @@ class ShardCache:
     def _download(self, fs: Any, path: str, url: str, target: str, size: int) -> None:
         tmp = _temp_name(target)
         try:
-            retrying(lambda: _copy_remaining(fs, path, url, tmp, size), url=url, what="download",
-                     policy=self.download_policy, on_retry=self._count_retry)
+            retrying(
+                lambda: _copy_remaining(fs, path, url, tmp, size),
+                url=url,
+                what="download",
+                policy=self.download_policy,
+                on_retry=self._count_retry,
+            )
             os.replace(tmp, target)
             self._count("downloads")
         except BaseException:
@@ -502,8 +534,9 @@ class ShardCache:
         urls = list(urls)
         if parallelism <= 1 or len(urls) <= 1:
             return [self.ensure_local(u) for u in urls]
-        with ThreadPoolExecutor(max_workers=min(parallelism, len(urls)),
-                                thread_name_prefix="zephon-shard-prefetch") as pool:
+        with ThreadPoolExecutor(
+            max_workers=min(parallelism, len(urls)), thread_name_prefix="zephon-shard-prefetch"
+        ) as pool:
             return list(pool.map(self.ensure_local, urls))
 
 
@@ -561,9 +594,13 @@ def default_shard_cache() -> ShardCache:
         return _default_cache
 
 
-def configure_shard_cache(*, root: str | None = None, limit_bytes: int | None = None,
-                          download_policy: RetryPolicy = DOWNLOAD_POLICY,
-                          metadata_policy: RetryPolicy = METADATA_POLICY) -> ShardCache:
+def configure_shard_cache(
+    *,
+    root: str | None = None,
+    limit_bytes: int | None = None,
+    download_policy: RetryPolicy = DOWNLOAD_POLICY,
+    metadata_policy: RetryPolicy = METADATA_POLICY,
+) -> ShardCache:
     """Point this process's default cache at ``root`` (None: ``cache_root()/shards``) with at
     most ``limit_bytes`` and the given retry policies (``options(io_options=...)`` calls it
     before readers open). A root given here is created at once, as Zephon does: a path that

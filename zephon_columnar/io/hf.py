@@ -23,7 +23,8 @@ from __future__ import annotations
 import json
 import sys
 from collections import OrderedDict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -110,8 +111,7 @@ def discover_arrow(name: str, root: str, files: Sequence[str], *, kind: str = "a
         shards.append(ShardInfo(shard_id=i, path=url, num_rows=table.num_rows, num_bytes=size))
     _check_same_schema(name, schemas)
     schema = schemas[0][1] if schemas else pa.schema([])
-    return Dataset(name=name, backend={"kind": kind, "path": root, "schema": schema},
-                   path=root, shards=tuple(shards))
+    return Dataset(name=name, backend={"kind": kind, "path": root, "schema": schema}, path=root, shards=tuple(shards))
 
 
 def _map_table(url: str, local: str) -> pa.Table:
@@ -180,8 +180,9 @@ class ArrowReader:
         lo, hi = int(rows.min()), int(rows.max())
         if lo < 0 or hi >= table.num_rows:
             path = shard_info(self._shards, shard_id).path
-            raise IndexError(f"{path}: row {lo if lo < 0 else hi} is out of range "
-                             f"for shard {shard_id} with {table.num_rows} rows.")
+            raise IndexError(
+                f"{path}: row {lo if lo < 0 else hi} is out of range for shard {shard_id} with {table.num_rows} rows."
+            )
         return take_rows(table, rows)
 
     def close(self) -> None:
@@ -193,7 +194,8 @@ class ArrowReader:
             self._tables.move_to_end(shard_id)
             return table
         info = shard_info(self._shards, shard_id, dataset=self._name)
-        table = _map_table(info.path, self._shard_cache.ensure_local(info.path, info.num_bytes or None))
+        url = info.file_path()
+        table = _map_table(url, self._shard_cache.ensure_local(url, info.num_bytes or None))
         if table.num_rows != info.num_rows:
             raise DatasetFormatError(
                 f"{info.path}: has {table.num_rows} rows now, {info.num_rows} at discovery; it changed "

@@ -43,9 +43,10 @@ import logging
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Literal, Sequence
+from typing import IO, Any, Literal, cast
 
 import numpy as np
 import pyarrow as pa
@@ -193,7 +194,7 @@ def _blank_lines(buf: bytes, arr: np.ndarray, starts: np.ndarray, lengths: np.nd
     maybe = nonempty[(first == 32) | (first == 9) | (first == 13)]
     for i in maybe.tolist():
         s = int(starts[i])
-        if not buf[s:s + int(lengths[i])].strip(_WHITESPACE):
+        if not buf[s : s + int(lengths[i])].strip(_WHITESPACE):
             blank[i] = True
     return blank
 
@@ -250,15 +251,22 @@ class _IndexCache:
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             out = io.BytesIO()
-            np.savez(out, offsets=index.offsets, blank_before=index.blank_before,
-                     schema=np.frombuffer(index.schema.serialize(), dtype=np.uint8))
+            np.savez(
+                out,
+                offsets=index.offsets,
+                blank_before=index.blank_before,
+                schema=np.frombuffer(index.schema.serialize(), dtype=np.uint8),
+            )
             fs.atomic_write(path, out.getbuffer())
         except OSError as err:
             if not self._warned:
                 self._warned = True
-                log.warning("JSONL line index cache %s is not writable (%s); keeping indexes in "
-                            "memory only. Set ZEPHON_COLUMNAR_CACHE to a writable folder.",
-                            os.path.dirname(path), err)
+                log.warning(
+                    "JSONL line index cache %s is not writable (%s); keeping indexes in "
+                    "memory only. Set ZEPHON_COLUMNAR_CACHE to a writable folder.",
+                    os.path.dirname(path),
+                    err,
+                )
 
 
 def _load_index(path: str) -> LineIndex | None:
@@ -284,12 +292,12 @@ def _index_key(url: str, size: int, version: str) -> str:
 def _open_decompressed(local: str, compression: Compression) -> IO[bytes]:
     """A binary stream of the decompressed content of the local file ``local``."""
     if compression == "gzip":
-        return gzip.open(local, "rb")
-    raw = open(local, "rb")
+        return cast("IO[bytes]", gzip.open(local, "rb"))  # a binary file object, as typeshed does not say
+    raw = open(local, "rb")  # noqa: SIM115 - returned open (or owned by the zstd reader): the caller closes it
     if compression == "zstd":
         import zstandard
 
-        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
+        return cast("IO[bytes]", zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True))
     return raw
 
 
@@ -332,8 +340,10 @@ def _read_error(url: str, err: BaseException, what: str) -> BaseException:
         return err
     if fs.is_read_failure(err):
         return fs.unreadable_file(url, err)
-    return DatasetFormatError(f"{url}: {what} ({type(err).__name__}: {err}). The file is truncated or corrupt; "
-                              "re-write it or remove it from the dataset directory.")
+    return DatasetFormatError(
+        f"{url}: {what} ({type(err).__name__}: {err}). The file is truncated or corrupt; "
+        "re-write it or remove it from the dataset directory."
+    )
 
 
 # ---------------------------------------------------------------- discovery
@@ -364,14 +374,15 @@ def discover_jsonl(name: str, root: str, files: Sequence[str]) -> Dataset:
             found = list(pool.map(one, files))
     else:
         found = [one(f) for f in files]
-    shards = tuple(ShardInfo(shard_id=i, path=info.path, num_rows=info.num_rows, num_bytes=info.num_bytes,
-                             extra=info.extra) for i, (_, info) in enumerate(found))
+    shards = tuple(
+        ShardInfo(shard_id=i, path=info.path, num_rows=info.num_rows, num_bytes=info.num_bytes, extra=info.extra)
+        for i, (_, info) in enumerate(found)
+    )
     first = next((i for i, s in enumerate(shards) if s.num_rows > 0), None)
     if first is not None:
         _check_sample(files[first], found[first][0], shards[first].num_bytes)
     schema = _dataset_schema([(info, index) for index, info in found])
-    return Dataset(name=name, backend={"kind": "jsonl", "path": root, "schema": schema},
-                   path=root, shards=shards)
+    return Dataset(name=name, backend={"kind": "jsonl", "path": root, "schema": schema}, path=root, shards=shards)
 
 
 def _dataset_schema(files: Sequence[tuple[ShardInfo, LineIndex]]) -> pa.Schema:
@@ -384,8 +395,9 @@ def _dataset_schema(files: Sequence[tuple[ShardInfo, LineIndex]]) -> pa.Schema:
         except _TypeConflict as conflict:
             # Only the file's widened schema is cached, not where each type came from: scan it
             # again with the earlier files' types as the seed, which names the line.
-            local = fs.default_shard_cache().ensure_local(info.path, info.extra.get("size", info.num_bytes))
-            _scan_file(info.path, local, seed=schema)
+            url = info.file_path()
+            local = fs.default_shard_cache().ensure_local(url, info.extra.get("size", info.num_bytes))
+            _scan_file(url, local, seed=schema)
             raise DatasetFormatError(
                 f"{info.path}: field {conflict.path!r} is {conflict.new} in this file but {conflict.old} "
                 f"in the files before it. {_ONE_TYPE_PER_FIELD}"
@@ -409,16 +421,16 @@ def _check_sample(url: str, index: LineIndex, size: int) -> None:
         raise
     rows = np.arange(k, dtype=np.int64)
     starts = index.offsets[:k]
-    ends = index.offsets[1:k + 1]
+    ends = index.offsets[1 : k + 1]
     _check_objects(url, index, sample, starts, ends, rows)
     try:
-        table = pajson.read_json(pa.BufferReader(_terminated(sample)),
-                                 read_options=pajson.ReadOptions(block_size=max(1 << 20, end + 1)))
+        table = pajson.read_json(
+            pa.BufferReader(_terminated(sample)), read_options=pajson.ReadOptions(block_size=max(1 << 20, end + 1))
+        )
     except pa.ArrowInvalid as err:
         _raise_bad_line(url, index, sample, starts, ends, rows, None)
         raise DatasetFormatError(
-            f"{url}: cannot parse its first {k} rows ({err}). Check the file's encoding (UTF-8) "
-            "and line endings."
+            f"{url}: cannot parse its first {k} rows ({err}). Check the file's encoding (UTF-8) and line endings."
         ) from err
     if table.num_rows != k:  # two values on one line parse as two rows
         _raise_bad_line(url, index, sample, starts, ends, rows, None)
@@ -502,8 +514,10 @@ def _merge_schemas(old: pa.Schema, new: pa.Schema) -> pa.Schema:
 
 def _merge_fields(old: list[pa.Field], new: list[pa.Field], prefix: str) -> list[pa.Field]:
     new_by_name = {f.name: f for f in new}
-    merged = [f.with_type(_merge_types(f.type, new_by_name[f.name].type, prefix + f.name))
-              if f.name in new_by_name else f for f in old]
+    merged = [
+        f.with_type(_merge_types(f.type, new_by_name[f.name].type, prefix + f.name)) if f.name in new_by_name else f
+        for f in old
+    ]
     old_names = {f.name for f in old}
     return merged + [f for f in new if f.name not in old_names]
 
@@ -533,14 +547,21 @@ class _SchemaSoFar:
         self.schema = pa.schema([])  # of this file's rows
         self._seed = seed if seed is not None else pa.schema([])  # types of the files before it
 
-    def widen(self, buf: bytes | memoryview, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray,
-              line_numbers: Callable[[np.ndarray], np.ndarray]) -> None:
+    def widen(
+        self,
+        buf: bytes | memoryview,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        rows: np.ndarray,
+        line_numbers: Callable[[np.ndarray], np.ndarray],
+    ) -> None:
         """Widen by ``rows``, consecutive rows whose bytes are ``buf[starts:ends]`` (each range
         ends with a newline); ``line_numbers(rows)`` gives their physical line numbers."""
         found = None
         if _object_lines(buf, starts, ends).all():  # pyarrow crashes on a leading `null` line
-            found = _parsed_schema(memoryview(buf)[int(starts[0]):int(ends[-1])],
-                                   int((ends - starts).max()), len(rows))
+            found = _parsed_schema(
+                memoryview(buf)[int(starts[0]) : int(ends[-1])], int((ends - starts).max()), len(rows)
+            )
         if found is not None:
             try:
                 self._merge(found)
@@ -575,8 +596,9 @@ class _SchemaSoFar:
         _merge_schemas(self._seed, schema)  # raises if it conflicts with the files before it
         self.schema = schema
 
-    def _check_lines(self, buf: bytes | memoryview, starts: np.ndarray, ends: np.ndarray,
-                     line_numbers: np.ndarray) -> np.ndarray:
+    def _check_lines(
+        self, buf: bytes | memoryview, starts: np.ndarray, ends: np.ndarray, line_numbers: np.ndarray
+    ) -> np.ndarray:
         """Mask of the lines ``buf[starts:ends]`` (physical ``line_numbers``) that parse to one
         JSON object; raise DatasetFormatError naming the first line whose field has another JSON
         type than on an earlier line (or in the files before it)."""
@@ -677,15 +699,16 @@ def _terminated(buf: bytes | memoryview) -> bytes | memoryview:
     return buf
 
 
-def _check_objects(url: str, index: LineIndex, buf: bytes, starts: np.ndarray, ends: np.ndarray,
-                   rows: np.ndarray) -> None:
+def _check_objects(
+    url: str, index: LineIndex, buf: bytes | memoryview, starts: np.ndarray, ends: np.ndarray, rows: np.ndarray
+) -> None:
     """Raise unless every row's line starts with ``{`` (after optional whitespace).
 
     Besides giving a clear error, this guards pyarrow: ``read_json`` crashes the process on a
     buffer that starts with ``null`` and turns a ``null`` line elsewhere into an all-null row.
     """
     for i in np.flatnonzero(~_object_lines(buf, starts, ends)).tolist():
-        _raise_bad_line(url, index, buf, starts[i:i + 1], ends[i:i + 1], rows[i:i + 1], None)
+        _raise_bad_line(url, index, buf, starts[i : i + 1], ends[i : i + 1], rows[i : i + 1], None)
 
 
 def _object_lines(buf: bytes | memoryview, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -695,12 +718,19 @@ def _object_lines(buf: bytes | memoryview, starts: np.ndarray, ends: np.ndarray)
         return is_object
     arr = np.frombuffer(buf, dtype=np.uint8)
     for i in np.flatnonzero(arr[starts] != _LBRACE).tolist():  # rare: check those in Python
-        is_object[i] = bytes(buf[int(starts[i]):int(ends[i])]).lstrip(_WHITESPACE).startswith(b"{")
+        is_object[i] = bytes(buf[int(starts[i]) : int(ends[i])]).lstrip(_WHITESPACE).startswith(b"{")
     return is_object
 
 
-def _raise_bad_line(url: str, index: LineIndex, buf: bytes | memoryview, starts: np.ndarray,
-                    ends: np.ndarray, rows: np.ndarray, schema: pa.Schema | None) -> None:
+def _raise_bad_line(
+    url: str,
+    index: LineIndex,
+    buf: bytes | memoryview,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    rows: np.ndarray,
+    schema: pa.Schema | None,
+) -> None:
     """Find the first bad row among ``rows`` (their bytes are ``buf[starts:ends]``) and raise.
 
     Slow path, only after a batch failed: each line goes through ``json.loads`` (and, with a
@@ -730,8 +760,15 @@ def _raise_bad_line(url: str, index: LineIndex, buf: bytes | memoryview, starts:
                 ) from err
 
 
-def _check_utf8(url: str, index: LineIndex, buf: bytes | memoryview, starts: np.ndarray, ends: np.ndarray,
-                rows: np.ndarray, table: pa.Table) -> None:
+def _check_utf8(
+    url: str,
+    index: LineIndex,
+    buf: bytes | memoryview,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    rows: np.ndarray,
+    table: pa.Table,
+) -> None:
     """Raise DatasetFormatError naming the first bad line unless every string in ``table``
     (parsed from ``rows``, one table row per row, bytes ``buf[starts:ends]``) is valid UTF-8.
 
@@ -779,13 +816,13 @@ def _valid(column: pa.ChunkedArray) -> bool:
 def _json_kind(value: Any) -> str:
     if value is None:
         return "null"
-    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number",
-            float: "number"}.get(type(value), "value")
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(
+        type(value), "value"
+    )
 
 
 def _parse_options(schema: pa.Schema) -> pajson.ParseOptions:
-    return pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore",
-                               newlines_in_values=False)
+    return pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore", newlines_in_values=False)
 
 
 # ---------------------------------------------------------------- reading
@@ -815,6 +852,7 @@ class _OpenFile:
     def read(self, start: int, end: int) -> bytes | memoryview:
         if self.data is not None:
             return memoryview(self.data)[start:end]
+        assert self.fd is not None  # one of the two is set in __init__
         out = os.pread(self.fd, end - start, start)
         if len(out) != end - start:
             raise DatasetFormatError(
@@ -879,8 +917,9 @@ class JsonlReader:
         n_rows = f.index.num_rows
         lo, hi = int(rows.min()), int(rows.max())
         if lo < 0 or hi >= n_rows:
-            raise IndexError(f"{f.url}: row {lo if lo < 0 else hi} is out of range for shard "
-                             f"{shard_id} with {n_rows} rows.")
+            raise IndexError(
+                f"{f.url}: row {lo if lo < 0 else hi} is out of range for shard {shard_id} with {n_rows} rows."
+            )
         diffs = np.diff(rows)
         if bool(np.all(diffs > 0)):
             order, inverse = rows, None
@@ -905,22 +944,22 @@ class JsonlReader:
             self._open.move_to_end(shard_id)
             return f
         info = shard_info(self._shards, shard_id, dataset=self._name)
-        size, version = info.extra.get("size", info.num_bytes), info.extra.get("version", "")
-        if fs.is_local(info.path):
-            now = fs.file_info(info.path)
+        url, size, version = info.file_path(), info.extra.get("size", info.num_bytes), info.extra.get("version", "")
+        if fs.is_local(url):
+            now = fs.file_info(url)
             if now != (size, version):
                 raise DatasetFormatError(
                     f"{info.path}: changed since the dataset was discovered (size/mtime "
                     f"{size}/{version} then, {now[0]}/{now[1]} now). Rediscover it with Dataset.from_path."
                 )
-        local = self._shard_cache.ensure_local(info.path, size)
-        index = line_index(info.path, local, size, version)
+        local = self._shard_cache.ensure_local(url, size)
+        index = line_index(url, local, size, version)
         if index.num_rows != info.num_rows:
             raise DatasetFormatError(
                 f"{info.path}: has {index.num_rows} rows now, {info.num_rows} at discovery; it changed "
                 "since the dataset was discovered. Rediscover it with Dataset.from_path."
             )
-        f = _OpenFile(info.path, local, index, info.extra.get("compression", compression_of(info.path)))
+        f = _OpenFile(url, local, index, info.extra.get("compression", compression_of(url)))
         self._open[shard_id] = f
         held = sum(o.held_bytes for o in self._open.values())
         while len(self._open) > 1 and (len(self._open) > self._max_open or held > self._decoded_bytes):

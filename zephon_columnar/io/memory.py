@@ -8,7 +8,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -76,8 +77,12 @@ def content_bytes(values: pa.Array | pa.ChunkedArray) -> int:
     nulls = values.null_count * 8
     if pa.types.is_dictionary(kind):
         return content_bytes(values.dictionary_decode())
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) \
-            or pa.types.is_large_binary(kind):
+    if (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+    ):
         return int(pc.sum(pc.binary_length(values)).as_py() or 0) + nulls
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind):
         return content_bytes(values.flatten()) + nulls

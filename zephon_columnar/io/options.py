@@ -45,20 +45,32 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, ClassVar, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from zephon_columnar.errors import ConfigError, warn
 from zephon_columnar.io.retry import RetryPolicy
 
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11; annotations only
+
 # Zephon's units: kb, mb, gb, tb are powers of 1024 (as are kib, mib, gib, tib).
-_UNITS = {"": 1, "b": 1, "kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40,
-          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1 << 10,
+    "mb": 1 << 20,
+    "gb": 1 << 30,
+    "tb": 1 << 40,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+}
 
 # The least automatic size of the decoded row-group cache (Zephon's: 4 GiB).
 RG_CACHE_MIN_BYTES = 4 << 30
-
-T = TypeVar("T", bound="_Options")
 
 
 class OptionTypeError(ConfigError, TypeError):
@@ -78,7 +90,7 @@ def parse_size_bytes(value: str | int | None) -> int | None:
         Traceback (most recent call last):
         ...
         ValueError: cannot parse a size from 'lots': use a byte count or a number with a unit (b, kb, mb, gb, tb), e.g. '50gb'.
-    """
+    """  # noqa: E501 - a doctest's expected exception line is the message verbatim: it cannot wrap
     if value is None:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
@@ -90,8 +102,10 @@ def parse_size_bytes(value: str | int | None) -> int | None:
         return None
     m = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([a-z]*)", text)
     if not m or m.group(2) not in _UNITS:
-        raise ValueError(f"cannot parse a size from {value!r}: use a byte count or a number with a unit "
-                         "(b, kb, mb, gb, tb), e.g. '50gb'.")
+        raise ValueError(
+            f"cannot parse a size from {value!r}: use a byte count or a number with a unit "
+            "(b, kb, mb, gb, tb), e.g. '50gb'."
+        )
     return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
@@ -130,8 +144,10 @@ def _size(*, blank_is_none: bool) -> Normalizer:
 
     def normalize(name: str, value: Any) -> int | None:
         if isinstance(value, str) and not value.strip() and not blank_is_none:
-            raise ConfigError(f"{name}={value!r}: must not be empty; pass a byte count or a size such as "
-                              "'64mb' (None for the default).")
+            raise ConfigError(
+                f"{name}={value!r}: must not be empty; pass a byte count or a size such as "
+                "'64mb' (None for the default)."
+            )
         return parse_bytes(value, what=name)
 
     return normalize
@@ -153,8 +169,7 @@ def _thread_count(minimum: int) -> Normalizer:
 
     def normalize(name: str, value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ConfigError(f"{name}={value!r}: pass an int >= {minimum}, or None to leave the pool "
-                              "as it is.")
+            raise ConfigError(f"{name}={value!r}: pass an int >= {minimum}, or None to leave the pool as it is.")
         return value
 
     return normalize
@@ -177,8 +192,9 @@ def _path(*, as_str: bool) -> Normalizer:
 
     def normalize(name: str, value: Any) -> Any:
         if not isinstance(value, (str, os.PathLike)):
-            raise ConfigError(f"{name}={value!r}: pass a directory path (str or pathlib.Path), or None for "
-                              "the default.")
+            raise ConfigError(
+                f"{name}={value!r}: pass a directory path (str or pathlib.Path), or None for the default."
+            )
         return os.fspath(value) if as_str else value
 
     return normalize
@@ -192,7 +208,7 @@ class _Unset:
 
     _instance: _Unset | None = None
 
-    def __new__(cls) -> _Unset:
+    def __new__(cls) -> _Unset:  # noqa: PYI034 - a singleton: always the one _Unset instance
         if cls._instance is None:
             cls._instance = super().__new__(cls)
         return cls._instance
@@ -266,7 +282,7 @@ class _Options:
         return self._supplied  # type: ignore[attr-defined]
 
     @classmethod
-    def defaults(cls: type[T]) -> T:
+    def defaults(cls) -> Self:
         """Every field supplied with its default (nested options alike): merging it resets all."""
         values: dict[str, Any] = {}
         for f in fields(cls):
@@ -275,12 +291,13 @@ class _Options:
         return cls(**values)
 
     @classmethod
-    def _from_bool(cls: type[T], value: bool) -> T:
-        raise OptionTypeError(f"{cls.__name__}.from_any({value!r}): pass None, a {cls.__name__} or a dict of "
-                              "its fields.")
+    def _from_bool(cls, value: bool) -> Self:
+        raise OptionTypeError(
+            f"{cls.__name__}.from_any({value!r}): pass None, a {cls.__name__} or a dict of its fields."
+        )
 
     @classmethod
-    def from_any(cls: type[T], value: Any) -> T:
+    def from_any(cls, value: Any) -> Self:
         """``value`` as a ``cls``: None gives `defaults`; an instance is returned as it is; a dict
         supplies its keys (nested dicts become nested options). Unknown keys, and anything else,
         raise `OptionTypeError`."""
@@ -299,10 +316,11 @@ class _Options:
             if unknown:
                 raise OptionTypeError(f"{cls.__name__}: unknown option(s) {unknown}; valid: {sorted(known)}.")
             return cls(**value)
-        raise OptionTypeError(f"{cls.__name__}.from_any: pass None, a {cls.__name__} or a dict, "
-                              f"got {type(value).__name__}.")
+        raise OptionTypeError(
+            f"{cls.__name__}.from_any: pass None, a {cls.__name__} or a dict, got {type(value).__name__}."
+        )
 
-    def merge(self: T, other: Any) -> T:
+    def merge(self, other: Any) -> Self:
         """A copy with what ``other`` (an instance, or anything `from_any` takes but None) supplied
         laid over this object: a field ``other`` omitted keeps this object's value (supplied or
         not), nested options merge field by field. ``other=None`` returns this object."""
@@ -310,8 +328,10 @@ class _Options:
             return self
         if not isinstance(other, type(self)):
             if not isinstance(other, Mapping):
-                raise OptionTypeError(f"{type(self).__name__}.merge: pass a {type(self).__name__}, a dict or "
-                                      f"None, got {type(other).__name__}.")
+                raise OptionTypeError(
+                    f"{type(self).__name__}.merge: pass a {type(self).__name__}, a dict or "
+                    f"None, got {type(other).__name__}."
+                )
             other = type(self).from_any(other)
         values: dict[str, Any] = {}
         for f in fields(self):
@@ -335,7 +355,9 @@ class CacheOptions(_Options):
     """
 
     _prefix = "cache"
-    _moved = {"metadata_cache_entries": "StoreOptions(metadata_cache_entries=...), beside 'cache'"}
+    _moved: ClassVar[dict[str, str]] = {
+        "metadata_cache_entries": "StoreOptions(metadata_cache_entries=...), beside 'cache'"
+    }
 
     enabled: bool = _option(False)
     root: str | None = _option(None, _path(as_str=True))
@@ -355,8 +377,9 @@ class CacheOptions(_Options):
     def _from_bool(cls, value: bool) -> CacheOptions:
         if value is False:
             return cls.defaults()
-        raise OptionTypeError("CacheOptions.from_any(True): say which cache, e.g. {'enabled': True, "
-                              "'root': '/path/to/cache'}.")
+        raise OptionTypeError(
+            "CacheOptions.from_any(True): say which cache, e.g. {'enabled': True, 'root': '/path/to/cache'}."
+        )
 
     def download_policy(self) -> RetryPolicy:
         """``download_retry`` retries (so one more try) within ``download_timeout`` seconds."""
@@ -365,8 +388,11 @@ class CacheOptions(_Options):
     def metadata_policy(self) -> RetryPolicy:
         """``open_retry_attempts`` tries of a listing, size or footer request (at least one), with
         ``open_retry_initial_backoff`` .. ``open_retry_max_backoff`` seconds between them."""
-        return RetryPolicy(attempts=max(1, self.open_retry_attempts), first_delay_s=self.open_retry_initial_backoff,
-                           max_delay_s=self.open_retry_max_backoff)
+        return RetryPolicy(
+            attempts=max(1, self.open_retry_attempts),
+            first_delay_s=self.open_retry_initial_backoff,
+            max_delay_s=self.open_retry_max_backoff,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -394,15 +420,17 @@ class ParquetRGCacheOptions(_Options):
     _prefix = "parquet.rg_cache"
 
     enabled: bool | None = _option(None)
-    root: str | os.PathLike | None = _option(None, _path(as_str=False))
+    root: str | os.PathLike | None = _option(None, _path(as_str=False))  # noqa: RUF009 - _option returns a field()
     limit_bytes: int | None = _option(None, _size(blank_is_none=False))
     min_free_bytes: int = _option(1 << 30, _size(blank_is_none=False))
 
     def _check(self) -> None:
         if self.enabled is not False and self.limit_bytes is not None and self.limit_bytes <= 0:
-            raise ConfigError(f"parquet.rg_cache.limit_bytes={self.limit_bytes!r}: must be positive while the "
-                              "cache may be enabled; pass a size such as '8gb', None for the automatic size, or "
-                              "enabled=False.")
+            raise ConfigError(
+                f"parquet.rg_cache.limit_bytes={self.limit_bytes!r}: must be positive while the "
+                "cache may be enabled; pass a size such as '8gb', None for the automatic size, or "
+                "enabled=False."
+            )
 
     @classmethod
     def _from_bool(cls, value: bool) -> ParquetRGCacheOptions:
@@ -417,7 +445,7 @@ class ParquetOptions(_Options):
     _prefix = "parquet"
 
     use_threads: bool = _option(False, _flag)
-    rg_cache: ParquetRGCacheOptions = _nested(ParquetRGCacheOptions)
+    rg_cache: ParquetRGCacheOptions = _nested(ParquetRGCacheOptions)  # noqa: RUF009 - a field(default_factory=...)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -452,20 +480,23 @@ class StoreOptions(_Options):
     the old top-level ``parquet_rg_cache`` key is refused.
     """
 
-    _moved = {"parquet_rg_cache": "parquet.rg_cache (pass {'parquet': {'rg_cache': ...}})"}
+    _moved: ClassVar[dict[str, str]] = {"parquet_rg_cache": "parquet.rg_cache (pass {'parquet': {'rg_cache': ...}})"}
 
-    cache: CacheOptions = _nested(CacheOptions)
-    arrow: ArrowOptions = _nested(ArrowOptions)
-    parquet: ParquetOptions = _nested(ParquetOptions)
-    vortex: VortexOptions = _nested(VortexOptions)
-    lance: LanceOptions = _nested(LanceOptions)
+    # _nested returns a field(default_factory=...): each instance gets its own default object.
+    cache: CacheOptions = _nested(CacheOptions)  # noqa: RUF009
+    arrow: ArrowOptions = _nested(ArrowOptions)  # noqa: RUF009
+    parquet: ParquetOptions = _nested(ParquetOptions)  # noqa: RUF009
+    vortex: VortexOptions = _nested(VortexOptions)  # noqa: RUF009
+    lance: LanceOptions = _nested(LanceOptions)  # noqa: RUF009
     metadata_cache_entries: int = _option(256, _count(0))
 
     def _check(self) -> None:
         if self.cache.rg_cache_bytes is not None:
-            warn("cache.rg_cache_bytes is deprecated; use parquet.rg_cache.limit_bytes instead "
-                 "(an explicit parquet.rg_cache.limit_bytes wins; 0 disables the row-group cache).",
-                 DeprecationWarning)
+            warn(
+                "cache.rg_cache_bytes is deprecated; use parquet.rg_cache.limit_bytes instead "
+                "(an explicit parquet.rg_cache.limit_bytes wins; 0 disables the row-group cache).",
+                DeprecationWarning,
+            )
 
     def resolved_parquet_rg_cache(self) -> ParquetRGCacheOptions:
         """``parquet.rg_cache`` with its automatic values filled in from ``cache``:
@@ -485,8 +516,10 @@ class StoreOptions(_Options):
         """
         rg, cache = self.parquet.rg_cache, self.cache
         if rg.enabled is True and not cache.enabled and rg.root is None:
-            raise ConfigError("parquet.rg_cache.enabled=True requires parquet.rg_cache.root when cache.enabled is "
-                              "False: set parquet.rg_cache.root, or enable the shard cache (cache.enabled=True).")
+            raise ConfigError(
+                "parquet.rg_cache.enabled=True requires parquet.rg_cache.root when cache.enabled is "
+                "False: set parquet.rg_cache.root, or enable the shard cache (cache.enabled=True)."
+            )
         enabled = rg.enabled if rg.enabled is not None else bool(cache.enabled) or rg.root is not None
         limit = rg.limit_bytes
         if limit is None:
@@ -497,9 +530,17 @@ class StoreOptions(_Options):
             else:
                 shard_limit = cache.limit_bytes if cache.enabled else None
                 limit = max(RG_CACHE_MIN_BYTES, shard_limit // 10 if shard_limit is not None else 0)
-        return ParquetRGCacheOptions(enabled=enabled, root=rg.root, limit_bytes=limit,
-                                     min_free_bytes=rg.min_free_bytes)
+        return ParquetRGCacheOptions(enabled=enabled, root=rg.root, limit_bytes=limit, min_free_bytes=rg.min_free_bytes)
 
 
-__all__ = ["ArrowOptions", "CacheOptions", "LanceOptions", "OptionTypeError", "ParquetOptions",
-           "ParquetRGCacheOptions", "StoreOptions", "VortexOptions", "parse_size_bytes"]
+__all__ = [
+    "ArrowOptions",
+    "CacheOptions",
+    "LanceOptions",
+    "OptionTypeError",
+    "ParquetOptions",
+    "ParquetRGCacheOptions",
+    "StoreOptions",
+    "VortexOptions",
+    "parse_size_bytes",
+]

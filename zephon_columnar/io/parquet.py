@@ -28,8 +28,8 @@ Example:
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -86,8 +86,7 @@ def discover_parquet(name: str, root: str, files: Sequence[str]) -> Dataset:
         for i, (f, (md, size)) in enumerate(zip(files, footers))
     )
     schema = schemas[0] if schemas else pa.schema([])
-    return Dataset(name=name, backend={"kind": "parquet", "path": root, "schema": schema},
-                   path=root, shards=shards)
+    return Dataset(name=name, backend={"kind": "parquet", "path": root, "schema": schema}, path=root, shards=shards)
 
 
 def _read_remote_footer(url: str) -> tuple[pq.FileMetaData, int]:
@@ -140,8 +139,7 @@ class _OpenShard:
             )
         self.starts = np.zeros(len(found) + 1, dtype=np.int64)
         np.cumsum(found, out=self.starts[1:])
-        self.group_bytes = np.array([md.row_group(g).total_byte_size for g in range(md.num_row_groups)],
-                                    dtype=np.int64)
+        self.group_bytes = np.array([md.row_group(g).total_byte_size for g in range(md.num_row_groups)], dtype=np.int64)
         # The row group right after the last decode: a miss there, by a take that continues
         # the previous one (``next_row``: the row after it, -1 for none), means a sequential scan.
         self.next_group = 0
@@ -162,8 +160,9 @@ def _open_file(path: str) -> pq.ParquetFile:
             from pyarrow._parquet import ParquetReader as _LowLevelReader
 
             reader = _LowLevelReader(memory_pool=pool)
-            reader.open(path, use_memory_map=False, pre_buffer=False, metadata=file.metadata,
-                        arrow_extensions_enabled=True)
+            reader.open(
+                path, use_memory_map=False, pre_buffer=False, metadata=file.metadata, arrow_extensions_enabled=True
+            )
         except (ImportError, AttributeError, TypeError, ValueError, OSError, pa.ArrowException):
             return file  # a pyarrow without this (private) API: the default reader works
         file.reader.close()
@@ -229,8 +228,9 @@ class ParquetReader:
         lo, hi = int(rows.min()), int(rows.max())
         if lo < 0 or hi >= starts[-1]:
             bad = lo if lo < 0 else hi
-            raise IndexError(f"{shard.url}: row {bad} is out of range for shard {shard_id} "
-                             f"with {int(starts[-1])} rows.")
+            raise IndexError(
+                f"{shard.url}: row {bad} is out of range for shard {shard_id} with {int(starts[-1])} rows."
+            )
         g_lo = int(np.searchsorted(starts, lo, side="right")) - 1
         g_hi = int(np.searchsorted(starts, hi, side="right")) - 1
         run = int(rows[0]) == lo and hi - lo == n - 1 and bool(np.all(np.diff(rows) == 1))
@@ -277,12 +277,13 @@ class ParquetReader:
             self._open.move_to_end(shard_id)
             return shard
         info = shard_info(self._shards, shard_id, dataset=self._name)
-        path = self._shard_cache.ensure_local(info.path, info.num_bytes or None)
+        url = info.file_path()
+        path = self._shard_cache.ensure_local(url, info.num_bytes or None)
         try:
-            shard = _OpenShard(info.path, path, info.extra.get("row_groups", ()))
+            shard = _OpenShard(url, path, info.extra.get("row_groups", ()))
         except (pa.ArrowInvalid, OSError) as err:
             if fs.is_read_failure(err):
-                raise fs.unreadable_file(info.path, err) from err
+                raise fs.unreadable_file(url, err) from err
             raise DatasetFormatError(
                 f"{info.path}: cannot open as Parquet ({err}). Re-write the file or remove it "
                 "from the dataset directory, then rediscover the dataset."
@@ -294,8 +295,7 @@ class ParquetReader:
         return shard
 
     # ------------------------------------------------------------ row groups
-    def _load(self, shard_id: int, shard: _OpenShard, wanted: Iterable[int], *,
-              scan: bool) -> dict[int, pa.Table]:
+    def _load(self, shard_id: int, shard: _OpenShard, wanted: Iterable[int], *, scan: bool) -> dict[int, pa.Table]:
         """Decoded tables of the row groups ``wanted`` (sorted), decoding the missing ones (and,
         with ``scan``, the next ones when the access is sequential)."""
         out: dict[int, pa.Table] = {}
@@ -376,4 +376,3 @@ class ParquetReader:
         while self._held_bytes > self._cache_bytes and len(self._groups) > 1:
             old_key, _ = self._groups.popitem(last=False)
             self._held_bytes -= self._group_bytes.pop(old_key)
-

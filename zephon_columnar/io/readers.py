@@ -15,7 +15,8 @@ Example:
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.io.base import ShardReader, check_columns
@@ -90,6 +91,9 @@ class ReaderPool:
     SHARED_KINDS = ("parquet", "hf_arrow", "arrow_ipc")
 
     def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
         self._lock = threading.Lock()
         self._readers: dict[int, _LockedReader] = {}
 
@@ -112,4 +116,4 @@ class ReaderPool:
         return {}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__()
+        self._reset()

@@ -28,8 +28,9 @@ import http.client
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 from zephon_columnar.errors import ConfigError, ZephonError
 
@@ -38,13 +39,30 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # errno values that say the request itself is wrong: another try gives the same answer.
-_PERMANENT_ERRNOS = frozenset({errno.ENOENT, errno.EACCES, errno.EPERM, errno.EINVAL, errno.EISDIR,
-                               errno.ENOTDIR, errno.ENAMETOOLONG, errno.EROFS})
+_PERMANENT_ERRNOS = frozenset(
+    {
+        errno.ENOENT,
+        errno.EACCES,
+        errno.EPERM,
+        errno.EINVAL,
+        errno.EISDIR,
+        errno.ENOTDIR,
+        errno.ENAMETOOLONG,
+        errno.EROFS,
+    }
+)
 # Network libraries whose exceptions (not OSError subclasses) are connection or protocol trouble.
 _NETWORK_MODULES = ("botocore", "aiobotocore", "aiohttp", "urllib3", "requests", "google", "azure")
 # ... except these, which are configuration mistakes.
-_CONFIG_ERROR_NAMES = ("Credential", "ParamValidation", "NoRegion", "InvalidConfig", "UnknownService",
-                       "InvalidURL", "InvalidUrl")
+_CONFIG_ERROR_NAMES = (
+    "Credential",
+    "ParamValidation",
+    "NoRegion",
+    "InvalidConfig",
+    "UnknownService",
+    "InvalidURL",
+    "InvalidUrl",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,7 +110,8 @@ def is_transient(err: BaseException) -> bool:
     Example:
         >>> is_transient(ConnectionResetError(104, "reset")), is_transient(OSError(121, "Internal Server Error"))
         (True, True)
-        >>> is_transient(FileNotFoundError("s3://b/k")), is_transient(PermissionError(13, "denied")), is_transient(ValueError())
+        >>> (is_transient(FileNotFoundError("s3://b/k")), is_transient(PermissionError(13, "denied")),
+        ...  is_transient(ValueError()))
         (False, False, False)
     """
     if isinstance(err, ZephonError):
@@ -110,8 +129,14 @@ def is_transient(err: BaseException) -> bool:
     return False
 
 
-def retrying(call: Callable[[], T], *, url: str, what: str, policy: RetryPolicy,
-             on_retry: Callable[[BaseException], None] | None = None) -> T:
+def retrying(
+    call: Callable[[], T],
+    *,
+    url: str,
+    what: str,
+    policy: RetryPolicy,
+    on_retry: Callable[[BaseException], None] | None = None,
+) -> T:
     """``call()``, tried again after transient errors (:func:`is_transient`) as ``policy`` says.
 
     Permanent errors propagate unchanged. When the tries (or ``policy.deadline_s``) run out, a
@@ -122,7 +147,7 @@ def retrying(call: Callable[[], T], *, url: str, what: str, policy: RetryPolicy,
     for failures in range(1, policy.attempts + 1):
         try:
             return call()
-        except Exception as err:  # noqa: BLE001  # classified just below
+        except Exception as err:  # classified just below
             if not is_transient(err):
                 raise
             elapsed = time.monotonic() - start
@@ -137,7 +162,15 @@ def retrying(call: Callable[[], T], *, url: str, what: str, policy: RetryPolicy,
             if on_retry is not None:
                 on_retry(err)
             wait = policy.delay(failures)
-            log.info("%s: %s failed (%s: %s); try %d of %d in %.2f s", url, what, type(err).__name__, err,
-                     failures + 1, policy.attempts, wait)
+            log.info(
+                "%s: %s failed (%s: %s); try %d of %d in %.2f s",
+                url,
+                what,
+                type(err).__name__,
+                err,
+                failures + 1,
+                policy.attempts,
+                wait,
+            )
             time.sleep(wait)
     raise AssertionError("unreachable")  # the loop returns or raises

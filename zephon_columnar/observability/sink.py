@@ -27,11 +27,11 @@ import json
 import logging
 import socket
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from zephon_columnar.observability.config import MetricsSinkConfig, MetricsSinkMode
 from zephon_columnar.observability.stats import PipelineSummary
-
 
 # Per-operator / per-stage record fields that are labels, not values.
 _LABELS = ("lane", "stage", "index", "op")
@@ -50,8 +50,11 @@ def gauges_of(summary: PipelineSummary | None, namespace: str) -> list[Gauge]:
             out.append((f"{namespace}.{rec['name']}", float(rec["value"]), tags))
             continue
         kind = "op" if "op" in rec else "stage"
-        out += [(f"{namespace}.{kind}.{k}", float(v), tags) for k, v in rec.items()
-                if k not in _LABELS and isinstance(v, (int, float)) and not isinstance(v, bool)]
+        out += [
+            (f"{namespace}.{kind}.{k}", float(v), tags)
+            for k, v in rec.items()
+            if k not in _LABELS and isinstance(v, (int, float)) and not isinstance(v, bool)
+        ]
     return out
 
 
@@ -80,7 +83,7 @@ class MetricsEmitter:
             self.flush()
 
     def flush(self) -> None:
-        gauges = [(f"{self.config.namespace}.items_delivered", float(self.items), {})]
+        gauges: list[Gauge] = [(f"{self.config.namespace}.items_delivered", float(self.items), {})]
         gauges += gauges_of(self.snapshot(), self.config.namespace)
         if self._log is not None:
             self._emit_log(gauges)
@@ -98,9 +101,16 @@ class MetricsEmitter:
         assert self._log is not None
         tags = dict(self.config.default_tags)
         if self.config.json_logs:
-            self._log.info(json.dumps({"event": "pipeline_metrics", "tags": tags,
-                                       "metrics": [{"name": n, "value": v, "tags": t} for n, v, t in gauges]},
-                                      default=str))
+            self._log.info(
+                json.dumps(
+                    {
+                        "event": "pipeline_metrics",
+                        "tags": tags,
+                        "metrics": [{"name": n, "value": v, "tags": t} for n, v, t in gauges],
+                    },
+                    default=str,
+                )
+            )
         else:
             self._log.info(" ".join(_text_gauge(n, v, {**tags, **t}) for n, v, t in gauges))
 
@@ -110,15 +120,18 @@ class MetricsEmitter:
         step = max(1, int(self.config.max_batch_size))
         for at in range(0, len(lines), step):
             try:
-                self._udp.sendto("\n".join(lines[at:at + step]).encode(),
-                                 (self.config.statsd_host, int(self.config.statsd_port)))
+                self._udp.sendto(
+                    "\n".join(lines[at : at + step]).encode(), (self.config.statsd_host, int(self.config.statsd_port))
+                )
             except OSError as err:
                 if not self._send_failed:
                     self._send_failed = True
                     from zephon_columnar.errors import warn
 
-                    warn(f"metrics sink: StatsD send to {self.config.statsd_host}:{self.config.statsd_port} "
-                         f"failed ({err}); metrics are dropped until it works again.")
+                    warn(
+                        f"metrics sink: StatsD send to {self.config.statsd_host}:{self.config.statsd_port} "
+                        f"failed ({err}); metrics are dropped until it works again."
+                    )
 
 
 def _text_gauge(name: str, value: float, tags: dict[str, Any]) -> str:

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import copy
 import sys
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterator, Mapping, MutableMapping
+from typing import Any
 
 from zephon_columnar.observability.config import ExecutionTrackingMode
 
@@ -44,7 +45,7 @@ class _PlanSummary:
     def merge(self, other: Any) -> None:
         raise NotImplementedError
 
-    def _merge_plan(self, other: "_PlanSummary") -> None:
+    def _merge_plan(self, other: _PlanSummary) -> None:
         if self.plan_id is None:
             self.plan_id = other.plan_id
         if self.reporting_interval_s is None:
@@ -76,7 +77,7 @@ class NodeMetricsDelta:
     max_processing_ns: int | None = None
 
     @classmethod
-    def empty(cls, stage_index: int, op_index: int, stage_name: str, name: str) -> "NodeMetricsDelta":
+    def empty(cls, stage_index: int, op_index: int, stage_name: str, name: str) -> NodeMetricsDelta:
         return cls(stage_index=stage_index, op_index=op_index, stage_name=stage_name, name=name)
 
 
@@ -115,10 +116,15 @@ class NodeSummary:
     def as_delta(self, stage_name: str) -> NodeMetricsDelta:
         """These totals as one delta (to merge or copy them into another summary)."""
         return NodeMetricsDelta(
-            stage_index=self.stage_index, op_index=self.op_index, stage_name=stage_name, name=self.name,
-            **{name: getattr(self, name) for name in _NODE_SUMS}, max_queue_depth=self.max_queue_depth,
+            stage_index=self.stage_index,
+            op_index=self.op_index,
+            stage_name=stage_name,
+            name=self.name,
+            **{name: getattr(self, name) for name in _NODE_SUMS},
+            max_queue_depth=self.max_queue_depth,
             min_processing_ns=None if self.min_processing_ns == _UNSET_MIN else self.min_processing_ns,
-            max_processing_ns=self.max_processing_ns or None)
+            max_processing_ns=self.max_processing_ns or None,
+        )
 
     @property
     def has_samples(self) -> bool:
@@ -129,11 +135,17 @@ class NodeSummary:
         return _ratio(self.processed_ns, self.produced_elements)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage_index, "op": self.op_index, "name": self.name,
-                **{name: getattr(self, name) for name in _NODE_SUMS},
-                "min_processing_ns": None if self.min_processing_ns == _UNSET_MIN else self.min_processing_ns,
-                "max_processing_ns": self.max_processing_ns, "avg_processing_ns": self.avg_processing_ns,
-                "max_queue_depth": self.max_queue_depth, "wait_ratio": self.wait_ratio}
+        return {
+            "stage": self.stage_index,
+            "op": self.op_index,
+            "name": self.name,
+            **{name: getattr(self, name) for name in _NODE_SUMS},
+            "min_processing_ns": None if self.min_processing_ns == _UNSET_MIN else self.min_processing_ns,
+            "max_processing_ns": self.max_processing_ns,
+            "avg_processing_ns": self.avg_processing_ns,
+            "max_queue_depth": self.max_queue_depth,
+            "wait_ratio": self.wait_ratio,
+        }
 
 
 @dataclass(slots=True)
@@ -152,14 +164,14 @@ class StageSummary:
             node = self.nodes[delta.op_index] = NodeSummary(delta.stage_index, delta.op_index, delta.name)
         node.apply(delta)
 
-    def merge(self, other: "StageSummary") -> None:
+    def merge(self, other: StageSummary) -> None:
         for node in other.iter_nodes():
             self.apply(node.as_delta(self.name))
 
     def iter_nodes(self) -> Iterator[NodeSummary]:
         return (node for _, node in sorted(self.nodes.items()))
 
-    def copy(self) -> "StageSummary":
+    def copy(self) -> StageSummary:
         clone = StageSummary(index=self.index, name=self.name)
         clone.merge(self)
         return clone
@@ -196,8 +208,18 @@ class FetchTimingDelta:
     shard_reopens: int = 0
 
 
-_FETCH_SUMS = ("samples", "group_ns", "resolve_ns", "open_ns", "read_ns", "close_ns", "retries", "cache_hits",
-               "cache_misses", "shard_reopens")
+_FETCH_SUMS = (
+    "samples",
+    "group_ns",
+    "resolve_ns",
+    "open_ns",
+    "read_ns",
+    "close_ns",
+    "retries",
+    "cache_hits",
+    "cache_misses",
+    "shard_reopens",
+)
 
 
 @dataclass(slots=True)
@@ -221,11 +243,11 @@ class FetchTimingTotals:
         for name in _FETCH_SUMS:
             setattr(self, name, getattr(self, name) + max(0, getattr(delta, name)))
 
-    def merge(self, other: "FetchTimingTotals") -> None:
+    def merge(self, other: FetchTimingTotals) -> None:
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
-    def copy(self) -> "FetchTimingTotals":
+    def copy(self) -> FetchTimingTotals:
         return copy.copy(self)
 
     @property
@@ -254,8 +276,14 @@ class FetchTimingTotals:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
-        out.update(avg_group_ns=self.avg_group_ns, avg_resolve_ns=self.avg_resolve_ns, avg_open_ns=self.avg_open_ns,
-                   avg_read_ns=self.avg_read_ns, avg_close_ns=self.avg_close_ns, cache_hit_ratio=self.cache_hit_ratio)
+        out.update(
+            avg_group_ns=self.avg_group_ns,
+            avg_resolve_ns=self.avg_resolve_ns,
+            avg_open_ns=self.avg_open_ns,
+            avg_read_ns=self.avg_read_ns,
+            avg_close_ns=self.avg_close_ns,
+            cache_hit_ratio=self.cache_hit_ratio,
+        )
         return out
 
 
@@ -271,24 +299,40 @@ class FetchStageSummary:
         self.totals.apply(delta)
         self.shard_totals.setdefault((delta.dataset_id, delta.shard_id), FetchTimingTotals()).apply(delta)
 
-    def merge(self, other: "FetchStageSummary") -> None:
+    def merge(self, other: FetchStageSummary) -> None:
         self.totals.merge(other.totals)
         for key, totals in other.shard_totals.items():
             self.shard_totals.setdefault(key, FetchTimingTotals()).merge(totals)
 
-    def copy(self) -> "FetchStageSummary":
+    def copy(self) -> FetchStageSummary:
         clone = FetchStageSummary(index=self.index)
         clone.merge(self)
         return clone
 
-    def to_records(self, *, plan_id: str | None, stage_name: str | None, tracking_mode: ExecutionTrackingMode,
-                   include_shards: bool = True) -> list[dict[str, Any]]:
+    def to_records(
+        self,
+        *,
+        plan_id: str | None,
+        stage_name: str | None,
+        tracking_mode: ExecutionTrackingMode,
+        include_shards: bool = True,
+    ) -> list[dict[str, Any]]:
         """The stage's totals (``dataset_id``/``shard_id`` None), then each shard's, in order."""
-        rows = [(None, None, self.totals)]
+        rows: list[tuple[int | None, int | None, FetchTimingTotals]] = [(None, None, self.totals)]
         if include_shards:
             rows += [(d, s, t) for (d, s), t in sorted(self.shard_totals.items())]
-        return [{"plan_id": plan_id, "tracking_mode": ExecutionTrackingMode(tracking_mode).value, "stage": self.index,
-                 "stage_name": stage_name, "dataset_id": d, "shard_id": s, **t.to_dict()} for d, s, t in rows]
+        return [
+            {
+                "plan_id": plan_id,
+                "tracking_mode": ExecutionTrackingMode(tracking_mode).value,
+                "stage": self.index,
+                "stage_name": stage_name,
+                "dataset_id": d,
+                "shard_id": s,
+                **t.to_dict(),
+            }
+            for d, s, t in rows
+        ]
 
 
 @dataclass
@@ -305,7 +349,7 @@ class FetchTimingSummary(_PlanSummary):
     def apply(self, delta: FetchTimingDelta) -> None:
         self.stages.setdefault(delta.stage_index, FetchStageSummary(index=delta.stage_index)).apply(delta)
 
-    def merge(self, other: "FetchTimingSummary") -> None:
+    def merge(self, other: FetchTimingSummary) -> None:
         self._merge_plan(other)
         for index, stage in other.stages.items():
             self.stages.setdefault(index, FetchStageSummary(index=index)).merge(stage)
@@ -315,11 +359,19 @@ class FetchTimingSummary(_PlanSummary):
     def iter_stages(self) -> Iterator[FetchStageSummary]:
         return (stage for _, stage in sorted(self.stages.items()))
 
-    def to_records(self, stage_names: Mapping[int, str] | None = None, *,
-                   include_shards: bool = True) -> list[dict[str, Any]]:
-        return [record for stage in self.iter_stages()
-                for record in stage.to_records(plan_id=self.plan_id, stage_name=(stage_names or {}).get(stage.index),
-                                               tracking_mode=self.tracking_mode, include_shards=include_shards)]
+    def to_records(
+        self, stage_names: Mapping[int, str] | None = None, *, include_shards: bool = True
+    ) -> list[dict[str, Any]]:
+        return [
+            record
+            for stage in self.iter_stages()
+            for record in stage.to_records(
+                plan_id=self.plan_id,
+                stage_name=(stage_names or {}).get(stage.index),
+                tracking_mode=self.tracking_mode,
+                include_shards=include_shards,
+            )
+        ]
 
     def has_samples(self) -> bool:
         return any(stage.totals.samples > 0 for stage in self.stages.values())
@@ -357,11 +409,11 @@ class PrefetchTimingTotals:
         self.prefetch_succeeded += max(0, delta.prefetch_succeeded)
         self.prefetch_failed += max(0, delta.prefetch_failed)
 
-    def merge(self, other: "PrefetchTimingTotals") -> None:
+    def merge(self, other: PrefetchTimingTotals) -> None:
         for f in fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
-    def copy(self) -> "PrefetchTimingTotals":
+    def copy(self) -> PrefetchTimingTotals:
         return copy.copy(self)
 
 
@@ -374,7 +426,7 @@ class PrefetchTimingSummary(_PlanSummary):
     def apply(self, delta: PrefetchTimingDelta) -> None:
         self.stages.setdefault(delta.stage_index, PrefetchTimingTotals()).apply(delta)
 
-    def merge(self, other: "PrefetchTimingSummary") -> None:
+    def merge(self, other: PrefetchTimingSummary) -> None:
         self._merge_plan(other)
         for index, totals in other.stages.items():
             self.stages.setdefault(index, PrefetchTimingTotals()).merge(totals)
@@ -400,7 +452,7 @@ class PipelineSummary(_PlanSummary):
     def apply(self, delta: NodeMetricsDelta) -> None:
         self.stages.setdefault(delta.stage_index, StageSummary(delta.stage_index, delta.stage_name)).apply(delta)
 
-    def merge(self, other: "PipelineSummary") -> None:
+    def merge(self, other: PipelineSummary) -> None:
         self._merge_plan(other)
         for index, stage in other.stages.items():
             self.stages.setdefault(index, StageSummary(stage.index, stage.name)).merge(stage)
@@ -413,10 +465,13 @@ class PipelineSummary(_PlanSummary):
         """One record per operator (``NodeSummary.to_dict`` with ``stage_name``, ``plan_id``,
         ``tracking_mode``), then the engine's counters."""
         mode = ExecutionTrackingMode(self.tracking_mode).value
-        return [{**node.to_dict(), "stage_name": stage.name, "plan_id": self.plan_id, "tracking_mode": mode}
-                for stage in self.iter_stages() for node in stage.iter_nodes()] + list(self.records)
+        return [
+            {**node.to_dict(), "stage_name": stage.name, "plan_id": self.plan_id, "tracking_mode": mode}
+            for stage in self.iter_stages()
+            for node in stage.iter_nodes()
+        ] + list(self.records)
 
-    def clone(self) -> "PipelineSummary":
+    def clone(self) -> PipelineSummary:
         clone = super().clone()
         clone.total_wait_ratio = self.total_wait_ratio
         return clone
@@ -433,6 +488,16 @@ class PipelineSummary(_PlanSummary):
         self.total_wait_ratio = 1.0
 
 
-__all__ = ["FetchStageSummary", "FetchTimingDelta", "FetchTimingSummary", "FetchTimingTotals", "NodeMetricsDelta",
-           "NodeSummary", "PipelineSummary", "PrefetchTimingDelta", "PrefetchTimingSummary", "PrefetchTimingTotals",
-           "StageSummary"]
+__all__ = [
+    "FetchStageSummary",
+    "FetchTimingDelta",
+    "FetchTimingSummary",
+    "FetchTimingTotals",
+    "NodeMetricsDelta",
+    "NodeSummary",
+    "PipelineSummary",
+    "PrefetchTimingDelta",
+    "PrefetchTimingSummary",
+    "PrefetchTimingTotals",
+    "StageSummary",
+]

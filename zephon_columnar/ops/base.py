@@ -60,6 +60,8 @@ from zephon_columnar.ops.polars_frames import polars_frame
 from zephon_columnar.ops.traits import OpTraits
 
 if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11; annotations only
+
     from zephon_columnar.ops.accumulators import Accumulator
     from zephon_columnar.ops.accumulators.lane import LaneAccumulator, LaneContext
     from zephon_columnar.records import SampleRecord
@@ -121,7 +123,7 @@ class BaseOp(ABC):
         """How the operator behaves (see `OpTraits`)."""
 
     @abstractmethod
-    def process_many(self, elems: list["SampleRecord"]) -> list["SampleRecord"]:
+    def process_many(self, elems: list[SampleRecord]) -> list[SampleRecord]:
         """Records in, records out: rebuild ``record.payload`` and return the record that
         carried it; fan out with `~zephon_columnar.records.spawn_child`, drop with
         `~zephon_columnar.records.tombstones_for_record` (or by leaving the record out)."""
@@ -129,19 +131,19 @@ class BaseOp(ABC):
     def setup(self, ctx: OpContext) -> None:
         self.stage_info = ctx.stage_info
 
-    def teardown(self) -> None:
+    def teardown(self) -> None:  # noqa: B027 - an optional hook: a no-op unless a subclass holds resources
         pass
 
-    def process_one(self, elem: "SampleRecord") -> list["SampleRecord"]:
+    def process_one(self, elem: SampleRecord) -> list[SampleRecord]:
         return self.process_many([elem])
 
-    def accumulator(self, *, deterministic: bool, ctx: dict[str, Any]) -> "Accumulator[Any]":
+    def accumulator(self, *, deterministic: bool, ctx: dict[str, Any]) -> Accumulator[Any]:
         """How records are grouped into ``process_many`` calls, per lane: each upstream frame
         as one call by default. The engine builds one per lane at the start and after every
         flush point (see `zephon_columnar.ops.user`)."""
         return PassthroughAccumulator()
 
-    def validation_samples(self) -> list["SampleRecord"] | None:
+    def validation_samples(self) -> list[SampleRecord] | None:
         """Records ``Pipeline.validate`` runs the op on (None: synthetic ``{text, value}``)."""
         return None
 
@@ -152,7 +154,7 @@ class BaseOp(ABC):
 
         return run_rows(frame, self.process_many, op_name=self.op_name())
 
-    def lane_accumulator(self, ctx: "LaneContext | None" = None) -> "LaneAccumulator | None":
+    def lane_accumulator(self, ctx: LaneContext | None = None) -> LaneAccumulator | None:
         """Per-lane ordered state for a built-in ordered stage (`OrderedOp`); None otherwise."""
         return None
 
@@ -174,7 +176,7 @@ class BaseOp(ABC):
         checkpoint is checked against). Subclasses add the arguments that change the data."""
         return {"op": self.op_name()}
 
-    def clone(self) -> "BaseOp":
+    def clone(self) -> Self:
         return copy.deepcopy(self)
 
     @classmethod
@@ -191,7 +193,7 @@ class FrameOp(BaseOp):
     @abstractmethod
     def process_frame(self, frame: pa.Table) -> pa.Table: ...
 
-    def process_many(self, elems: list["SampleRecord"]) -> list["SampleRecord"]:
+    def process_many(self, elems: list[SampleRecord]) -> list[SampleRecord]:
         from zephon_columnar.records import frame_of_records, records_of
 
         return records_of(self.process_frame(frame_of_records(elems, op_name=self.op_name())))
@@ -204,11 +206,13 @@ class OrderedOp(BaseOp):
     builtin = True
 
     @abstractmethod
-    def lane_accumulator(self, ctx: "LaneContext | None" = None) -> "LaneAccumulator": ...
+    def lane_accumulator(self, ctx: LaneContext | None = None) -> LaneAccumulator: ...
 
-    def process_many(self, elems: list["SampleRecord"]) -> list["SampleRecord"]:
-        raise TypeError(f"{self.op_name()} is an ordered stage: it runs per lane inside a pipeline "
-                        "(lane_accumulator), not on a list of records.")
+    def process_many(self, elems: list[SampleRecord]) -> list[SampleRecord]:
+        raise TypeError(
+            f"{self.op_name()} is an ordered stage: it runs per lane inside a pipeline "
+            "(lane_accumulator), not on a list of records."
+        )
 
 
 ColumnsFormat = Literal["arrow", "polars"]
@@ -245,7 +249,7 @@ class ColumnarOp(BaseOp):
     def process_frame(self, frame: pa.Table) -> pa.Table:
         return run_columns(frame, self.process_columns, op_name=self.op_name(), columns_format=self.columns_format)
 
-    def process_many(self, elems: list["SampleRecord"]) -> list["SampleRecord"]:
+    def process_many(self, elems: list[SampleRecord]) -> list[SampleRecord]:
         from zephon_columnar.records import frame_of_records, records_of
 
         return records_of(self.process_frame(frame_of_records(elems, op_name=self.op_name())))
@@ -263,8 +267,11 @@ def run_columns(frame: pa.Table, fn: Any, *, op_name: str, columns_format: Colum
 
         arg: Any = polars_frame(payload, rechunk=True) if payload.num_columns else pl.DataFrame()
     else:
-        arg = payload.combine_chunks().to_batches()[0] if payload.num_rows and payload.num_columns else \
-            pa.RecordBatch.from_pylist([], schema=payload.schema)
+        arg = (
+            payload.combine_chunks().to_batches()[0]
+            if payload.num_rows and payload.num_columns
+            else pa.RecordBatch.from_pylist([], schema=payload.schema)
+        )
     out = fn(arg)
     rows = None
     if isinstance(out, tuple) and len(out) == 2:
@@ -274,25 +281,33 @@ def run_columns(frame: pa.Table, fn: Any, *, op_name: str, columns_format: Colum
     out_names, out_columns, out_rows = table.schema.names, table.columns, table.num_rows
     reserved = [c for c in out_names if F.is_bookkeeping(c)]
     if reserved:
-        raise WrongTypeError(f"operator {op_name!r} returned columns {reserved}; names starting with '__' are "
-                             "reserved for the engine's bookkeeping, pick other names.")
+        raise WrongTypeError(
+            f"operator {op_name!r} returned columns {reserved}; names starting with '__' are "
+            "reserved for the engine's bookkeeping, pick other names."
+        )
     if rows is None:
         if out_rows != frame.num_rows:
             raise WrongTypeError(
                 f"operator {op_name!r}: process_columns got {frame.num_rows} rows and returned {out_rows}; "
-                "return (batch, rows) with rows[i] = the input row output row i comes from, to filter or fan out.")
+                "return (batch, rows) with rows[i] = the input row output row i comes from, to filter or fan out."
+            )
         # F.with_payload(bookkeeping_of(frame), out), from the positions found above.
-        return pa.Table.from_arrays(frame.select(book_at).columns + list(out_columns),
-                                    names=[names[i] for i in book_at] + list(out_names))
+        return pa.Table.from_arrays(
+            frame.select(book_at).columns + list(out_columns), names=[names[i] for i in book_at] + list(out_names)
+        )
     table = _as_table(out, op_name)
     book = frame.select(book_at)
     index = np.asarray(rows, dtype=np.int64).reshape(-1)
     if len(index) != out_rows or (len(index) and (index.min() < 0 or index.max() >= frame.num_rows)):
-        raise WrongTypeError(f"operator {op_name!r}: process_columns returned {out_rows} rows with {len(index)} "
-                             f"row indices (each must be an input row, 0..{frame.num_rows - 1}).")
+        raise WrongTypeError(
+            f"operator {op_name!r}: process_columns returned {out_rows} rows with {len(index)} "
+            f"row indices (each must be an input row, 0..{frame.num_rows - 1})."
+        )
     if len(index) > 1 and np.any(np.diff(index) < 0):
-        raise WrongTypeError(f"operator {op_name!r}: process_columns' row indices go back ({index.tolist()[:8]}...); "
-                             "keep output rows in input order.")
+        raise WrongTypeError(
+            f"operator {op_name!r}: process_columns' row indices go back ({index.tolist()[:8]}...); "
+            "keep output rows in input order."
+        )
     repeated = np.zeros(len(index), bool)
     if len(index) > 1:
         repeated[1:] = index[1:] == index[:-1]
@@ -315,5 +330,7 @@ def _as_table(out: Any, op_name: str) -> pa.Table:
         return pa.Table.from_batches([out])
     if type(out).__module__.startswith("polars"):
         return out.to_arrow()
-    raise WrongTypeError(f"operator {op_name!r}: process_columns returned {type(out).__name__}; return a "
-                         "pyarrow.RecordBatch, pyarrow.Table or polars.DataFrame (or (batch, rows)).")
+    raise WrongTypeError(
+        f"operator {op_name!r}: process_columns returned {type(out).__name__}; return a "
+        "pyarrow.RecordBatch, pyarrow.Table or polars.DataFrame (or (batch, rows))."
+    )

@@ -88,7 +88,7 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, ClassVar, get_args
+from typing import Any, get_args
 
 import numpy as np
 import pyarrow as pa
@@ -137,50 +137,86 @@ class TokenizeChatOp(TokenizerOwner, FrameOp):
     name = "tokenize_chat"
     fans_out = False  # rows are kept or dropped, never split
 
-    def __init__(self, tokenizer: Any = None, tokenizer_id: str | os.PathLike[str] | None = None, *,
-                 eos_token: str | int | None = None, field: str = "messages", max_length: int | None = None,
-                 chat_template: str | os.PathLike[str] | None = None, apply_chat_template: bool = True,
-                 span_source: SpanSource = "auto", loss_scope: LossScope | None = None,
-                 loss_on_last_turn_only: bool | None = None, chat_template_kwargs: dict[str, Any] | None = None,
-                 tools_field: str | None = "tools", enable_thinking_field: str | None = "enable_thinking",
-                 mask_field_out: str = "loss_mask", preserve_upstream_payload: bool = False,
-                 parallelism: int | None = None, backend: TokenizerBackend = "auto") -> None:
+    def __init__(
+        self,
+        tokenizer: Any = None,
+        tokenizer_id: str | os.PathLike[str] | None = None,
+        *,
+        eos_token: str | int | None = None,
+        field: str = "messages",
+        max_length: int | None = None,
+        chat_template: str | os.PathLike[str] | None = None,
+        apply_chat_template: bool = True,
+        span_source: SpanSource = "auto",
+        loss_scope: LossScope | None = None,
+        loss_on_last_turn_only: bool | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools_field: str | None = "tools",
+        enable_thinking_field: str | None = "enable_thinking",
+        mask_field_out: str = "loss_mask",
+        preserve_upstream_payload: bool = False,
+        parallelism: int | None = None,
+        backend: TokenizerBackend = "auto",
+    ) -> None:
         super().__init__()
         self._choose_backend(backend)
         if not isinstance(field, str) or not field:
             raise ConfigError(f"tokenize_chat: field= must be a column name, got {field!r}.")
-        if not isinstance(mask_field_out, str) or not mask_field_out or F.is_bookkeeping(mask_field_out) \
-                or mask_field_out == IDS_FIELD:
-            raise ConfigError(f"tokenize_chat: mask_field_out={mask_field_out!r}; pass a column name other than "
-                              f"{IDS_FIELD!r} that does not start with '__'.")
-        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
-                                       or max_length < 2):
-            raise ConfigError(f"tokenize_chat: max_length={max_length!r}; pass an int >= 2 (conversations of fewer "
-                              "than 2 tokens are dropped) or None.")
+        if (
+            not isinstance(mask_field_out, str)
+            or not mask_field_out
+            or F.is_bookkeeping(mask_field_out)
+            or mask_field_out == IDS_FIELD
+        ):
+            raise ConfigError(
+                f"tokenize_chat: mask_field_out={mask_field_out!r}; pass a column name other than "
+                f"{IDS_FIELD!r} that does not start with '__'."
+            )
+        if max_length is not None and (
+            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 2
+        ):
+            raise ConfigError(
+                f"tokenize_chat: max_length={max_length!r}; pass an int >= 2 (conversations of fewer "
+                "than 2 tokens are dropped) or None."
+            )
         if span_source not in SPAN_SOURCES:
             raise ConfigError(f"tokenize_chat: span_source={span_source!r}; use one of {list(SPAN_SOURCES)}.")
         if loss_scope is not None and loss_scope not in LOSS_SCOPES:
             raise ConfigError(f"tokenize_chat: loss_scope={loss_scope!r}; use None or one of {list(LOSS_SCOPES)}.")
         if loss_on_last_turn_only is not None:
-            warnings.warn("tokenize_chat: loss_on_last_turn_only is deprecated; use loss_scope='last_span' "
-                          "(True) or loss_scope='all_assistant' (False).", DeprecationWarning, stacklevel=3)
-            alias = "last_span" if loss_on_last_turn_only else "all_assistant"
+            warnings.warn(
+                "tokenize_chat: loss_on_last_turn_only is deprecated; use loss_scope='last_span' "
+                "(True) or loss_scope='all_assistant' (False).",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            alias: LossScope = "last_span" if loss_on_last_turn_only else "all_assistant"
             if loss_scope is not None and loss_scope != alias:
-                raise ConfigError(f"tokenize_chat: loss_on_last_turn_only={loss_on_last_turn_only!r} contradicts "
-                                  f"loss_scope={loss_scope!r}; pass loss_scope alone.")
+                raise ConfigError(
+                    f"tokenize_chat: loss_on_last_turn_only={loss_on_last_turn_only!r} contradicts "
+                    f"loss_scope={loss_scope!r}; pass loss_scope alone."
+                )
             loss_scope = alias
-        if eos_token is not None and not (isinstance(eos_token, str) and eos_token) and \
-                (isinstance(eos_token, bool) or not isinstance(eos_token, (int, np.integer)) or eos_token < 0):
-            raise ConfigError(f"tokenize_chat: eos_token={eos_token!r}; pass a token string such as '</s>' "
-                              "(or its id) or None.")
+        if (
+            eos_token is not None
+            and not (isinstance(eos_token, str) and eos_token)
+            and (isinstance(eos_token, bool) or not isinstance(eos_token, (int, np.integer)) or eos_token < 0)
+        ):
+            raise ConfigError(
+                f"tokenize_chat: eos_token={eos_token!r}; pass a token string such as '</s>' (or its id) or None."
+            )
         if chat_template_kwargs is not None:
             if not isinstance(chat_template_kwargs, dict) or not all(isinstance(k, str) for k in chat_template_kwargs):
-                raise ConfigError("tokenize_chat: chat_template_kwargs= must be a dict of template variables "
-                                  f"(str keys), got {type(chat_template_kwargs).__name__}.")
+                raise ConfigError(
+                    "tokenize_chat: chat_template_kwargs= must be a dict of template variables "
+                    f"(str keys), got {type(chat_template_kwargs).__name__}."
+                )
             bad = [k for k in _RESERVED_KWARGS if k in chat_template_kwargs]
             if bad:
-                raise ConfigError(f"tokenize_chat: chat_template_kwargs may not set {bad}: the operator sets them "
-                                  "(messages come from field=, add_generation_prompt is False).")
+                raise ConfigError(
+                    f"tokenize_chat: chat_template_kwargs may not set {bad}: the operator sets them "
+                    "(messages come from field=, add_generation_prompt is False)."
+                )
         for name, v in (("tools_field", tools_field), ("enable_thinking_field", enable_thinking_field)):
             if v is not None and (not isinstance(v, str) or not v):
                 raise ConfigError(f"tokenize_chat: {name}={v!r}; pass a column name or None.")
@@ -247,13 +283,20 @@ class TokenizeChatOp(TokenizerOwner, FrameOp):
         if self.template_text is not None:
             template = "sha256:" + hashlib.sha256(self.template_text.encode()).hexdigest()
         return {
-            "op": self.name, "tokenizer": self._tokenizer_fingerprint(), "field": self.field, "max_length": self.max_length,
-            "apply_chat_template": self.apply_chat_template, "chat_template": template,
+            "op": self.name,
+            "tokenizer": self._tokenizer_fingerprint(),
+            "field": self.field,
+            "max_length": self.max_length,
+            "apply_chat_template": self.apply_chat_template,
+            "chat_template": template,
             "span_source": ("generation_tags" if self._use_tags else "prefix_diff") if template else None,
-            "loss_scope": self.loss_scope, "eos_token": self.eos_token,
+            "loss_scope": self.loss_scope,
+            "eos_token": self.eos_token,
             "chat_template_kwargs": json.dumps(self.chat_template_kwargs, sort_keys=True, default=repr),
-            "tools_field": self.tools_field, "enable_thinking_field": self.enable_thinking_field,
-            "mask_field_out": self.mask_field_out, "preserve_upstream_payload": self.preserve_upstream_payload,
+            "tools_field": self.tools_field,
+            "enable_thinking_field": self.enable_thinking_field,
+            "mask_field_out": self.mask_field_out,
+            "preserve_upstream_payload": self.preserve_upstream_payload,
         }
 
     def __getstate__(self) -> dict[str, Any]:
@@ -273,9 +316,11 @@ class TokenizeChatOp(TokenizerOwner, FrameOp):
             tid = h.token_to_id(self.eos_token)
             if tid is None:
                 how = "" if h.kind == "tokenizers" else " (this callable has no convert_tokens_to_ids)"
-                raise ConfigError(f"tokenize_chat: eos_token={self.eos_token!r} is not a token of {h.source}{how}; "
-                                  "pass a token string from its vocabulary (e.g. its end-of-turn token), its id, "
-                                  "or None.")
+                raise ConfigError(
+                    f"tokenize_chat: eos_token={self.eos_token!r} is not a token of {h.source}{how}; "
+                    "pass a token string from its vocabulary (e.g. its end-of-turn token), its id, "
+                    "or None."
+                )
             eos_id, eos_str = int(tid), self.eos_token
         elif self.eos_token is not None:
             eos_id = self.eos_token
@@ -290,8 +335,10 @@ class TokenizeChatOp(TokenizerOwner, FrameOp):
             try:
                 self._compiled = _environment().from_string(self.template_text)
             except jinja2.TemplateSyntaxError as err:
-                raise ConfigError(f"tokenize_chat: the chat template ({self.template_origin}) is not valid Jinja: "
-                                  f"{err.message} (line {err.lineno}). Fix the template.") from err
+                raise ConfigError(
+                    f"tokenize_chat: the chat template ({self.template_origin}) is not valid Jinja: "
+                    f"{err.message} (line {err.lineno}). Fix the template."
+                ) from err
         return self._compiled
 
     # ------------------------------------------------------------------ the columnar hook
@@ -307,8 +354,9 @@ class TokenizeChatOp(TokenizerOwner, FrameOp):
         return self._assemble(frame, ids, offsets, mask)
 
     # ------------------------------------------------------------------ with a template
-    def _templated(self, frame: pa.Table, conv: _Conversations,
-                   selected: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _templated(
+        self, frame: pa.Table, conv: _Conversations, selected: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         template = self._compile()
         _, bos_str, eos_str = self._resolve()
         base: dict[str, Any] = {}
@@ -317,8 +365,10 @@ class TokenizeChatOp(TokenizerOwner, FrameOp):
         if eos_str is not None:
             base["eos_token"] = eos_str
         base.update(self.chat_template_kwargs)
-        per_row = {key: _row_values(frame, col) for key, col in
-                   (("tools", self.tools_field), ("enable_thinking", self.enable_thinking_field))}
+        per_row = {
+            key: _row_values(frame, col)
+            for key, col in (("tools", self.tools_field), ("enable_thinking", self.enable_thinking_field))
+        }
         rows = conv.rows()
         n = len(rows)
         starts = conv.offsets[:-1]
@@ -342,14 +392,19 @@ class TokenizeChatOp(TokenizerOwner, FrameOp):
                 if self.loss_scope == "last_span":
                     spans = spans[-1:]
                 elif self.loss_scope == "after_last_user" and last_user[r] >= 0:
-                    cut = len(render.prefix(
-                        msgs[:last_user[r] + 1], text, what="the messages up to the last user message",
-                        why="loss_scope='after_last_user'",
-                        advice="Use loss_scope='last_span' or 'all_assistant' with this template."))
+                    cut = len(
+                        render.prefix(
+                            msgs[: last_user[r] + 1],
+                            text,
+                            what="the messages up to the last user message",
+                            why="loss_scope='after_last_user'",
+                            advice="Use loss_scope='last_span' or 'all_assistant' with this template.",
+                        )
+                    )
                     spans = [s for s in spans if s[0] >= cut]
             else:
                 text = render.full()
-                local = chosen[bounds[r]:bounds[r + 1]] - starts[r]
+                local = chosen[bounds[r] : bounds[r + 1]] - starts[r]
                 spans = [render.assistant_span(int(i), text) for i in local]
             texts.append(text)
             for s, e in spans:
@@ -357,9 +412,15 @@ class TokenizeChatOp(TokenizerOwner, FrameOp):
                 span_starts.append(s)
                 span_ends.append(e)
         ids, tok_offsets, tok_starts, tok_ends = self._encode_with_offsets(texts)
-        mask = spans_to_token_mask(tok_offsets, tok_starts, tok_ends, np.fromiter(map(len, texts), np.int64, count=n),
-                                   np.asarray(span_rows, np.int64), np.asarray(span_starts, np.int64),
-                                   np.asarray(span_ends, np.int64))
+        mask = spans_to_token_mask(
+            tok_offsets,
+            tok_starts,
+            tok_ends,
+            np.fromiter(map(len, texts), np.int64, count=n),
+            np.asarray(span_rows, np.int64),
+            np.asarray(span_starts, np.int64),
+            np.asarray(span_ends, np.int64),
+        )
         return ids, tok_offsets, mask
 
     def _encode_with_offsets(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -374,7 +435,7 @@ class TokenizeChatOp(TokenizerOwner, FrameOp):
         else:
             try:
                 # the wrapped HF-like callable, asked for offsets as transformers fast tokenizers give them
-                out = h._fn(texts, add_special_tokens=False, return_offsets_mapping=True)
+                out = h.call(texts, add_special_tokens=False, return_offsets_mapping=True)
                 id_rows, off_rows = out["input_ids"], out["offset_mapping"]
                 id_rows = [r.tolist() if hasattr(r, "tolist") else list(r) for r in id_rows]
                 off_rows = [r.tolist() if hasattr(r, "tolist") else list(r) for r in off_rows]
@@ -387,14 +448,17 @@ class TokenizeChatOp(TokenizerOwner, FrameOp):
                 ) from err
             lens = np.fromiter(map(len, id_rows), np.int64, count=n)
             if [len(r) for r in off_rows] != lens.tolist():
-                raise ConfigError(f"tokenize_chat: {h.source} returned offset_mapping rows whose lengths differ from "
-                                  "its input_ids rows.")
+                raise ConfigError(
+                    f"tokenize_chat: {h.source} returned offset_mapping rows whose lengths differ from "
+                    "its input_ids rows."
+                )
         offsets = np.zeros(n + 1, np.int64)
         np.cumsum(lens, out=offsets[1:])
         total = int(offsets[-1])
         ids = np.fromiter(itertools.chain.from_iterable(id_rows), np.int32, count=total)
-        pairs = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(off_rows)), np.int64,
-                            count=2 * total).reshape(total, 2)
+        pairs = np.fromiter(
+            itertools.chain.from_iterable(itertools.chain.from_iterable(off_rows)), np.int64, count=2 * total
+        ).reshape(total, 2)
         return ids, offsets, pairs[:, 0], pairs[:, 1]
 
     # ------------------------------------------------------------------ output
@@ -410,13 +474,14 @@ class TokenizeChatOp(TokenizerOwner, FrameOp):
             csum = np.concatenate(([0], np.cumsum(mask, dtype=np.int64)))
             ends = np.cumsum(lens)
             supervised = csum[ends] - csum[ends - lens]
-        keep = (lens >= 2) & (supervised[:len(lens)] > 0)
+        keep = (lens >= 2) & (supervised[: len(lens)] > 0)
         book = F.bookkeeping_of(frame)
         upstream = None
         if self.preserve_upstream_payload:
             upstream = F.payload_of(frame)
-            upstream = upstream.drop_columns([c for c in (IDS_FIELD, self.mask_field_out)
-                                              if c in upstream.column_names])
+            upstream = upstream.drop_columns(
+                [c for c in (IDS_FIELD, self.mask_field_out) if c in upstream.column_names]
+            )
         if not keep.all():
             keep_tok = np.repeat(keep, lens)
             ids, mask, lens = ids[keep_tok], mask[keep_tok], lens[keep]
@@ -427,8 +492,10 @@ class TokenizeChatOp(TokenizerOwner, FrameOp):
         new_off = np.zeros(len(lens) + 1, np.int64)
         np.cumsum(lens, out=new_off[1:])
         if new_off[-1] > _INT32_MAX:
-            raise ConfigError(f"tokenize_chat: one frame produced {int(new_off[-1])} tokens, more than a list<int32> "
-                                "column holds; use smaller fetch batches (fetch(max_batch=...)).")
+            raise ConfigError(
+                f"tokenize_chat: one frame produced {int(new_off[-1])} tokens, more than a list<int32> "
+                "column holds; use smaller fetch batches (fetch(max_batch=...))."
+            )
         off = pa.array(new_off.astype(np.int32))
         columns: list[Any] = []
         names: list[str] = []
@@ -447,8 +514,9 @@ class _Conversations:
     """The conversation column, checked and flattened: per-row message offsets and, per message,
     its role flags and its content (an Arrow string array)."""
 
-    def __init__(self, column: pa.Array, offsets: np.ndarray, contents: pa.Array, is_assistant: np.ndarray,
-                 is_user: np.ndarray) -> None:
+    def __init__(
+        self, column: pa.Array, offsets: np.ndarray, contents: pa.Array, is_assistant: np.ndarray, is_user: np.ndarray
+    ) -> None:
         self.column = column
         self.offsets = offsets
         self.contents = contents
@@ -461,17 +529,26 @@ class _Conversations:
         if field not in frame.column_names:
             if n == 0:
                 empty = np.zeros(0, bool)
-                return cls(pa.array([], pa.list_(pa.struct([]))), np.zeros(1, np.int64), pa.array([], pa.string()),
-                           empty, empty)
-            raise MissingFieldError(f"tokenize_chat: field {field!r} is missing from {_where(frame, 0)} (fields: "
-                                f"{F.payload_names(frame)}). Pass field=<the column holding the conversations>.")
+                return cls(
+                    pa.array([], pa.list_(pa.struct([]))),
+                    np.zeros(1, np.int64),
+                    pa.array([], pa.string()),
+                    empty,
+                    empty,
+                )
+            raise MissingFieldError(
+                f"tokenize_chat: field {field!r} is missing from {_where(frame, 0)} (fields: "
+                f"{F.payload_names(frame)}). Pass field=<the column holding the conversations>."
+            )
         col = frame.column(field)
         t = col.type
         if pa.types.is_null(t):
             if n == 0:
                 return cls.of(frame.drop_columns([field]), field)
-            raise DatasetFormatError(f"tokenize_chat: field {field!r} is null in {_where(frame, 0)}; every row needs a "
-                                "list of messages. Fix the data or filter such rows out.")
+            raise DatasetFormatError(
+                f"tokenize_chat: field {field!r} is null in {_where(frame, 0)}; every row needs a "
+                "list of messages. Fix the data or filter such rows out."
+            )
         if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or not pa.types.is_struct(t.value_type):
             raise WrongTypeError(
                 f"tokenize_chat: field {field!r} has type {t} ({_where(frame, 0)}), not a list of messages: it must "
@@ -482,17 +559,23 @@ class _Conversations:
         have = [st.field(i).name for i in range(st.num_fields)]
         for key in ("role", "content"):
             if key not in have:
-                raise MissingFieldError(f"tokenize_chat: the messages in field {field!r} have no {key!r} (their keys: "
-                                    f"{have}; {_where(frame, 0)}). Every message needs 'role' and 'content'.")
+                raise MissingFieldError(
+                    f"tokenize_chat: the messages in field {field!r} have no {key!r} (their keys: "
+                    f"{have}; {_where(frame, 0)}). Every message needs 'role' and 'content'."
+                )
             kt = st.field(key).type
             if not (pa.types.is_string(kt) or pa.types.is_large_string(kt) or pa.types.is_null(kt)):
-                raise WrongTypeError(f"tokenize_chat: message {key!r} in field {field!r} has type {kt}, not text "
-                                    f"({_where(frame, 0)}); {key} must be a string.")
+                raise WrongTypeError(
+                    f"tokenize_chat: message {key!r} in field {field!r} has type {kt}, not text "
+                    f"({_where(frame, 0)}); {key} must be a string."
+                )
         arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         if arr.null_count:
             first = int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
-            raise DatasetFormatError(f"tokenize_chat: field {field!r} is null in {_where(frame, first)}; every row needs a "
-                                "list of messages. Fix the data or filter such rows out.")
+            raise DatasetFormatError(
+                f"tokenize_chat: field {field!r} is null in {_where(frame, first)}; every row needs a "
+                "list of messages. Fix the data or filter such rows out."
+            )
         offsets = np.zeros(n + 1, np.int64)
         np.cumsum(pc.list_value_length(arr).to_numpy(zero_copy_only=False), out=offsets[1:])
         values = pc.list_flatten(arr)
@@ -502,9 +585,11 @@ class _Conversations:
             if len(hits):
                 j = int(hits[0])
                 r = int(np.searchsorted(offsets, j, side="right") - 1)
-                raise DatasetFormatError(f"tokenize_chat: message {j - int(offsets[r])} of field {field!r} in "
-                                    f"{_where(frame, r)} {what}. Every message needs a 'role' and a text "
-                                    "'content'; fix the data or filter such rows out.")
+                raise DatasetFormatError(
+                    f"tokenize_chat: message {j - int(offsets[r])} of field {field!r} in "
+                    f"{_where(frame, r)} {what}. Every message needs a 'role' and a text "
+                    "'content'; fix the data or filter such rows out."
+                )
 
         fail_at(values.is_null(), "is null")
         roles = pc.struct_field(values, "role")
@@ -576,8 +661,14 @@ def select_messages(is_assistant: np.ndarray, is_user: np.ndarray, offsets: np.n
     raise ValueError(f"unknown loss scope {scope!r}")
 
 
-def concat_messages(handle: TokenizerHandle, contents: pa.Array, offsets: np.ndarray, is_assistant: np.ndarray,
-                    selected: np.ndarray, eos_id: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def concat_messages(
+    handle: TokenizerHandle,
+    contents: pa.Array,
+    offsets: np.ndarray,
+    is_assistant: np.ndarray,
+    selected: np.ndarray,
+    eos_id: int | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The no-template path: every message's content tokenized in one batched call, concatenated
     per row, ``eos_id`` after each assistant message; mask 1 on the selected messages' tokens
     (their EOS included). Vectorized scatter, no per-token Python."""
@@ -596,9 +687,15 @@ def concat_messages(handle: TokenizerHandle, contents: pa.Array, offsets: np.nda
     return ids, out_off[offsets], mask
 
 
-def spans_to_token_mask(tok_offsets: np.ndarray, tok_starts: np.ndarray, tok_ends: np.ndarray,
-                        text_lens: np.ndarray, span_rows: np.ndarray, span_starts: np.ndarray,
-                        span_ends: np.ndarray) -> np.ndarray:
+def spans_to_token_mask(
+    tok_offsets: np.ndarray,
+    tok_starts: np.ndarray,
+    tok_ends: np.ndarray,
+    text_lens: np.ndarray,
+    span_rows: np.ndarray,
+    span_starts: np.ndarray,
+    span_ends: np.ndarray,
+) -> np.ndarray:
     """int8 mask over all tokens of a frame: 1 where a token shares a character with a span of its
     row. Rows are laid end to end (one character apart) in one coordinate space, so one sort and
     one ``searchsorted`` answer every token: a token [a, b) overlaps some span iff the largest end
@@ -628,8 +725,9 @@ def spans_to_token_mask(tok_offsets: np.ndarray, tok_starts: np.ndarray, tok_end
 class _Renderer:
     """Renders one row's conversation (and its prefixes) and finds its supervised spans."""
 
-    def __init__(self, template: Any, msgs: list[dict[str, Any]], ctx: dict[str, Any], frame: pa.Table, row: int,
-                 origin: str) -> None:
+    def __init__(
+        self, template: Any, msgs: list[dict[str, Any]], ctx: dict[str, Any], frame: pa.Table, row: int, origin: str
+    ) -> None:
         self.template = template
         self.msgs = msgs
         self.ctx = ctx
@@ -646,8 +744,11 @@ class _Renderer:
         try:
             return self.template.render(**kw)
         except Exception as err:  # a template can raise anything; name the row
-            raise operator_failure(err, f"tokenize_chat: the chat template ({self.origin}) failed on "
-                                f"{_where(self.frame, self.row)}: {type(err).__name__}: {err}") from err
+            raise operator_failure(
+                err,
+                f"tokenize_chat: the chat template ({self.origin}) failed on "
+                f"{_where(self.frame, self.row)}: {type(err).__name__}: {err}",
+            ) from err
 
     def full(self) -> str:
         return self.render(self.msgs)
@@ -658,32 +759,49 @@ class _Renderer:
         try:
             return strip_generation_marks(raw, *_markers_for(self.msgs, self.ctx))
         except ValueError as err:
-            raise ConfigError(f"tokenize_chat: {err} in the chat template ({self.origin}) rendering "
-                                f"{_where(self.frame, self.row)}; use one level of {{% generation %}} blocks.") from err
+            raise ConfigError(
+                f"tokenize_chat: {err} in the chat template ({self.origin}) rendering "
+                f"{_where(self.frame, self.row)}; use one level of {{% generation %}} blocks."
+            ) from err
 
-    def prefix(self, msgs: list[dict[str, Any]], text: str, *, what: str, generation_prompt: bool = False,
-               why: str = "span_source='prefix_diff'", advice: str = "") -> str:
+    def prefix(
+        self,
+        msgs: list[dict[str, Any]],
+        text: str,
+        *,
+        what: str,
+        generation_prompt: bool = False,
+        why: str = "span_source='prefix_diff'",
+        advice: str = "",
+    ) -> str:
         """``msgs`` rendered, checked to be a prefix of ``text`` (the guard)."""
-        p = text if len(msgs) == len(self.msgs) and not generation_prompt else \
-            self.render(msgs, generation_prompt=generation_prompt)
+        p = (
+            text
+            if len(msgs) == len(self.msgs) and not generation_prompt
+            else self.render(msgs, generation_prompt=generation_prompt)
+        )
         if not text.startswith(p):
             at = next((i for i, (x, y) in enumerate(zip(p, text)) if x != y), min(len(p), len(text)))
             raise ConfigError(
                 f"tokenize_chat({why}): the chat template ({self.origin}) renders {what} "
                 f"(add_generation_prompt={generation_prompt}) as text that is not a prefix of the whole conversation's "
                 f"rendering in {_where(self.frame, self.row)} (they differ from character {at}: "
-                f"{p[at:at + 40]!r} vs {text[at:at + 40]!r}). The template renders earlier turns differently "
+                f"{p[at : at + 40]!r} vs {text[at : at + 40]!r}). The template renders earlier turns differently "
                 "depending on what follows, so assistant spans cannot be found by diffing prefixes. "
-                + (advice or "Wrap the assistant content (and its end-of-turn token) in {% generation %}..."
-                   "{% endgeneration %} (span_source='generation_tags' or 'auto'), or use apply_chat_template=False.")
+                + (
+                    advice
+                    or "Wrap the assistant content (and its end-of-turn token) in {% generation %}..."
+                    "{% endgeneration %} (span_source='generation_tags' or 'auto'), or use apply_chat_template=False."
+                )
             )
         return p
 
     def assistant_span(self, i: int, text: str) -> tuple[int, int]:
         """Character span of assistant message ``i`` in ``text``: see the module docstring."""
-        head = self.prefix(self.msgs[:i], text, what=f"the {i} messages before assistant message {i}",
-                           generation_prompt=True)
-        upto = self.prefix(self.msgs[:i + 1], text, what=f"the messages up to assistant message {i}")
+        head = self.prefix(
+            self.msgs[:i], text, what=f"the {i} messages before assistant message {i}", generation_prompt=True
+        )
+        upto = self.prefix(self.msgs[: i + 1], text, what=f"the messages up to assistant message {i}")
         s, e = len(head), len(upto)
         if e < s:
             raise ConfigError(
@@ -733,8 +851,9 @@ def _markers_for(msgs: Any, ctx: Any) -> tuple[str, str]:
     return open_, close
 
 
-def strip_generation_marks(raw: str, open_mark: str = _OPEN,
-                           close_mark: str = _CLOSE) -> tuple[str, list[tuple[int, int]]]:
+def strip_generation_marks(
+    raw: str, open_mark: str = _OPEN, close_mark: str = _CLOSE
+) -> tuple[str, list[tuple[int, int]]]:
     """Remove the generation markers from a tracked rendering; returns the text and the spans
     the markers enclosed. Raises ValueError on nested or unbalanced markers."""
     if open_mark not in raw and close_mark not in raw:
@@ -747,7 +866,7 @@ def strip_generation_marks(raw: str, open_mark: str = _OPEN,
         if s < 0:
             break
         e = raw.find(close_mark, s + len(open_mark))
-        before, inner = raw[pos:s], raw[s + len(open_mark):e if e >= 0 else len(raw)]
+        before, inner = raw[pos:s], raw[s + len(open_mark) : e if e >= 0 else len(raw)]
         if e < 0 or close_mark in before:
             raise ValueError("unbalanced generation blocks")
         if open_mark in inner:
@@ -776,7 +895,7 @@ def _environment() -> Any:
         """``{% generation %}...{% endgeneration %}``: renders its body; while spans are being
         recorded, between markers that `strip_generation_marks` turns into character spans."""
 
-        tags: ClassVar[set[str]] = {"generation"}
+        tags = {"generation"}  # noqa: RUF012 - jinja2's Extension declares it an instance attribute
 
         def parse(self, parser: Any) -> Any:
             lineno = next(parser.stream).lineno
@@ -792,12 +911,12 @@ def _environment() -> Any:
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
 
-    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-               sort_keys: bool = False) -> str:
+    def tojson(
+        x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None, sort_keys: bool = False
+    ) -> str:
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[GenerationTag, loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[GenerationTag, loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     return env
@@ -805,23 +924,31 @@ def _environment() -> Any:
 
 def _resolve_template(chat_template: Any, tokenizer: Any, path: str | None) -> tuple[str, str]:
     """(template text, where it came from) for the chat_template= argument; see the module docstring."""
-    if isinstance(chat_template, os.PathLike) or (isinstance(chat_template, str) and chat_template
-                                                   and "\n" not in chat_template
-                                                   and os.path.isfile(os.path.expanduser(chat_template))):
+    if isinstance(chat_template, os.PathLike) or (
+        isinstance(chat_template, str)
+        and chat_template
+        and "\n" not in chat_template
+        and os.path.isfile(os.path.expanduser(chat_template))
+    ):
         p = Path(os.fspath(chat_template)).expanduser()
         try:
             return p.read_text(encoding="utf-8"), f"file {str(p)!r}"
         except OSError as err:
-            raise ConfigError(f"tokenize_chat: chat_template={os.fspath(chat_template)!r} cannot be read ({err}); "
-                              "pass an existing .jinja file or the template text.") from err
+            raise ConfigError(
+                f"tokenize_chat: chat_template={os.fspath(chat_template)!r} cannot be read ({err}); "
+                "pass an existing .jinja file or the template text."
+            ) from err
     if isinstance(chat_template, str):
         if "{{" in chat_template or "{%" in chat_template:
             return chat_template, "chat_template text"
-        raise ConfigError(f"tokenize_chat: chat_template={chat_template!r} is neither an existing file nor Jinja "
-                          "template text (it has no '{{' or '{%'); pass the path of a .jinja file or the template.")
+        raise ConfigError(
+            f"tokenize_chat: chat_template={chat_template!r} is neither an existing file nor Jinja "
+            "template text (it has no '{{' or '{%'); pass the path of a .jinja file or the template."
+        )
     if chat_template is not None:
-        raise ConfigError(f"tokenize_chat: chat_template= must be Jinja text or a file path, got "
-                          f"{type(chat_template).__name__}.")
+        raise ConfigError(
+            f"tokenize_chat: chat_template= must be Jinja text or a file path, got {type(chat_template).__name__}."
+        )
     if path is not None:
         folder = resolve_tokenizer_path(path).parent  # a folder, or the folder of a tokenizer.json
         if folder.is_dir():
@@ -843,9 +970,11 @@ def _resolve_template(chat_template: Any, tokenizer: Any, path: str | None) -> t
         if found is not None:
             return found, f"{type(tokenizer).__name__}.chat_template"
         source = f"the {type(tokenizer).__name__} tokenizer"
-    raise ConfigError(f"tokenize_chat: no chat template: {source} has none (no chat_template.jinja or "
-                      "tokenizer_config.json 'chat_template'). Pass chat_template=<Jinja text or a .jinja file>, or "
-                      "apply_chat_template=False to concatenate the messages' contents.")
+    raise ConfigError(
+        f"tokenize_chat: no chat template: {source} has none (no chat_template.jinja or "
+        "tokenizer_config.json 'chat_template'). Pass chat_template=<Jinja text or a .jinja file>, or "
+        "apply_chat_template=False to concatenate the messages' contents."
+    )
 
 
 def _named_template(value: Any, where: str) -> str | None:
@@ -853,12 +982,19 @@ def _named_template(value: Any, where: str) -> str | None:
     "default" one."""
     if value is None or isinstance(value, str):
         return value
-    named = {d.get("name"): d.get("template") for d in value if isinstance(d, dict)} if isinstance(value, list) \
-        else dict(value) if isinstance(value, dict) else {}
+    named = (
+        {d.get("name"): d.get("template") for d in value if isinstance(d, dict)}
+        if isinstance(value, list)
+        else dict(value)
+        if isinstance(value, dict)
+        else {}
+    )
     if isinstance(named.get("default"), str):
         return named["default"]
-    raise ConfigError(f"tokenize_chat: {where} holds chat templates named {sorted(map(str, named))} and none is "
-                      "'default'; pass the one you want as chat_template=.")
+    raise ConfigError(
+        f"tokenize_chat: {where} holds chat templates named {sorted(map(str, named))} and none is "
+        "'default'; pass the one you want as chat_template=."
+    )
 
 
 def _token_string(handle: TokenizerHandle, key: str, tid: int | None) -> str | None:
@@ -867,7 +1003,7 @@ def _token_string(handle: TokenizerHandle, key: str, tid: int | None) -> str | N
         return None
     if handle.kind == "tokenizers":
         return handle.tokenizer.id_to_token(int(tid))
-    fn = handle._fn  # the wrapped callable
+    fn = handle.wrapped
     value = getattr(fn, f"{key}_token", None)
     if isinstance(value, str):
         return value

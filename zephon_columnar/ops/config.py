@@ -40,5 +40,15 @@ ShuffleAlgorithm = Literal["streaming", "block", "block_warmup"]
 TokenizerBackend = Literal["auto", "tokenizers", "fastokens"]
 """Who encodes text for ``tokenize`` (`zephon_columnar.ops.tokenizer_backend`)."""
 
-__all__ = ["FlushStrategy", "Homogeneity", "LossScope", "MissingFieldMode", "PackingAlgorithm", "ShuffleAlgorithm",
-           "ShuffleStrategy", "SpanSource", "SpecialTokensMode", "TokenizerBackend"]
+__all__ = [
+    "FlushStrategy",
+    "Homogeneity",
+    "LossScope",
+    "MissingFieldMode",
+    "PackingAlgorithm",
+    "ShuffleAlgorithm",
+    "ShuffleStrategy",
+    "SpanSource",
+    "SpecialTokensMode",
+    "TokenizerBackend",
+]

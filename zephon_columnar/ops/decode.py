@@ -19,7 +19,8 @@ Example:
 from __future__ import annotations
 
 import codecs
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,8 +37,16 @@ class DecodeTextOp(FrameOp):
     name = "decode_text"
     fans_out = False
 
-    def __init__(self, *, fields: str | Sequence[str] = ("text",), encoding: str = "utf-8", errors: str = "strict",
-                 normalize_newlines: bool = True, lowercase: bool = False, parallelism: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        fields: str | Sequence[str] = ("text",),
+        encoding: str = "utf-8",
+        errors: str = "strict",
+        normalize_newlines: bool = True,
+        lowercase: bool = False,
+        parallelism: int | None = None,
+    ) -> None:
         super().__init__()
         names = (fields,) if isinstance(fields, str) else tuple(fields)
         if not names or not all(isinstance(f, str) and f for f in names):
@@ -45,8 +54,9 @@ class DecodeTextOp(FrameOp):
         try:
             codec = codecs.lookup(encoding)
         except (LookupError, TypeError) as err:
-            raise ConfigError(f"decode_text: unknown encoding={encoding!r}; pass a Python codec name "
-                              "such as 'utf-8' or 'latin-1'.") from err
+            raise ConfigError(
+                f"decode_text: unknown encoding={encoding!r}; pass a Python codec name such as 'utf-8' or 'latin-1'."
+            ) from err
         try:
             codecs.lookup_error(errors)
         except (LookupError, TypeError) as err:
@@ -62,8 +72,14 @@ class DecodeTextOp(FrameOp):
         return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1)
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"op": self.name, "fields": list(self.fields), "encoding": self.encoding, "errors": self.errors,
-                "normalize_newlines": self.normalize_newlines, "lowercase": self.lowercase}
+        return {
+            "op": self.name,
+            "fields": list(self.fields),
+            "encoding": self.encoding,
+            "errors": self.errors,
+            "normalize_newlines": self.normalize_newlines,
+            "lowercase": self.lowercase,
+        }
 
     def process_frame(self, frame: pa.Table) -> pa.Table:
         for name in self.fields:
@@ -92,7 +108,7 @@ class DecodeTextOp(FrameOp):
             except pa.ArrowInvalid:
                 pass  # find the bad value (strict) or decode per value (replace/ignore/...)
         values = col.to_pylist()
-        out = []
+        out: list[str | None] = []
         for i, v in enumerate(values):
             if v is None:
                 out.append(None)

@@ -32,20 +32,27 @@ and lane) when a component's share drifts further than this from its target.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
-from zephon_columnar.references import schema_from_json, schema_to_json, state_column, with_state
-from zephon_columnar.errors import (ConfigError, DataDroppedWarning, MissingFieldError, PipelineError,
-                                    operator_failure, warn)
+from zephon_columnar.errors import (
+    ConfigError,
+    DataDroppedWarning,
+    MissingFieldError,
+    PipelineError,
+    operator_failure,
+    warn,
+)
 from zephon_columnar.ops.accumulators.lane import LaneContext
-from zephon_columnar.ops.base import OrderedOp, OpTraits
+from zephon_columnar.ops.base import OpTraits, OrderedOp
 from zephon_columnar.ops.store import RowStore
 from zephon_columnar.records import records_of
+from zephon_columnar.references import schema_from_json, schema_to_json, state_column, with_state
 from zephon_columnar.types import TOKEN_FIELD_CANDIDATES
 
 WARN_WARMUP = 1000
@@ -57,15 +64,25 @@ class EnsureMixtureOp(OrderedOp):
 
     name = "ensure_mixture"
 
-    def __init__(self, *, max_buffer_size: int | None = 1000, drain_target_ratio: float = 0.8,
-                 obsolete_drain_rate: float = 0.1, weight_by: str | Callable[[Any], float] = "auto",
-                 warn_tolerance: float | None = None, mixture: Mapping[str, float] | None = None,
-                 parallelism: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_buffer_size: int | None = 1000,
+        drain_target_ratio: float = 0.8,
+        obsolete_drain_rate: float = 0.1,
+        weight_by: str | Callable[[Any], float] = "auto",
+        warn_tolerance: float | None = None,
+        mixture: Mapping[str, float] | None = None,
+        parallelism: int | None = None,
+    ) -> None:
         super().__init__()
-        if max_buffer_size is not None and (isinstance(max_buffer_size, bool) or not isinstance(max_buffer_size, int)
-                                            or max_buffer_size < 1):
-            raise ConfigError(f"ensure_mixture(max_buffer_size={max_buffer_size!r}): pass a positive int, or None "
-                              "for an exact mixture that drops what it cannot place.")
+        if max_buffer_size is not None and (
+            isinstance(max_buffer_size, bool) or not isinstance(max_buffer_size, int) or max_buffer_size < 1
+        ):
+            raise ConfigError(
+                f"ensure_mixture(max_buffer_size={max_buffer_size!r}): pass a positive int, or None "
+                "for an exact mixture that drops what it cannot place."
+            )
         if not isinstance(drain_target_ratio, (int, float)) or not 0 < drain_target_ratio < 1:
             raise ConfigError(f"ensure_mixture(drain_target_ratio={drain_target_ratio!r}): pass a number in (0, 1).")
         if not isinstance(obsolete_drain_rate, (int, float)) or not 0 <= obsolete_drain_rate <= 1:
@@ -73,12 +90,16 @@ class EnsureMixtureOp(OrderedOp):
         if warn_tolerance is not None and (not isinstance(warn_tolerance, (int, float)) or not 0 < warn_tolerance < 1):
             raise ConfigError(f"ensure_mixture(warn_tolerance={warn_tolerance!r}): pass a number in (0, 1) or None.")
         if not (callable(weight_by) or (isinstance(weight_by, str) and weight_by)):
-            raise ConfigError(f"ensure_mixture(weight_by={weight_by!r}): pass 'auto', 'samples', a field name or a "
-                              "callable record -> float.")
-        if mixture is not None:
-            if not isinstance(mixture, Mapping) or not mixture or any(
-                    not isinstance(v, (int, float)) or v < 0 for v in mixture.values()):
-                raise ConfigError(f"ensure_mixture(mixture={mixture!r}): pass {{component name: weight >= 0}}.")
+            raise ConfigError(
+                f"ensure_mixture(weight_by={weight_by!r}): pass 'auto', 'samples', a field name or a "
+                "callable record -> float."
+            )
+        if mixture is not None and (
+            not isinstance(mixture, Mapping)
+            or not mixture
+            or any(not isinstance(v, (int, float)) or v < 0 for v in mixture.values())
+        ):
+            raise ConfigError(f"ensure_mixture(mixture={mixture!r}): pass {{component name: weight >= 0}}.")
         self.max_buffer_size = max_buffer_size
         self.drain_target_ratio = float(drain_target_ratio)
         self.obsolete_drain_rate = float(obsolete_drain_rate)
@@ -90,14 +111,19 @@ class EnsureMixtureOp(OrderedOp):
     def traits(self) -> OpTraits:
         return OpTraits(preserves_cursor_order=False, indexable=False)
 
-    def lane_accumulator(self, ctx: LaneContext | None = None) -> "MixtureBuffer":
+    def lane_accumulator(self, ctx: LaneContext | None = None) -> MixtureBuffer:
         return MixtureBuffer(self, ctx or LaneContext())
 
     def fingerprint(self) -> dict[str, Any]:
         wb = self.weight_by if isinstance(self.weight_by, str) else getattr(self.weight_by, "__qualname__", "fn")
-        return {"op": self.name, "max_buffer_size": self.max_buffer_size,
-                "drain_target_ratio": self.drain_target_ratio, "obsolete_drain_rate": self.obsolete_drain_rate,
-                "weight_by": wb, "mixture": self.mixture}
+        return {
+            "op": self.name,
+            "max_buffer_size": self.max_buffer_size,
+            "drain_target_ratio": self.drain_target_ratio,
+            "obsolete_drain_rate": self.obsolete_drain_rate,
+            "weight_by": wb,
+            "mixture": self.mixture,
+        }
 
 
 class MixtureBuffer:
@@ -122,8 +148,8 @@ class MixtureBuffer:
 
     def _reset(self) -> None:
         self.store.clear()
-        self.emitted: dict[int, float] = {}           # E[k]
-        self.target: dict[int, float] = {}            # T[k], normalized
+        self.emitted: dict[int, float] = {}  # E[k]
+        self.target: dict[int, float] = {}  # T[k], normalized
         self.target_chunk = -1
         self.queues: dict[int, deque[tuple[int, dict[int, float]]]] = {}
         self.packs: deque[tuple[int, dict[int, float]]] = deque()
@@ -153,22 +179,26 @@ class MixtureBuffer:
                 try:
                     values.append(float(wb(rec)))
                 except Exception as err:
-                    raise operator_failure(err, f"ensure_mixture: weight_by failed on sample {rec.meta.sample_id}: "
-                                                f"{type(err).__name__}: {err}") from err
+                    raise operator_failure(
+                        err,
+                        f"ensure_mixture: weight_by failed on sample {rec.meta.sample_id}: {type(err).__name__}: {err}",
+                    ) from err
             lengths = np.array(values)
         elif wb == "samples":
             lengths = np.ones(frame.num_rows)
         else:
-            field = wb
+            field: str | None = wb
             if wb == "auto":
                 field = next((c for c in TOKEN_FIELD_CANDIDATES if c in frame.column_names), None)
                 if field is None:
                     raise MissingFieldError(
                         f"ensure_mixture(weight_by='auto'): no token field (looked for {list(TOKEN_FIELD_CANDIDATES)}; "
-                        f"fields: {F.payload_names(frame)}). Tokenize first, or pass weight_by='samples' or a field.")
+                        f"fields: {F.payload_names(frame)}). Tokenize first, or pass weight_by='samples' or a field."
+                    )
             elif wb not in frame.column_names:
-                raise MissingFieldError(f"ensure_mixture(weight_by={wb!r}): no such field (fields: "
-                                        f"{F.payload_names(frame)}).")
+                raise MissingFieldError(
+                    f"ensure_mixture(weight_by={wb!r}): no such field (fields: {F.payload_names(frame)})."
+                )
             lengths = pc.fill_null(pc.list_value_length(frame.column(field)), 0).to_numpy().astype(float)
         return [{int(c): float(x)} for c, x in zip(comps.tolist(), lengths.tolist())]
 
@@ -177,8 +207,10 @@ class MixtureBuffer:
         if self.op.mixture is not None:
             unknown = sorted(set(names) - set(self.ids)) if self.ids else []
             if unknown:
-                raise ConfigError(f"ensure_mixture(mixture=...): components {unknown} are not in the mixture "
-                                  f"(its components: {sorted(self.ids)}).")
+                raise ConfigError(
+                    f"ensure_mixture(mixture=...): components {unknown} are not in the mixture "
+                    f"(its components: {sorted(self.ids)})."
+                )
         # A component the source goes on without, whose last row has gone ahead of this chunk,
         # leaves the target: the others no longer wait for it.
         gone = self.ctx.continuing & self.ctx.chunk_exhaustion(chunk_id).before
@@ -258,7 +290,7 @@ class MixtureBuffer:
         return None
 
     def _done(self, item: tuple[int, dict[int, float]], obsolete: bool = False) -> tuple[int, dict[int, float]]:
-        handle, weights = item
+        _handle, weights = item
         for c, w in weights.items():
             self.emitted[c] = self.emitted.get(c, 0.0) + w
         self.buffered -= 1
@@ -288,9 +320,12 @@ class MixtureBuffer:
             actual = self.emitted.get(k, 0.0) / total
             if abs(actual - t) > tol:
                 name = self.ctx.component_names.get(k, str(k))
-                warn(f"ensure_mixture: lane {self.ctx.lane}, component {name!r}: share {actual:.3f} against a "
-                     f"target of {t:.3f} (warn_tolerance={tol}); a component may be too scarce for the buffer "
-                     "(raise max_buffer_size or flush_every_k_chunks).", RuntimeWarning)
+                warn(
+                    f"ensure_mixture: lane {self.ctx.lane}, component {name!r}: share {actual:.3f} against a "
+                    f"target of {t:.3f} (warn_tolerance={tol}); a component may be too scarce for the buffer "
+                    "(raise max_buffer_size or flush_every_k_chunks).",
+                    RuntimeWarning,
+                )
                 self.warned = True
                 return
 
@@ -330,7 +365,8 @@ class MixtureBuffer:
             f"than {passes} passes' worth of the data ({per_pass} rows a pass), and could emit none: target "
             f"component(s) {missing} sent no row in that time (filtered out?), so the exact mixture cannot be met "
             "and the lane would read forever. Pass a max_buffer_size (the buffer then drains with the rows it has), "
-            "or a mixture= without those components.")
+            "or a mixture= without those components."
+        )
 
     def _frames(self, handles: list[int]) -> list[pa.Table]:
         if not handles:
@@ -370,14 +406,17 @@ class MixtureBuffer:
         if self.op.max_buffer_size is None:
             self._release_run_out(out)
             if self.buffered:
-                self.ctx.stats["ensure_mixture_dropped"] = self.ctx.stats.get("ensure_mixture_dropped", 0) + \
-                    self.buffered
+                self.ctx.stats["ensure_mixture_dropped"] = (
+                    self.ctx.stats.get("ensure_mixture_dropped", 0) + self.buffered
+                )
                 self.ctx.notices.warn(
                     "ensure_mixture_dropped",
                     f"ensure_mixture(max_buffer_size=None) dropped {self.buffered} row(s) of lane {self.ctx.lane} at a "
                     "flush point to keep the mixture exact (warned once per pass; every drop is counted in "
                     "metrics_snapshot() as ensure_mixture_dropped); raise flush_every_k_chunks to drop fewer, or pass "
-                    "a max_buffer_size.", DataDroppedWarning)
+                    "a max_buffer_size.",
+                    DataDroppedWarning,
+                )
         else:
             self._force_out(out, lambda: self.buffered > 0)
         frames = self._frames(out)
@@ -390,12 +429,18 @@ class MixtureBuffer:
     # ------------------------------------------------------------------ checkpoints (by reference)
     def _queued(self) -> list[tuple[str, int, deque]]:
         """Every waiting row's queue, in a fixed order: components ascending, packs, obsolete."""
-        return ([("q", c, self.queues[c]) for c in sorted(self.queues)] + [("p", -1, self.packs)] +
-                [("o", -1, self.obsolete)])
+        return (
+            [("q", c, self.queues[c]) for c in sorted(self.queues)]
+            + [("p", -1, self.packs)]
+            + [("o", -1, self.obsolete)]
+        )
 
     def snapshot(self) -> tuple[dict[str, Any], pa.Table | None]:
         """The round robin's scalars, and the waiting rows by reference with their weights."""
-        layout, handles, single, multi = [], [], [], {}
+        layout: list[Any] = []
+        handles: list[Any] = []
+        single: list[Any] = []
+        multi: dict[Any, Any] = {}
         for kind, comp, queue in self._queued():
             if queue:
                 layout.append([kind, comp, len(queue)])
@@ -406,10 +451,17 @@ class MixtureBuffer:
                         multi[str(len(handles))] = [[c, v] for c, v in w.items()]
                         single.append(0.0)
                     handles.append(h)
-        state = {"emitted": [[c, v] for c, v in self.emitted.items()],
-                 "target": [[c, v] for c, v in self.target.items()], "target_chunk": self.target_chunk,
-                 "since_obsolete": self.since_obsolete, "total_emitted": self.total_emitted, "warned": self.warned,
-                 "layout": layout, "multi": multi, "schema": schema_to_json(self.store.payload_schema())}
+        state = {
+            "emitted": [[c, v] for c, v in self.emitted.items()],
+            "target": [[c, v] for c, v in self.target.items()],
+            "target_chunk": self.target_chunk,
+            "since_obsolete": self.since_obsolete,
+            "total_emitted": self.total_emitted,
+            "warned": self.warned,
+            "layout": layout,
+            "multi": multi,
+            "schema": schema_to_json(self.store.payload_schema()),
+        }
         if not handles:
             return state, None
         return state, with_state(self.store.refs(np.array(handles, np.int64)), f_weight=single)
@@ -425,14 +477,14 @@ class MixtureBuffer:
         single = state_column(rows, "f_weight") if rows is not None else []
         weights = []
         i = 0
-        for kind, comp, count in state["layout"]:
+        for _kind, comp, count in state["layout"]:
             for j in range(i, i + count):
                 w = state["multi"].get(str(j))
                 weights.append({int(c): float(v) for c, v in w} if w is not None else {int(comp): float(single[j])})
             i += count
         i = 0
         for kind, comp, count in state["layout"]:
-            items = deque(zip(handles[i:i + count], weights[i:i + count]))
+            items = deque(zip(handles[i : i + count], weights[i : i + count]))
             i += count
             if kind == "q":
                 self.queues[int(comp)] = items

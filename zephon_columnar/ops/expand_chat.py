@@ -45,15 +45,17 @@ class ExpandChatOp(FrameOp):
     def __init__(self, *, field: str = "messages", parallelism: int | None = None) -> None:
         super().__init__()
         if not isinstance(field, str) or any(not part for part in field.split(".")):
-            raise ConfigError(f"expand_chat(field={field!r}): name the messages column (or a path like "
-                              "'chat.messages').")
+            raise ConfigError(
+                f"expand_chat(field={field!r}): name the messages column (or a path like 'chat.messages')."
+            )
         self.field = field
         self.path = tuple(field.split("."))
         self.parallelism = parallelism
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, indexable=False, calibration_replayable=True,
-                        parallelism=self.parallelism or 1)
+        return OpTraits(
+            preserves_cursor_order=True, indexable=False, calibration_replayable=True, parallelism=self.parallelism or 1
+        )
 
     def fingerprint(self) -> dict[str, Any]:
         return {"op": self.name, "field": self.field}
@@ -70,8 +72,7 @@ class ExpandChatOp(FrameOp):
         # The messages of every prefix: one take on the flattened messages of the frame
         # (prefix j's k-th message is message starts[j] + k).
         take = np.arange(int(new_offsets[-1])) + np.repeat(offsets[:-1][parent] - new_offsets[:-1], ends)
-        messages = pa.ListArray.from_arrays(pa.array(new_offsets), lists.values.take(pa.array(take)),
-                                            type=lists.type)
+        messages = pa.ListArray.from_arrays(pa.array(new_offsets), lists.values.take(pa.array(take)), type=lists.type)
         book = F.with_children(F.bookkeeping_of(frame), parent, child)
         payload = F.payload_of(frame).take(pa.array(parent, pa.int64()))
         top = self.path[0]
@@ -84,36 +85,47 @@ class ExpandChatOp(FrameOp):
         """The messages of every row as one list array (a row with none: an error naming it)."""
         top = self.path[0]
         if top not in frame.column_names:
-            raise DatasetFormatError(f"expand_chat: the rows have no {top!r} field (columns: "
-                                     f"{F.payload_names(frame)}); pass expand_chat(field=...).")
+            raise DatasetFormatError(
+                f"expand_chat: the rows have no {top!r} field (columns: "
+                f"{F.payload_names(frame)}); pass expand_chat(field=...)."
+            )
         column = frame.column(top).combine_chunks()
         for key in self.path[1:]:
             if not pa.types.is_struct(column.type) or column.type.get_field_index(key) < 0:
-                raise DatasetFormatError(f"expand_chat: field {self.field!r}: {key!r} is not a field of "
-                                         f"{column.type}; pass expand_chat(field=...).")
+                raise DatasetFormatError(
+                    f"expand_chat: field {self.field!r}: {key!r} is not a field of "
+                    f"{column.type}; pass expand_chat(field=...)."
+                )
             column = pc.struct_field(column, key)
         if not (pa.types.is_list(column.type) or pa.types.is_large_list(column.type)):
-            raise WrongTypeError(f"expand_chat: field {self.field!r} must be a list of messages, got {column.type} "
-                                 f"(first row: {sample_of(frame, 0)}).")
+            raise WrongTypeError(
+                f"expand_chat: field {self.field!r} must be a list of messages, got {column.type} "
+                f"(first row: {sample_of(frame, 0)})."
+            )
         if column.null_count:
             i = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
             raise DatasetFormatError(f"expand_chat: field {self.field!r} is missing in {sample_of(frame, i)}.")
         if column.offset or pa.types.is_large_list(column.type):  # offsets from 0, int32
-            column = pa.ListArray.from_arrays(pa.array(column.offsets.to_numpy() - column.offsets[0].as_py(),
-                                                       pa.int32()), column.flatten())
+            column = pa.ListArray.from_arrays(
+                pa.array(column.offsets.to_numpy() - column.offsets[0].as_py(), pa.int32()), column.flatten()
+            )
         return column
 
     def _roles(self, frame: pa.Table, lists: pa.ListArray, offsets: np.ndarray) -> list[Any]:
         values = lists.values
         if not pa.types.is_struct(values.type) or values.type.get_field_index("role") < 0:
-            raise DatasetFormatError(f"expand_chat: the messages of {self.field!r} must have a 'role' "
-                                     f"(got {values.type}; first row: {sample_of(frame, 0)}).")
+            raise DatasetFormatError(
+                f"expand_chat: the messages of {self.field!r} must have a 'role' "
+                f"(got {values.type}; first row: {sample_of(frame, 0)})."
+            )
         roles = pc.struct_field(values, "role").to_pylist()
         for flat, role in enumerate(roles):
             if not isinstance(role, str) or not role:
                 row = int(np.searchsorted(offsets, flat, side="right") - 1)
-                raise DatasetFormatError(f"expand_chat: message {flat - int(offsets[row])} of {self.field!r} in "
-                                         f"{sample_of(frame, row)} must have a non-empty string role, got {role!r}.")
+                raise DatasetFormatError(
+                    f"expand_chat: message {flat - int(offsets[row])} of {self.field!r} in "
+                    f"{sample_of(frame, row)} must have a non-empty string role, got {role!r}."
+                )
         return roles
 
 

@@ -13,6 +13,7 @@ With execution tracking on (``StageInfo.collect_stats``), each read of one shard
 from __future__ import annotations
 
 import time
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -31,10 +32,18 @@ FETCH_GROUP = "fetch_group"
 def shard_cache_settings(options: Any) -> dict[str, Any] | None:
     """``configure_shard_cache`` arguments from ``RuntimeOptions.io_options`` (None: defaults)."""
     cache = options.store_options().cache
-    settings = {"root": cache.root, "limit_bytes": cache.limit_bytes,
-                "download_policy": cache.download_policy(), "metadata_policy": cache.metadata_policy()}
-    defaults = {"root": None, "limit_bytes": None, "download_policy": fs.DOWNLOAD_POLICY,
-                "metadata_policy": fs.METADATA_POLICY}
+    settings = {
+        "root": cache.root,
+        "limit_bytes": cache.limit_bytes,
+        "download_policy": cache.download_policy(),
+        "metadata_policy": cache.metadata_policy(),
+    }
+    defaults = {
+        "root": None,
+        "limit_bytes": None,
+        "download_policy": fs.DOWNLOAD_POLICY,
+        "metadata_policy": fs.METADATA_POLICY,
+    }
     return None if settings == defaults else settings
 
 
@@ -66,7 +75,7 @@ class FetchOp(FrameOp):
         self._datasets = dict(ctx.get("datasets_by_id", {}))
         self._pool = ctx.get("reader_pool")
         self._readers = {}
-        self._own: list[ShardReader] = []
+        self._own = []
         self._stage = ctx.stage_info.stage_index
         self._groups = [] if ctx.stage_info.collect_stats else None
 
@@ -98,7 +107,7 @@ class FetchOp(FrameOp):
         if len(run_starts) <= max(8, n // 64):
             # Few runs (one dataset, or long runs per shard): read each run in place, no reorder.
             bounds = np.append(run_starts, n).tolist()
-            parts = [self._take(int(dataset[s]), int(shard[s]), row[s:e]) for s, e in zip(bounds[:-1], bounds[1:])]
+            parts = [self._take(int(dataset[s]), int(shard[s]), row[s:e]) for s, e in pairwise(bounds)]
             payload = F.concat_frames(parts)
         else:
             # Many short runs (an interleaved mixture): one read per shard, then one reorder.
@@ -106,8 +115,9 @@ class FetchOp(FrameOp):
             sorted_key = key[order]
             cuts = np.flatnonzero(sorted_key[1:] != sorted_key[:-1]) + 1
             bounds = np.concatenate(([0], cuts, [n])).tolist()
-            parts = [self._take(int(dataset[order[s]]), int(shard[order[s]]), row[order[s:e]])
-                     for s, e in zip(bounds[:-1], bounds[1:])]
+            parts = [
+                self._take(int(dataset[order[s]]), int(shard[order[s]]), row[order[s:e]]) for s, e in pairwise(bounds)
+            ]
             inverse = np.empty(n, dtype=np.int64)
             inverse[order] = np.arange(n)
             payload = F.concat_frames(parts)
@@ -130,9 +140,20 @@ class FetchOp(FrameOp):
         before, t0 = cache.thread_counts(), time.perf_counter_ns()
         table = self._checked_take(dataset_id, shard_id, rows)
         spent, asked = time.perf_counter_ns() - t0, cache.thread_counts().since(before)
-        self._groups.append(((FETCH_GROUP, self._stage, dataset_id, shard_id), {
-            "samples": len(rows), "groups": 1, "group_ns": spent, "read_ns": spent, "retries": asked.retries,
-            "cache_hits": asked.hits, "cache_misses": asked.downloads}))
+        self._groups.append(
+            (
+                (FETCH_GROUP, self._stage, dataset_id, shard_id),
+                {
+                    "samples": len(rows),
+                    "groups": 1,
+                    "group_ns": spent,
+                    "read_ns": spent,
+                    "retries": asked.retries,
+                    "cache_hits": asked.hits,
+                    "cache_misses": asked.downloads,
+                },
+            )
+        )
         return table
 
     def _checked_take(self, dataset_id: int, shard_id: int, rows: np.ndarray) -> pa.Table:

@@ -12,11 +12,11 @@ Example:
     Traceback (most recent call last):
     ...
     zephon_columnar.errors.ConfigError: DomainGroups: component 'web' appears in multiple groups ('prose' and 'mixed'); a component belongs to at most one group.
-"""
+"""  # noqa: E501 - a doctest's expected exception line is the message verbatim: it cannot wrap
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from zephon_columnar.errors import ConfigError
 
@@ -28,16 +28,20 @@ class DomainGroups:
 
     def __init__(self, groups: Mapping[str, Sequence[str]]) -> None:
         if not isinstance(groups, Mapping) or not groups:
-            raise ConfigError(f"DomainGroups requires at least one group ({{group: [component, ...]}}), got "
-                              f"{groups!r}; for no grouping pass None.")
+            raise ConfigError(
+                f"DomainGroups requires at least one group ({{group: [component, ...]}}), got "
+                f"{groups!r}; for no grouping pass None."
+            )
         members: dict[str, str] = {}
         owned: dict[str, tuple[str, ...]] = {}
         for group, comps in groups.items():
             if not isinstance(group, str) or not group:
                 raise ConfigError(f"DomainGroups: group name must be a non-empty string, got {group!r}.")
             if isinstance(comps, str) or not isinstance(comps, Iterable):
-                raise ConfigError(f"DomainGroups: group {group!r} members must be a list of component names, "
-                                  f"not a bare string or scalar {comps!r}.")
+                raise ConfigError(
+                    f"DomainGroups: group {group!r} members must be a list of component names, "
+                    f"not a bare string or scalar {comps!r}."
+                )
             listed = list(comps)
             if not listed:
                 raise ConfigError(f"DomainGroups: group {group!r} has no member components.")
@@ -47,8 +51,10 @@ class DomainGroups:
                 if comp in members:
                     if members[comp] == group:
                         raise ConfigError(f"DomainGroups: component {comp!r} listed twice in group {group!r}.")
-                    raise ConfigError(f"DomainGroups: component {comp!r} appears in multiple groups "
-                                      f"({members[comp]!r} and {group!r}); a component belongs to at most one group.")
+                    raise ConfigError(
+                        f"DomainGroups: component {comp!r} appears in multiple groups "
+                        f"({members[comp]!r} and {group!r}); a component belongs to at most one group."
+                    )
                 members[comp] = group
             owned[group] = tuple(listed)
         self.groups = owned
@@ -66,8 +72,9 @@ class DomainGroups:
         known = set(known_components)
         unknown = sorted(set(self._members) - known)
         if unknown:
-            raise ConfigError(f"DomainGroups references components not in the mixture: {unknown}. "
-                              f"Known components: {sorted(known)}.")
+            raise ConfigError(
+                f"DomainGroups references components not in the mixture: {unknown}. Known components: {sorted(known)}."
+            )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DomainGroups) and other.groups == self.groups

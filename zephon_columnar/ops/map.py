@@ -17,7 +17,8 @@ Example:
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -62,7 +63,7 @@ class MapOp(FrameOp):
                 f"map_transform: got {_describe(fn)}; pass a callable (payload dict -> dict or None) "
                 "or a Polars expression / list of Polars expressions."
             )
-        self.fn = exprs if self.is_expr else exprs[0]
+        self.fn: Any = exprs if self.is_expr else exprs[0]  # the expressions, or the one callable
         self.parallelism = parallelism
         self.drop_none = drop_none
 
@@ -70,7 +71,7 @@ class MapOp(FrameOp):
         return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1)
 
     def fingerprint(self) -> dict[str, Any]:
-        out = {"op": self.name, "fn": _describe(self.fn)}
+        out: dict[str, Any] = {"op": self.name, "fn": _describe(self.fn)}
         if not self.drop_none and not self.is_expr:
             out["drop_none"] = False
         return out
@@ -84,12 +85,15 @@ class MapOp(FrameOp):
         try:
             out = payload.with_columns(self.fn).to_arrow()
         except Exception as err:  # polars raises many types; name the expression
-            raise operator_failure(err, f"map_transform expression {_describe(self.fn)} failed: "
-                                        f"{type(err).__name__}: {err}") from err
+            raise operator_failure(
+                err, f"map_transform expression {_describe(self.fn)} failed: {type(err).__name__}: {err}"
+            ) from err
         reserved = [c for c in out.column_names if F.is_bookkeeping(c)]
         if reserved:
-            raise ConfigError(f"map_transform expression {_describe(self.fn)} writes {reserved}; names "
-                                "starting with '__' are reserved for the engine, pick another name.")
+            raise ConfigError(
+                f"map_transform expression {_describe(self.fn)} writes {reserved}; names "
+                "starting with '__' are reserved for the engine, pick another name."
+            )
         return F.with_payload(F.bookkeeping_of(frame), out)
 
 
@@ -125,13 +129,17 @@ class FilterOp(FrameOp):
             elif _is_arrow_expr(pred):
                 return frame.filter(pred)
             else:
-                mask = np.fromiter((_row_predicate(pred, frame, i, r) for i, r in enumerate(payload_rows(frame))),
-                                   dtype=bool, count=frame.num_rows)
+                mask = np.fromiter(
+                    (_row_predicate(pred, frame, i, r) for i, r in enumerate(payload_rows(frame))),
+                    dtype=bool,
+                    count=frame.num_rows,
+                )
         except ZephonError:
             raise
         except Exception as err:
-            raise operator_failure(err, f"filter predicate {_describe(pred)} failed: {type(err).__name__}: "
-                                        f"{err}") from err
+            raise operator_failure(
+                err, f"filter predicate {_describe(pred)} failed: {type(err).__name__}: {err}"
+            ) from err
         if mask.dtype != np.bool_:
             raise WrongTypeError(f"filter predicate {_describe(pred)} gave {mask.dtype} values, not booleans.")
         return frame.filter(pa.array(mask))
@@ -141,8 +149,9 @@ def _row_predicate(pred: Callable[[dict[str, Any]], Any], frame: pa.Table, i: in
     try:
         return bool(pred(row))
     except Exception as err:
-        raise operator_failure(err, f"filter predicate {_describe(pred)} failed on {sample_of(frame, i)}: "
-                                    f"{type(err).__name__}: {err}") from err
+        raise operator_failure(
+            err, f"filter predicate {_describe(pred)} failed on {sample_of(frame, i)}: {type(err).__name__}: {err}"
+        ) from err
 
 
 class MaterializeOp(FrameOp):
@@ -188,13 +197,18 @@ class MapBatchOp(BaseOp):
         try:
             out = self.fn(batch)
         except Exception as err:
-            raise operator_failure(err, f"map_batch function {_describe(self.fn)} failed on a batch of lane "
-                                        f"{batch.lane_id}: {type(err).__name__}: {err}") from err
+            raise operator_failure(
+                err,
+                f"map_batch function {_describe(self.fn)} failed on a batch of lane "
+                f"{batch.lane_id}: {type(err).__name__}: {err}",
+            ) from err
         if out is None:
             return None if self.drop_none else batch
         if not isinstance(out, SampleBatch):
-            raise WrongTypeError(f"map_batch function {_describe(self.fn)} returned {type(out).__name__}; return a "
-                                 "SampleBatch (e.g. SampleBatch(records)), or None to drop the batch.")
+            raise WrongTypeError(
+                f"map_batch function {_describe(self.fn)} returned {type(out).__name__}; return a "
+                "SampleBatch (e.g. SampleBatch(records)), or None to drop the batch."
+            )
         return out
 
     def process_many(self, elems: list[Any]) -> list[Any]:

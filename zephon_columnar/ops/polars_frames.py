@@ -45,4 +45,6 @@ def polars_frame(table: pa.Table, *, rechunk: bool = False) -> pl.DataFrame:
         )
     import polars as pl
 
-    return pl.from_arrow(table, rechunk=rechunk)
+    frame = pl.from_arrow(table, rechunk=rechunk)
+    assert isinstance(frame, pl.DataFrame)  # a table gives a frame (a bare array would give a Series)
+    return frame

@@ -6,15 +6,22 @@ frame each way; the rest of the engine stays columnar.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import WrongTypeError, operator_failure
-from zephon_columnar.records import (SampleRecord, check_records, frame_of_records, payload_dicts, payloads_to_table,
-                                     records_of)
+from zephon_columnar.records import (
+    SampleRecord,
+    check_records,
+    frame_of_records,
+    payload_dicts,
+    payloads_to_table,
+    records_of,
+)
 
 
 def keep_lineage(out: pa.Table, had_lineage: bool) -> pa.Table:
@@ -57,12 +64,15 @@ def rebuild(frame: pa.Table, keep: Sequence[int], payloads: list[dict[str, Any]]
 def sample_of(frame: pa.Table, i: int) -> str:
     """Where row ``i`` of a frame came from, for error messages."""
     get = lambda col: frame.column(col)[i].as_py()  # noqa: E731
-    return (f"sample (dataset {get(F.DATASET)}, shard {get(F.SHARD)}, row {get(F.ROW)}) "
-            f"at lane {get(F.LANE)}, chunk {get(F.CHUNK)}, offset {get(F.OFFSET)}")
+    return (
+        f"sample (dataset {get(F.DATASET)}, shard {get(F.SHARD)}, row {get(F.ROW)}) "
+        f"at lane {get(F.LANE)}, chunk {get(F.CHUNK)}, offset {get(F.OFFSET)}"
+    )
 
 
-def run_payload_fn(frame: pa.Table, fn: Callable[[dict[str, Any]], Any], *, op_name: str,
-                   drop_none: bool = True) -> pa.Table:
+def run_payload_fn(
+    frame: pa.Table, fn: Callable[[dict[str, Any]], Any], *, op_name: str, drop_none: bool = True
+) -> pa.Table:
     """Apply ``fn(payload) -> payload | None`` to each row; None drops the row (with
     ``drop_none=False``: keeps it unchanged)."""
     keep: list[int] = []
@@ -71,8 +81,9 @@ def run_payload_fn(frame: pa.Table, fn: Callable[[dict[str, Any]], Any], *, op_n
         try:
             out = fn(row)
         except Exception as err:
-            raise operator_failure(err, f"map_transform function {op_name!r} failed on {sample_of(frame, i)}: "
-                                        f"{type(err).__name__}: {err}") from err
+            raise operator_failure(
+                err, f"map_transform function {op_name!r} failed on {sample_of(frame, i)}: {type(err).__name__}: {err}"
+            ) from err
         if out is None:
             if drop_none:
                 continue

@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
@@ -38,13 +39,14 @@ import pyarrow as pa
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.ops.accumulators.lane import LaneContext, RowSource
-from zephon_columnar.ops.base import OrderedOp, OpTraits
+from zephon_columnar.ops.base import OpTraits, OrderedOp
 from zephon_columnar.ops.config import ShuffleAlgorithm
 from zephon_columnar.ops.store import RowStore
 from zephon_columnar.references import schema_from_json, schema_to_json
 
 DEFAULT_BUFFER = 8192
 _DRAIN_SALT = np.uint64(0xD1B54A32D192ED03)
+_NO_SALT = np.uint64(0)
 
 
 def warmup_size(buffer_size: int) -> int:
@@ -64,20 +66,30 @@ class ShuffleOp(OrderedOp):
 
     name = "shuffle"
 
-    def __init__(self, buffer_size: int | None = None, *, seed: int = 0, algorithm: ShuffleAlgorithm = "streaming",
-                 warmup_growth: float = 1.5, parallelism: int | None = None) -> None:
+    def __init__(
+        self,
+        buffer_size: int | None = None,
+        *,
+        seed: int = 0,
+        algorithm: ShuffleAlgorithm = "streaming",
+        warmup_growth: float = 1.5,
+        parallelism: int | None = None,
+    ) -> None:
         super().__init__()
         size = DEFAULT_BUFFER if buffer_size is None else buffer_size
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 1:
-            raise ConfigError(f"shuffle(buffer_size={buffer_size!r}): pass a positive int (rows per lane) or None "
-                              f"({DEFAULT_BUFFER}).")
+            raise ConfigError(
+                f"shuffle(buffer_size={buffer_size!r}): pass a positive int (rows per lane) or None ({DEFAULT_BUFFER})."
+            )
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ConfigError(f"shuffle(seed={seed!r}): pass an int >= 0.")
         if algorithm not in ("streaming", "block", "block_warmup"):
             raise ConfigError(f"shuffle(algorithm={algorithm!r}): use 'streaming', 'block' or 'block_warmup'.")
         if not isinstance(warmup_growth, (int, float)) or isinstance(warmup_growth, bool) or not warmup_growth > 1:
-            raise ConfigError(f"shuffle(warmup_growth={warmup_growth!r}): pass a number > 1 (block size growth per "
-                              "block, for algorithm='block_warmup').")
+            raise ConfigError(
+                f"shuffle(warmup_growth={warmup_growth!r}): pass a number > 1 (block size growth per "
+                "block, for algorithm='block_warmup')."
+            )
         self.buffer_size = int(size)
         self.seed = int(seed)
         self.algorithm = algorithm
@@ -87,18 +99,23 @@ class ShuffleOp(OrderedOp):
     def traits(self) -> OpTraits:
         return OpTraits(preserves_cursor_order=False, indexable=False)
 
-    def lane_accumulator(self, ctx: LaneContext | None = None) -> "ShuffleBuffer":
+    def lane_accumulator(self, ctx: LaneContext | None = None) -> ShuffleBuffer:
         ctx = ctx or LaneContext()
         if self.algorithm == "streaming":
             return StreamingShuffle(self, ctx)
         return BlockShuffle(self, ctx)
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"op": self.name, "buffer_size": self.buffer_size, "seed": self.seed, "algorithm": self.algorithm,
-                "warmup_growth": self.warmup_growth if self.algorithm == "block_warmup" else None}
+        return {
+            "op": self.name,
+            "buffer_size": self.buffer_size,
+            "seed": self.seed,
+            "algorithm": self.algorithm,
+            "warmup_growth": self.warmup_growth if self.algorithm == "block_warmup" else None,
+        }
 
 
-class ShuffleBuffer:
+class ShuffleBuffer(ABC):
     """What both algorithms share: the rows held (a `RowStore`) and the lane's hash seed."""
 
     def __init__(self, op: ShuffleOp, ctx: LaneContext) -> None:
@@ -115,11 +132,11 @@ class ShuffleBuffer:
     def _reset(self) -> None:
         self.store.clear()
 
-    def keys(self, frame: pa.Table, salt: np.uint64 = np.uint64(0)) -> np.ndarray:
+    def keys(self, frame: pa.Table, salt: np.uint64 = _NO_SALT) -> np.ndarray:
         """Per row, a 64-bit hash of (seed, lane, row identity, salt)."""
         return F.mix64(F.row_keys(frame) ^ self.key_seed ^ salt)
 
-    def permuted(self, handles: np.ndarray, salt: np.uint64 = np.uint64(0)) -> pa.Table:
+    def permuted(self, handles: np.ndarray, salt: np.uint64 = _NO_SALT) -> pa.Table:
         """The rows of ``handles`` sorted by their keys: the keys come from the rows' bookkeeping
         alone, so the payload is gathered once, already in order."""
         order = np.argsort(self.keys(self.store.refs(handles), salt), kind="stable")
@@ -131,6 +148,12 @@ class ShuffleBuffer:
         out = self.store.take(handles)
         self.store.release(handles)
         return [out]
+
+    @abstractmethod
+    def push(self, frame: pa.Table) -> list[pa.Table]: ...
+
+    @abstractmethod
+    def flush(self, *, reset: bool, end: bool = False) -> list[pa.Table]: ...
 
     def carry(self) -> pa.Table | None:
         return None
@@ -147,7 +170,7 @@ class StreamingShuffle(ShuffleBuffer):
     def _reset(self) -> None:
         super()._reset()
         self.slots = np.zeros(0, np.int64)  # handle held in each slot
-        self.arrivals = 0                   # rows pushed since the flush point
+        self.arrivals = 0  # rows pushed since the flush point
 
     def push(self, frame: pa.Table) -> list[pa.Table]:
         n = frame.num_rows
@@ -196,7 +219,7 @@ class StreamingShuffle(ShuffleBuffer):
         # New slot contents: the last write to each slot.
         new_fill = int(fill[-1]) + int(append[-1])
         slots = np.empty(new_fill, np.int64)
-        slots[:len(self.slots)] = self.slots
+        slots[: len(self.slots)] = self.slots
         last = np.flatnonzero(s_write & np.append(s_slot[1:] != s_slot[:-1], True)) if len(order) else pos
         slots[s_slot[last]] = handles[s_step[last]]
         self.slots = slots
@@ -224,10 +247,16 @@ class StreamingShuffle(ShuffleBuffer):
     def restore(self, state: dict[str, Any], rows: pa.Table | None, source: RowSource) -> None:
         arrivals = state["arrivals"]
         held = 0 if rows is None else rows.num_rows
-        if isinstance(arrivals, bool) or not isinstance(arrivals, int) or arrivals < 0 \
-                or self.filled_after(arrivals) != held:
-            raise ValueError(f"arrivals = {arrivals!r} with {held} rows held: a streaming shuffle of size {self.size} "
-                             "holds another number of rows after that many arrivals")
+        if (
+            isinstance(arrivals, bool)
+            or not isinstance(arrivals, int)
+            or arrivals < 0
+            or self.filled_after(arrivals) != held
+        ):
+            raise ValueError(
+                f"arrivals = {arrivals!r} with {held} rows held: a streaming shuffle of size {self.size} "
+                "holds another number of rows after that many arrivals"
+            )
         self.arrivals = arrivals
         self.slots = self.store.restore(rows, schema_from_json(state.get("schema")), source)
 
@@ -255,7 +284,7 @@ class BlockShuffle(ShuffleBuffer):
         held = np.concatenate([self.held, self.store.add(frame)])
         out = []
         while len(held) >= self.target:
-            block, held = held[:self.target], held[self.target:]
+            block, held = held[: self.target], held[self.target :]
             out += self._permuted(block)
             self._next_target()
         self.held = held
@@ -277,7 +306,9 @@ class BlockShuffle(ShuffleBuffer):
         target = state["target"]
         held = 0 if rows is None else rows.num_rows
         if isinstance(target, bool) or not isinstance(target, int) or not held < target <= self.size:
-            raise ValueError(f"target = {target!r} with {held} rows held: a block of this shuffle holds fewer rows "
-                             f"than its target, which is at most {self.size}")
+            raise ValueError(
+                f"target = {target!r} with {held} rows held: a block of this shuffle holds fewer rows "
+                f"than its target, which is at most {self.size}"
+            )
         self.target = target
         self.held = self.store.restore(rows, schema_from_json(state.get("schema")), source)

@@ -36,13 +36,14 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 
+from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError, WrongTypeError, operator_failure
 from zephon_columnar.ops.accumulators.lane import LaneContext
-from zephon_columnar import frame as F
 from zephon_columnar.ops.base import BaseOp, OpTraits, OrderedOp
 from zephon_columnar.ops.rows import keep_lineage
 from zephon_columnar.records import SampleRecord, frame_of_records, records_of
@@ -57,15 +58,26 @@ def _qualname(fn: Any) -> str | None:
 class StatefulTransformOp(OrderedOp):
     """The ordered part of ``stateful_transform`` (see the module docstring)."""
 
-
-    def __init__(self, name: str, *, init_state: Callable[[], Any], push: Callable[[Any, list], tuple[Any, list]],
-                 flush: Callable[[Any], list] | None = None, should_flush: Callable[[Any], bool] | None = None,
-                 indexable: bool = False, preserves_cursor_order: bool = True) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        init_state: Callable[[], Any],
+        push: Callable[[Any, list], tuple[Any, list]],
+        flush: Callable[[Any], list] | None = None,
+        should_flush: Callable[[Any], bool] | None = None,
+        indexable: bool = False,
+        preserves_cursor_order: bool = True,
+    ) -> None:
         super().__init__()
         if not isinstance(name, str) or not name:
             raise ConfigError(f"stateful_transform(name={name!r}): pass a non-empty name.")
-        for what, fn, required in (("init_state", init_state, True), ("push", push, True), ("flush", flush, False),
-                                   ("should_flush", should_flush, False)):
+        for what, fn, required in (
+            ("init_state", init_state, True),
+            ("push", push, True),
+            ("flush", flush, False),
+            ("should_flush", should_flush, False),
+        ):
             if (fn is None and required) or (fn is not None and not callable(fn)):
                 raise ConfigError(f"stateful_transform({name!r}): {what} must be a callable, got {fn!r}.")
         self.name = name
@@ -77,16 +89,25 @@ class StatefulTransformOp(OrderedOp):
         self.preserves_cursor_order = preserves_cursor_order
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=self.preserves_cursor_order, indexable=self.indexable,
-                        batch_shape_sensitive=True, requires_serial_state=True)
+        return OpTraits(
+            preserves_cursor_order=self.preserves_cursor_order,
+            indexable=self.indexable,
+            batch_shape_sensitive=True,
+            requires_serial_state=True,
+        )
 
-    def lane_accumulator(self, ctx: LaneContext | None = None) -> "_LaneState":
+    def lane_accumulator(self, ctx: LaneContext | None = None) -> _LaneState:
         return _LaneState(self, ctx or LaneContext())
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"op": "stateful_transform", "name": self.name, "init_state": _qualname(self.init_state),
-                "push": _qualname(self.push), "flush": _qualname(self.flush),
-                "should_flush": _qualname(self.should_flush)}
+        return {
+            "op": "stateful_transform",
+            "name": self.name,
+            "init_state": _qualname(self.init_state),
+            "push": _qualname(self.push),
+            "flush": _qualname(self.flush),
+            "should_flush": _qualname(self.should_flush),
+        }
 
 
 class _LaneState:
@@ -108,13 +129,18 @@ class _LaneState:
         try:
             return fn(*args)
         except Exception as err:
-            raise operator_failure(err, f"stateful_transform({self.op.name!r}): {what} failed on lane "
-                                        f"{self.ctx.lane}: {type(err).__name__}: {err}") from err
+            raise operator_failure(
+                err,
+                f"stateful_transform({self.op.name!r}): {what} failed on lane "
+                f"{self.ctx.lane}: {type(err).__name__}: {err}",
+            ) from err
 
     def _records(self, what: str, out: Any) -> list[SampleRecord]:
         if not isinstance(out, (list, tuple)) or any(not isinstance(r, SampleRecord) for r in out):
-            raise WrongTypeError(f"stateful_transform({self.op.name!r}): {what} must return a list of SampleRecord "
-                                 f"(the records it lets through, with their meta), got {type(out).__name__}.")
+            raise WrongTypeError(
+                f"stateful_transform({self.op.name!r}): {what} must return a list of SampleRecord "
+                f"(the records it lets through, with their meta), got {type(out).__name__}."
+            )
         return list(out)
 
     def _state(self) -> Any:
@@ -127,8 +153,10 @@ class _LaneState:
         records, self.window = self.window, []
         result = self._call("push", self.op.push, self._state(), records)
         if not isinstance(result, tuple) or len(result) != 2:
-            raise WrongTypeError(f"stateful_transform({self.op.name!r}): push must return (new_state, outputs), "
-                                 f"got {type(result).__name__}.")
+            raise WrongTypeError(
+                f"stateful_transform({self.op.name!r}): push must return (new_state, outputs), "
+                f"got {type(result).__name__}."
+            )
         self.state, out = result
         out = self._records("push", out)
         if self.op.should_flush is not None and self._call("should_flush", self.op.should_flush, self.state):
@@ -136,8 +164,11 @@ class _LaneState:
         return out
 
     def _flush_state(self) -> list[SampleRecord]:
-        out = self._records("flush", self._call("flush", self.op.flush, self.state)) \
-            if self.op.flush is not None and self.started else []
+        out = (
+            self._records("flush", self._call("flush", self.op.flush, self.state))
+            if self.op.flush is not None and self.started
+            else []
+        )
         self.state, self.started = None, False
         return out
 
@@ -171,8 +202,9 @@ class RecordsTransformOp(BaseOp):
     builtin = True
     fans_out = True
 
-    def __init__(self, name: str, transform: Callable[[list[SampleRecord]], list[SampleRecord]],
-                 parallelism: int) -> None:
+    def __init__(
+        self, name: str, transform: Callable[[list[SampleRecord]], list[SampleRecord]], parallelism: int
+    ) -> None:
         super().__init__()
         if not callable(transform):
             raise ConfigError(f"stateful_transform({name!r}): transform must be a callable, got {transform!r}.")
@@ -187,7 +219,9 @@ class RecordsTransformOp(BaseOp):
         try:
             return self.transform(elems)
         except Exception as err:
-            raise operator_failure(err, f"stateful_transform({self.name!r}) failed: {type(err).__name__}: {err}") from err
+            raise operator_failure(
+                err, f"stateful_transform({self.name!r}) failed: {type(err).__name__}: {err}"
+            ) from err
 
     def fingerprint(self) -> dict[str, Any]:
         return {"op": "stateful_transform.transform", "name": self.name, "transform": _qualname(self.transform)}

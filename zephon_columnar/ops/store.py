@@ -22,7 +22,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -49,7 +49,7 @@ class RowStore:
         self._lazy: list[bool] = []  # per table: holds references (bookkeeping) only
         self._live_per_table: list[int] = []
         self._table_of = np.zeros(0, np.int32)  # handle -> table index
-        self._row_of = np.zeros(0, np.int64)    # handle -> row in that table
+        self._row_of = np.zeros(0, np.int64)  # handle -> row in that table
         self._alive = np.zeros(0, bool)
         self._next = 0
         self._live = 0
@@ -65,7 +65,7 @@ class RowStore:
             for name, fill in (("_table_of", 0), ("_row_of", 0), ("_alive", False)):
                 old = getattr(self, name)
                 new = np.full(size, fill, dtype=old.dtype)
-                new[:len(old)] = old
+                new[: len(old)] = old
                 setattr(self, name, new)
 
     def add(self, frame: pa.Table, *, lazy: bool = False) -> np.ndarray:
@@ -125,14 +125,14 @@ class RowStore:
         rows = self._row_of[handles]
         used = np.unique(tables)
         if len(used) == 1:
-            return take_rows(self._tables[int(used[0])], rows)  # type: ignore[arg-type]
+            return take_rows(self._tables[int(used[0])], rows)
         by_table = np.argsort(tables, kind="stable")
         bounds = np.searchsorted(tables[by_table], used, side="left").tolist() + [len(handles)]
         parts = []
         for k, t in enumerate(used.tolist()):
             table = self._tables[t]
             assert table is not None
-            parts.append(take_rows(table, rows[by_table[bounds[k]:bounds[k + 1]]]))
+            parts.append(take_rows(table, rows[by_table[bounds[k] : bounds[k + 1]]]))
         order = np.empty(len(handles), np.int64)
         order[by_table] = np.arange(len(handles))
         return _take(F.concat_frames(parts), order)
@@ -169,7 +169,7 @@ class RowStore:
         return self.add_refs(refs) if refs is not None else np.zeros(0, np.int64)
 
     def live_handles(self) -> np.ndarray:
-        return np.flatnonzero(self._alive[:self._next]).astype(np.int64)
+        return np.flatnonzero(self._alive[: self._next]).astype(np.int64)
 
     def _compact(self) -> None:
         """Gather the live rows into one frame; handles stay valid."""

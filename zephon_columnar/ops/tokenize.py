@@ -88,13 +88,27 @@ class TokenizeOp(TokenizerOwner, FrameOp):
     name = "tokenize"
     fans_out = False
 
-    def __init__(self, tokenizer: Any = None, tokenizer_id: str | os.PathLike[str] | None = None, *, field: str,
-                 missing_field: MissingFieldMode = "error", add_attention_mask: bool = True,
-                 max_length: int | None = None, padding: bool | str = False, truncation: bool | str = False,
-                 return_tensors: str | None = None, split_long_samples: bool = False, use_fast: bool = True,
-                 preserve_upstream_payload: bool = False, special_tokens: SpecialTokensMode = "bos_eos",
-                 bos_token_id: int | None = None, eos_token_id: int | None = None,
-                 parallelism: int | None = None, backend: TokenizerBackend = "auto") -> None:
+    def __init__(
+        self,
+        tokenizer: Any = None,
+        tokenizer_id: str | os.PathLike[str] | None = None,
+        *,
+        field: str,
+        missing_field: MissingFieldMode = "error",
+        add_attention_mask: bool = True,
+        max_length: int | None = None,
+        padding: bool | str = False,
+        truncation: bool | str = False,
+        return_tensors: str | None = None,
+        split_long_samples: bool = False,
+        use_fast: bool = True,
+        preserve_upstream_payload: bool = False,
+        special_tokens: SpecialTokensMode = "bos_eos",
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        parallelism: int | None = None,
+        backend: TokenizerBackend = "auto",
+    ) -> None:
         super().__init__()
         self._choose_backend(backend)
         if not isinstance(field, str) or not field:
@@ -104,10 +118,13 @@ class TokenizeOp(TokenizerOwner, FrameOp):
         if special_tokens not in SPECIAL_MODES:
             raise ConfigError(f"tokenize: special_tokens={special_tokens!r}; use one of {list(SPECIAL_MODES)}.")
         if return_tensors not in (None, "pt", "np", "tf"):
-            raise ConfigError(f"tokenize: return_tensors={return_tensors!r}; use None, 'pt', 'np' or 'tf' "
-                              "(accepted for compatibility: columns stay Arrow lists).")
-        if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
-                                       or max_length < 1):
+            raise ConfigError(
+                f"tokenize: return_tensors={return_tensors!r}; use None, 'pt', 'np' or 'tf' "
+                "(accepted for compatibility: columns stay Arrow lists)."
+            )
+        if max_length is not None and (
+            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1
+        ):
             raise ConfigError(f"tokenize: max_length={max_length!r}; pass a positive int or None.")
         for name, v in (("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0):
@@ -131,16 +148,24 @@ class TokenizeOp(TokenizerOwner, FrameOp):
         n_specials = self._n_specials()
         if self.truncation and max_length is None:
             raise ConfigError("tokenize: truncation=True needs max_length=<tokens per row, specials included>.")
-        if self.truncation and special_tokens != "tokenizer_default" and max_length is not None \
-                and max_length <= n_specials:
-            raise ConfigError(f"tokenize: max_length={max_length} leaves no room for content next to "
-                              f"special_tokens={special_tokens!r}; use max_length > {n_specials}.")
+        if (
+            self.truncation
+            and special_tokens != "tokenizer_default"
+            and max_length is not None
+            and max_length <= n_specials
+        ):
+            raise ConfigError(
+                f"tokenize: max_length={max_length} leaves no room for content next to "
+                f"special_tokens={special_tokens!r}; use max_length > {n_specials}."
+            )
         if self.split_long_samples:
             if max_length is None:
                 raise ConfigError("tokenize: split_long_samples=True needs max_length=<tokens per piece>.")
             if self.truncation:
-                raise ConfigError("tokenize: split_long_samples=True cuts long documents into pieces and "
-                                  "truncation=True cuts them off; pick one.")
+                raise ConfigError(
+                    "tokenize: split_long_samples=True cuts long documents into pieces and "
+                    "truncation=True cuts them off; pick one."
+                )
 
         self._path, self._handle = tokenizer_source(tokenizer, tokenizer_id)
         self._path_arg = "tokenizer_id" if tokenizer_id is not None else "tokenizer"
@@ -151,8 +176,9 @@ class TokenizeOp(TokenizerOwner, FrameOp):
 
     # ------------------------------------------------------------------ contract
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, indexable=not self.split_long_samples,
-                        parallelism=self.parallelism or 1)
+        return OpTraits(
+            preserves_cursor_order=True, indexable=not self.split_long_samples, parallelism=self.parallelism or 1
+        )
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)
@@ -168,10 +194,17 @@ class TokenizeOp(TokenizerOwner, FrameOp):
 
     def fingerprint(self) -> dict[str, Any]:
         return {
-            "op": self.name, "tokenizer": self._tokenizer_fingerprint(), "field": self.field, "missing_field": self.missing_field,
-            "special_tokens": self.special_tokens, "bos_token_id": self.bos_override,
-            "eos_token_id": self.eos_override, "max_length": self.max_length, "truncation": self.truncation,
-            "padding": self.padding, "split_long_samples": self.split_long_samples,
+            "op": self.name,
+            "tokenizer": self._tokenizer_fingerprint(),
+            "field": self.field,
+            "missing_field": self.missing_field,
+            "special_tokens": self.special_tokens,
+            "bos_token_id": self.bos_override,
+            "eos_token_id": self.eos_override,
+            "max_length": self.max_length,
+            "truncation": self.truncation,
+            "padding": self.padding,
+            "split_long_samples": self.split_long_samples,
             "add_attention_mask": self.add_attention_mask,
             "preserve_upstream_payload": self.preserve_upstream_payload,
         }
@@ -186,8 +219,10 @@ class TokenizeOp(TokenizerOwner, FrameOp):
         mode = self.special_tokens
         bos = self.bos_override if self.bos_override is not None else h.bos_token_id
         eos = self.eos_override if self.eos_override is not None else h.eos_token_id
-        for key, needed, value, other in (("bos", mode in ("bos_eos", "bos"), bos, "'eos'"),
-                                          ("eos", mode in ("bos_eos", "eos"), eos, "'bos'")):
+        for key, needed, value, other in (
+            ("bos", mode in ("bos_eos", "bos"), bos, "'eos'"),
+            ("eos", mode in ("bos_eos", "eos"), eos, "'bos'"),
+        ):
             if needed and value is None:
                 why = f" ({h.notes[key]})" if key in h.notes else ""
                 raise ConfigError(
@@ -204,8 +239,7 @@ class TokenizeOp(TokenizerOwner, FrameOp):
                     "EOS token. Pass eos_token_id=<id> (EOS pads when there is no pad token), or padding=False "
                     "(pack_flat pads packed rows itself)."
                 )
-        self._ids = (bos if mode in ("bos_eos", "bos") else None,
-                     eos if mode in ("bos_eos", "eos") else None, pad)
+        self._ids = (bos if mode in ("bos_eos", "bos") else None, eos if mode in ("bos_eos", "eos") else None, pad)
         return self._ids
 
     # ------------------------------------------------------------------ the columnar hook
@@ -249,11 +283,14 @@ class TokenizeOp(TokenizerOwner, FrameOp):
         if pa.types.is_null(t):
             col = pa.chunked_array([pa.nulls(n, pa.string())])
         elif pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
-            raise WrongTypeError(f"tokenize: field {self.field!r} holds bytes ({t}); add .decode_text(fields="
-                                 f"({self.field!r},)) before tokenize.")
+            raise WrongTypeError(
+                f"tokenize: field {self.field!r} holds bytes ({t}); add .decode_text(fields="
+                f"({self.field!r},)) before tokenize."
+            )
         elif not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)):
-            raise WrongTypeError(f"tokenize: field {self.field!r} has type {t}, not text ({_where(frame, 0)}); "
-                                 "tokenize a string column.")
+            raise WrongTypeError(
+                f"tokenize: field {self.field!r} has type {t}, not text ({_where(frame, 0)}); tokenize a string column."
+            )
         if col.null_count:
             if self.missing_field == "error":
                 first = pc.index(pc.is_null(col), True).as_py()
@@ -264,11 +301,14 @@ class TokenizeOp(TokenizerOwner, FrameOp):
             col = pc.fill_null(col, "")
         return col.to_pylist()
 
-    def _assemble(self, frame: pa.Table, flat: np.ndarray, offsets: np.ndarray, mask: np.ndarray | None,
-                  parent: np.ndarray | None) -> pa.Table:
+    def _assemble(
+        self, frame: pa.Table, flat: np.ndarray, offsets: np.ndarray, mask: np.ndarray | None, parent: np.ndarray | None
+    ) -> pa.Table:
         if offsets[-1] > _INT32_MAX:
-            raise ConfigError(f"tokenize: one frame produced {int(offsets[-1])} tokens, more than a list<int32> "
-                                "column holds; use smaller fetch batches (fetch(max_batch=...)).")
+            raise ConfigError(
+                f"tokenize: one frame produced {int(offsets[-1])} tokens, more than a list<int32> "
+                "column holds; use smaller fetch batches (fetch(max_batch=...))."
+            )
         off = pa.array(offsets.astype(np.int32, copy=False))
         columns: list[pa.Array | pa.ChunkedArray] = []
         names: list[str] = []
@@ -304,8 +344,9 @@ class TokenizeOp(TokenizerOwner, FrameOp):
 
 
 # ---------------------------------------------------------------------- vectorized pieces
-def splice_specials(flat: np.ndarray, offsets: np.ndarray, bos: int | None,
-                    eos: int | None) -> tuple[np.ndarray, np.ndarray]:
+def splice_specials(
+    flat: np.ndarray, offsets: np.ndarray, bos: int | None, eos: int | None
+) -> tuple[np.ndarray, np.ndarray]:
     """Put ``bos`` before and ``eos`` after every row (either may be None): one boolean-mask
     scatter of the content into the grown buffer."""
     b, e = int(bos is not None), int(eos is not None)
@@ -320,9 +361,9 @@ def splice_specials(flat: np.ndarray, offsets: np.ndarray, bos: int | None,
     if e:
         special[new_off[1:] - 1] = True
     out[~special] = flat
-    if b:
+    if bos is not None:
         out[new_off[:-1]] = bos
-    if e:
+    if eos is not None:
         out[new_off[1:] - 1] = eos
     return out, new_off
 
@@ -342,8 +383,9 @@ def split_rows(offsets: np.ndarray, max_length: int) -> tuple[np.ndarray, np.nda
     return np.append(starts, offsets[-1]), parent
 
 
-def pad_rows(flat: np.ndarray, offsets: np.ndarray, length: int,
-             pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def pad_rows(
+    flat: np.ndarray, offsets: np.ndarray, length: int, pad_id: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Right-pad rows shorter than ``length`` with ``pad_id``; returns ids, offsets and the int8
     attention mask (1 real, 0 pad). Longer rows are left as they are."""
     lens = np.diff(offsets)

@@ -42,19 +42,26 @@ import itertools
 import json
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.ops.config import TokenizerBackend
-from zephon_columnar.ops.tokenizer_backend import (FastokensProof, existing_proof, flat_encodings, forget_proofs,
-                                                   shared_proof, truncate_rows)
+from zephon_columnar.ops.tokenizer_backend import (
+    FastokensProof,
+    existing_proof,
+    flat_encodings,
+    forget_proofs,
+    shared_proof,
+    truncate_rows,
+)
+from zephon_columnar.recipes import callable_identity
 
 #: Added-token contents searched, in this order, for a bare tokenizer's BOS.
-BOS_CANDIDATES: tuple[str, ...] = ("<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>", "[CLS]",
-                                   "<|endoftext|>")
+BOS_CANDIDATES: tuple[str, ...] = ("<s>", "<|begin_of_text|>", "<bos>", "<|startoftext|>", "[CLS]", "<|endoftext|>")
 #: Added-token contents searched, in this order, for a bare tokenizer's EOS.
 EOS_CANDIDATES: tuple[str, ...] = ("</s>", "<|end_of_text|>", "<eos>", "<|endoftext|>", "[SEP]")
 #: Added-token contents searched, in this order, for a bare tokenizer's PAD.
@@ -145,8 +152,15 @@ class FallbackTokenizer:
     def word_id(word: str) -> int:
         return int.from_bytes(hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest(), "little") % 10000 + 10
 
-    def __call__(self, texts: list[str] | str, *, add_special_tokens: bool = False, truncation: bool = False,
-                 max_length: int | None = None, **kwargs: Any) -> dict[str, Any]:
+    def __call__(
+        self,
+        texts: list[str] | str,
+        *,
+        add_special_tokens: bool = False,
+        truncation: bool = False,
+        max_length: int | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
         single = isinstance(texts, str)
         rows = []
         for text in [texts] if single else texts:
@@ -155,8 +169,11 @@ class FallbackTokenizer:
             ids = [self.word_id(w) for w in str(text).split()]
             rows.append(ids[:max_length] if truncation and max_length is not None else ids)
         masks = [[1] * len(r) for r in rows]
-        return {"input_ids": rows[0], "attention_mask": masks[0]} if single else \
-            {"input_ids": rows, "attention_mask": masks}
+        return (
+            {"input_ids": rows[0], "attention_mask": masks[0]}
+            if single
+            else {"input_ids": rows, "attention_mask": masks}
+        )
 
 
 def _is_fallback(value: Any) -> bool:
@@ -178,8 +195,10 @@ def check_tokenizer_args(tokenizer: Any = None, tokenizer_id: Any = None) -> Non
         return
     if tokenizer_id is not None:
         if not isinstance(tokenizer_id, (str, os.PathLike)):
-            raise ConfigError(f"tokenizer_id= must be a path (str), got {type(tokenizer_id).__name__}; "
-                              "pass tokenizer objects as tokenizer=.")
+            raise ConfigError(
+                f"tokenizer_id= must be a path (str), got {type(tokenizer_id).__name__}; "
+                "pass tokenizer objects as tokenizer=."
+            )
         resolve_tokenizer_path(tokenizer_id)
         return
     if isinstance(tokenizer, (str, os.PathLike)):
@@ -259,10 +278,20 @@ class TokenizerHandle:
     it needs to set truncation or clear padding.
     """
 
-    def __init__(self, *, kind: Kind, source: str, tokenizer: Any = None, json_str: str | None = None,
-                 fn: Callable[..., Any] | None = None, bos_token_id: int | None = None,
-                 eos_token_id: int | None = None, pad_token_id: int | None = None,
-                 identity: str | None = None, notes: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        kind: Kind,
+        source: str,
+        tokenizer: Any = None,
+        json_str: str | None = None,
+        fn: Callable[..., Any] | None = None,
+        bos_token_id: int | None = None,
+        eos_token_id: int | None = None,
+        pad_token_id: int | None = None,
+        identity: str | None = None,
+        notes: dict[str, str] | None = None,
+    ) -> None:
         self.kind = kind
         self.source = source
         self.bos_token_id = bos_token_id
@@ -296,8 +325,10 @@ class TokenizerHandle:
         self.__dict__.update(state)
 
     def __repr__(self) -> str:
-        return (f"TokenizerHandle({self.kind}, {self.source}, bos={self.bos_token_id}, eos={self.eos_token_id}, "
-                f"pad={self.pad_token_id})")
+        return (
+            f"TokenizerHandle({self.kind}, {self.source}, bos={self.bos_token_id}, eos={self.eos_token_id}, "
+            f"pad={self.pad_token_id})"
+        )
 
     def json_str(self) -> str:
         if self.kind != "tokenizers":
@@ -356,8 +387,9 @@ class TokenizerHandle:
         return None if conv is None else conv(token)
 
     # ------------------------------------------------------------------ encoding
-    def encode_ids(self, texts: list[str], *, add_special_tokens: bool = False,
-                   truncate_to: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def encode_ids(
+        self, texts: list[str], *, add_special_tokens: bool = False, truncate_to: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Token ids of ``texts`` as one flat int32 array and int64 row offsets (len n+1).
 
         ``truncate_to`` cuts every row to at most that many ids (for a Rust tokenizer its own
@@ -372,8 +404,10 @@ class TokenizerHandle:
         "fastokens": the same, but a tokenizer it cannot prove is a `ConfigError`)."""
         check_backend(backend, "tokenize")
         if backend == "fastokens" and self.kind != "tokenizers":
-            raise ConfigError(f"tokenize(backend='fastokens'): {self.source} is not a tokenizers.Tokenizer "
-                              "(tokenizer.json); fastokens encodes those only. Use backend='auto'.")
+            raise ConfigError(
+                f"tokenize(backend='fastokens'): {self.source} is not a tokenizers.Tokenizer "
+                "(tokenizer.json); fastokens encodes those only. Use backend='auto'."
+            )
         self.backend = backend
         return self
 
@@ -408,21 +442,28 @@ class TokenizerHandle:
         key = self.identity()
         return existing_proof(key) or shared_proof(key, self.json_str(), self.tokenizer)
 
-    def _encode_rust(self, texts: list[str], add_special_tokens: bool,
-                     truncate_to: int | None) -> tuple[np.ndarray, np.ndarray]:
+    def _encode_rust(
+        self, texts: list[str], add_special_tokens: bool, truncate_to: int | None
+    ) -> tuple[np.ndarray, np.ndarray]:
         # tokenizers' own truncation keeps the post-processor's specials: that case stays there.
         if self.backend == "tokenizers" or (add_special_tokens and truncate_to is not None):
             return self._encode_reference(texts, add_special_tokens, truncate_to)
         strict = self.backend == "fastokens"
         proof = self._proof()
-        encoded = proof.encode(texts, add_special_tokens=add_special_tokens, truncate_to=truncate_to,
-                               reference=self._encode_reference, strict=strict)
+        encoded = proof.encode(
+            texts,
+            add_special_tokens=add_special_tokens,
+            truncate_to=truncate_to,
+            reference=self._encode_reference,
+            strict=strict,
+        )
         if strict and proof.verdict is not None and proof.verdict.encoder is None:
             raise _fastokens_refused(proof.verdict.note)
         return encoded
 
-    def _encode_reference(self, texts: list[str], add_special_tokens: bool,
-                          truncate_to: int | None) -> tuple[np.ndarray, np.ndarray]:
+    def _encode_reference(
+        self, texts: list[str], add_special_tokens: bool, truncate_to: int | None
+    ) -> tuple[np.ndarray, np.ndarray]:
         tok = self._tok
         if self._tok_is != "own" and (truncate_to is not None or tok is None or tok.padding or tok.truncation):
             tok = self._own()
@@ -435,14 +476,28 @@ class TokenizerHandle:
         encode = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
         return flat_encodings(encode(texts, add_special_tokens=add_special_tokens))
 
-    def _encode_callable(self, texts: list[str], add_special_tokens: bool,
-                         truncate_to: int | None) -> tuple[np.ndarray, np.ndarray]:
-        out = self._fn(texts, add_special_tokens=add_special_tokens)
+    @property
+    def wrapped(self) -> Callable[..., Any] | None:
+        """The HF-like callable this handle wraps (kind "callable"); None for a `tokenizers` one."""
+        return self._fn
+
+    def call(self, texts: list[str], **kwargs: Any) -> Any:
+        """The wrapped HF-like callable's own output for ``texts`` (a handle of kind "callable")."""
+        if self._fn is None:
+            raise RuntimeError(f"{self.source}: this tokenizer handle wraps no callable (kind {self.kind!r}).")
+        return self._fn(texts, **kwargs)
+
+    def _encode_callable(
+        self, texts: list[str], add_special_tokens: bool, truncate_to: int | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        out = self.call(texts, add_special_tokens=add_special_tokens)
         try:
             rows = out["input_ids"]
         except (KeyError, TypeError, IndexError) as err:
-            raise TypeError(f"tokenizer {self.source} returned {type(out).__name__} without 'input_ids'; an HF-like "
-                            "callable must return a mapping with 'input_ids' (one list of ids per text)") from err
+            raise TypeError(
+                f"tokenizer {self.source} returned {type(out).__name__} without 'input_ids'; an HF-like "
+                "callable must return a mapping with 'input_ids' (one list of ids per text)"
+            ) from err
         if hasattr(rows, "tolist"):
             rows = rows.tolist()
         rows = list(rows)
@@ -473,25 +528,10 @@ def check_backend(backend: Any, where: str) -> TokenizerBackend:
 
 
 def _fastokens_refused(note: str) -> ConfigError:
-    return ConfigError(f"tokenize(backend='fastokens'): {note}. Use backend='auto' (it falls back to tokenizers) "
-                       "or backend='tokenizers'.")
-
-
-def callable_identity(fn: Any) -> str:
-    """Best-effort stable identity of an HF-like callable: its class, ``name_or_path`` and a hash
-    of its vocabulary when it has ``get_vocab``."""
-    cls = type(fn)
-    parts = [f"{cls.__module__}.{cls.__qualname__}", str(getattr(fn, "name_or_path", ""))]
-    get_vocab = getattr(fn, "get_vocab", None)
-    if callable(get_vocab):
-        try:
-            vocab = json.dumps(sorted(get_vocab().items()))
-        except Exception:  # noqa: BLE001 - identity is best effort: class and name then
-            vocab = ""
-        parts.append(hashlib.sha256(vocab.encode()).hexdigest())
-    for key in _SPECIALS:
-        parts.append(f"{key}={getattr(fn, f'{key}_token_id', None)}")
-    return "callable:" + "|".join(parts)
+    return ConfigError(
+        f"tokenize(backend='fastokens'): {note}. Use backend='auto' (it falls back to tokenizers) "
+        "or backend='tokenizers'."
+    )
 
 
 def path_identity(path: str | os.PathLike[str]) -> str:
@@ -536,22 +576,39 @@ def load_tokenizer(tokenizer: Any = None, tokenizer_id: Any = None) -> Tokenizer
         return _load_path(path, arg="tokenizer_id" if tokenizer_id is not None else "tokenizer")
     if _is_rust_tokenizer(tokenizer):
         sp = _heuristic_specials(tokenizer)
-        return TokenizerHandle(kind="tokenizers", source="tokenizers.Tokenizer object", tokenizer=tokenizer,
-                               bos_token_id=sp["bos"], eos_token_id=sp["eos"], pad_token_id=sp["pad"])
+        return TokenizerHandle(
+            kind="tokenizers",
+            source="tokenizers.Tokenizer object",
+            tokenizer=tokenizer,
+            bos_token_id=sp["bos"],
+            eos_token_id=sp["eos"],
+            pad_token_id=sp["pad"],
+        )
     if _is_hf_fast(tokenizer):
         # A transformers fast tokenizer: its Rust backend plus its own idea of the specials.
         ids = {k: _int_or_none(getattr(tokenizer, f"{k}_token_id", None)) for k in _SPECIALS}
         name = getattr(tokenizer, "name_or_path", "") or ""
-        return TokenizerHandle(kind="tokenizers", source=f"{type(tokenizer).__name__}({name!r})",
-                               tokenizer=tokenizer.backend_tokenizer, bos_token_id=ids["bos"],
-                               eos_token_id=ids["eos"], pad_token_id=ids["pad"])
+        return TokenizerHandle(
+            kind="tokenizers",
+            source=f"{type(tokenizer).__name__}({name!r})",
+            tokenizer=tokenizer.backend_tokenizer,
+            bos_token_id=ids["bos"],
+            eos_token_id=ids["eos"],
+            pad_token_id=ids["pad"],
+        )
     ids = {k: _int_or_none(getattr(tokenizer, f"{k}_token_id", None)) for k in _SPECIALS}
     if ids["pad"] is None and isinstance(getattr(tokenizer, "pad_token", None), str):
         conv = getattr(tokenizer, "convert_tokens_to_ids", None)
         if callable(conv):
             ids["pad"] = _int_or_none(conv(tokenizer.pad_token))
-    return TokenizerHandle(kind="callable", source=f"callable {type(tokenizer).__name__}", fn=tokenizer,
-                           bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["pad"])
+    return TokenizerHandle(
+        kind="callable",
+        source=f"callable {type(tokenizer).__name__}",
+        fn=tokenizer,
+        bos_token_id=ids["bos"],
+        eos_token_id=ids["eos"],
+        pad_token_id=ids["pad"],
+    )
 
 
 def _int_or_none(v: Any) -> int | None:
@@ -608,8 +665,9 @@ def _build_path_handle(path: str | os.PathLike[str], f: Path, *, arg: str, is_fo
         json_str = f.read_text(encoding="utf-8")
         tok = _build_tokenizer(json_str)
     except Exception as err:
-        raise ConfigError(f"{arg}={os.fspath(path)!r}: {f} is not a tokenizers JSON file "
-                          f"({type(err).__name__}: {err}).") from err
+        raise ConfigError(
+            f"{arg}={os.fspath(path)!r}: {f} is not a tokenizers JSON file ({type(err).__name__}: {err})."
+        ) from err
     tok.no_padding()
     tok.no_truncation()
     sp = _heuristic_specials(tok)
@@ -617,14 +675,22 @@ def _build_path_handle(path: str | os.PathLike[str], f: Path, *, arg: str, is_fo
     if is_folder:
         cfg, notes = _folder_specials(f.parent, tok)
         sp.update(cfg)
-    handle = TokenizerHandle(kind="tokenizers", source=f"{arg}={os.fspath(path)!r}", tokenizer=tok,
-                             json_str=json_str, bos_token_id=sp["bos"], eos_token_id=sp["eos"],
-                             pad_token_id=sp["pad"], notes=notes, identity=path_identity(path))
-    handle._tok_is = "shared"  # built here, configured by no handle
+    handle = TokenizerHandle(
+        kind="tokenizers",
+        source=f"{arg}={os.fspath(path)!r}",
+        tokenizer=tok,
+        json_str=json_str,
+        bos_token_id=sp["bos"],
+        eos_token_id=sp["eos"],
+        pad_token_id=sp["pad"],
+        notes=notes,
+        identity=path_identity(path),
+    )
+    handle._tok_is = "shared"  # noqa: SLF001 - built here, configured by no handle
     return handle
 
 
-def tokenizer_source(tokenizer: Any, tokenizer_id: Any) -> tuple[str | None, "TokenizerHandle | None"]:
+def tokenizer_source(tokenizer: Any, tokenizer_id: Any) -> tuple[str | None, TokenizerHandle | None]:
     """``(absolute path, None)`` for a tokenizer given by path (loaded later, in each worker's
     setup or at preflight, never in the driver), or ``(None, handle)`` for a tokenizer object
     (wrapped at once: there is nothing to load). Validates the pair of arguments first."""
@@ -643,10 +709,10 @@ class TokenizerOwner:
 
     # The tokenizer runs on a worker while the lane's ordered stages run in the caller: frames
     # of 512 rows keep both busy (the knob sweep in benchmarks/RESULTS.md: 512 beat 256 and 1024).
-    frame_rows = 512
+    frame_rows: int | None = 512
 
     _path: str | None
-    _handle: "TokenizerHandle | None"
+    _handle: TokenizerHandle | None
 
     _identity: str | None
     _backend: TokenizerBackend = "auto"
@@ -655,13 +721,17 @@ class TokenizerOwner:
     def _choose_backend(self, backend: TokenizerBackend) -> None:
         self._backend = check_backend(backend, self.name)
 
-    def _ensure_handle(self) -> "TokenizerHandle":
+    def _ensure_handle(self) -> TokenizerHandle:
         if self._handle is None:
             assert self._path is not None
             self._handle = load_tokenizer(tokenizer_id=self._path)
         if self._handle.backend != self._backend:
             self._handle.use_backend(self._backend)
         return self._handle
+
+    def preflight(self) -> None:
+        """Load the tokenizer and encode a probe now; raise what the first frame would."""
+        raise NotImplementedError(f"{type(self).__name__} must implement preflight().")
 
     def explain_note(self) -> str | None:
         """Which backend encodes (``explain()``): known once this process loaded the tokenizer."""

@@ -41,8 +41,9 @@ import os
 import threading
 import time
 import unicodedata
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -57,8 +58,9 @@ Encoded = tuple[np.ndarray, np.ndarray]
 Reference = Callable[[list[str], bool, "int | None"], Encoded]
 
 #: ``tokenizer.json`` parts the fastokens path is checked for, by ``type``.
-SUPPORTED_NORMALIZERS = frozenset({"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Prepend", "Replace", "Strip",
-                                   "Sequence"})
+SUPPORTED_NORMALIZERS = frozenset(
+    {"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Prepend", "Replace", "Strip", "Sequence"}
+)
 SUPPORTED_PRE_TOKENIZERS = frozenset({"ByteLevel", "Split", "Metaspace", "Digits", "Punctuation", "Sequence"})
 SUPPORTED_POST_PROCESSORS = frozenset({"ByteLevel", "TemplateProcessing", "Sequence"})
 
@@ -89,7 +91,7 @@ PROBE_TEXTS: tuple[str, ...] = (
     "special<|endoftext|>glued<|pad|>tokens",
     "’curly‘ “quotes” — dashes – … ellipsis",
     "ʻokina ß ſ ǅ ﬀ Ⅻ",
-    "\U0001F600" * 50,
+    "\U0001f600" * 50,
     _LONG_WORD,
     " ".join(f"word{i}" for i in range(3000)),
 )
@@ -104,8 +106,11 @@ def unsupported_parts(config: Mapping[str, Any]) -> list[str]:
         out.append(f"model {model.get('type')}")
     elif model.get("dropout") not in (None, 0, 0.0):
         out.append(f"BPE dropout {model.get('dropout')}")
-    for key, allowed in (("normalizer", SUPPORTED_NORMALIZERS), ("pre_tokenizer", SUPPORTED_PRE_TOKENIZERS),
-                         ("post_processor", SUPPORTED_POST_PROCESSORS)):
+    for key, allowed in (
+        ("normalizer", SUPPORTED_NORMALIZERS),
+        ("pre_tokenizer", SUPPORTED_PRE_TOKENIZERS),
+        ("post_processor", SUPPORTED_POST_PROCESSORS),
+    ):
         out += [f"{key} {kind}" for kind in _kinds(config.get(key)) if kind not in allowed]
     return out
 
@@ -129,22 +134,24 @@ def encode_flat(fast: Any, texts: Sequence[str], *, add_special_tokens: bool) ->
     return np.frombuffer(ids, np.dtype("<i4")), np.frombuffer(offsets, np.dtype("<i8"))
 
 
-def first_difference(texts: Sequence[str], a: tuple[np.ndarray, np.ndarray],
-                     b: tuple[np.ndarray, np.ndarray]) -> str | None:
+def first_difference(
+    texts: Sequence[str], a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]
+) -> str | None:
     """None when two (ids, offsets) encodings of ``texts`` are equal, else the first text
     they differ on, shown short."""
     if np.array_equal(a[1], b[1]) and np.array_equal(a[0], b[0]):
         return None
     for i, text in enumerate(texts):
-        x = a[0][a[1][i]:a[1][i + 1]]
-        y = b[0][b[1][i]:b[1][i + 1]]
+        x = a[0][a[1][i] : a[1][i + 1]]
+        y = b[0][b[1][i] : b[1][i + 1]]
         if not np.array_equal(x, y):
             return f"text {i} ({text[:40]!r}): {x[:8].tolist()} against {y[:8].tolist()}"
     return "the encodings differ in length"
 
 
-def probe_difference(got: Mapping[bool, Encoded], want: Mapping[bool, Encoded],
-                     texts: Sequence[str] = PROBE_TEXTS) -> str | None:
+def probe_difference(
+    got: Mapping[bool, Encoded], want: Mapping[bool, Encoded], texts: Sequence[str] = PROBE_TEXTS
+) -> str | None:
     """None when two encoders' encodings of ``texts`` (by ``add_special_tokens``: False and
     True) are equal; else where they first differ."""
     for special in (False, True):
@@ -162,8 +169,7 @@ def flat_encodings(encodings: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
     n = len(encodings)
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.fromiter(map(len, encodings), dtype=np.int64, count=n), out=offsets[1:])
-    flat = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int32,
-                       count=int(offsets[-1]))
+    flat = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int32, count=int(offsets[-1]))
     return flat, offsets
 
 
@@ -248,14 +254,26 @@ class FastokensProof:
                 else:
                     fast, got = built
                     diff = probe_difference(got, want)
-                    self._probed = (Verdict(encoder=fast, note="fastokens (ids checked against tokenizers)")
-                                    if diff is None else
-                                    Verdict(encoder=None, mismatch=True,
-                                            note=f"tokenizers: fastokens gave other ids on a probe text, {diff}"))
+                    self._probed = (
+                        Verdict(encoder=fast, note="fastokens (ids checked against tokenizers)")
+                        if diff is None
+                        else Verdict(
+                            encoder=None,
+                            mismatch=True,
+                            note=f"tokenizers: fastokens gave other ids on a probe text, {diff}",
+                        )
+                    )
             return self._probed
 
-    def encode(self, texts: list[str], *, add_special_tokens: bool, truncate_to: int | None,
-               reference: Reference, strict: bool = False) -> Encoded:
+    def encode(
+        self,
+        texts: list[str],
+        *,
+        add_special_tokens: bool,
+        truncate_to: int | None,
+        reference: Reference,
+        strict: bool = False,
+    ) -> Encoded:
         """The ids of ``texts`` from the backend proven for this tokenizer (cut to
         ``truncate_to`` ids a row); ``reference`` encodes with tokenizers. Until the proof
         settles, the ids delivered are tokenizers'."""
@@ -270,8 +288,9 @@ class FastokensProof:
             return reference(texts, add_special_tokens, truncate_to)
         return _fast_encode(verdict.encoder, texts, add_special_tokens, truncate_to)
 
-    def _prove_on(self, texts: list[str], add_special_tokens: bool, truncate_to: int | None, reference: Reference,
-                  strict: bool) -> Encoded | None:
+    def _prove_on(
+        self, texts: list[str], add_special_tokens: bool, truncate_to: int | None, reference: Reference, strict: bool
+    ) -> Encoded | None:
         """Under the lock, unsettled: keep this first frame for step 3 and start the build, or
         settle (on the kept frame, or on this one). The ids of ``texts`` when tokenizers
         encoded them here, else None (the caller encodes with the verdict)."""
@@ -290,16 +309,18 @@ class FastokensProof:
         return delivered
 
 
-def _settle(probed: Verdict, texts: list[str], add_special_tokens: bool, truncate_to: int | None, want: Encoded, *,
-            quiet: bool) -> Verdict:
+def _settle(
+    probed: Verdict, texts: list[str], add_special_tokens: bool, truncate_to: int | None, want: Encoded, *, quiet: bool
+) -> Verdict:
     """Step 3 on a frame tokenizers encoded as ``want``; says the outcome once (``quiet``: no
     warning, the caller raises instead)."""
     verdict = probed
     if probed.encoder is not None:
         diff = first_difference(texts, _fast_encode(probed.encoder, texts, add_special_tokens, truncate_to), want)
         if diff is not None:
-            verdict = Verdict(encoder=None, mismatch=True,
-                              note=f"tokenizers: fastokens gave other ids on the first frame, {diff}")
+            verdict = Verdict(
+                encoder=None, mismatch=True, note=f"tokenizers: fastokens gave other ids on the first frame, {diff}"
+            )
     log.info("tokenize: encoding with %s", verdict.note)
     if verdict.mismatch and not quiet:
         warn(f"tokenize: {verdict.note}; encoding with tokenizers (the same ids, slower).", ConfigurationWarning)
@@ -335,22 +356,31 @@ def static_refusal(reference: Any) -> Verdict | None:
     try:
         import fastokens  # noqa: F401 - only whether it is there
     except ImportError:
-        return Verdict(encoder=None,
-                       note="tokenizers (fastokens is not installed: pip install 'zephon_columnar[fast]')")
+        return Verdict(
+            encoder=None, note="tokenizers (fastokens is not installed: pip install 'zephon_columnar[fast]')"
+        )
     parts = unsupported_parts(tokenizer_parts(reference))
     if parts:
-        return Verdict(encoder=None,
-                       note=f"tokenizers: fastokens is not checked for this tokenizer's {', '.join(parts)}")
+        return Verdict(
+            encoder=None, note=f"tokenizers: fastokens is not checked for this tokenizer's {', '.join(parts)}"
+        )
     return None
 
 
 def tokenizer_parts(tok: Any) -> dict[str, Any]:
     """What `unsupported_parts` reads of a ``tokenizers.Tokenizer``, as in its ``tokenizer.json``."""
     model = tok.model
-    return {"model": {"type": type(model).__name__, "dropout": getattr(model, "dropout", None)},
-            **{key: None if part is None else json.loads(part.__getstate__())
-               for key, part in (("normalizer", tok.normalizer), ("pre_tokenizer", tok.pre_tokenizer),
-                                 ("post_processor", tok.post_processor))}}
+    return {
+        "model": {"type": type(model).__name__, "dropout": getattr(model, "dropout", None)},
+        **{
+            key: None if part is None else json.loads(part.__getstate__())
+            for key, part in (
+                ("normalizer", tok.normalizer),
+                ("pre_tokenizer", tok.pre_tokenizer),
+                ("post_processor", tok.post_processor),
+            )
+        },
+    }
 
 
 def build_fastokens(json_str: str) -> tuple[Any, dict[bool, Encoded]] | Verdict:
@@ -361,8 +391,9 @@ def build_fastokens(json_str: str) -> tuple[Any, dict[bool, Encoded]] | Verdict:
     try:
         fast = fastokens.Tokenizer.from_json_str(json_str)
     except Exception as err:  # noqa: BLE001 - whatever the backend cannot load, tokenizers can
-        return Verdict(encoder=None,
-                       note=f"tokenizers: fastokens cannot load this tokenizer ({type(err).__name__}: {err})")
+        return Verdict(
+            encoder=None, note=f"tokenizers: fastokens cannot load this tokenizer ({type(err).__name__}: {err})"
+        )
     return fast, {special: encode_flat(fast, PROBE_TEXTS, add_special_tokens=special) for special in (False, True)}
 
 

@@ -36,7 +36,8 @@ Example:
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -56,6 +57,7 @@ def _qualname(fn: Any) -> str | None:
 
 def call_factory(factory: Callable[..., Any], *, deterministic: bool, ctx: dict[str, Any]) -> Any:
     """Call an accumulator factory of either signature, ``()`` or ``(*, deterministic, ctx)``."""
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):  # a builtin without a signature: the no-argument form
@@ -74,22 +76,38 @@ class FunctionOp(BaseOp):
     ``(*, deterministic, ctx) -> Accumulator``), ``process_one`` and ``validation_samples``.
     """
 
-    def __init__(self, name: str, *, preserves_cursor_order: bool, process_many: Callable[[list], list] | None = None,
-                 process_columns: Callable[[Any], Any] | None = None, columns_format: str = "arrow",
-                 accumulator: Callable[..., Accumulator[Any]] | None = None,
-                 process_one: Callable[[Any], list] | None = None,
-                 validation_samples: Callable[[], list] | None = None, parallelism: int | None = None,
-                 indexable: bool | None = None, batch_shape_sensitive: bool | None = None,
-                 requires_serial_state: bool | None = None, calibration_replayable: bool | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        preserves_cursor_order: bool,
+        process_many: Callable[[list], list] | None = None,
+        process_columns: Callable[[Any], Any] | None = None,
+        columns_format: str = "arrow",
+        accumulator: Callable[..., Accumulator[Any]] | None = None,
+        process_one: Callable[[Any], list] | None = None,
+        validation_samples: Callable[[], list] | None = None,
+        parallelism: int | None = None,
+        indexable: bool | None = None,
+        batch_shape_sensitive: bool | None = None,
+        requires_serial_state: bool | None = None,
+        calibration_replayable: bool | None = None,
+    ) -> None:
         super().__init__()
         if not isinstance(name, str) or not name:
             raise ConfigError(f"add_op({name!r}, ...): pass a non-empty name as the first argument.")
         if (process_many is None) == (process_columns is None):
-            raise ConfigError(f"add_op({name!r}, ...): pass exactly one of process_many= (records) and "
-                              "process_columns= (the columnar hook).")
-        for what, fn in (("process_many", process_many), ("process_columns", process_columns),
-                         ("accumulator", accumulator), ("process_one", process_one),
-                         ("validation_samples", validation_samples)):
+            raise ConfigError(
+                f"add_op({name!r}, ...): pass exactly one of process_many= (records) and "
+                "process_columns= (the columnar hook)."
+            )
+        for what, fn in (
+            ("process_many", process_many),
+            ("process_columns", process_columns),
+            ("accumulator", accumulator),
+            ("process_one", process_one),
+            ("validation_samples", validation_samples),
+        ):
             if fn is not None and not callable(fn):
                 raise ConfigError(f"add_op({name!r}, {what}=...): pass a callable, got {type(fn).__name__}.")
         if columns_format not in ("arrow", "polars"):
@@ -104,10 +122,13 @@ class FunctionOp(BaseOp):
         self._process_one = process_one
         self._validation_samples = validation_samples
         self._traits = OpTraits(
-            preserves_cursor_order=bool(preserves_cursor_order), parallelism=parallelism or 1,
+            preserves_cursor_order=bool(preserves_cursor_order),
+            parallelism=parallelism or 1,
             indexable=True if indexable is None else bool(indexable),
-            batch_shape_sensitive=bool(batch_shape_sensitive), requires_serial_state=bool(requires_serial_state),
-            calibration_replayable=bool(calibration_replayable))
+            batch_shape_sensitive=bool(batch_shape_sensitive),
+            requires_serial_state=bool(requires_serial_state),
+            calibration_replayable=bool(calibration_replayable),
+        )
 
     def traits(self) -> OpTraits:
         return self._traits
@@ -119,8 +140,7 @@ class FunctionOp(BaseOp):
 
     def process_frame(self, frame: pa.Table) -> pa.Table:
         if self._process_columns is not None:
-            return run_columns(frame, self._process_columns, op_name=self.name,
-                               columns_format=self.columns_format)  # type: ignore[arg-type]
+            return run_columns(frame, self._process_columns, op_name=self.name, columns_format=self.columns_format)  # type: ignore[arg-type]
         return super().process_frame(frame)
 
     def process_one(self, elem: SampleRecord) -> list[SampleRecord]:
@@ -155,13 +175,16 @@ def accumulator_of(op: BaseOp, ctx: dict[str, Any] | None = None) -> Accumulator
     try:
         acc = op.accumulator(deterministic=True, ctx=dict(ctx or {}))
     except Exception as err:
-        raise operator_failure(err, f"operator {op.op_name()!r}: its accumulator factory raised "
-                                    f"{type(err).__name__}: {err}") from err
+        raise operator_failure(
+            err, f"operator {op.op_name()!r}: its accumulator factory raised {type(err).__name__}: {err}"
+        ) from err
     if acc is None:
         return PassthroughAccumulator()
     if not isinstance(acc, Accumulator):
-        raise WrongTypeError(f"operator {op.op_name()!r}: accumulator() returned {type(acc).__name__}; return a "
-                             "zephon_columnar.ops.Accumulator (e.g. CountingAccumulator(max_batch=64)).")
+        raise WrongTypeError(
+            f"operator {op.op_name()!r}: accumulator() returned {type(acc).__name__}; return a "
+            "zephon_columnar.ops.Accumulator (e.g. CountingAccumulator(max_batch=64))."
+        )
     return acc
 
 
@@ -240,10 +263,14 @@ class AccumulatorStage(OrderedOp):
         self.name = f"{op.op_name()}.accumulator"
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=self.op.traits().preserves_cursor_order, requires_serial_state=True,
-                        batch_shape_sensitive=True, indexable=False)
+        return OpTraits(
+            preserves_cursor_order=self.op.traits().preserves_cursor_order,
+            requires_serial_state=True,
+            batch_shape_sensitive=True,
+            indexable=False,
+        )
 
-    def lane_accumulator(self, ctx: LaneContext | None = None) -> "_LaneGroups":
+    def lane_accumulator(self, ctx: LaneContext | None = None) -> _LaneGroups:
         return _LaneGroups(self.op, ctx or LaneContext(), self.call_rows)
 
     def fingerprint(self) -> dict[str, Any]:
@@ -271,30 +298,46 @@ class _LaneGroups:
 
     def _fresh(self) -> Accumulator[Any]:
         if self.acc is None:
-            self.acc = CountingAccumulator(self.call_rows) if self.call_rows else accumulator_of(
-                self.op, {"lane_id": self.ctx.lane, "seed": self.ctx.seed,
-                          "component_names": dict(self.ctx.component_names)})
+            self.acc = (
+                CountingAccumulator(self.call_rows)
+                if self.call_rows
+                else accumulator_of(
+                    self.op,
+                    {
+                        "lane_id": self.ctx.lane,
+                        "seed": self.ctx.seed,
+                        "component_names": dict(self.ctx.component_names),
+                    },
+                )
+            )
         return self.acc
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list:
         try:
             return list(fn(*args, **kwargs))
         except Exception as err:
-            raise operator_failure(err, f"operator {self.op.op_name()!r}: accumulator {what} failed on lane "
-                                        f"{self.ctx.lane}: {type(err).__name__}: {err}") from err
+            raise operator_failure(
+                err,
+                f"operator {self.op.op_name()!r}: accumulator {what} failed on lane "
+                f"{self.ctx.lane}: {type(err).__name__}: {err}",
+            ) from err
 
     def _frames(self, ready: list, what: str) -> list[pa.Table]:
         out = []
         for item in ready:
             if not (isinstance(item, tuple) and len(item) == 2):
-                raise WrongTypeError(f"operator {self.op.op_name()!r}: accumulator {what} must return a list of "
-                                     f"(records, wait_ns) ready batches, got {type(item).__name__}.")
+                raise WrongTypeError(
+                    f"operator {self.op.op_name()!r}: accumulator {what} must return a list of "
+                    f"(records, wait_ns) ready batches, got {type(item).__name__}."
+                )
             records, _wait_ns = item  # the wait is a metric of Zephon's pump thread; nothing reads it here
             lanes = sorted({r.meta.lane_id for r in records})
             if lanes and lanes != [self.ctx.lane]:
-                raise PipelineError(f"operator {self.op.op_name()!r}: accumulator {what} returned a batch with "
-                                    f"records of lanes {lanes} while serving lane {self.ctx.lane}; a ready batch "
-                                    "holds one lane's records.")
+                raise PipelineError(
+                    f"operator {self.op.op_name()!r}: accumulator {what} returned a batch with "
+                    f"records of lanes {lanes} while serving lane {self.ctx.lane}; a ready batch "
+                    "holds one lane's records."
+                )
             records = check_records(records, op_name=self.op.op_name(), what=f"accumulator {what}")
             frame = keep_lineage(frame_of_records(records, op_name=self.op.op_name()), self.lineage)
             if frame.num_rows:
@@ -339,8 +382,10 @@ class _LaneGroups:
         acc, lane = self.acc, self.ctx.lane
         ready += self._call("flush", acc.flush, reset=True, lane_id=lane)
         if acc.has_pending_data(lane):
-            raise PipelineError(f"operator {self.op.op_name()!r}: its accumulator still has pending data for lane "
-                                f"{lane} after flush(reset=True); a flush must emit (or drop) everything it holds.")
+            raise PipelineError(
+                f"operator {self.op.op_name()!r}: its accumulator still has pending data for lane "
+                f"{lane} after flush(reset=True); a flush must emit (or drop) everything it holds."
+            )
         frames = self._frames(ready, "flush")
         self.acc, self.lineage = None, False
         return frames

@@ -12,5 +12,14 @@ from zephon_columnar.work.read_order import ComponentOrder, MixtureReadConfig, M
 from zephon_columnar.work.static_mixture import StaticMixtureWorkSource
 from zephon_columnar.work.token_estimation import TokenEstimation
 
-__all__ = ["ComponentOrder", "MixtureReadConfig", "MixtureReadMode", "MixtureSpec", "SamplePositions",
-           "StaticMixtureWorkSource", "TokenEstimation", "WorkChunk", "WorkSource"]
+__all__ = [
+    "ComponentOrder",
+    "MixtureReadConfig",
+    "MixtureReadMode",
+    "MixtureSpec",
+    "SamplePositions",
+    "StaticMixtureWorkSource",
+    "TokenEstimation",
+    "WorkChunk",
+    "WorkSource",
+]

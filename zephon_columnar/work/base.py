@@ -23,14 +23,21 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from typing import TYPE_CHECKING, Any, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning
 from zephon_columnar.work.chunk import WorkChunk
-from zephon_columnar.work.read_order import (ComponentOrder, MixtureComponent, MixtureReadConfig, MixtureReadMode,
-                                             SamplesPerComponent, SourcedSampleId)
+from zephon_columnar.work.read_order import (
+    ComponentOrder,
+    MixtureComponent,
+    MixtureReadConfig,
+    MixtureReadMode,
+    SamplesPerComponent,
+    SourcedSampleId,
+)
 
 if TYPE_CHECKING:  # the work layer only reads names and row counts; no io import at runtime
     from zephon_columnar.io.dataset import Dataset
@@ -48,9 +55,7 @@ def check_lane(lane_id: int, canonical_replicas: int) -> None:
     if canonical_replicas < 1:
         raise ConfigError(f"clone_for_lane: canonical_replicas must be >= 1, got {canonical_replicas}.")
     if not 0 <= lane_id < canonical_replicas:
-        raise ConfigError(
-            f"clone_for_lane: lane_id must be in [0, {canonical_replicas}), got {lane_id}."
-        )
+        raise ConfigError(f"clone_for_lane: lane_id must be in [0, {canonical_replicas}), got {lane_id}.")
 
 
 class WorkSource:
@@ -96,8 +101,10 @@ class WorkSource:
         try:
             lane, lanes = state["lane_id"], state["canonical_replicas"]
         except (KeyError, TypeError) as err:
-            raise CheckpointError(f"{type(self).__name__}: the state {state!r} has no lane identity (lane_id, "
-                                  "canonical_replicas); pass what this source's state_dict() returned.") from err
+            raise CheckpointError(
+                f"{type(self).__name__}: the state {state!r} has no lane identity (lane_id, "
+                "canonical_replicas); pass what this source's state_dict() returned."
+            ) from err
         self._verify_base_state(None if lane is None else int(lane), None if lanes is None else int(lanes))
 
     def component_ids(self) -> dict[str, int]:
@@ -106,13 +113,13 @@ class WorkSource:
         raise NotImplementedError(f"{type(self).__name__} must implement component_ids().")
 
     @property
-    def datasets_by_id(self) -> dict[int, "Dataset"]:
+    def datasets_by_id(self) -> dict[int, Dataset]:
         """``{dataset_id: Dataset}``; pointers' first column indexes this. Every source must
         implement it."""
         raise NotImplementedError(f"{type(self).__name__} must implement the datasets_by_id property.")
 
     # ---------------------------------------------------------------- defaults
-    def clone_for_lane(self, lane_id: int, canonical_replicas: int) -> "WorkSource":
+    def clone_for_lane(self, lane_id: int, canonical_replicas: int) -> WorkSource:
         """A source that yields only lane ``lane_id``'s chunks out of ``canonical_replicas``.
 
         The default, as Zephon's, is a deep copy bound to the lane (``self._lane``,
@@ -124,17 +131,22 @@ class WorkSource:
         """
         check_lane(lane_id, canonical_replicas)
         if self._cloned:
-            raise ConfigError(f"{type(self).__name__}.clone_for_lane: this is already lane {self._lane}'s clone; "
-                              "clone the source you built, not a clone.")
+            raise ConfigError(
+                f"{type(self).__name__}.clone_for_lane: this is already lane {self._lane}'s clone; "
+                "clone the source you built, not a clone."
+            )
         if canonical_replicas > 1 and lane_id == 0:
             warnings.warn(
                 f"{type(self).__name__} uses WorkSource's default clone_for_lane for {canonical_replicas} lanes: "
                 "each lane gets a copy bound to its lane (self._lane). Its next_chunk must yield only that "
                 "lane's chunks, or every lane reads the same data; override clone_for_lane to say how the "
-                "stream splits.", ConfigurationWarning, stacklevel=2)
+                "stream splits.",
+                ConfigurationWarning,
+                stacklevel=2,
+            )
         clone = copy.deepcopy(self)
-        clone._cloned = True
-        clone._bind_lane(lane_id, canonical_replicas)
+        clone._cloned = True  # noqa: SLF001 - a copy of this very object
+        clone._bind_lane(lane_id, canonical_replicas)  # noqa: SLF001
         return clone
 
     def _bind_lane(self, lane_id: int, canonical_replicas: int) -> None:
@@ -145,8 +157,10 @@ class WorkSource:
         """Refuse a state saved by another lane or lane count (for subclasses whose state
         records them, as Zephon's base state does)."""
         if lane_id != self._lane or canonical_replicas != self._canon:
-            raise CheckpointError(f"{type(self).__name__}: the state is lane {lane_id} of {canonical_replicas}, "
-                                  f"this source is lane {self._lane} of {self._canon}; restore each lane's own state.")
+            raise CheckpointError(
+                f"{type(self).__name__}: the state is lane {lane_id} of {canonical_replicas}, "
+                f"this source is lane {self._lane} of {self._canon}; restore each lane's own state."
+            )
 
     @property
     def total_samples(self) -> float:
@@ -191,15 +205,17 @@ class WorkSource:
         """Whether the source's samples have positions (`positions`); False by default."""
         return False
 
-    def positions(self) -> "SamplePositions":
+    def positions(self) -> SamplePositions:
         """The stream as a random-access array of pointers, for map-style datasets.
 
         The default serves Zephon's indexing API: a source whose ``supports_indexing()`` is
         True and that implements ``__len__`` and ``sample_id_at(i)`` (Zephon's names) is asked
         for every sample id once, here."""
         if not self.supports_indexing():
-            raise ConfigError(f"{type(self).__name__} has no sample positions (supports_indexing() is False); "
-                              "iterate it with to_torch_dataset(), or implement supports_indexing() and positions().")
+            raise ConfigError(
+                f"{type(self).__name__} has no sample positions (supports_indexing() is False); "
+                "iterate it with to_torch_dataset(), or implement supports_indexing() and positions()."
+            )
         from zephon_columnar.work.positions import SamplePositions
 
         ids = np.asarray([tuple(self.sample_id_at(i)) for i in range(len(self))], np.int64).reshape(-1, 3)
@@ -230,5 +246,13 @@ class WorkSource:
         """Prepare a token-unit mixture (`StaticMixtureWorkSource.prime`); nothing by default."""
 
 
-__all__ = ["ComponentOrder", "MixtureComponent", "MixtureReadConfig", "MixtureReadMode", "SamplesPerComponent",
-           "SourcedSampleId", "WorkChunk", "WorkSource"]
+__all__ = [
+    "ComponentOrder",
+    "MixtureComponent",
+    "MixtureReadConfig",
+    "MixtureReadMode",
+    "SamplesPerComponent",
+    "SourcedSampleId",
+    "WorkChunk",
+    "WorkSource",
+]

@@ -23,7 +23,8 @@ Example:
 from __future__ import annotations
 
 import numbers
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, NoReturn, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -82,8 +83,7 @@ def _check_target(target: Any) -> dict[str, float] | None:
         return dict(MixtureSpec(target).normalized)
     except ConfigError as err:
         raise ConfigError(
-            f"WorkChunk: target_mixture {target!r} is invalid: {err} Pass None when the source "
-            "has no target."
+            f"WorkChunk: target_mixture {target!r} is invalid: {err} Pass None when the source has no target."
         ) from err
 
 
@@ -103,8 +103,11 @@ def _pointers_from_state(name: str, items: Sequence[Any]) -> np.ndarray:
     if arr is not None and arr.dtype.kind == "i" and arr.ndim == 2 and arr.shape[1] == 3:
         return arr.astype(np.int64, copy=False)
     for sid in items:  # slow path only to name the culprit
-        if (not isinstance(sid, (list, tuple)) or len(sid) != 3
-                or not all(_is_int(v) and -2**63 <= v < 2**63 for v in sid)):
+        if (
+            not isinstance(sid, (list, tuple))
+            or len(sid) != 3
+            or not all(_is_int(v) and -(2**63) <= v < 2**63 for v in sid)
+        ):
             raise CheckpointError(
                 f"Bad SampleId for component {name}: {sid!r}; a sample id is [dataset_id, shard_id, "
                 "row], three int64s. The chunk state is corrupt."
@@ -142,7 +145,7 @@ class WorkChunk:
         ({'a': [(0, 0, 0), (0, 0, 1)], 'b': []}, {'a': 0.75, 'b': 0.25}, ('b',))
     """
 
-    __slots__ = ("_components", "seed", "target_mixture", "source_exhausted", "global_index", "_ordered")
+    __slots__ = ("_components", "_ordered", "global_index", "seed", "source_exhausted", "target_mixture")
 
     def __init__(
         self,
@@ -157,9 +160,7 @@ class WorkChunk:
         self.target_mixture: dict[str, float] | None = _check_target(target_mixture)
         self.source_exhausted: tuple[str, ...] = _check_exhausted(source_exhausted)
         if not _is_int(global_index) or global_index < -1:
-            raise ConfigError(
-                f"WorkChunk: global_index must be an int >= 0, or -1 when unknown; got {global_index!r}."
-            )
+            raise ConfigError(f"WorkChunk: global_index must be an int >= 0, or -1 when unknown; got {global_index!r}.")
         self.global_index = int(global_index)
 
     def _set_components(self, components: Mapping[str, Any]) -> None:
@@ -233,7 +234,7 @@ class WorkChunk:
         """``iter_samples()``: every ``(sample_id, component)`` in the engine's read order."""
         return self.iter_samples()
 
-    def iter_samples(self, config: "MixtureReadConfig | None" = None) -> Iterator[tuple[SampleId, str]]:
+    def iter_samples(self, config: MixtureReadConfig | None = None) -> Iterator[tuple[SampleId, str]]:
         """Yield ``((dataset_id, shard_id, row), component_name)`` (Python ints).
 
         Without ``config``: the engine's read order (the row view of :meth:`ordered`). With a
@@ -252,11 +253,11 @@ class WorkChunk:
         for (d, s, i), k in zip(ptrs.tolist(), comp.tolist()):
             yield (d, s, i), names[k]
 
-    def materialize_order(self, config: "MixtureReadConfig") -> list[tuple[SampleId, str]]:
+    def materialize_order(self, config: MixtureReadConfig) -> list[tuple[SampleId, str]]:
         """``list(iter_samples(config))``."""
         return list(self.iter_samples(config))
 
-    def sample_at(self, index: int, config: "MixtureReadConfig | None" = None) -> tuple[SampleId, str]:
+    def sample_at(self, index: int, config: MixtureReadConfig | None = None) -> tuple[SampleId, str]:
         """The ``index``-th sample of :meth:`iter_samples`."""
         return list(self.iter_samples(config))[index]
 
@@ -289,7 +290,7 @@ class WorkChunk:
         return state
 
     @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> "WorkChunk":
+    def from_state(cls, state: Mapping[str, Any]) -> WorkChunk:
         """Rebuild a chunk from :meth:`state_dict` output (also after a JSON round trip).
 
         Restores versions 1 to 3 of Zephon's chunk schema (a state without ``"version"`` is
@@ -311,11 +312,17 @@ class WorkChunk:
             newer = _is_int(version) and version > WORK_CHUNK_VERSION
             raise CheckpointError(
                 f"{where}: chunk state version {version!r} is "
-                + (f"newer than the supported version {WORK_CHUNK_VERSION}; upgrade to load it."
-                   if newer else f"not a version this reader knows (1 to {WORK_CHUNK_VERSION}).")
+                + (
+                    f"newer than the supported version {WORK_CHUNK_VERSION}; upgrade to load it."
+                    if newer
+                    else f"not a version this reader knows (1 to {WORK_CHUNK_VERSION})."
+                )
             )
-        errors = [f"{key}: missing (a version-{version} chunk state always has it)"
-                  for key in _REQUIRED_KEYS[version] if key not in state]
+        errors = [
+            f"{key}: missing (a version-{version} chunk state always has it)"
+            for key in _REQUIRED_KEYS[version]
+            if key not in state
+        ]
         if errors:
             cls._fail(version, errors)
         comps = cls._components_from_state(state["components"], errors)
@@ -346,8 +353,13 @@ class WorkChunk:
         if errors:
             cls._fail(version, errors)
         try:
-            chunk = cls(comps, seed=None if seed is None else int(seed), target_mixture=target,
-                        source_exhausted=tuple(exhausted), global_index=global_index)
+            chunk = cls(
+                comps,
+                seed=None if seed is None else int(seed),
+                target_mixture=target,
+                source_exhausted=tuple(exhausted),
+                global_index=global_index,
+            )
         except ConfigError as err:
             cls._fail(version, [str(err)])
         if total is not None and total != len(chunk):
@@ -380,9 +392,10 @@ class WorkChunk:
         return comps
 
     @staticmethod
-    def _fail(version: int, errors: list[str]) -> "NoReturn":
+    def _fail(version: int, errors: list[str]) -> NoReturn:
         raise CheckpointError(
-            f"WorkChunk state (version {version}) is malformed:\n  - " + "\n  - ".join(errors)
+            f"WorkChunk state (version {version}) is malformed:\n  - "
+            + "\n  - ".join(errors)
             + "\nThe checkpoint is corrupt or was not written by WorkChunk.state_dict()."
         )
 
@@ -392,7 +405,7 @@ class WorkChunk:
             return NotImplemented
         return (
             self.component_names == other.component_names
-            and all(np.array_equal(a, other._components[n]) for n, a in self._components.items())
+            and all(np.array_equal(a, other._components[n]) for n, a in self._components.items())  # noqa: SLF001
             and (self.seed, self.target_mixture, tuple(sorted(self.source_exhausted)), self.global_index)
             == (other.seed, other.target_mixture, tuple(sorted(other.source_exhausted)), other.global_index)
         )

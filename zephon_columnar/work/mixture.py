@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -39,36 +39,29 @@ class MixtureSpec:
         Traceback (most recent call last):
         ...
         zephon_columnar.errors.ConfigError: MixtureSpec weight for component 'a' must be positive (or 0 to leave the component out), got -1.
-    """
+    """  # noqa: E501 - a doctest's expected exception line is the message verbatim: it cannot wrap
 
-    __slots__ = ("_weights", "_normalized_cache")
+    __slots__ = ("_normalized_cache", "_weights")
 
     def __init__(self, weights: Mapping[str, float]) -> None:
         if isinstance(weights, MixtureSpec):
             weights = weights.weights
         if not isinstance(weights, Mapping):
             raise ConfigError(
-                f"MixtureSpec: weights must be a mapping {{component_name: weight}}, "
-                f"got {type(weights).__name__}."
+                f"MixtureSpec: weights must be a mapping {{component_name: weight}}, got {type(weights).__name__}."
             )
         if not weights:
-            raise ConfigError(
-                "MixtureSpec must contain at least one component; pass {component_name: weight}."
-            )
+            raise ConfigError("MixtureSpec must contain at least one component; pass {component_name: weight}.")
         clean: dict[str, float] = {}
         for name, w in weights.items():
             if not isinstance(name, str):
                 raise ConfigError(f"MixtureSpec: component names must be str, got {name!r}.")
             # bool is an int subclass; a True weight is almost surely a mistake.
             if isinstance(w, bool) or not isinstance(w, numbers.Real):
-                raise ConfigError(
-                    f"MixtureSpec weight for component {name!r} must be a number, got {w!r}."
-                )
+                raise ConfigError(f"MixtureSpec weight for component {name!r} must be a number, got {w!r}.")
             value = float(w)
             if not math.isfinite(value):
-                raise ConfigError(
-                    f"MixtureSpec weight for component {name!r} must be a finite number, got {w!r}."
-                )
+                raise ConfigError(f"MixtureSpec weight for component {name!r} must be a finite number, got {w!r}.")
             if value < 0:
                 raise ConfigError(
                     f"MixtureSpec weight for component {name!r} must be positive "
@@ -114,7 +107,7 @@ class MixtureSpec:
             Traceback (most recent call last):
             ...
             zephon_columnar.errors.ConfigError: MixtureSpec missing weights for components: b. The spec names ['a'] but the components are ['a', 'b']; give every component a weight (0 to leave it out).
-        """
+        """  # noqa: E501 - a doctest's expected exception line is the message verbatim: it cannot wrap
         comps = list(components)
         known = set(comps)
         missing = [n for n in comps if n not in self._weights]
@@ -127,8 +120,7 @@ class MixtureSpec:
         if unknown:
             parts.append("MixtureSpec contains unknown components: " + ", ".join(unknown) + ".")
         raise ConfigError(
-            " ".join(parts)
-            + f" The spec names {list(self._weights)} but the components are {comps}; "
+            " ".join(parts) + f" The spec names {list(self._weights)} but the components are {comps}; "
             "give every component a weight (0 to leave it out)."
         )
 
@@ -146,13 +138,14 @@ class MixtureSpec:
             Traceback (most recent call last):
             ...
             zephon_columnar.errors.ConfigError: MixtureSpec missing weights for components: b. The spec names ['a']; give every component a weight (0 to leave it out).
-        """
+        """  # noqa: E501 - a doctest's expected exception line is the message verbatim: it cannot wrap
         comps = list(components)
         normalized = self.normalized
         missing = [n for n in comps if n not in normalized]
         if missing:
             raise ConfigError(
-                "MixtureSpec missing weights for components: " + ", ".join(missing)
+                "MixtureSpec missing weights for components: "
+                + ", ".join(missing)
                 + f". The spec names {list(self._weights)}; give every component a weight "
                 "(0 to leave it out)."
             )

@@ -27,7 +27,7 @@ Example:
 from __future__ import annotations
 
 import numpy as np
-import numpy.random  # noqa: F401 - numpy loads it lazily; keep that out of the first pass
+import numpy.random
 
 
 def _rng(*key: int) -> np.random.Generator:
@@ -81,11 +81,14 @@ class DatasetOrder:
         self.reshuffle_on_repeat = bool(reshuffle_on_repeat)
         self._reset_caches()
 
-    def clone(self) -> "DatasetOrder":
+    def clone(self) -> DatasetOrder:
         """Same order, fresh caches (one per thread/lane: the caches are not thread-safe)."""
         return DatasetOrder(
-            self.counts, seed=self.seed, shuffle_shards=self.shuffle_shards,
-            shuffle_within_shard=self.shuffle_within_shard, block_size=self.block_size,
+            self.counts,
+            seed=self.seed,
+            shuffle_shards=self.shuffle_shards,
+            shuffle_within_shard=self.shuffle_within_shard,
+            block_size=self.block_size,
             reshuffle_on_repeat=self.reshuffle_on_repeat,
         )
 
@@ -159,16 +162,16 @@ class DatasetOrder:
             if j0 == j1:
                 out[:, 0] = order[j0]
             else:
-                lens = np.minimum(ends[j0:j1 + 1], start + n) - np.maximum(starts[j0:j1 + 1], start)
-                out[:, 0] = np.repeat(order[j0:j1 + 1], lens)
+                lens = np.minimum(ends[j0 : j1 + 1], start + n) - np.maximum(starts[j0 : j1 + 1], start)
+                out[:, 0] = np.repeat(order[j0 : j1 + 1], lens)
             if self.shuffle_within_shard:
                 win_lo, win_rows = self._window(e, start, start + n)
-                out[:, 1] = win_rows[start - win_lo:start + n - win_lo]
+                out[:, 1] = win_rows[start - win_lo : start + n - win_lo]
             elif lens is None:
                 local = start - int(starts[j0])
                 out[:, 1] = np.arange(local, local + n, dtype=np.int64)
             else:
-                out[:, 1] = np.arange(start, start + n, dtype=np.int64) - np.repeat(starts[j0:j1 + 1], lens)
+                out[:, 1] = np.arange(start, start + n, dtype=np.int64) - np.repeat(starts[j0 : j1 + 1], lens)
             return out
         pos = self._block_positions(e, start, n)
         j = np.searchsorted(ends, pos, side="right")
@@ -207,7 +210,7 @@ class DatasetOrder:
         jb = int(np.searchsorted(ends, hi - 1, side="right"))
         old = self._win_perms if self._win_key == e else {}
         perms: dict[int, np.ndarray] = {}
-        for sid in order[ja:jb + 1].tolist():  # a loop over shards, not rows
+        for sid in order[ja : jb + 1].tolist():  # a loop over shards, not rows
             perm = old.get(sid)
             if perm is None:
                 perm = _rng(self.seed, e, sid, 1).permutation(int(self.counts[sid])).astype(np.int64)
@@ -230,6 +233,6 @@ class DatasetOrder:
             if self._blk_key != (e, b):
                 self._blk_perm = _rng(self.seed, e, b, 2).permutation(length).astype(np.int64)
                 self._blk_key = (e, b)
-            pos[filled:filled + hi - lo] = self._blk_perm[lo:hi] + blo
+            pos[filled : filled + hi - lo] = self._blk_perm[lo:hi] + blo
             filled += hi - lo
         return pos

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -47,8 +48,9 @@ class SamplePositions:
         cached_chunks: chunks kept materialized (least recently used ones are dropped).
     """
 
-    def __init__(self, sizes: Sequence[int] | np.ndarray, chunk_at: Callable[[int], WorkChunk], *,
-                 cached_chunks: int = 8) -> None:
+    def __init__(
+        self, sizes: Sequence[int] | np.ndarray, chunk_at: Callable[[int], WorkChunk], *, cached_chunks: int = 8
+    ) -> None:
         counts = np.asarray(sizes, dtype=np.int64).reshape(-1)
         self._ends = np.cumsum(counts)
         self._starts = self._ends - counts
@@ -77,8 +79,10 @@ class SamplePositions:
         n = len(self)
         bad = (pos < -n) | (pos >= n)
         if bad.any():
-            raise IndexError(f"sample position {int(pos[bad][0])} is out of range: the stream has {n} samples "
-                             f"(valid positions are {-n}..{n - 1}).")
+            raise IndexError(
+                f"sample position {int(pos[bad][0])} is out of range: the stream has {n} samples "
+                f"(valid positions are {-n}..{n - 1})."
+            )
         pos = np.where(pos < 0, pos + n, pos)
         chunks = np.searchsorted(self._ends, pos, side="right")
         offsets = pos - self._starts[chunks]
@@ -100,8 +104,10 @@ class SamplePositions:
         chunk = self._chunk_at(g)
         planned = int(self._ends[g] - self._starts[g])
         if len(chunk) != planned:
-            raise RuntimeError(f"SamplePositions: chunk {g} holds {len(chunk)} samples, the plan said {planned}; "
-                               "did the work source change after the positions were planned?")
+            raise RuntimeError(
+                f"SamplePositions: chunk {g} holds {len(chunk)} samples, the plan said {planned}; "
+                "did the work source change after the positions were planned?"
+            )
         out = self._chunks[g] = chunk.ordered()
         if len(self._chunks) > self._cached:
             self._chunks.popitem(last=False)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import enum
 import random
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Mapping, MutableMapping, Sequence
 
 from zephon_columnar.records import SampleId
 
@@ -51,8 +51,9 @@ class MixtureReadConfig:
     within_component: ComponentOrder = ComponentOrder.AS_IS
 
 
-def read_order(components: Mapping[str, Sequence[SampleId]], config: MixtureReadConfig,
-               seed: int | None) -> Iterator[SourcedSampleId]:
+def read_order(
+    components: Mapping[str, Sequence[SampleId]], config: MixtureReadConfig, seed: int | None
+) -> Iterator[SourcedSampleId]:
     """``(sample_id, component)`` of every sample of ``components``, once, in ``config``'s order."""
     names = [name for name, items in components.items() if len(items)]
     total = sum(len(components[n]) for n in names)
@@ -88,15 +89,18 @@ def _smooth_round_robin(lists: Mapping[str, list[SampleId]], names: list[str], t
     taken = dict.fromkeys(names, 0)
     for step in range(total):
         scale = max(1.0, float(step))
-        best = max((n for n in names if taken[n] < len(lists[n])),
-                   key=lambda n: (share[n] * scale - emitted[n], -names.index(n)))
+        best = max(
+            (n for n in names if taken[n] < len(lists[n])),
+            key=lambda n: (share[n] * scale - emitted[n], -names.index(n)),
+        )
         yield lists[best][taken[best]], best
         taken[best] += 1
         emitted[best] += 1.0
 
 
-def _weighted_random(lists: Mapping[str, list[SampleId]], names: list[str], total: int,
-                     seed: int | None) -> Iterator[SourcedSampleId]:
+def _weighted_random(
+    lists: Mapping[str, list[SampleId]], names: list[str], total: int, seed: int | None
+) -> Iterator[SourcedSampleId]:
     active = list(names)
     weights = [len(lists[n]) / total for n in active]  # the chunk's mixture, as Zephon's reader weighs
     rng = random.Random(seed)

@@ -29,9 +29,10 @@ import json
 import math
 import re
 import warnings
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Iterable, Literal, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
@@ -42,16 +43,22 @@ from zephon_columnar.work.chunk import WorkChunk
 from zephon_columnar.work.mixture import MixtureSpec
 from zephon_columnar.work.order import DatasetOrder
 from zephon_columnar.work.positions import SamplePositions
-from zephon_columnar.work.token_estimation import (TokenEstimation, TokenRatio, calibration_rows, measured_ratio,
-                                                   ratios_from_state, sample_weights)
+from zephon_columnar.work.token_estimation import (
+    TokenEstimation,
+    TokenRatio,
+    calibration_rows,
+    measured_ratio,
+    ratios_from_state,
+    sample_weights,
+)
 
 if TYPE_CHECKING:
     from zephon_columnar.io.dataset import Dataset
 
 ExhaustedPolicy = Literal["stop", "repeat", "redistribute"]
 LaneAssignment = Literal["permute", "modulo"]
-_BlockSize = Union[int, Literal["auto", "global"], None]
-ShuffleBlockSpec = Union[_BlockSize, Mapping[str, _BlockSize]]
+_BlockSize = int | Literal["auto", "global"] | None
+ShuffleBlockSpec = _BlockSize | Mapping[str, _BlockSize]
 
 _POLICIES = ("stop", "repeat", "redistribute")
 # Recipe fields about the data itself: a state taken over other data is refused; the other
@@ -77,28 +84,28 @@ class _Config:
 
     names: tuple[str, ...]
     rows: tuple[int, ...]
-    weights: tuple[float, ...]          # normalized over all components (as in the recipe)
-    units: tuple[int, ...]              # sample weights as exact integers (common scale)
-    targets: tuple[int, ...]            # the chunks' target_mixture as exact integers: the
-                                        # weights (== units unless the mixture is in tokens)
+    weights: tuple[float, ...]  # normalized over all components (as in the recipe)
+    units: tuple[int, ...]  # sample weights as exact integers (common scale)
+    targets: tuple[int, ...]  # the chunks' target_mixture as exact integers: the
+    # weights (== units unless the mixture is in tokens)
     chunk_size: int
     policies: tuple[str, ...]
     max_passes: tuple[int | None, ...]  # passes a component may be read; None: unbounded
-    floor: int | None                   # stop_after_passes
+    floor: int | None  # stop_after_passes
 
 
 @dataclass
 class _Cursor:
     """The mutable position of the global stream: O(number of datasets), copied cheaply."""
 
-    g: int                 # next global chunk index to plan
-    epoch: list[int]       # pass being read (== passes completed)
-    position: list[int]    # offset in that pass, always < rows
-    active: list[bool]     # still drawn from (weight > 0, not left, stream not over)
-    acc: list[int]         # Bresenham accumulators, exactly: acc[k] / den samples
+    g: int  # next global chunk index to plan
+    epoch: list[int]  # pass being read (== passes completed)
+    position: list[int]  # offset in that pass, always < rows
+    active: list[bool]  # still drawn from (weight > 0, not left, stream not over)
+    acc: list[int]  # Bresenham accumulators, exactly: acc[k] / den samples
     den: int = 1
 
-    def copy(self) -> "_Cursor":
+    def copy(self) -> _Cursor:
         return _Cursor(self.g, list(self.epoch), list(self.position), list(self.active), list(self.acc), self.den)
 
 
@@ -205,17 +212,23 @@ class _Planner:
         #    mixture; its last rows, fewer than its quota, are not read (nor the others' rest:
         #    that is what 'stop' asks for). The failed draw leaves no trace: the state after the
         #    end is the state before it. A first chunk that cannot be filled is an error.
-        short = {k: left for k in act if policies[k] != "redistribute"
-                 and (left := _terminal_left(cfg, k, consumed[k])) is not None and left < counts[k]}
-        if short:
+        cannot_fill = {
+            k: rest
+            for k in act
+            if policies[k] != "redistribute"
+            and (rest := _terminal_left(cfg, k, consumed[k])) is not None
+            and rest < counts[k]
+        }
+        if cannot_fill:
             cur.acc, cur.den = acc_before, den_before  # planned again (and refused) on every call
             if cur.g == 0:
-                k, left = next(iter(short.items()))
+                k, rest = next(iter(cannot_fill.items()))
                 raise ConfigError(
                     f"StaticMixtureWorkSource: Cannot produce the first chunk: dataset {cfg.names[k]!r} "
-                    f"(exhausted_policy={policies[k]!r}) has {left} row(s) to give, fewer than its quota of "
+                    f"(exhausted_policy={policies[k]!r}) has {rest} row(s) to give, fewer than its quota of "
                     f"{counts[k]} in a chunk of {cfg.chunk_size}. Lower chunk_size, or let it repeat "
-                    "(exhausted_policy='repeat') or leave early ('redistribute').")
+                    "(exhausted_policy='repeat') or leave early ('redistribute')."
+                )
             return None
 
         # 3. stop_after_passes=N: once every dataset short of N passes can finish them in this
@@ -223,7 +236,8 @@ class _Planner:
         #    are scaled by the same fraction f, so the final chunk keeps the mixture's shape.
         last = False
         if cfg.floor is not None:
-            lacking, done = [], []
+            lacking: list[tuple[int, int]] = []
+            done: list[tuple[int, int]] = []
             for k in act:  # every dataset repeats without a cap under a floor
                 r = cfg.floor * rows[k] - consumed[k]
                 (lacking if r > 0 else done).append((k, r))
@@ -250,8 +264,11 @@ class _Planner:
             segments=tuple(segments),
             size=sum(counts.values()),
             target=_target(cfg, act),
-            exhausted=tuple(n for k, n in enumerate(cfg.names)
-                            if _terminal_left(cfg, k, cur.epoch[k] * rows[k] + cur.position[k]) == 0),
+            exhausted=tuple(
+                n
+                for k, n in enumerate(cfg.names)
+                if _terminal_left(cfg, k, cur.epoch[k] * rows[k] + cur.position[k]) == 0
+            ),
         )
         cur.g += 1
         return plan
@@ -261,8 +278,9 @@ class _Planner:
         ('stop', capped 'repeat'), and one that repeats forever."""
         cfg = self.cfg
         act = [k for k, a in enumerate(cur.active) if a]
-        if cfg.floor is not None or any(cfg.policies[k] != "redistribute" and cfg.max_passes[k] is not None
-                                        for k in act):
+        if cfg.floor is not None or any(
+            cfg.policies[k] != "redistribute" and cfg.max_passes[k] is not None for k in act
+        ):
             return False
         return any(cfg.max_passes[k] is None for k in act)
 
@@ -284,11 +302,12 @@ def _target(cfg: _Config, act: list[int]) -> dict[str, float]:
 def _composition_is(target: Mapping[str, float], counts: Mapping[str, int]) -> bool:
     """Whether rows in ``counts`` are in the proportions ``target`` gives (to rounding)."""
     total = sum(counts.values())
-    return total > 0 and all(abs(counts.get(n, 0) / total - target.get(n, 0.0)) < 1e-9
-                             for n in set(target) | set(counts))
+    return total > 0 and all(
+        abs(counts.get(n, 0) / total - target.get(n, 0.0)) < 1e-9 for n in set(target) | set(counts)
+    )
 
 
-def _exact_units(weights: Sequence[float]) -> tuple[int, ...]:
+def _exact_units(weights: Iterable[float]) -> tuple[int, ...]:
     """Weights as integers on a common scale (floats are dyadic: exact fractions)."""
     exact = [Fraction(w) for w in weights]
     scale = math.lcm(*(f.denominator for f in exact))
@@ -360,7 +379,7 @@ class StaticMixtureWorkSource(WorkSource):
 
     def __init__(
         self,
-        datasets: Sequence["Dataset"],
+        datasets: Sequence[Dataset],
         mixture: MixtureSpec | Mapping[str, float],
         chunk_size: int = 16384,
         seed: int = 0,
@@ -386,45 +405,57 @@ class StaticMixtureWorkSource(WorkSource):
             if not isinstance(v, (bool, np.bool_)):
                 raise ConfigError(f"{where}: {opt} must be True or False, got {v!r}.")
         if lane_assignment not in ("permute", "modulo"):
-            raise ConfigError(
-                f"{where}: lane_assignment must be 'permute' or 'modulo', got {lane_assignment!r}."
-            )
+            raise ConfigError(f"{where}: lane_assignment must be 'permute' or 'modulo', got {lane_assignment!r}.")
         if token_estimation is not None:
             if not isinstance(token_estimation, TokenEstimation):
-                raise ConfigError(f"{where}: token_estimation={token_estimation!r}; pass a TokenEstimation(...) "
-                                  "(zephon_columnar.work.TokenEstimation) or None.")
+                raise ConfigError(
+                    f"{where}: token_estimation={token_estimation!r}; pass a TokenEstimation(...) "
+                    "(zephon_columnar.work.TokenEstimation) or None."
+                )
             token_estimation.check_names(names)
 
         # policy arguments given in the call: a restore refuses a state that contradicts them,
         # and adopts the state's values of the others (Zephon's rule)
         self._explicit_policy = frozenset(
-            option for option, value in (("exhausted_policy", exhausted_policy), ("max_repeats", max_repeats),
-                                         ("reshuffle_on_repeat", reshuffle_on_repeat),
-                                         ("stop_after_passes", stop_after_passes))
+            option
+            for option, value in (
+                ("exhausted_policy", exhausted_policy),
+                ("max_repeats", max_repeats),
+                ("reshuffle_on_repeat", reshuffle_on_repeat),
+                ("stop_after_passes", stop_after_passes),
+            )
             if value is not None and value is not UNSET
         )
         policies, reshuffle, repeats, floor = _resolve_exhaustion(
-            names, exhausted_policy, reshuffle_on_repeat, max_repeats, stop_after_passes)
+            names, exhausted_policy, reshuffle_on_repeat, max_repeats, stop_after_passes
+        )
         max_passes = tuple(
-            1 if policies[n] != "repeat" else (None if repeats[n] is None else 1 + repeats[n])
-            for n in names
+            1 if policies[n] != "repeat" else (None if (cap := repeats[n]) is None else 1 + cap) for n in names
         )
 
         # -- per-dataset orders
         counts = [np.asarray(ds.counts(), dtype=np.int64) for ds in datasets]
         rows = tuple(int(c.sum()) for c in counts)
         largest_shard = max((int(c.max()) for c in counts if len(c)), default=0)
-        block_specs = _per_dataset("shuffle_block_size", shuffle_block_size, names, default=None,
-                                   check=lambda where, v: v)
+        block_specs = _per_dataset(
+            "shuffle_block_size", shuffle_block_size, names, default=None, check=lambda where, v: v
+        )
         if "auto" in block_specs.values() and largest_shard == 0:
-            raise ConfigError(f"{where}: shuffle_block_size='auto' requires a non-empty shard (it is 8 x the "
-                              "largest shard), and every dataset is empty.")
+            raise ConfigError(
+                f"{where}: shuffle_block_size='auto' requires a non-empty shard (it is 8 x the "
+                "largest shard), and every dataset is empty."
+            )
         _check_rows(names, rows, policies, tokens=token_estimation is not None)
         blocks = {n: _resolve_block(block_specs[n], r, largest_shard) for n, r in zip(names, rows)}
         self._orders = [
-            DatasetOrder(c, seed=seed, shuffle_shards=bool(shuffle_shards),
-                         shuffle_within_shard=bool(shuffle_within_shard), block_size=blocks[n],
-                         reshuffle_on_repeat=reshuffle[n])
+            DatasetOrder(
+                c,
+                seed=seed,
+                shuffle_shards=bool(shuffle_shards),
+                shuffle_within_shard=bool(shuffle_within_shard),
+                block_size=blocks[n],
+                reshuffle_on_repeat=reshuffle[n],
+            )
             for n, c in zip(names, counts)
         ]
 
@@ -438,33 +469,51 @@ class StaticMixtureWorkSource(WorkSource):
         self._ratios: dict[str, TokenRatio] | None = None  # primed tokens per byte, with their source
         self._stored_bytes = tuple(int(np.sum(ds.raw_bytes())) for ds in datasets)
         units = _exact_units(weights.values())
-        self._planner = _Planner(_Config(
-            names=names, rows=rows, weights=tuple(weights.values()), units=units, targets=units,
-            chunk_size=chunk_size, policies=tuple(policies[n] for n in names), max_passes=max_passes, floor=floor,
-        ))
+        self._planner = _Planner(
+            _Config(
+                names=names,
+                rows=rows,
+                weights=tuple(weights.values()),
+                units=units,
+                targets=units,
+                chunk_size=chunk_size,
+                policies=tuple(policies[n] for n in names),
+                max_passes=max_passes,
+                floor=floor,
+            )
+        )
         self._cursor = self._start_cursor()
         self._positions: SamplePositions | None = None
-        self._recipe_json = json.dumps({
-            **super().recipe(),
-            "seed": seed,
-            "chunk_size": chunk_size,
-            "datasets": [
-                {"name": n, "rows": r, "shards": len(c),
-                 "shard_rows_sha1": hashlib.sha1(c.astype("<i8").tobytes()).hexdigest()[:16]}
-                for n, r, c in zip(names, rows, counts)
-            ],
-            "mixture": weights,
-            "shuffle_shards": bool(shuffle_shards),
-            "shuffle_within_shard": bool(shuffle_within_shard),
-            "shuffle_block_size": blocks,
-            "exhausted_policy": policies,
-            "reshuffle_on_repeat": reshuffle,
-            "max_repeats": repeats,
-            "stop_after_passes": floor,
-            "lane_assignment": lane_assignment,
-            **({} if token_estimation is None else
-               {"mixture_unit": "tokens", "token_estimation": token_estimation.fingerprint()}),
-        })
+        self._recipe_json = json.dumps(
+            {
+                **super().recipe(),
+                "seed": seed,
+                "chunk_size": chunk_size,
+                "datasets": [
+                    {
+                        "name": n,
+                        "rows": r,
+                        "shards": len(c),
+                        "shard_rows_sha1": hashlib.sha1(c.astype("<i8").tobytes()).hexdigest()[:16],
+                    }
+                    for n, r, c in zip(names, rows, counts)
+                ],
+                "mixture": weights,
+                "shuffle_shards": bool(shuffle_shards),
+                "shuffle_within_shard": bool(shuffle_within_shard),
+                "shuffle_block_size": blocks,
+                "exhausted_policy": policies,
+                "reshuffle_on_repeat": reshuffle,
+                "max_repeats": repeats,
+                "stop_after_passes": floor,
+                "lane_assignment": lane_assignment,
+                **(
+                    {}
+                    if token_estimation is None
+                    else {"mixture_unit": "tokens", "token_estimation": token_estimation.fingerprint()}
+                ),
+            }
+        )
         self._lane_id, self._replicas = 0, 1
         self._warned_unread = False
         self._reset_caches()
@@ -476,13 +525,18 @@ class StaticMixtureWorkSource(WorkSource):
         # a weight-0 component is never drawn: inactive from the start, so it cannot hold up
         # stop_after_passes
         # (an empty dataset, 'redistribute' by _check_rows, has left before the first chunk)
-        return _Cursor(g=0, epoch=[0] * k, position=[0] * k,
-                       active=[w > 0 and r > 0 for w, r in zip(cfg.weights, cfg.rows)], acc=[0] * k)
+        return _Cursor(
+            g=0,
+            epoch=[0] * k,
+            position=[0] * k,
+            active=[w > 0 and r > 0 for w, r in zip(cfg.weights, cfg.rows)],
+            acc=[0] * k,
+        )
 
     def _reset_caches(self) -> None:
-        self._perm_block = -1                  # block whose lane permutation is cached
+        self._perm_block = -1  # block whose lane permutation is cached
         self._perm = np.zeros(1, np.int64)
-        self._remaining: int | None = None     # cached total_samples, kept current by next_chunk
+        self._remaining: int | None = None  # cached total_samples, kept current by next_chunk
 
     # ---------------------------------------------------------------- token-unit mixtures
     @property
@@ -519,11 +573,18 @@ class StaticMixtureWorkSource(WorkSource):
         est = self._estimation
         if est is None or est.given_ratios(self._planner.cfg.names) is not None:
             return {}
-        return {k: calibration_rows(np.asarray(ds.counts(), np.int64), est, seed=self._seed, dataset_index=k)
-                for k, ds in enumerate(self._datasets)}
+        return {
+            k: calibration_rows(np.asarray(ds.counts(), np.int64), est, seed=self._seed, dataset_index=k)
+            for k, ds in enumerate(self._datasets)
+        }
 
-    def prime(self, counts: Mapping[int, np.ndarray] | None = None, *,
-              ratios: Mapping[str, float] | None = None, **zephon_args: Any) -> None:
+    def prime(
+        self,
+        counts: Mapping[int, np.ndarray] | None = None,
+        *,
+        ratios: Mapping[str, float] | None = None,
+        **zephon_args: Any,
+    ) -> None:
         """Learn each dataset's tokens per stored byte and switch the draws to them.
 
         ``counts``: ``{dataset_id: tokens of each row of calibration_pointers()[dataset_id]}``
@@ -546,28 +607,37 @@ class StaticMixtureWorkSource(WorkSource):
             self._use_ratios(ratios_from_state(given, names, where="StaticMixtureWorkSource.prime(ratios=...)"))
             return
         measured, unmeasured = {}, []
+        counted = counts if counts is not None else {}
         rows = self._calibration_rows() if counts is not None else {}
         for k, (name, ds) in enumerate(zip(names, self._datasets)):
             ratio = None
-            if k in rows and k in counts:
+            if k in rows and k in counted:
                 per_row = np.asarray(ds.raw_bytes(), np.float64) / np.maximum(np.asarray(ds.counts(), np.float64), 1)
-                ratio = measured_ratio(np.asarray(counts[k]), rows[k][:, 0], per_row)
+                ratio = measured_ratio(np.asarray(counted[k]), rows[k][:, 0], per_row)
             if ratio is None:
                 unmeasured.append(name)
-            measured[name] = (TokenRatio(ratio, "measured") if ratio is not None
-                              else TokenRatio(float(est.fallback_tokens_per_byte), "fallback"))
+            measured[name] = (
+                TokenRatio(ratio, "measured")
+                if ratio is not None
+                else TokenRatio(float(est.fallback_tokens_per_byte), "fallback")
+            )
         if unmeasured:
-            warnings.warn(f"StaticMixtureWorkSource: no tokens counted for {unmeasured}; their mixture weights use "
-                          f"TokenEstimation(fallback_tokens_per_byte={est.fallback_tokens_per_byte}). Put a tokenize "
-                          "step in the pipeline or pass TokenEstimation(measure=...) or primer=...", stacklevel=2)
+            warnings.warn(
+                f"StaticMixtureWorkSource: no tokens counted for {unmeasured}; their mixture weights use "
+                f"TokenEstimation(fallback_tokens_per_byte={est.fallback_tokens_per_byte}). Put a tokenize "
+                "step in the pipeline or pass TokenEstimation(measure=...) or primer=...",
+                stacklevel=2,
+            )
         self._use_ratios(measured)
 
     def _use_ratios(self, ratios: Mapping[str, TokenRatio]) -> None:
         """Draw samples so that the mixture's weights hold in expected tokens."""
         cfg = self._planner.cfg
         self._ratios = {n: ratios[n] for n in cfg.names}
-        per_sample = {n: self._ratios[n].tokens_per_byte * b / max(r, 1)
-                      for n, b, r in zip(cfg.names, self._stored_bytes, cfg.rows)}
+        per_sample = {
+            n: self._ratios[n].tokens_per_byte * b / max(r, 1)
+            for n, b, r in zip(cfg.names, self._stored_bytes, cfg.rows)
+        }
         weights = sample_weights(dict(zip(cfg.names, cfg.weights)), tokens_per_sample=per_sample)
         targets = _exact_units(cfg.weights)
         self._planner = _Planner(dataclasses.replace(cfg, units=_exact_units(weights.values()), targets=targets))
@@ -578,8 +648,10 @@ class StaticMixtureWorkSource(WorkSource):
     def next_chunk(self) -> WorkChunk | None:
         """The next chunk of this lane (every chunk for the base source), or None at the end."""
         if self.requires_token_priming:
-            raise RuntimeError("StaticMixtureWorkSource.next_chunk(): a token-unit mixture must be primed first; "
-                               "iterate it through a Pipeline (which primes it) or call prime().")
+            raise RuntimeError(
+                "StaticMixtureWorkSource.next_chunk(): a token-unit mixture must be primed first; "
+                "iterate it through a Pipeline (which primes it) or call prime()."
+            )
         while True:
             plan = self._planner.plan(self._cursor)
             if plan is None:
@@ -597,14 +669,23 @@ class StaticMixtureWorkSource(WorkSource):
         if self._warned_unread:
             return
         cfg, cur = self._planner.cfg, self._cursor
-        unread = {n: left for k, n in enumerate(cfg.names) if cur.active[k] and cfg.policies[k] != "redistribute"
-                  and (left := _terminal_left(cfg, k, cur.epoch[k] * cfg.rows[k] + cur.position[k]))}
+        unread = {
+            n: left
+            for k, n in enumerate(cfg.names)
+            if cur.active[k]
+            and cfg.policies[k] != "redistribute"
+            and (left := _terminal_left(cfg, k, cur.epoch[k] * cfg.rows[k] + cur.position[k]))
+        }
         if unread:
             self._warned_unread = True
-            warnings.warn(f"StaticMixtureWorkSource: the source ended at the first chunk a dataset could not fill "
-                          f"(exhausted_policy 'stop', or 'repeat' with max_repeats), so every chunk kept the mixture; "
-                          f"rows not read: {unread}. Use the default stop_after_passes=1 (or 'redistribute') to "
-                          "read every row.", DataDroppedWarning, stacklevel=3)
+            warnings.warn(
+                f"StaticMixtureWorkSource: the source ended at the first chunk a dataset could not fill "
+                f"(exhausted_policy 'stop', or 'repeat' with max_repeats), so every chunk kept the mixture; "
+                f"rows not read: {unread}. Use the default stop_after_passes=1 (or 'redistribute') to "
+                "read every row.",
+                DataDroppedWarning,
+                stacklevel=3,
+            )
 
     def component_ids(self) -> dict[str, int]:
         return {n: i for i, n in enumerate(self._planner.cfg.names)}
@@ -615,7 +696,7 @@ class StaticMixtureWorkSource(WorkSource):
         return self.component_ids()
 
     @property
-    def datasets_by_id(self) -> dict[int, "Dataset"]:
+    def datasets_by_id(self) -> dict[int, Dataset]:
         return dict(enumerate(self._datasets))
 
     def chunk_size_hint(self) -> int:
@@ -662,7 +743,7 @@ class StaticMixtureWorkSource(WorkSource):
             self._remaining = total
         return self._remaining
 
-    def clone_for_lane(self, lane_id: int, canonical_replicas: int) -> "StaticMixtureWorkSource":
+    def clone_for_lane(self, lane_id: int, canonical_replicas: int) -> StaticMixtureWorkSource:
         """A source over the same global stream that returns only the chunks of ``lane_id``.
 
         It plans every chunk (cheap) and materializes only its own, so lanes need no
@@ -699,12 +780,16 @@ class StaticMixtureWorkSource(WorkSource):
         if self._positions is None:
             where = "StaticMixtureWorkSource.positions()"
             if not self.supports_indexing():
-                raise ConfigError(f"{where}: the stream never ends (a dataset repeats with no pass limit), so its "
-                                  "samples have no positions; bound it with stop_after_passes=N or max_repeats=N, "
-                                  "or stream it with to_torch_dataset().")
+                raise ConfigError(
+                    f"{where}: the stream never ends (a dataset repeats with no pass limit), so its "
+                    "samples have no positions; bound it with stop_after_passes=N or max_repeats=N, "
+                    "or stream it with to_torch_dataset()."
+                )
             if self.requires_token_priming:
-                raise RuntimeError(f"{where}: a token-unit mixture must be primed first (prime(), or a Pipeline's "
-                                   "to_indexable_torch_dataset(), which primes it).")
+                raise RuntimeError(
+                    f"{where}: a token-unit mixture must be primed first (prime(), or a Pipeline's "
+                    "to_indexable_torch_dataset(), which primes it)."
+                )
             cur, plans = self._start_cursor(), []
             while (plan := self._planner.plan(cur)) is not None:
                 plans.append(plan)
@@ -741,8 +826,13 @@ class StaticMixtureWorkSource(WorkSource):
             "canonical_replicas": self._replicas,
             "global_chunk_index": cur.g,
             "cursor_states": {
-                n: {"epoch": cur.epoch[k], "position": cur.position[k], "active": cur.active[k],
-                    "accumulator": str(accumulators[n]), **self._block_snapshot(k)}
+                n: {
+                    "epoch": cur.epoch[k],
+                    "position": cur.position[k],
+                    "active": cur.active[k],
+                    "accumulator": str(accumulators[n]),
+                    **self._block_snapshot(k),
+                }
                 for k, n in enumerate(cfg.names)
             },
             "token_ratios": None if self._ratios is None else {n: r.to_state() for n, r in self._ratios.items()},
@@ -750,7 +840,10 @@ class StaticMixtureWorkSource(WorkSource):
             "chunk_size_hint": cfg.chunk_size,
             "seed": self._seed,
             "chunk_size": cfg.chunk_size,
-            "knobs": {"shuffle_shards": recipe["shuffle_shards"], "shuffle_within_shard": recipe["shuffle_within_shard"]},
+            "knobs": {
+                "shuffle_shards": recipe["shuffle_shards"],
+                "shuffle_within_shard": recipe["shuffle_within_shard"],
+            },
             "shuffle_block_size_spec": self._block_spec,
             "cursor_block_sizes": recipe["shuffle_block_size"],
             "weights": dict(zip(cfg.names, cfg.weights)),
@@ -795,20 +888,25 @@ class StaticMixtureWorkSource(WorkSource):
         saved = state["recipe"]
         diffs = recipe_differences(saved, self.recipe())
         if diffs:
+
             def differences(keys: Iterable[str]) -> list[str]:
                 return recipe_differences({k: saved.get(k) for k in keys}, {k: self.recipe().get(k) for k in keys})
 
             if conflicts := differences(self._explicit_policy):
                 raise CheckpointError(
                     f"{where}: the exhaustion settings passed to this source contradict the checkpoint ("
-                    + "; ".join(conflicts) + "). Leave them out to continue with the checkpoint's, or pass its "
+                    + "; ".join(conflicts)
+                    + "). Leave them out to continue with the checkpoint's, or pass its "
                     "values."
                 )
             if fixed := differences(_RECIPE_DATA):
                 theirs = [d.get("name") for d in saved.get("datasets", ()) if isinstance(d, Mapping)]
-                ids = ("" if theirs == list(self._planner.cfg.names) else
-                       f"dataset_ids do not match (checkpoint {dict(zip(theirs, range(len(theirs))))}, "
-                       f"here {self.component_ids()}); ")
+                ids = (
+                    ""
+                    if theirs == list(self._planner.cfg.names)
+                    else f"dataset_ids do not match (checkpoint {dict(zip(theirs, range(len(theirs))))}, "
+                    f"here {self.component_ids()}); "
+                )
                 raise CheckpointError(
                     f"{where}: {ids}this source's data contradicts the checkpoint, which was taken over other "
                     "datasets (" + "; ".join(fixed) + "). Restoring it would continue a different data order: "
@@ -823,7 +921,7 @@ class StaticMixtureWorkSource(WorkSource):
             )
         # the source to continue: this one, or this one rebuilt with the state's arguments
         source = self if not diffs else self._rebuilt_with(saved, where=where)
-        cfg = source._planner.cfg
+        cfg = source._planner.cfg  # noqa: SLF001 - this class's own
         try:
             comps = state["cursor_states"]
             g = _check_int("global_chunk_index", state["global_chunk_index"], minimum=0)
@@ -839,17 +937,22 @@ class StaticMixtureWorkSource(WorkSource):
                 # Parsed only in the form state_dict writes: Fraction() also takes '1e10000000',
                 # and builds that ten-million-digit number before anything could refuse it.
                 if not (isinstance(acc, str) and _FRACTION.fullmatch(acc)):
-                    raise ConfigError(f"cursor_states.{n}.accumulator is {str(acc)[:60]!r}, not a fraction 'p/q' of "
-                                      "integers of at most 400 digits")
+                    raise ConfigError(
+                        f"cursor_states.{n}.accumulator is {str(acc)[:60]!r}, not a fraction 'p/q' of "
+                        "integers of at most 400 digits"
+                    )
                 accs.append(Fraction(acc))
                 if abs(accs[-1]) > len(cfg.names):  # a credit is less than one slot per component
-                    raise ConfigError(f"cursor_states.{n}.accumulator is {acc!r}, beyond the ±{len(cfg.names)} an "
-                                      "accumulator reaches")
+                    raise ConfigError(
+                        f"cursor_states.{n}.accumulator is {acc!r}, beyond the ±{len(cfg.names)} an accumulator reaches"
+                    )
             # Every chunk holds 1..chunk_size rows: the rows taken so far bound the chunk count.
             taken = sum(e * r + pos for e, pos, r in zip(cur.epoch, cur.position, cfg.rows))
             if not g <= taken + 1 or taken > (g + 1) * cfg.chunk_size:
-                raise ConfigError(f"global_chunk_index = {g} chunks cannot have taken the {taken} rows the "
-                                  f"cursors' epochs and positions say (chunks hold 1 to {cfg.chunk_size} rows)")
+                raise ConfigError(
+                    f"global_chunk_index = {g} chunks cannot have taken the {taken} rows the "
+                    f"cursors' epochs and positions say (chunks hold 1 to {cfg.chunk_size} rows)"
+                )
         except (KeyError, TypeError, ConfigError) as err:
             raise CheckpointError(f"{where}: the state is malformed: {err}.") from err
         if source is not self:
@@ -858,10 +961,12 @@ class StaticMixtureWorkSource(WorkSource):
                 f"{where}: this source's arguments contradict the checkpoint (" + "; ".join(diffs) + "); it "
                 "continues with the checkpoint's, so the stream goes on exactly as it would have without the "
                 "interruption (as in Zephon). Build the source with the checkpoint's arguments to silence this.",
-                ConfigurationWarning, stacklevel=2,
+                ConfigurationWarning,
+                stacklevel=2,
             )
         if self._estimation is not None:
-            ratios = ratios_from_state(state.get("token_ratios"), cfg.names, where=where)
+            stored = state.get("token_ratios")  # None: the state was not primed
+            ratios = None if stored is None else ratios_from_state(stored, cfg.names, where=where)
             if ratios is not None and ratios != self._ratios:
                 self._use_ratios(ratios)
         cur.den = math.lcm(*(a.denominator for a in accs))
@@ -869,7 +974,7 @@ class StaticMixtureWorkSource(WorkSource):
         self._cursor = cur
         self._reset_caches()
 
-    def _rebuilt_with(self, saved: Mapping[str, Any], *, where: str) -> "StaticMixtureWorkSource":
+    def _rebuilt_with(self, saved: Mapping[str, Any], *, where: str) -> StaticMixtureWorkSource:
         """This lane of the source built over the same datasets with the arguments of the
         recipe ``saved``; refused when they do not rebuild that recipe exactly."""
         try:
@@ -877,12 +982,18 @@ class StaticMixtureWorkSource(WorkSource):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ConfigurationWarning)  # the resolved form repeats defaults
                 rebuilt = type(self)(
-                    self._datasets, saved["mixture"], chunk_size=saved["chunk_size"], seed=saved["seed"],
-                    shuffle_shards=saved["shuffle_shards"], shuffle_within_shard=saved["shuffle_within_shard"],
-                    shuffle_block_size=saved["shuffle_block_size"], exhausted_policy=saved["exhausted_policy"],
+                    self._datasets,
+                    saved["mixture"],
+                    chunk_size=saved["chunk_size"],
+                    seed=saved["seed"],
+                    shuffle_shards=saved["shuffle_shards"],
+                    shuffle_within_shard=saved["shuffle_within_shard"],
+                    shuffle_block_size=saved["shuffle_block_size"],
+                    exhausted_policy=saved["exhausted_policy"],
                     reshuffle_on_repeat=saved["reshuffle_on_repeat"],
                     max_repeats=None if all(r is None for r in repeats.values()) else repeats,
-                    stop_after_passes=saved["stop_after_passes"], lane_assignment=saved["lane_assignment"],
+                    stop_after_passes=saved["stop_after_passes"],
+                    lane_assignment=saved["lane_assignment"],
                     token_estimation=self._estimation,
                 )
         except (KeyError, TypeError, AttributeError, ValueError) as err:
@@ -891,9 +1002,9 @@ class StaticMixtureWorkSource(WorkSource):
         if left:
             raise CheckpointError(f"{where}: the state's recipe cannot be rebuilt exactly ({'; '.join(left)}).")
         lane = rebuilt.clone_for_lane(self._lane_id, self._replicas)
-        lane._explicit_policy = self._explicit_policy
+        lane._explicit_policy = self._explicit_policy  # noqa: SLF001 - a copy of this class
         if self._ratios is not None:
-            lane._use_ratios(self._ratios)
+            lane._use_ratios(self._ratios)  # noqa: SLF001
         return lane
 
     # ---------------------------------------------------------------- internals
@@ -929,16 +1040,26 @@ class StaticMixtureWorkSource(WorkSource):
         # As in Zephon, a chunk states its target only where its counted composition could
         # mislead: token units, 'redistribute' (sparse chunks as a dataset runs out), and here
         # also a chunk whose composition is not its target (the partial final chunk).
-        stated = (self._estimation is not None or "redistribute" in self._planner.cfg.policies
-                  or not _composition_is(plan.target, {n: len(p) for n, p in comps.items()}))
-        return WorkChunk(comps, seed=self._seed, target_mixture=plan.target if stated else None,
-                         source_exhausted=plan.exhausted, global_index=plan.g)
+        stated = (
+            self._estimation is not None
+            or "redistribute" in self._planner.cfg.policies
+            or not _composition_is(plan.target, {n: len(p) for n, p in comps.items()})
+        )
+        return WorkChunk(
+            comps,
+            seed=self._seed,
+            target_mixture=plan.target if stated else None,
+            source_exhausted=plan.exhausted,
+            global_index=plan.g,
+        )
 
     def __repr__(self) -> str:
         cfg = self._planner.cfg
         lane = f", lane {self._lane_id}/{self._replicas}" if self._replicas > 1 else ""
-        return (f"StaticMixtureWorkSource({dict(zip(cfg.names, cfg.weights))}, chunk_size={cfg.chunk_size}, "
-                f"seed={self._seed}, next chunk {self._cursor.g}{lane})")
+        return (
+            f"StaticMixtureWorkSource({dict(zip(cfg.names, cfg.weights))}, chunk_size={cfg.chunk_size}, "
+            f"seed={self._seed}, next chunk {self._cursor.g}{lane})"
+        )
 
 
 class _PlannedChunks:
@@ -958,17 +1079,17 @@ def _read(order: DatasetOrder, rows: int, epoch: int, pos: int, out: np.ndarray)
     n, done = len(out), 0
     while done < n:
         m = min(n - done, rows - pos)
-        order.take(epoch, pos, m, out=out[done:done + m])
+        order.take(epoch, pos, m, out=out[done : done + m])
         done, epoch, pos = done + m, epoch + 1, 0
         full = (n - done) // rows
         if full > 1 and not order.varies_by_epoch:
             one = order.take(epoch, 0, rows)
-            out[done:done + full * rows] = np.tile(one, (full, 1))
+            out[done : done + full * rows] = np.tile(one, (full, 1))
             done, epoch = done + full * rows, epoch + full
 
 
 # -------------------------------------------------------------------- validation helpers
-def _check_datasets(datasets: Any) -> list["Dataset"]:
+def _check_datasets(datasets: Any) -> list[Dataset]:
     where = "StaticMixtureWorkSource"
     if isinstance(datasets, (str, bytes, Mapping)) or not isinstance(datasets, Sequence):
         raise ConfigError(f"{where}: datasets must be a list of Dataset, got {type(datasets).__name__}.")
@@ -996,16 +1117,21 @@ def _check_rows(names: Sequence[str], rows: Sequence[int], policies: Mapping[str
     empty = [n for n, r in zip(names, rows) if r == 0]
     for n in empty:
         if policies[n] == "stop":
-            raise ConfigError(f"{where}: Dataset {n!r} has 0 samples and exhausted_policy='stop', so the source "
-                              f"could never fill its share; give it rows, or exhausted_policy={{{n!r}: "
-                              "'redistribute'}} to leave it out.")
+            raise ConfigError(
+                f"{where}: Dataset {n!r} has 0 samples and exhausted_policy='stop', so the source "
+                f"could never fill its share; give it rows, or exhausted_policy={{{n!r}: "
+                "'redistribute'}} to leave it out."
+            )
 
     def check_repeats() -> None:
         for n in empty:
             if policies[n] == "repeat":
-                raise ConfigError(f"{where}: Dataset {n!r} has 0 samples but repeat policy requires at least one "
-                                  f"to repeat; give it rows, or exhausted_policy={{{n!r}: 'redistribute'}} to "
-                                  "leave it out.")
+                raise ConfigError(
+                    f"{where}: Dataset {n!r} has 0 samples but repeat policy requires at least one "
+                    f"to repeat; give it rows, or exhausted_policy={{{n!r}: 'redistribute'}} to "
+                    "leave it out."
+                )
+
     if not tokens:
         check_repeats()
     if len(empty) == len(names):
@@ -1070,7 +1196,10 @@ def _per_dataset(option: str, value: Any, names: Sequence[str], *, default: Any,
 
 
 def _resolve_exhaustion(
-    names: Sequence[str], exhausted_policy: Any, reshuffle_on_repeat: Any, max_repeats: Any,
+    names: Sequence[str],
+    exhausted_policy: Any,
+    reshuffle_on_repeat: Any,
+    max_repeats: Any,
     stop_after_passes: Any,
 ) -> tuple[dict[str, str], dict[str, bool], dict[str, int | None], int | None]:
     """Per-dataset policy, reshuffle flag and repeat cap, and the pass floor (Zephon's B.4).
@@ -1087,10 +1216,20 @@ def _resolve_exhaustion(
     elif stop_after_passes is not None:
         stop_after_passes = _check_int(f"{where}: stop_after_passes", stop_after_passes, minimum=1)
     default = "stop" if stop_after_passes is None else "repeat"
-    policies = _per_dataset("exhausted_policy", default if exhausted_policy is None else exhausted_policy, names,
-                            default=default, check=_check_policy)
-    reshuffle = _per_dataset("reshuffle_on_repeat", True if reshuffle_on_repeat is UNSET else reshuffle_on_repeat,
-                             names, default=True, check=_check_bool)
+    policies = _per_dataset(
+        "exhausted_policy",
+        default if exhausted_policy is None else exhausted_policy,
+        names,
+        default=default,
+        check=_check_policy,
+    )
+    reshuffle = _per_dataset(
+        "reshuffle_on_repeat",
+        True if reshuffle_on_repeat is UNSET else reshuffle_on_repeat,
+        names,
+        default=True,
+        check=_check_bool,
+    )
     repeats = _per_dataset("max_repeats", max_repeats, names, default=None, check=_check_repeats)
     if stop_after_passes is not None:
         others = [n for n in names if policies[n] != "repeat"]
@@ -1105,17 +1244,26 @@ def _resolve_exhaustion(
                 f"{where}: stop_after_passes={stop_after_passes} cannot be combined with max_repeats: both say "
                 "when the source ends. Pass only one of them."
             )
-    for option, given, unset in (("max_repeats", max_repeats, None), ("reshuffle_on_repeat", reshuffle_on_repeat, True)):
+    for option, given, unset in (
+        ("max_repeats", max_repeats, None),
+        ("reshuffle_on_repeat", reshuffle_on_repeat, True),
+    ):
         if isinstance(given, Mapping):
             for n, v in given.items():
                 if v != unset and policies[n] != "repeat":
-                    warnings.warn(f"{where}: {option}[{n!r}]={v!r} has no effect with exhausted_policy[{n!r}]="
-                                  f"{policies[n]!r}; it applies to repeating datasets only.",
-                                  ConfigurationWarning, stacklevel=4)
+                    warnings.warn(
+                        f"{where}: {option}[{n!r}]={v!r} has no effect with exhausted_policy[{n!r}]="
+                        f"{policies[n]!r}; it applies to repeating datasets only.",
+                        ConfigurationWarning,
+                        stacklevel=4,
+                    )
         elif given is not UNSET and given != unset and "repeat" not in policies.values():
-            warnings.warn(f"{where}: {option}={given!r} has no effect without a repeat component; set "
-                          "exhausted_policy='repeat' for the datasets it should apply to.",
-                          ConfigurationWarning, stacklevel=4)
+            warnings.warn(
+                f"{where}: {option}={given!r} has no effect without a repeat component; set "
+                "exhausted_policy='repeat' for the datasets it should apply to.",
+                ConfigurationWarning,
+                stacklevel=4,
+            )
     repeats = {n: r if policies[n] == "repeat" else None for n, r in repeats.items()}
     return policies, reshuffle, repeats, stop_after_passes
 
@@ -1129,8 +1277,9 @@ def _resolve_block(option: ShuffleBlockSpec, rows: int, largest_shard: int) -> i
     elif option == "global":
         size = rows
     else:
-        size = _check_int("StaticMixtureWorkSource: shuffle_block_size (None, an int, 'auto' or 'global')",
-                          option, minimum=1)
+        size = _check_int(
+            "StaticMixtureWorkSource: shuffle_block_size (None, an int, 'auto' or 'global')", option, minimum=1
+        )
     return min(size, rows)
 
 

@@ -28,21 +28,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Callable, Literal, Mapping, Sequence, Union
+from typing import Any, Literal
 
 import cloudpickle
 import numpy as np
 
 from zephon_columnar.errors import CheckpointError, ConfigError
+from zephon_columnar.recipes import callable_identity
 
-Primer = Union[Literal["measure"], Mapping[str, float], float]
+Primer = Literal["measure"] | Mapping[str, float] | float
 RatioSource = Literal["measured", "pinned", "fallback"]
 
 #: Tokens per stored byte assumed for a dataset that cannot be measured (~4 bytes a token, BPE on
 #: English prose).
 DEFAULT_FALLBACK_TOKENS_PER_BYTE: float = 0.25
+
 
 # Positional arguments allowed (not keyword-only) because Zephon's TokenEstimation takes them.
 @dataclass(frozen=True)
@@ -80,8 +83,10 @@ class TokenEstimation:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{where}({name}={v!r}): pass a positive int.")
         if self.calibration_shards_min > self.calibration_shards_max:
-            raise ConfigError(f"{where}: calibration_shards_min={self.calibration_shards_min} is above "
-                              f"calibration_shards_max={self.calibration_shards_max}.")
+            raise ConfigError(
+                f"{where}: calibration_shards_min={self.calibration_shards_min} is above "
+                f"calibration_shards_max={self.calibration_shards_max}."
+            )
         _check_ratio(f"{where}(fallback_tokens_per_byte)", self.fallback_tokens_per_byte)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -96,8 +101,10 @@ class TokenEstimation:
         """A ``{name: ratio}`` primer must name exactly the mixture's datasets."""
         if isinstance(self.primer, Mapping) and set(self.primer) != set(names):
             missing, extra = sorted(set(names) - set(self.primer)), sorted(set(self.primer) - set(names))
-            raise ConfigError(f"TokenEstimation(primer=...): name every dataset of the mixture exactly "
-                              f"(missing {missing}, unknown {extra}).")
+            raise ConfigError(
+                f"TokenEstimation(primer=...): name every dataset of the mixture exactly "
+                f"(missing {missing}, unknown {extra})."
+            )
 
     def given_ratios(self, names: Sequence[str]) -> dict[str, float] | None:
         """The ratios the primer states, or None when they must be measured."""
@@ -109,15 +116,22 @@ class TokenEstimation:
 
     def fingerprint(self) -> dict[str, Any]:
         """What a checkpoint's recipe records of this estimation (the ratios go in the state)."""
-        from zephon_columnar.ops.tokenizer import callable_identity
-
-        primer = self.primer if isinstance(self.primer, str) else (
-            {k: float(v) for k, v in sorted(self.primer.items())} if isinstance(self.primer, Mapping)
-            else float(self.primer))
-        return {"primer": primer, "measure": None if self.measure is None else callable_identity(self.measure),
-                "calibration_samples": self.calibration_samples,
-                "calibration_shards": [self.calibration_shards_min, self.calibration_shards_max],
-                "fallback_tokens_per_byte": float(self.fallback_tokens_per_byte)}
+        primer = (
+            self.primer
+            if isinstance(self.primer, str)
+            else (
+                {k: float(v) for k, v in sorted(self.primer.items())}
+                if isinstance(self.primer, Mapping)
+                else float(self.primer)
+            )
+        )
+        return {
+            "primer": primer,
+            "measure": None if self.measure is None else callable_identity(self.measure),
+            "calibration_samples": self.calibration_samples,
+            "calibration_shards": [self.calibration_shards_min, self.calibration_shards_max],
+            "fallback_tokens_per_byte": float(self.fallback_tokens_per_byte),
+        }
 
 
 def _token_estimation_from_fields(fields: dict[str, Any]) -> TokenEstimation:
@@ -126,8 +140,12 @@ def _token_estimation_from_fields(fields: dict[str, Any]) -> TokenEstimation:
 
 
 def _check_ratio(what: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) \
-            or not math.isfinite(float(v)) or float(v) <= 0:
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float, np.floating, np.integer))
+        or not math.isfinite(float(v))
+        or float(v) <= 0
+    ):
         raise ConfigError(f"{what}={v!r}: a tokens-per-byte ratio must be a finite number > 0.")
     return float(v)
 
@@ -154,7 +172,7 @@ class TokenRatio:
         return [float(self.tokens_per_byte), self.source]
 
     @classmethod
-    def from_state(cls, raw: Any) -> "TokenRatio":
+    def from_state(cls, raw: Any) -> TokenRatio:
         if not isinstance(raw, (list, tuple)) or len(raw) != 2:
             raise ValueError(f"TokenRatio state must be [tokens_per_byte, source], got {raw!r}.")
         return cls(tokens_per_byte=float(raw[0]), source=raw[1])
@@ -190,13 +208,17 @@ class PerShardTokenCost:
                 self._by_shard[name], self._mean[name] = {}, max(1.0, ratio)
                 continue
             ids = np.asarray(dataset.ids())
-            self._by_shard[name] = {int(i): max(1.0, float(b / r * ratio))
-                                    for i, b, r in zip(ids[known], stored[known], rows[known])}
+            self._by_shard[name] = {
+                int(i): max(1.0, float(b / r * ratio)) for i, b, r in zip(ids[known], stored[known], rows[known])
+            }
             self._mean[name] = max(1.0, float(stored[known].sum() / rows[known].sum()) * ratio)
         if flat:
-            warnings.warn(f"token-aware mixture: no byte metadata (shard sizes) for datasets {sorted(flat)}; each "
-                          "is costed with one flat per-sample estimate (differences between its shards are invisible).",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"token-aware mixture: no byte metadata (shard sizes) for datasets {sorted(flat)}; each "
+                "is costed with one flat per-sample estimate (differences between its shards are invisible).",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def cost(self, name: str, sample_id: tuple[int, int, int]) -> float:
         """Expected delivered tokens of the sample ``sample_id`` of dataset ``name`` (>= 1)."""
@@ -207,9 +229,17 @@ class PerShardTokenCost:
         return self._mean[name]
 
 
-def prime_token_ratios(*, datasets: Sequence[Any], dataset_ids: Mapping[str, int], estimation: TokenEstimation,
-                       counting_spec: Callable[[dict[str, Any]], int] | None = None, io_options: Any = None,
-                       seed: int = 0, mp_context: Any = None, pre_tokenize_replay: Any = None) -> dict[str, TokenRatio]:
+def prime_token_ratios(
+    *,
+    datasets: Sequence[Any],
+    dataset_ids: Mapping[str, int],
+    estimation: TokenEstimation,
+    counting_spec: Callable[[dict[str, Any]], int] | None = None,
+    io_options: Any = None,
+    seed: int = 0,
+    mp_context: Any = None,
+    pre_tokenize_replay: Any = None,
+) -> dict[str, TokenRatio]:
     """Each dataset's tokens per stored byte, as a token-unit mixture needs them.
 
     Pinned ratios (``estimation.primer`` a float, or ``{name: ratio}`` for some datasets) are
@@ -233,8 +263,9 @@ def prime_token_ratios(*, datasets: Sequence[Any], dataset_ids: Mapping[str, int
     pinned: Mapping[str, float] = estimation.primer if isinstance(estimation.primer, Mapping) else {}
     unknown = sorted(set(pinned) - set(dataset_ids))
     if unknown:
-        raise ConfigError(f"token_estimation.primer pins unknown datasets: {unknown}. Known datasets: "
-                          f"{sorted(dataset_ids)}.")
+        raise ConfigError(
+            f"token_estimation.primer pins unknown datasets: {unknown}. Known datasets: {sorted(dataset_ids)}."
+        )
     ratios = {name: TokenRatio(float(pinned[name]), "pinned") for name in dataset_ids if name in pinned}
     count = estimation.measure or counting_spec
     by_name = {ds.name: ds for ds in datasets}
@@ -247,8 +278,9 @@ def prime_token_ratios(*, datasets: Sequence[Any], dataset_ids: Mapping[str, int
         elif count is None:
             failed[name] = "nothing counts tokens (no measure= and no tokenizer)"
         else:
-            rows = calibration_rows(np.asarray(ds.counts(), np.int64), estimation, seed=seed,
-                                    dataset_index=dataset_ids[name])
+            rows = calibration_rows(
+                np.asarray(ds.counts(), np.int64), estimation, seed=seed, dataset_index=dataset_ids[name]
+            )
             reader, ids = ds.open_reader(), np.asarray(ds.ids())
             try:  # tokens of each calibration row, in the order of ``rows``
                 tokens = np.zeros(len(rows), np.float64)
@@ -263,12 +295,20 @@ def prime_token_ratios(*, datasets: Sequence[Any], dataset_ids: Mapping[str, int
             ratio = measured_ratio(tokens, rows[:, 0], per_row)
             if ratio is None:
                 failed[name] = "no token counted in its calibration rows, or no byte sizes"
-        ratios[name] = (TokenRatio(ratio, "measured") if ratio is not None
-                        else TokenRatio(estimation.fallback_tokens_per_byte, "fallback"))
+        ratios[name] = (
+            TokenRatio(ratio, "measured")
+            if ratio is not None
+            else TokenRatio(estimation.fallback_tokens_per_byte, "fallback")
+        )
     if failed:
-        warnings.warn("token-aware mixture: " + "; ".join(f"{n!r} ({why})" for n, why in sorted(failed.items()))
-                      + f" fell back to fallback_tokens_per_byte={estimation.fallback_tokens_per_byte}; the "
-                      "mixture's token shares may be off for them.", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            "token-aware mixture: "
+            + "; ".join(f"{n!r} ({why})" for n, why in sorted(failed.items()))
+            + f" fell back to fallback_tokens_per_byte={estimation.fallback_tokens_per_byte}; the "
+            "mixture's token shares may be off for them.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return {name: ratios[name] for name in dataset_ids}
 
 
@@ -307,21 +347,22 @@ def sample_weights(token_weights: Mapping[str, float], *, tokens_per_sample: Map
     """Normalized sample weights that give ``token_weights`` as token proportions: each token
     weight over that dataset's expected tokens per sample (an empty dataset, with none, is never
     drawn: weight 0)."""
-    raw = {n: (Fraction(w) / Fraction(tokens_per_sample[n]) if w > 0 and tokens_per_sample[n] > 0 else Fraction(0))
-           for n, w in token_weights.items()}
+    raw = {
+        n: (Fraction(w) / Fraction(tokens_per_sample[n]) if w > 0 and tokens_per_sample[n] > 0 else Fraction(0))
+        for n, w in token_weights.items()
+    }
     total = sum(raw.values())
     return {n: float(v / total) for n, v in raw.items()}
 
 
-def ratios_from_state(value: Any, names: Sequence[str], *, where: str) -> dict[str, TokenRatio] | None:
+def ratios_from_state(value: Any, names: Sequence[str], *, where: str) -> dict[str, TokenRatio]:
     """The ``token_ratios`` of a source state (``{name: [tokens_per_byte, source]}``, Zephon's
     `TokenRatio.to_state`; a bare number, as older states and ``prime(ratios=...)`` give it, is
-    ``"pinned"``), validated (None: the state was not primed)."""
-    if value is None:
-        return None
+    ``"pinned"``), validated."""
     if not isinstance(value, Mapping) or set(value) != set(names):
-        raise CheckpointError(f"{where}: token_ratios (tokens_per_byte) must map every dataset {list(names)} to a "
-                              f"ratio, got {value!r}.")
+        raise CheckpointError(
+            f"{where}: token_ratios (tokens_per_byte) must map every dataset {list(names)} to a ratio, got {value!r}."
+        )
     out = {}
     try:
         for n in names:

@@ -23,16 +23,55 @@ operators); restoring into a pipeline with another recipe raises, naming each di
 
 from zephon_columnar.engine.checkpoint.checks import check_lane_state, check_recipe
 from zephon_columnar.engine.checkpoint.codec import (
-    FORMAT, VERSION, build_checkpoint, check_numbers, checkpoint_bytes, lane_from_json, lane_to_json,
-    load_checkpoint, parse_checkpoint, verify_digests, with_digests)
+    FORMAT,
+    VERSION,
+    build_checkpoint,
+    check_numbers,
+    checkpoint_bytes,
+    lane_from_json,
+    lane_to_json,
+    load_checkpoint,
+    parse_checkpoint,
+    verify_digests,
+    with_digests,
+)
 from zephon_columnar.engine.checkpoint.merge import merge_checkpoints
 from zephon_columnar.engine.checkpoint.state import (
-    EpochMarker, HeldRows, LaneCursor, LaneSnapshot, LaneState, PipelineState, QueueEntry, ResumePoint, StageState,
-    source_state_of)
+    EpochMarker,
+    HeldRows,
+    LaneCursor,
+    LaneSnapshot,
+    LaneState,
+    PipelineState,
+    QueueEntry,
+    ResumePoint,
+    StageState,
+    source_state_of,
+)
 
 __all__ = [
-    "FORMAT", "VERSION", "EpochMarker", "HeldRows", "LaneCursor", "LaneSnapshot", "LaneState", "PipelineState",
-    "QueueEntry", "ResumePoint", "StageState", "build_checkpoint", "check_lane_state", "check_numbers",
-    "check_recipe", "checkpoint_bytes", "lane_from_json", "lane_to_json", "load_checkpoint", "merge_checkpoints",
-    "parse_checkpoint", "source_state_of", "verify_digests", "with_digests",
+    "FORMAT",
+    "VERSION",
+    "EpochMarker",
+    "HeldRows",
+    "LaneCursor",
+    "LaneSnapshot",
+    "LaneState",
+    "PipelineState",
+    "QueueEntry",
+    "ResumePoint",
+    "StageState",
+    "build_checkpoint",
+    "check_lane_state",
+    "check_numbers",
+    "check_recipe",
+    "checkpoint_bytes",
+    "lane_from_json",
+    "lane_to_json",
+    "load_checkpoint",
+    "merge_checkpoints",
+    "parse_checkpoint",
+    "source_state_of",
+    "verify_digests",
+    "with_digests",
 ]

@@ -3,7 +3,8 @@ against the data (positions the work source could have reached, row references i
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -23,8 +24,9 @@ def check_recipe(saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
         )
 
 
-def check_lane_state(lane: int, cur: LaneState, datasets_by_id: Mapping[int, Any], flush_every: int,
-                     ordered_stages: int) -> None:
+def check_lane_state(
+    lane: int, cur: LaneState, datasets_by_id: Mapping[int, Any], flush_every: int, ordered_stages: int
+) -> None:
     """`CheckpointError` unless a lane's state is one this pipeline could have written: it starts
     no chunk the work source has not handed out (``global_chunk_index``: chunks of every lane so far),
     a by-reference state has one entry per ordered stage of the plan, and every row reference
@@ -33,13 +35,17 @@ def check_lane_state(lane: int, cur: LaneState, datasets_by_id: Mapping[int, Any
     if isinstance(cur, LaneCursor):
         started = cur.source_state.get("global_chunk_index")
         if isinstance(started, int) and cur.epoch * flush_every > started:
-            raise CheckpointError(f"checkpoint lane {lane}: flush epoch {cur.epoch} starts at chunk "
-                                  f"{cur.epoch * flush_every}, past the chunks the work source has handed out "
-                                  f"(global_chunk_index = {started}); the checkpoint is corrupt.")
+            raise CheckpointError(
+                f"checkpoint lane {lane}: flush epoch {cur.epoch} starts at chunk "
+                f"{cur.epoch * flush_every}, past the chunks the work source has handed out "
+                f"(global_chunk_index = {started}); the checkpoint is corrupt."
+            )
         return
     if len(cur.stages) != ordered_stages:
-        raise CheckpointError(f"checkpoint lanes.{lane}.stages has {len(cur.stages)} entries, but this pipeline has "
-                              f"{ordered_stages} ordered stage(s); the checkpoint is damaged.")
+        raise CheckpointError(
+            f"checkpoint lanes.{lane}.stages has {len(cur.stages)} entries, but this pipeline has "
+            f"{ordered_stages} ordered stage(s); the checkpoint is damaged."
+        )
     _check_references(lane, cur, datasets_by_id)
 
 
@@ -49,8 +55,11 @@ def _tables_of(snapshot: LaneSnapshot) -> list[tuple[str, pa.Table | None]]:
         tables.append(("pending.rows", snapshot.pending.refs))
     for i, stage in enumerate(snapshot.stages):
         tables += [(f"stages[{i}].rows", stage.rows), (f"stages[{i}].inbox", stage.inbox)]
-        tables += [(f"stages[{i}].queue[{j}].rows", e.refs) for j, e in enumerate(stage.queue)
-                   if not isinstance(e, EpochMarker)]
+        tables += [
+            (f"stages[{i}].queue[{j}].rows", e.refs)
+            for j, e in enumerate(stage.queue)
+            if not isinstance(e, EpochMarker)
+        ]
     return tables
 
 
@@ -59,13 +68,18 @@ def _check_references(lane: int, snapshot: LaneSnapshot, datasets_by_id: Mapping
     last_chunk = snapshot.resume.chunk
     started = snapshot.resume.source_state.get("global_chunk_index")  # chunks of every lane so far
     if isinstance(started, int) and last_chunk > started:
-        raise CheckpointError(f"checkpoint lane {lane}: resume.chunk = {last_chunk} is past the chunks the work "
-                              f"source has handed out (global_chunk_index = {started}); the checkpoint is corrupt.")
+        raise CheckpointError(
+            f"checkpoint lane {lane}: resume.chunk = {last_chunk} is past the chunks the work "
+            f"source has handed out (global_chunk_index = {started}); the checkpoint is corrupt."
+        )
     for where, refs in _tables_of(snapshot):
         if refs is None or refs.num_rows == 0:
             continue
-        cols = {n: refs.column(n).to_numpy() for n in ("__lane", "__chunk", "__dataset", "__shard", "__row")
-                if n in refs.column_names}
+        cols = {
+            n: refs.column(n).to_numpy()
+            for n in ("__lane", "__chunk", "__dataset", "__shard", "__row")
+            if n in refs.column_names
+        }
         bad = None
         if "__lane" in cols and (cols["__lane"] != lane).any():
             bad = f"a row of lane {int(cols['__lane'][cols['__lane'] != lane][0])}"
@@ -86,12 +100,15 @@ def _check_references(lane: int, snapshot: LaneSnapshot, datasets_by_id: Mapping
                 over = cols["__row"][at] >= counts[pos]
                 if over.any():
                     k = int(np.flatnonzero(over)[0])
-                    bad = (f"row {int(cols['__row'][at][k])} of shard {int(cols['__shard'][at][k])} of dataset id {d}, "
-                           f"which has {int(counts[pos][k])} rows")
+                    bad = (
+                        f"row {int(cols['__row'][at][k])} of shard {int(cols['__shard'][at][k])} of dataset id {d}, "
+                        f"which has {int(counts[pos][k])} rows"
+                    )
                     break
         if bad is not None:
-            raise CheckpointError(f"checkpoint lane {lane}: {where} refers to {bad}; the checkpoint is corrupt or "
-                                  "belongs to other data.")
+            raise CheckpointError(
+                f"checkpoint lane {lane}: {where} refers to {bad}; the checkpoint is corrupt or belongs to other data."
+            )
 
 
 def _shard_rows(ds: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -28,7 +28,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -36,8 +37,17 @@ import pyarrow as pa
 from zephon_columnar import frame as F
 from zephon_columnar import references
 from zephon_columnar.engine.checkpoint.state import (
-    EpochMarker, HeldRows, LaneCursor, LaneSnapshot, LaneState, PipelineState, QueueEntry, ResumePoint, StageState,
-    source_state_of)
+    EpochMarker,
+    HeldRows,
+    LaneCursor,
+    LaneSnapshot,
+    LaneState,
+    PipelineState,
+    QueueEntry,
+    ResumePoint,
+    StageState,
+    source_state_of,
+)
 from zephon_columnar.errors import CheckpointError
 from zephon_columnar.ops.accumulators.lane import ChunkExhaustion
 
@@ -49,7 +59,7 @@ VERSION = 3
 _SAME_RECIPE = "<recipe.work_source>"
 #: Every count, index and position in a checkpoint fits a signed 64-bit int (what the engine's
 #: numpy columns hold); a number past it is corruption, not a long run.
-_NUMBER_LIMIT = 2 ** 63
+_NUMBER_LIMIT = 2**63
 #: The first bytes of a zstandard frame (`checkpoint_bytes` output).
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _NO_ROWS: dict[str, Any] = {"n": 0, "cols": {}}
@@ -62,50 +72,54 @@ class _Fields:
 
     def __init__(self, where: str, value: Any) -> None:
         if not isinstance(value, Mapping):
-            raise CheckpointError(f"checkpoint {where}: expected an object, got {_kind(value)}; was it produced by "
-                                  "Pipeline.checkpoint() of zephon_columnar?")
+            raise CheckpointError(
+                f"checkpoint {where}: expected an object, got {_kind(value)}; was it produced by "
+                "Pipeline.checkpoint() of zephon_columnar?"
+            )
         self.where = where
         self.value = value
 
-    def _get(self, key: str) -> Any:
+    def get(self, key: str) -> Any:
         if key not in self.value:
-            raise CheckpointError(f"checkpoint {self.where}: field {key!r} is missing; the checkpoint is damaged, "
-                                  "or was not produced by Pipeline.checkpoint() of this version.")
+            raise CheckpointError(
+                f"checkpoint {self.where}: field {key!r} is missing; the checkpoint is damaged, "
+                "or was not produced by Pipeline.checkpoint() of this version."
+            )
         return self.value[key]
 
     def at(self, key: str) -> str:
         return f"{self.where}.{key}"
 
     def count(self, key: str) -> int:
-        v = self._get(key)
+        v = self.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise CheckpointError(f"checkpoint {self.at(key)} = {v!r}: expected an int >= 0.")
         return v
 
     def flag(self, key: str) -> bool:
-        v = self._get(key)
+        v = self.get(key)
         if not isinstance(v, bool):
             raise CheckpointError(f"checkpoint {self.at(key)} = {v!r}: expected true or false.")
         return v
 
     def obj(self, key: str) -> Mapping[str, Any]:
-        v = self._get(key)
+        v = self.get(key)
         if not isinstance(v, Mapping):
             raise CheckpointError(f"checkpoint {self.at(key)}: expected an object, got {_kind(v)}.")
         return v
 
     def items(self, key: str) -> list[Any]:
-        v = self._get(key)
+        v = self.get(key)
         if not isinstance(v, list):
             raise CheckpointError(f"checkpoint {self.at(key)}: expected a list, got {_kind(v)}.")
         return v
 
     def table(self, key: str) -> pa.Table | None:
         """Encoded rows by reference (None when there are none)."""
-        return _table_from_json(self.at(key), self._get(key))
+        return _table_from_json(self.at(key), self.get(key))
 
     def schema(self, key: str) -> pa.Schema | None:
-        v = self._get(key)
+        v = self.get(key)
         try:
             return references.schema_from_json(v)
         except (TypeError, ValueError, KeyError, AttributeError, pa.ArrowInvalid) as err:
@@ -123,15 +137,18 @@ _SEGMENT_COUNTS = ("chunk", "offset", "dataset", "shard", "row", "component", "s
 
 def _table_from_json(where: str, value: Any) -> pa.Table | None:
     if value is None:
-        raise CheckpointError(f"checkpoint {where}: rows are null; a checkpoint writes held rows as an encoded table "
-                              "(an empty one when there are none): the checkpoint is damaged.")
+        raise CheckpointError(
+            f"checkpoint {where}: rows are null; a checkpoint writes held rows as an encoded table "
+            "(an empty one when there are none): the checkpoint is damaged."
+        )
     if isinstance(value, Mapping) and isinstance(value.get("cols"), Mapping):
         for name, values in value["cols"].items():
             if name == F.SEGMENTS:
                 values = _segment_fields(values)
             if not str(name).startswith(references.FLOAT_STATE_PREFIX) and not _all_ints(values):
-                raise CheckpointError(f"checkpoint {where}: column {name!r} holds a value that is not an int; the "
-                                      "checkpoint is damaged.")
+                raise CheckpointError(
+                    f"checkpoint {where}: column {name!r} holds a value that is not an int; the checkpoint is damaged."
+                )
     try:
         table = references.rows_from_json(value)
     except (TypeError, ValueError, KeyError, AttributeError, OverflowError, pa.ArrowInvalid) as err:
@@ -140,22 +157,32 @@ def _table_from_json(where: str, value: Any) -> pa.Table | None:
         return None
     missing = [n for n in F.BOOKKEEPING if n not in table.column_names]
     if missing:
-        raise CheckpointError(f"checkpoint {where}: the rows lack the reference column(s) {missing}; the checkpoint "
-                              "is damaged.")
+        raise CheckpointError(
+            f"checkpoint {where}: the rows lack the reference column(s) {missing}; the checkpoint is damaged."
+        )
     for name in table.column_names:
         column = table.column(name)
         if column.null_count:
             raise CheckpointError(f"checkpoint {where}: column {name!r} has nulls; the checkpoint is damaged.")
         if name in _NON_NEGATIVE and len(column) and np.asarray(column.to_numpy()).min() < 0:
-            raise CheckpointError(f"checkpoint {where}: column {name!r} holds a negative value; the checkpoint is "
-                                  "damaged.")
+            raise CheckpointError(
+                f"checkpoint {where}: column {name!r} holds a negative value; the checkpoint is damaged."
+            )
         if name == F.LINEAGE and any(v < 0 for row in column.to_pylist() for v in row):
-            raise CheckpointError(f"checkpoint {where}: column {name!r} holds a negative value; the checkpoint is "
-                                  "damaged.")
-        if name == F.SEGMENTS and any(seg[k] is None or (k in _SEGMENT_COUNTS and seg[k] < 0)
-                                      for row in column.to_pylist() for seg in row for k in seg if k != "lineage"):
-            raise CheckpointError(f"checkpoint {where}: a segment of column {name!r} has a missing or negative "
-                                  "field; the checkpoint is damaged.")
+            raise CheckpointError(
+                f"checkpoint {where}: column {name!r} holds a negative value; the checkpoint is damaged."
+            )
+        if name == F.SEGMENTS and any(
+            seg[k] is None or (k in _SEGMENT_COUNTS and seg[k] < 0)
+            for row in column.to_pylist()
+            for seg in row
+            for k in seg
+            if k != "lineage"
+        ):
+            raise CheckpointError(
+                f"checkpoint {where}: a segment of column {name!r} has a missing or negative "
+                "field; the checkpoint is damaged."
+            )
     return table
 
 
@@ -192,17 +219,35 @@ def _table_to_json(table: pa.Table | None) -> Any:
 def lane_to_json(lane: LaneState) -> dict[str, Any]:
     """A lane's state as JSON types (without its digest: `build_checkpoint` adds it)."""
     if isinstance(lane, LaneCursor):
-        return {"mode": "replay", "epoch": lane.epoch, "inputs": lane.inputs, "rows": lane.rows, "items": lane.items,
-                "source_state": lane.source_state,
-                "carries": {str(k): F.frame_to_text(v) for k, v in sorted(lane.carries.items())},
-                "exhausted": sorted(lane.exhausted)}
+        return {
+            "mode": "replay",
+            "epoch": lane.epoch,
+            "inputs": lane.inputs,
+            "rows": lane.rows,
+            "items": lane.items,
+            "source_state": lane.source_state,
+            "carries": {str(k): F.frame_to_text(v) for k, v in sorted(lane.carries.items())},
+            "exhausted": sorted(lane.exhausted),
+        }
     resume = lane.resume
     return {
-        "mode": "reference", "items": lane.items,
-        "resume": {"chunk": resume.chunk, "offset": resume.offset, "marker": resume.marker,
-                   "source_state": resume.source_state},
-        "stages": [{"state": stage.state, "rows": _table_to_json(stage.rows), "inbox": _table_to_json(stage.inbox),
-                    "queue": [_entry_to_json(e) for e in stage.queue]} for stage in lane.stages],
+        "mode": "reference",
+        "items": lane.items,
+        "resume": {
+            "chunk": resume.chunk,
+            "offset": resume.offset,
+            "marker": resume.marker,
+            "source_state": resume.source_state,
+        },
+        "stages": [
+            {
+                "state": stage.state,
+                "rows": _table_to_json(stage.rows),
+                "inbox": _table_to_json(stage.inbox),
+                "queue": [_entry_to_json(e) for e in stage.queue],
+            }
+            for stage in lane.stages
+        ],
         "pending": _held_to_json(lane.pending),
         "targets": [[c, t] for c, t in sorted(lane.targets.items())],
         "exhaustion": [[c, sorted(e.through), sorted(e.before)] for c, e in sorted(lane.exhaustion.items())],
@@ -224,7 +269,7 @@ def _entry_to_json(entry: QueueEntry) -> dict[str, Any]:
 def lane_from_json(where: str, value: Any) -> LaneState:
     """Parse and check one lane (``where``: its path in the checkpoint, for messages)."""
     d = _Fields(where, value)
-    mode = d._get("mode")
+    mode = d.get("mode")
     if mode == "replay":
         return _cursor_from_json(d)
     if mode == "reference":
@@ -245,14 +290,22 @@ def _cursor_from_json(d: _Fields) -> LaneCursor:
     exhausted = d.items("exhausted") if "exhausted" in d.value else []
     if not all(isinstance(name, str) for name in exhausted):
         raise CheckpointError(f"checkpoint {d.at('exhausted')} = {exhausted!r}: expected a list of component names.")
-    return LaneCursor(epoch=d.count("epoch"), inputs=d.count("inputs"), rows=d.count("rows"), items=d.count("items"),
-                      source_state=d.obj("source_state"), carries=carries, exhausted=frozenset(exhausted))
+    return LaneCursor(
+        epoch=d.count("epoch"),
+        inputs=d.count("inputs"),
+        rows=d.count("rows"),
+        items=d.count("items"),
+        source_state=d.obj("source_state"),
+        carries=carries,
+        exhausted=frozenset(exhausted),
+    )
 
 
 def _snapshot_from_json(d: _Fields) -> LaneSnapshot:
-    r = _Fields(d.at("resume"), d._get("resume"))
-    resume = ResumePoint(chunk=r.count("chunk"), offset=r.count("offset"), marker=r.flag("marker"),
-                         source_state=r.obj("source_state"))
+    r = _Fields(d.at("resume"), d.get("resume"))
+    resume = ResumePoint(
+        chunk=r.count("chunk"), offset=r.count("offset"), marker=r.flag("marker"), source_state=r.obj("source_state")
+    )
     stages = []
     for i, raw in enumerate(d.items("stages")):
         s = _Fields(f"{d.at('stages')}[{i}]", raw)
@@ -260,32 +313,53 @@ def _snapshot_from_json(d: _Fields) -> LaneSnapshot:
         for j, entry in enumerate(s.items("queue")):
             e = _Fields(f"{s.at('queue')}[{j}]", entry)
             queue.append(EpochMarker(epoch=e.count("epoch")) if "epoch" in entry else _held_from_json(e))
-        stages.append(StageState(state=dict(s.obj("state")), rows=s.table("rows"), inbox=s.table("inbox"),
-                                 queue=tuple(queue)))
+        stages.append(
+            StageState(state=dict(s.obj("state")), rows=s.table("rows"), inbox=s.table("inbox"), queue=tuple(queue))
+        )
     targets = {}
     for i, pair in enumerate(d.items("targets")):
-        if (not isinstance(pair, list) or len(pair) != 2 or isinstance(pair[0], bool) or not isinstance(pair[0], int)
-                or pair[0] < 0 or not (pair[1] is None or isinstance(pair[1], Mapping))):
-            raise CheckpointError(f"checkpoint {d.at('targets')}[{i}] = {pair!r}: expected [chunk, {{component: "
-                                  "weight}} or null].")
+        if (
+            not isinstance(pair, list)
+            or len(pair) != 2
+            or isinstance(pair[0], bool)
+            or not isinstance(pair[0], int)
+            or pair[0] < 0
+            or not (pair[1] is None or isinstance(pair[1], Mapping))
+        ):
+            raise CheckpointError(
+                f"checkpoint {d.at('targets')}[{i}] = {pair!r}: expected [chunk, {{component: weight}}}} or null]."
+            )
         targets[pair[0]] = None if pair[1] is None else dict(pair[1])
     exhaustion = {}
     # absent in checkpoints written before stages learnt of source exhaustion: nothing said
     for i, entry in enumerate(d.items("exhaustion") if "exhaustion" in d.value else []):
-        if (not isinstance(entry, list) or len(entry) != 3 or isinstance(entry[0], bool)
-                or not isinstance(entry[0], int) or entry[0] < 0
-                or not all(isinstance(names, list) and all(isinstance(n, str) for n in names) for names in entry[1:])):
-            raise CheckpointError(f"checkpoint {d.at('exhaustion')}[{i}] = {entry!r}: expected [chunk, [component, "
-                                  "...] (through), [component, ...] (before)].")
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 3
+            or isinstance(entry[0], bool)
+            or not isinstance(entry[0], int)
+            or entry[0] < 0
+            or not all(isinstance(names, list) and all(isinstance(n, str) for n in names) for names in entry[1:])
+        ):
+            raise CheckpointError(
+                f"checkpoint {d.at('exhaustion')}[{i}] = {entry!r}: expected [chunk, [component, "
+                "...] (through), [component, ...] (before)]."
+            )
         exhaustion[entry[0]] = ChunkExhaustion(through=frozenset(entry[1]), before=frozenset(entry[2]))
-    pending = _held_from_json(_Fields(d.at("pending"), d._get("pending")))
-    return LaneSnapshot(items=d.count("items"), resume=resume, stages=tuple(stages),
-                        pending=None if pending.refs is None else pending, targets=targets, exhaustion=exhaustion)
+    pending = _held_from_json(_Fields(d.at("pending"), d.get("pending")))
+    return LaneSnapshot(
+        items=d.count("items"),
+        resume=resume,
+        stages=tuple(stages),
+        pending=None if pending.refs is None else pending,
+        targets=targets,
+        exhaustion=exhaustion,
+    )
 
 
 def _held_from_json(d: _Fields) -> HeldRows:
     """Rows and their schema (``refs`` None when there are none)."""
-    return HeldRows(refs=d.table("rows"), schema=d.schema("schema"))  # type: ignore[arg-type]
+    return HeldRows(refs=d.table("rows"), schema=d.schema("schema"))
 
 
 # ---------------------------------------------------------------------- whole checkpoints
@@ -310,8 +384,13 @@ def build_checkpoint(state: PipelineState) -> dict[str, Any]:
                 d["resume"] = dict(d["resume"], source_state=kept_once)
         d["digest"] = _digest(d)
         out[str(lane)] = d
-    return {"format": FORMAT, "version": VERSION, "recipe": dict(state.recipe), "world": dict(state.world),
-            "lanes": out}
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "recipe": dict(state.recipe),
+        "world": dict(state.world),
+        "lanes": out,
+    }
 
 
 def checkpoint_bytes(ckpt: Mapping[str, Any]) -> bytes:
@@ -332,11 +411,15 @@ def load_checkpoint(ckpt: Any) -> dict[str, Any]:
         try:
             ckpt = zstandard.ZstdDecompressor().decompress(ckpt, max_output_size=1 << 30)
         except zstandard.ZstdError as err:
-            raise CheckpointError(f"checkpoint bytes are corrupt (zstandard: {err}); pass the bytes of "
-                                  "Pipeline.checkpoint(as_bytes=True) unchanged.") from err
+            raise CheckpointError(
+                f"checkpoint bytes are corrupt (zstandard: {err}); pass the bytes of "
+                "Pipeline.checkpoint(as_bytes=True) unchanged."
+            ) from err
     elif isinstance(ckpt, bytes) and ckpt[:1] == b"\x80":
-        raise CheckpointError("checkpoint bytes are a pickle: restore(pickle.loads(data)) (this library never "
-                              "unpickles what it is given), or store checkpoint(as_bytes=True) instead.")
+        raise CheckpointError(
+            "checkpoint bytes are a pickle: restore(pickle.loads(data)) (this library never "
+            "unpickles what it is given), or store checkpoint(as_bytes=True) instead."
+        )
     if isinstance(ckpt, (str, bytes)):
         try:
             ckpt = json.loads(ckpt)
@@ -350,8 +433,10 @@ def load_checkpoint(ckpt: Any) -> dict[str, Any]:
             "Pass the dict returned by Pipeline.checkpoint(); Zephon 0.2.0 checkpoints cannot be restored here."
         )
     if ckpt.get("version") != VERSION:
-        raise CheckpointError(f"checkpoint version {ckpt.get('version')!r} is not supported (expected {VERSION}); "
-                              "restore it with the version of zephon_columnar that wrote it.")
+        raise CheckpointError(
+            f"checkpoint version {ckpt.get('version')!r} is not supported (expected {VERSION}); "
+            "restore it with the version of zephon_columnar that wrote it."
+        )
     for key in ("recipe", "world", "lanes"):
         if not isinstance(ckpt.get(key), Mapping):
             raise CheckpointError(f"checkpoint field {key!r} is missing or not an object.")
@@ -371,8 +456,11 @@ def parse_checkpoint(ckpt: Any) -> PipelineState:
         lane = lane_from_json(f"lanes.{key}", value)
         if source_state_of(lane).get("recipe") == _SAME_RECIPE:
             full = dict(source_state_of(lane), recipe=work_source)
-            lane = (dataclasses.replace(lane, source_state=full) if isinstance(lane, LaneCursor) else
-                    dataclasses.replace(lane, resume=dataclasses.replace(lane.resume, source_state=full)))
+            lane = (
+                dataclasses.replace(lane, source_state=full)
+                if isinstance(lane, LaneCursor)
+                else dataclasses.replace(lane, resume=dataclasses.replace(lane.resume, source_state=full))
+            )
         lanes[int(key)] = lane
     return PipelineState(recipe=dict(ckpt["recipe"]), world=dict(ckpt["world"]), lanes=lanes)
 
@@ -392,9 +480,11 @@ def verify_digests(ckpt: Any) -> None:
     for key, value in load_checkpoint(ckpt)["lanes"].items():
         digest = value.get("digest") if isinstance(value, Mapping) else None
         if digest != _digest(value):
-            raise CheckpointError(f"checkpoint lanes.{key}: its content does not match its digest ({digest!r}): the "
-                                  "checkpoint was edited or damaged after Pipeline.checkpoint() wrote it, and restoring "
-                                  "it would continue another stream. Restore an unmodified checkpoint.")
+            raise CheckpointError(
+                f"checkpoint lanes.{key}: its content does not match its digest ({digest!r}): the "
+                "checkpoint was edited or damaged after Pipeline.checkpoint() wrote it, and restoring "
+                "it would continue another stream. Restore an unmodified checkpoint."
+            )
 
 
 def check_numbers(value: Any, where: str) -> None:
@@ -408,7 +498,7 @@ def check_numbers(value: Any, where: str) -> None:
         Traceback (most recent call last):
         ...
         zephon_columnar.errors.CheckpointError: checkpoint lanes.a[1].b = 1e+30: not a count or position this engine writes (finite, magnitude under 2**63); the checkpoint is corrupt or was edited.
-    """
+    """  # noqa: E501 - a doctest's expected exception line is the message verbatim: it cannot wrap
     stack = [(value, where)]
     while stack:
         v, at = stack.pop()
@@ -417,5 +507,7 @@ def check_numbers(value: Any, where: str) -> None:
         elif isinstance(v, list):
             stack.extend((x, f"{at}[{i}]") for i, x in enumerate(v))
         elif isinstance(v, (int, float)) and not isinstance(v, bool) and not abs(v) < _NUMBER_LIMIT:
-            raise CheckpointError(f"checkpoint {at} = {v!r}: not a count or position this engine writes (finite, "
-                                  "magnitude under 2**63); the checkpoint is corrupt or was edited.")
+            raise CheckpointError(
+                f"checkpoint {at} = {v!r}: not a count or position this engine writes (finite, "
+                "magnitude under 2**63); the checkpoint is corrupt or was edited."
+            )

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from zephon_columnar.engine.checkpoint.checks import check_recipe
 from zephon_columnar.engine.checkpoint.codec import build_checkpoint, parse_checkpoint, verify_digests
@@ -31,9 +32,11 @@ def merge_checkpoints(ckpts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         for lane, cur in state.lanes.items():
             if lane in lanes:
                 if lanes[lane].items != cur.items:
-                    raise CheckpointError(f"merge_checkpoints: checkpoint {i} has {cur.items} item(s) of lane {lane} "
-                                          f"delivered, an earlier one {lanes[lane].items}; were they taken at the "
-                                          "same step?")
+                    raise CheckpointError(
+                        f"merge_checkpoints: checkpoint {i} has {cur.items} item(s) of lane {lane} "
+                        f"delivered, an earlier one {lanes[lane].items}; were they taken at the "
+                        "same step?"
+                    )
                 continue
             lanes[lane] = cur
     world = dict(first.world, dp_degree=None, dp_group_id=None, merged_from=len(ckpts))

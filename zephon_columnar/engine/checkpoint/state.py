@@ -16,8 +16,9 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Union
+from typing import Any
 
 import pyarrow as pa
 
@@ -76,7 +77,7 @@ class HeldRows:
     schema: pa.Schema | None
 
 
-QueueEntry = Union[EpochMarker, HeldRows]
+QueueEntry = EpochMarker | HeldRows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,7 +110,7 @@ class LaneSnapshot:
     exhaustion: Mapping[int, ChunkExhaustion]
 
 
-LaneState = Union[LaneCursor, LaneSnapshot]
+LaneState = LaneCursor | LaneSnapshot
 
 
 def source_state_of(lane: LaneState) -> Mapping[str, Any]:

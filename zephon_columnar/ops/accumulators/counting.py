@@ -12,7 +12,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 from zephon_columnar.ops.accumulators.base import Accumulator, ReadyBatch
 

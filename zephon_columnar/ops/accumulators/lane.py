@@ -25,8 +25,9 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 import pyarrow as pa
 
@@ -117,6 +118,7 @@ class LaneAccumulator(Protocol):
         ...
 
 
+@runtime_checkable
 class ReferenceState(Protocol):
     """What a `LaneAccumulator` implements to be checkpointed *by reference* (every built-in
     reordering stage does): its state is a small JSON-able dict plus the rows it holds as
@@ -138,10 +140,17 @@ class ReferenceState(Protocol):
     def rebuild(self, refs: pa.Table, schema: pa.Schema | None, source: RowSource) -> pa.Table: ...
 
 
-def restorable_by_reference(acc: Any) -> bool:
+def restorable_by_reference(acc: object) -> TypeGuard[ReferenceState]:
     """Whether ``acc`` implements `ReferenceState`."""
-    return all(callable(getattr(acc, m, None)) for m in ("snapshot", "restore", "rebuild"))
+    return isinstance(acc, ReferenceState)
 
 
-__all__ = ["NO_EXHAUSTION", "ChunkExhaustion", "LaneAccumulator", "LaneContext",
-           "ReferenceState", "RowSource", "restorable_by_reference"]
+__all__ = [
+    "NO_EXHAUSTION",
+    "ChunkExhaustion",
+    "LaneAccumulator",
+    "LaneContext",
+    "ReferenceState",
+    "RowSource",
+    "restorable_by_reference",
+]

@@ -7,7 +7,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Sequence, TypeVar
+from collections.abc import Sequence
+from typing import TypeVar
 
 from zephon_columnar.ops.accumulators.base import Accumulator, ReadyBatch
 

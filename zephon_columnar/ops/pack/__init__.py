@@ -35,5 +35,14 @@ from zephon_columnar.ops.pack.spec import (
     ShuffleStrategy,
 )
 
-__all__ = ["ALGORITHMS", "DomainGroups", "FlushStrategy", "Homogeneity", "PackingAlgorithm", "PackFlatOp",
-           "PackSequencesOp", "PackSpec", "ShuffleStrategy"]
+__all__ = [
+    "ALGORITHMS",
+    "DomainGroups",
+    "FlushStrategy",
+    "Homogeneity",
+    "PackFlatOp",
+    "PackSequencesOp",
+    "PackSpec",
+    "PackingAlgorithm",
+    "ShuffleStrategy",
+]

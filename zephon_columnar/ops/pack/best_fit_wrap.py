@@ -24,15 +24,16 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from zephon_columnar.references import state_column, with_state
 from zephon_columnar.ops.pack.packer import Emission, HeldDocs, LazyRun, Packer
 from zephon_columnar.ops.pack.stream import Run
+from zephon_columnar.references import state_column, with_state
 
 
 @dataclass
@@ -58,10 +59,10 @@ class BestFitWrapPacker(Packer):
         self._reset()
 
     def _reset(self) -> None:
-        self._pool: list[_Candidate] = []      # sorted by (length, arrival)
+        self._pool: list[_Candidate] = []  # sorted by (length, arrival)
         self._keys: list[tuple[int, int]] = []  # the same order, for bisect
         self._by_arrival: deque[_Candidate] = deque()
-        self._taken: set[int] = set()           # arrivals gone from the pool (lazy in _by_arrival)
+        self._taken: set[int] = set()  # arrivals gone from the pool (lazy in _by_arrival)
         self._arrivals = 0
         self._tokens = 0
         self._docs = HeldDocs()
@@ -135,7 +136,8 @@ class BestFitWrapPacker(Packer):
     def _ready(self) -> bool:
         cap = self.spec.max_sequences_per_bin
         return len(self._pool) >= self.spec.candidate_pool_size and (
-            self._tokens >= self.spec.max_length or (cap is not None and len(self._pool) >= cap))
+            self._tokens >= self.spec.max_length or (cap is not None and len(self._pool) >= cap)
+        )
 
     def push(self, run: Run) -> list[Emission]:
         L = self.spec.max_length
@@ -185,8 +187,9 @@ class BestFitWrapPacker(Packer):
         live = self._live()
         refs = self._docs.refs([(c.run, c.seg) for c in live])
         if refs is not None:
-            refs = with_state(refs, arrival=[c.arrival for c in live], start=[c.start for c in live],
-                              length=[c.length for c in live])
+            refs = with_state(
+                refs, arrival=[c.arrival for c in live], start=[c.start for c in live], length=[c.length for c in live]
+            )
         return {"arrivals": self._arrivals}, refs
 
     def restore(self, state: dict[str, Any], refs: pa.Table | None, materialize: Callable[[pa.Table], Run]) -> None:
@@ -194,8 +197,11 @@ class BestFitWrapPacker(Packer):
         if refs is None:
             return
         rid = self._docs.add(LazyRun(refs, materialize), held=refs.num_rows)  # computed when a row takes from them
-        cands = [_Candidate(length=int(length), arrival=int(arrival), run=rid, seg=i, start=int(start))
-                 for i, (arrival, start, length) in enumerate(zip(
-                     state_column(refs, "arrival"), state_column(refs, "start"), state_column(refs, "length")))]
+        cands = [
+            _Candidate(length=int(length), arrival=int(arrival), run=rid, seg=i, start=int(start))
+            for i, (arrival, start, length) in enumerate(
+                zip(state_column(refs, "arrival"), state_column(refs, "start"), state_column(refs, "length"))
+            )
+        ]
         self._by_arrival.extend(cands)  # the snapshot lists them in arrival order
         self._add_all(cands)

@@ -29,8 +29,14 @@ from zephon_columnar.ops.pack.spec import POSITIONS, PackSpec
 from zephon_columnar.ops.pack.stream import Run
 
 SEGMENTS = F.SEGMENTS
-_SEGMENT_FIELDS = ((F.DATASET, "dataset"), (F.SHARD, "shard"), (F.ROW, "row"), (F.CHUNK, "chunk"),
-                   (F.OFFSET, "offset"), (F.COMPONENT, "component"))
+_SEGMENT_FIELDS = (
+    (F.DATASET, "dataset"),
+    (F.SHARD, "shard"),
+    (F.ROW, "row"),
+    (F.CHUNK, "chunk"),
+    (F.OFFSET, "offset"),
+    (F.COMPONENT, "component"),
+)
 
 
 def emit_rows(spec: PackSpec, run: Run, row_lengths: np.ndarray, *, op: str = "pack_flat") -> pa.Table:
@@ -66,12 +72,14 @@ def emit_rows(spec: PackSpec, run: Run, row_lengths: np.ndarray, *, op: str = "p
             try:
                 pad_run = np.full(L, fill, dtype=values.dtype)
             except OverflowError as err:
-                raise ConfigError(f"{op}(pad_token_id={fill}) does not fit the token column {name!r} "
-                                  f"({values.dtype}); pass a pad id in range.") from err
+                raise ConfigError(
+                    f"{op}(pad_token_id={fill}) does not fit the token column {name!r} "
+                    f"({values.dtype}); pass a pad id in range."
+                ) from err
             # Each row's tokens, then its pad: one pass writing every output element once.
             parts = []
             for a, n in zip(row_starts.tolist(), row_lengths.tolist()):  # rows are long
-                parts.append(real[a:a + n])
+                parts.append(real[a : a + n])
                 parts.append(pad_run[: L - n])
             flat = np.concatenate(parts)
         else:
@@ -95,8 +103,14 @@ def pieces(run: Run, row_starts: np.ndarray, total: int) -> tuple[np.ndarray, np
     return starts, lengths, run.segment_at(starts), np.searchsorted(row_starts, starts, side="right") - 1
 
 
-_SEGMENT_DTYPES = {F.DATASET: np.int32, F.SHARD: np.int32, F.ROW: np.int64, F.CHUNK: np.int64, F.OFFSET: np.int32,
-                   F.COMPONENT: np.int32}
+_SEGMENT_DTYPES = {
+    F.DATASET: np.int32,
+    F.SHARD: np.int32,
+    F.ROW: np.int64,
+    F.CHUNK: np.int64,
+    F.OFFSET: np.int32,
+    F.COMPONENT: np.int32,
+}
 
 
 def segments_column(run: Run, row_starts: np.ndarray, total: int) -> pa.Array:
@@ -115,8 +129,9 @@ def segments_column(run: Run, row_starts: np.ndarray, total: int) -> pa.Array:
         lineage_off, lineage_values = F.lineage_parts(book.take(pa.array(book_rows)))
     else:
         lineage_off, lineage_values = np.zeros(len(seg) + 1, np.int64), np.zeros(0, np.int32)
-    children.append(pa.ListArray.from_arrays(pa.array(lineage_off.astype(np.int32)),
-                                             pa.array(lineage_values, pa.int32())))
+    children.append(
+        pa.ListArray.from_arrays(pa.array(lineage_off.astype(np.int32)), pa.array(lineage_values, pa.int32()))
+    )
     children.append(pa.array(run.seg_skip[seg] + (starts - run.seg_starts[seg])))
     children.append(pa.array(lengths.astype(np.int32)))
     children.append(pa.array(run.seg_closes[seg] & (starts + lengths == seg_ends)))

@@ -24,17 +24,26 @@ only touched once, when emitted rows are gathered (one vectorized copy per push)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from zephon_columnar.references import state_column, with_state
 from zephon_columnar.errors import DatasetFormatError
-from zephon_columnar.ops.pack.packer import (DOCS_SEEN, OVERSIZED_DOCS, OVERSIZED_TOKENS, TOKENS_SEEN, Emission,
-                                             HeldDocs, LazyRun, Packer)
+from zephon_columnar.ops.pack.packer import (
+    DOCS_SEEN,
+    OVERSIZED_DOCS,
+    OVERSIZED_TOKENS,
+    TOKENS_SEEN,
+    Emission,
+    HeldDocs,
+    LazyRun,
+    Packer,
+)
 from zephon_columnar.ops.pack.stream import Run, where
+from zephon_columnar.references import state_column, with_state
 
 
 @dataclass
@@ -77,11 +86,12 @@ class FitPacker(Packer):
                     raise DatasetFormatError(
                         f"{spec.algorithm}: a document of {n} tokens, longer than max_length={L}, in "
                         f"{where(run.book, book_row)}; pass drop_oversized=True to drop such documents, split "
-                        "them upstream (tokenize(split_long_samples=True)), or use algorithm='wrap'.")
+                        "them upstream (tokenize(split_long_samples=True)), or use algorithm='wrap'."
+                    )
                 self.count(OVERSIZED_DOCS, 1)
                 self.count(OVERSIZED_TOKENS, n)
                 continue
-            target = None
+            target: _Bin | None = None
             room = L - n  # a bin fits the document if it uses at most this much
             if best:
                 for b in self._open:
@@ -93,7 +103,7 @@ class FitPacker(Packer):
                         target = b
                         break
             fresh = target is None
-            if fresh:
+            if target is None:
                 target = _Bin(opened=self._opened)
                 self._opened += 1
             target.docs.append((rid, i, n))
@@ -150,7 +160,7 @@ class FitPacker(Packer):
         i = 0
         for opened, count in state["bins"]:
             b = _Bin(opened=int(opened))
-            for n in lengths[i:i + int(count)]:
+            for n in lengths[i : i + int(count)]:
                 b.docs.append((rid, i, int(n)))
                 b.used += int(n)
                 i += 1

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from zephon_columnar.ops.accumulators.lane import LaneContext
-from zephon_columnar.ops.base import OrderedOp, OpTraits
-from zephon_columnar.ops.pack.packer import LanePacker, Packer
+from zephon_columnar.ops.base import OpTraits, OrderedOp
 from zephon_columnar.ops.config import PackingAlgorithm
+from zephon_columnar.ops.pack.packer import LanePacker, Packer
 from zephon_columnar.ops.pack.spec import resolve_spec
 
 
@@ -50,11 +50,18 @@ class PackFlatOp(OrderedOp):
     #: pipeline that builds such rows is refused when it is built, not found out in training.
     min_max_length = 2
 
-    def __init__(self, max_length: int, *, algorithm: PackingAlgorithm = "first_fit", parallelism: int | None = None,
-                 **options: Any) -> None:
+    def __init__(
+        self,
+        max_length: int,
+        *,
+        algorithm: PackingAlgorithm = "first_fit",
+        parallelism: int | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__()
-        self.spec = resolve_spec(self.name, max_length, algorithm=algorithm, min_max_length=self.min_max_length,
-                                 **options)
+        self.spec = resolve_spec(
+            self.name, max_length, algorithm=algorithm, min_max_length=self.min_max_length, **options
+        )
         self.algorithm = algorithm
         self.max_length = self.spec.max_length
         self.parallelism = parallelism
@@ -81,17 +88,26 @@ class PackSequencesOp(PackFlatOp):
     #: not an empty row, so 1 stays allowed.
     min_max_length = 1
 
-    def __init__(self, max_length: int, *, algorithm: PackingAlgorithm = "first_fit", length_fn: Any = None,
-                 pack_payloads: Any = "keep_list", parallelism: int | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        max_length: int,
+        *,
+        algorithm: PackingAlgorithm = "first_fit",
+        length_fn: Any = None,
+        pack_payloads: Any = "keep_list",
+        parallelism: int | None = None,
+        **options: Any,
+    ) -> None:
         from zephon_columnar.ops.pack.sequences import check_pack_payloads
 
-        super().__init__(max_length, algorithm=algorithm, parallelism=parallelism, emit_positions=False,
-                         **options)
+        super().__init__(max_length, algorithm=algorithm, parallelism=parallelism, emit_positions=False, **options)
         if length_fn is not None and algorithm not in ("first_fit", "best_fit"):
             from zephon_columnar.errors import ConfigError
 
-            raise ConfigError(f"pack_sequences(length_fn=..., algorithm={algorithm!r}): wrapping algorithms slice "
-                              "the token field, so its length is the length; length_fn is for first_fit/best_fit.")
+            raise ConfigError(
+                f"pack_sequences(length_fn=..., algorithm={algorithm!r}): wrapping algorithms slice "
+                "the token field, so its length is the length; length_fn is for first_fit/best_fit."
+            )
         self.length_fn = length_fn
         self.pack_payloads = check_pack_payloads(pack_payloads)
 
@@ -102,12 +118,16 @@ class PackSequencesOp(PackFlatOp):
         cls = packer_class(self.spec.algorithm)
         # A callable merge runs after packing, on the workers (`Pipeline.pack_sequences`).
         emitter = SequencesEmitter(self.spec, "keep_list" if callable(self.pack_payloads) else self.pack_payloads)
-        return LanePacker(self.spec, ctx, lambda spec, c, emit: cls(spec, c, emit), op=self.name, emit=emitter,
-                          keep_payload=True)
+        return LanePacker(
+            self.spec, ctx, lambda spec, c, emit: cls(spec, c, emit), op=self.name, emit=emitter, keep_payload=True
+        )
 
     def fingerprint(self) -> dict[str, Any]:
         out = super().fingerprint()
-        out["pack_payloads"] = self.pack_payloads if isinstance(self.pack_payloads, str) else \
-            getattr(self.pack_payloads, "__qualname__", repr(self.pack_payloads))
+        out["pack_payloads"] = (
+            self.pack_payloads
+            if isinstance(self.pack_payloads, str)
+            else getattr(self.pack_payloads, "__qualname__", repr(self.pack_payloads))
+        )
         out["length_fn"] = None if self.length_fn is None else getattr(self.length_fn, "__qualname__", "fn")
         return out

@@ -10,8 +10,9 @@ what keeps the output independent of how documents were cut into frames.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,8 +21,8 @@ from zephon_columnar import frame as F
 from zephon_columnar.errors import DataDroppedWarning
 from zephon_columnar.ops.accumulators.lane import LaneContext
 from zephon_columnar.ops.pack.emit import emit_rows
-from zephon_columnar.ops.pack.spec import POSITIONS, PackSpec
 from zephon_columnar.ops.pack.sequences import PACKED
+from zephon_columnar.ops.pack.spec import POSITIONS, PackSpec
 from zephon_columnar.ops.pack.stream import TOKEN_SKIP, FrameReader, Run, gather, is_list
 from zephon_columnar.records import PYTHON_LISTS_KEY, as_python_lists
 
@@ -108,7 +109,7 @@ class HeldDocs:
         self._count: dict[int, int] = {}
         self._next = 0
 
-    def add(self, run: "Run | LazyRun", held: int = 0) -> int:
+    def add(self, run: Run | LazyRun, held: int = 0) -> int:
         rid = self._next
         self._next += 1
         self.runs[rid] = run
@@ -159,7 +160,7 @@ class HeldDocs:
         position: dict[int, int] = {}
         run_index, seg_index = [], []
         for rid, seg, _, _ in pieces:
-            run, local = resolved.get((rid, seg)) or (runs[rid], seg)  # type: ignore[assignment]
+            run, local = resolved.get((rid, seg)) or (runs[rid], seg)
             k = position.setdefault(id(run), len(objects))
             if k == len(objects):
                 objects.append(run)  # type: ignore[arg-type]
@@ -202,9 +203,16 @@ class LanePacker:
     """The `LaneAccumulator` of ``pack_flat`` / ``pack_sequences``: frames -> runs -> one packer
     per group -> rows in trigger order."""
 
-    def __init__(self, spec: PackSpec, ctx: LaneContext, make: Callable[[PackSpec, LaneContext, Any], Packer],
-                 *, op: str = "pack_flat", emit: Callable[[Run, np.ndarray], pa.Table] | None = None,
-                 keep_payload: bool = False) -> None:
+    def __init__(
+        self,
+        spec: PackSpec,
+        ctx: LaneContext,
+        make: Callable[[PackSpec, LaneContext, Any], Packer],
+        *,
+        op: str = "pack_flat",
+        emit: Callable[[Run, np.ndarray], pa.Table] | None = None,
+        keep_payload: bool = False,
+    ) -> None:
         self.spec = spec
         self.ctx = ctx
         self.op = op
@@ -291,7 +299,8 @@ class LanePacker:
             f"{DOCS_SEEN}/{TOKENS_SEEN}). To keep such documents, split them upstream "
             "(tokenize(split_long_samples=True)) or pack with algorithm='wrap' (or 'best_fit_wrap'); to stop at the "
             "first one instead, pass drop_oversized=False.",
-            DataDroppedWarning)
+            DataDroppedWarning,
+        )
 
     def _place_in_groups(self, run: Run) -> list[pa.Table]:
         if self.spec.homogeneity == "none":
@@ -303,8 +312,9 @@ class LanePacker:
         key_array = np.array([order.index(k) for k in keys], np.int64)
         for g, key in enumerate(order):
             mine = np.flatnonzero(key_array == g)
-            sub = gather([run], np.zeros(len(mine), np.int64), mine, np.zeros(len(mine), np.int64),
-                         run.seg_lengths()[mine])
+            sub = gather(
+                [run], np.zeros(len(mine), np.int64), mine, np.zeros(len(mine), np.int64), run.seg_lengths()[mine]
+            )
             for e in self._packer(key).push(sub):
                 emissions.append((mine[e.triggers], e.frame))
         if not emissions:
@@ -346,7 +356,8 @@ class LanePacker:
                     "(warned once per pass; every lane's drop is counted in metrics_snapshot() as "
                     "pack_dropped_final_tokens). To keep it, use algorithm='best_fit_wrap' or a capped wrap "
                     "(max_sequences_per_bin=...): both pad their final row instead.",
-                    DataDroppedWarning)
+                    DataDroppedWarning,
+                )
         return out
 
     # ------------------------------------------------------------------ checkpoints (by reference)
@@ -357,8 +368,11 @@ class LanePacker:
         if self._rewound_to is not None:
             return dict(self._rewound_to), None
         r = self.reader
-        reader = None if r.dtypes is None else {
-            "tokens": r.tokens, "fields": [[n, str(r.value_types[n])] for n in r.dtypes], "lists": r.python_lists}
+        reader = (
+            None
+            if r.dtypes is None
+            else {"tokens": r.tokens, "fields": [[n, str(r.value_types[n])] for n in r.dtypes], "lists": r.python_lists}
+        )
         groups, parts = [], []
         for key in sorted(self._packers, key=repr):
             state, refs = self._packers[key].snapshot()
@@ -366,8 +380,8 @@ class LanePacker:
             if refs is not None:
                 parts.append(refs)
         window = None
-        if self._window is not None and self._window._count:
-            held = Run.concat(self._window._held)
+        if self._window is not None and self._window.count:
+            held = Run.concat(self._window.held)
             parts.append(F.refs_of(held.book.take(pa.array(held.seg_book))))
             window = len(held.seg_starts)
         state = {"reader": reader, "groups": groups, "window": window}
@@ -380,10 +394,18 @@ class LanePacker:
         ``first_out`` starts (its oldest rows not delivered yet); None when it holds nothing.
         Such a checkpoint is a few numbers, and restore computes only what the next rows need."""
         r = self.reader
-        state = {"rewind": 0, "reader": None if r.dtypes is None else {
-            "tokens": r.tokens, "fields": [[n, str(r.value_types[n])] for n in r.dtypes], "lists": r.python_lists},
+        state: dict[str, Any] = {
+            "rewind": 0,
+            "reader": None
+            if r.dtypes is None
+            else {
+                "tokens": r.tokens,
+                "fields": [[n, str(r.value_types[n])] for n in r.dtypes],
+                "lists": r.python_lists,
+            },
             "groups": [],
-            "window": None}
+            "window": None,
+        }
         if first_out is not None and first_out.num_rows:
             seg = first_out.column(F.SEGMENTS)[0].as_py()[0]
             state["rewind"] = int(seg["start"])
@@ -403,8 +425,12 @@ class LanePacker:
 
     def can_rewind(self) -> bool:
         s = self.spec
-        return s.algorithm == "wrap" and s.max_sequences_per_bin is None and s.homogeneity == "none" and \
-            s.shuffle_strategy is None
+        return (
+            s.algorithm == "wrap"
+            and s.max_sequences_per_bin is None
+            and s.homogeneity == "none"
+            and s.shuffle_strategy is None
+        )
 
     def restore(self, state: dict[str, Any], rows: pa.Table | None, source: Any) -> None:
         rewind = state.get("rewind", 0)
@@ -417,13 +443,13 @@ class LanePacker:
             self._force_decisions(self.reader, saved["tokens"], saved["fields"], bool(saved.get("lists", False)))
         offset = 0
         for key, pstate, n in state["groups"]:
-            refs = rows.slice(offset, n) if n else None
+            refs = rows.slice(offset, n) if n and rows is not None else None
             offset += n
             self._packer(key).restore(pstate, refs, lambda r: self._read_docs(source(r)))
         if state["window"]:
             assert self._window is not None and rows is not None
             docs = self._read_docs(source(rows.slice(offset, state["window"])))
-            self._window._held, self._window._count = [docs], len(docs.seg_starts)
+            self._window.held, self._window.count = [docs], len(docs.seg_starts)
 
     @staticmethod
     def _force_decisions(reader: FrameReader, tokens: str, fields: list, python_lists: bool) -> None:
@@ -439,9 +465,11 @@ class LanePacker:
         """Whole documents, one segment each, read with this lane's decisions."""
         run = (reader or self.reader).read(frame)
         if run is None or len(run.seg_starts) != frame.num_rows:
-            raise RuntimeError(f"{self.op}: {frame.num_rows} documents computed again from a checkpoint gave "
-                               f"{0 if run is None else len(run.seg_starts)} non-empty ones; the operators before "
-                               "packing are not deterministic, or the data changed since the checkpoint.")
+            raise RuntimeError(
+                f"{self.op}: {frame.num_rows} documents computed again from a checkpoint gave "
+                f"{0 if run is None else len(run.seg_starts)} non-empty ones; the operators before "
+                "packing are not deterministic, or the data changed since the checkpoint."
+            )
         return run
 
     def rebuild(self, refs: pa.Table, schema: pa.Schema | None, source: Any) -> pa.Table:
@@ -456,42 +484,59 @@ class LanePacker:
             schema = pa.schema([(n, pa.list_(r.value_types[n])) for n in r.dtypes])
         segs = refs.column("__segments").to_pylist()
         lanes = refs.column(F.LANE).to_pylist()
-        docs: dict[tuple, int] = {}
-        cols: dict[str, list] = {n: [] for n in (F.LANE, F.CHUNK, F.OFFSET, F.DATASET, F.SHARD, F.ROW, F.COMPONENT,
-                                                  F.LINEAGE)}
+        doc_of: dict[tuple, int] = {}  # a document's (chunk, offset, lineage) -> its place in `book`
+        cols: dict[str, list] = {
+            n: [] for n in (F.LANE, F.CHUNK, F.OFFSET, F.DATASET, F.SHARD, F.ROW, F.COMPONENT, F.LINEAGE)
+        }
         pieces: list[tuple[int, int, int]] = []
         row_lengths = []
         for lane, row in zip(lanes, segs):
             for seg in row:
                 key = (seg["chunk"], seg["offset"], tuple(seg["lineage"]))
-                if key not in docs:
-                    docs[key] = len(docs)
-                    for col, name in ((F.CHUNK, "chunk"), (F.OFFSET, "offset"), (F.DATASET, "dataset"),
-                                      (F.SHARD, "shard"), (F.ROW, "row"), (F.COMPONENT, "component"),
-                                      (F.LINEAGE, "lineage")):
+                if key not in doc_of:
+                    doc_of[key] = len(doc_of)
+                    for col, name in (
+                        (F.CHUNK, "chunk"),
+                        (F.OFFSET, "offset"),
+                        (F.DATASET, "dataset"),
+                        (F.SHARD, "shard"),
+                        (F.ROW, "row"),
+                        (F.COMPONENT, "component"),
+                        (F.LINEAGE, "lineage"),
+                    ):
                         cols[col].append(seg[name])
                     cols[F.LANE].append(lane)
-                pieces.append((docs[key], seg["start"], seg["length"]))
+                pieces.append((doc_of[key], seg["start"], seg["length"]))
             row_lengths.append(sum(seg["length"] for seg in row))
-        book = pa.table({
-            F.LANE: pa.array(cols[F.LANE], pa.int32()), F.CHUNK: pa.array(cols[F.CHUNK], pa.int64()),
-            F.OFFSET: pa.array(cols[F.OFFSET], pa.int32()), F.DATASET: pa.array(cols[F.DATASET], pa.int32()),
-            F.SHARD: pa.array(cols[F.SHARD], pa.int32()), F.ROW: pa.array(cols[F.ROW], pa.int64()),
-            F.COMPONENT: pa.array(cols[F.COMPONENT], pa.int32()),
-            F.LINEAGE: pa.array(cols[F.LINEAGE], pa.list_(pa.int32()))})
+        book = pa.table(
+            {
+                F.LANE: pa.array(cols[F.LANE], pa.int32()),
+                F.CHUNK: pa.array(cols[F.CHUNK], pa.int64()),
+                F.OFFSET: pa.array(cols[F.OFFSET], pa.int32()),
+                F.DATASET: pa.array(cols[F.DATASET], pa.int32()),
+                F.SHARD: pa.array(cols[F.SHARD], pa.int32()),
+                F.ROW: pa.array(cols[F.ROW], pa.int64()),
+                F.COMPONENT: pa.array(cols[F.COMPONENT], pa.int32()),
+                F.LINEAGE: pa.array(cols[F.LINEAGE], pa.list_(pa.int32())),
+            }
+        )
         docs = source(book)
         reader = FrameReader(self.spec, op=self.op, keep_payload=self.keep_payload)
         names = _packed_columns(schema, docs)
-        self._force_decisions(reader, names[0], [[n, str(docs.schema.field(n).type.value_type)] for n in names],
-                              PYTHON_LISTS_KEY in (docs.schema.field(names[0]).metadata or {}))
+        self._force_decisions(
+            reader,
+            names[0],
+            [[n, str(docs.schema.field(n).type.value_type)] for n in names],
+            PYTHON_LISTS_KEY in (docs.schema.field(names[0]).metadata or {}),
+        )
         run = self._read_docs(docs, reader)
         p = np.array(pieces, np.int64).reshape(-1, 3)
         cut = gather([run], np.zeros(len(p), np.int64), p[:, 0], p[:, 1], p[:, 2])
         return self._emit(cut, np.array(row_lengths, np.int64))
 
     def carry(self) -> pa.Table | None:
-        runs = [(k, p.carry()) for k, p in sorted(self._packers.items(), key=lambda kv: repr(kv[0]))]
-        runs = [r for _, r in runs if r is not None]
+        carried = (p.carry() for _, p in sorted(self._packers.items(), key=lambda kv: repr(kv[0])))
+        runs = [r for r in carried if r is not None]
         if not runs:
             return None
         return F.concat_frames([r.to_frame(self.reader.tokens or "input_ids") for r in runs])
@@ -508,41 +553,44 @@ class _ShuffleWindow:
     def __init__(self, spec: PackSpec, ctx: LaneContext) -> None:
         self.spec = spec
         self.ctx = ctx
-        self._held: list[Run] = []
-        self._count = 0
+        # The current window's documents and their count (the packer's checkpoint holds them).
+        self.held: list[Run] = []
+        self.count = 0
 
     def push(self, run: Run) -> list[Run]:
         ready = []
         pos = 0
         n = len(run.seg_starts)
         while pos < n:
-            take = min(self.WINDOW - self._count, n - pos)
+            take = min(self.WINDOW - self.count, n - pos)
             piece = run if (pos == 0 and take == n) else _segments(run, np.arange(pos, pos + take))
-            self._held.append(piece)
-            self._count += take
+            self.held.append(piece)
+            self.count += take
             pos += take
-            if self._count == self.WINDOW:
+            if self.count == self.WINDOW:
                 ready.append(self._release())
         return ready
 
     def flush(self) -> list[Run]:
-        return [self._release()] if self._count else []
+        return [self._release()] if self.count else []
 
     def _release(self) -> Run:
-        run = Run.concat(self._held)
-        self._held, self._count = [], 0
+        run = Run.concat(self.held)
+        self.held, self.count = [], 0
         n = len(run.seg_starts)
         if self.spec.shuffle_strategy == "length":
             order = np.argsort(-run.seg_lengths(), kind="stable")
         else:
             book = run.book.take(pa.array(run.seg_book))
-            keys = F.mix64(F.row_keys(book) ^ F.mix64(np.full(n, self.spec.shuffle_seed * 0x9E3779B1 + self.ctx.lane,
-                                                                    np.uint64)))
+            keys = F.mix64(
+                F.row_keys(book) ^ F.mix64(np.full(n, self.spec.shuffle_seed * 0x9E3779B1 + self.ctx.lane, np.uint64))
+            )
             order = np.argsort(keys, kind="stable")
         return _segments(run, order)
 
 
 def _segments(run: Run, index: np.ndarray) -> Run:
     """The whole segments ``index`` of ``run``, in that order (a copy)."""
-    return gather([run], np.zeros(len(index), np.int64), index, np.zeros(len(index), np.int64),
-                  run.seg_lengths()[index])
+    return gather(
+        [run], np.zeros(len(index), np.int64), index, np.zeros(len(index), np.int64), run.seg_lengths()[index]
+    )

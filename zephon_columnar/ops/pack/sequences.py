@@ -24,7 +24,8 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -46,8 +47,9 @@ PACKED_COLUMNS_KEY = b"zephon_columnar.packed_columns"
 def check_pack_payloads(value: Any) -> Any:
     if callable(value) or value in MERGES:
         return value
-    raise ConfigError(f"pack_sequences(pack_payloads={value!r}): use one of {list(MERGES)} or a callable "
-                      "list -> value.")
+    raise ConfigError(
+        f"pack_sequences(pack_payloads={value!r}): use one of {list(MERGES)} or a callable list -> value."
+    )
 
 
 class SequencesEmitter:
@@ -84,8 +86,9 @@ class SequencesEmitter:
         starts, lengths, seg, row = pieces(run, row_starts, total)
         fields: list[pa.Array] = []
         names: list[str] = []
-        piece_offsets = pa.array(np.append(starts, starts[-1] + lengths[-1]).astype(np.int32) if len(starts)
-                                 else np.zeros(1, np.int32))
+        piece_offsets = pa.array(
+            np.append(starts, starts[-1] + lengths[-1]).astype(np.int32) if len(starts) else np.zeros(1, np.int32)
+        )
         for name, values in run.data.items():
             fields.append(pa.ListArray.from_arrays(piece_offsets, pa.array(values[:total])))
             names.append(name)
@@ -104,17 +107,21 @@ class SequencesEmitter:
         if self.whole:
             other = [n for n in F.payload_names(run.book)]
             if other:
-                raise WrongTypeError(f"pack_sequences(pack_payloads={self.merge!r}): field(s) {other} are not lists "
-                                     "of numbers aligned with the tokens, so they cannot be concatenated; drop them "
-                                     "first or use pack_payloads='keep_list'.")
+                raise WrongTypeError(
+                    f"pack_sequences(pack_payloads={self.merge!r}): field(s) {other} are not lists "
+                    "of numbers aligned with the tokens, so they cannot be concatenated; drop them "
+                    "first or use pack_payloads='keep_list'."
+                )
         offsets = pa.array(np.append(row_starts, row_starts[-1] + row_lengths[-1]).astype(np.int32))
         total = int(row_starts[-1] + row_lengths[-1])
         return pa.StructArray.from_arrays(
-            [pa.ListArray.from_arrays(offsets, pa.array(v[:total])) for v in run.data.values()], names=list(run.data))
+            [pa.ListArray.from_arrays(offsets, pa.array(v[:total])) for v in run.data.values()], names=list(run.data)
+        )
 
 
 def merge_with(fn: Callable[[list], Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """The payload function that applies a ``pack_payloads`` callable to ``packed_samples``."""
+
     def apply(payload: dict[str, Any]) -> dict[str, Any]:
         out = fn(payload[PACKED])
         if isinstance(out, np.ndarray):

@@ -44,6 +44,7 @@ from zephon_columnar.types import TOKEN_FIELD_CANDIDATES
 
 TOKEN_SKIP = F.TOKEN_SKIP
 
+
 @dataclass
 class Run:
     """A stretch of a lane's token stream.
@@ -73,7 +74,7 @@ class Run:
         return np.diff(np.append(self.seg_starts, len(self)))
 
     @staticmethod
-    def concat(runs: list["Run"]) -> "Run":
+    def concat(runs: list[Run]) -> Run:
         if len(runs) == 1:
             return runs[0]
         names = list(runs[0].data)
@@ -93,7 +94,7 @@ class Run:
         """Index of the segment holding token ``pos``."""
         return np.searchsorted(self.seg_starts, pos, side="right") - 1
 
-    def sub(self, start: int, stop: int | None = None, *, copy: bool = False) -> "Run":
+    def sub(self, start: int, stop: int | None = None, *, copy: bool = False) -> Run:
         """Tokens ``[start, stop)``: views of the buffers, or (``copy``) a run owning its memory
         with compact bookkeeping. A segment cut at ``start`` continues as the first segment."""
         stop = len(self) if stop is None else stop
@@ -105,18 +106,20 @@ class Run:
         seg_skip = self.seg_skip[first:last].copy()
         seg_skip[0] += cut_into
         seg_closes = self.seg_closes[first:last].copy()
-        if last < len(self.seg_starts) and self.seg_starts[last] > stop or last == len(self.seg_starts) and \
-                stop < len(self):
+        if (last < len(self.seg_starts) and self.seg_starts[last] > stop) or (
+            last == len(self.seg_starts) and stop < len(self)
+        ):
             seg_closes[-1] = False  # the last segment is cut at ``stop``
         seg_book = self.seg_book[first:last]
         if not copy:
-            return Run({k: v[start:stop] for k, v in self.data.items()}, seg_starts, seg_book, self.book,
-                       seg_skip, seg_closes)
+            return Run(
+                {k: v[start:stop] for k, v in self.data.items()}, seg_starts, seg_book, self.book, seg_skip, seg_closes
+            )
         book = self.book.take(pa.array(seg_book))
         data = {k: v[start:stop].copy() for k, v in self.data.items()}
         return Run(data, seg_starts, np.arange(len(seg_book), dtype=np.int64), book, seg_skip, seg_closes)
 
-    def tail(self, start: int) -> "Run | None":
+    def tail(self, start: int) -> Run | None:
         """What is left from token ``start`` on (owning its memory), or None."""
         return self.sub(start, copy=True) if start < len(self) else None
 
@@ -127,14 +130,14 @@ class Run:
         book = self.book.take(pa.array(self.seg_book))
         book = book.append_column(TOKEN_SKIP, pa.array(self.seg_skip.astype(np.int64)))
         offsets = pa.array(np.append(self.seg_starts, len(self)).astype(np.int32))
-        payload = pa.table({name: pa.ListArray.from_arrays(offsets, pa.array(values))
-                            for name, values in self.data.items()})
+        payload = pa.table(
+            {name: pa.ListArray.from_arrays(offsets, pa.array(values)) for name, values in self.data.items()}
+        )
         del token_field  # the token column is the first of ``data``
         return F.with_payload(book, payload)
 
 
-def gather(runs: list[Run], run_index: np.ndarray, seg_index: np.ndarray, start: np.ndarray,
-           length: np.ndarray) -> Run:
+def gather(runs: list[Run], run_index: np.ndarray, seg_index: np.ndarray, start: np.ndarray, length: np.ndarray) -> Run:
     """A new run of pieces of segments, concatenated in order: piece i is ``length[i]`` tokens
     of segment ``seg_index[i]`` of ``runs[run_index[i]]``, from its token ``start[i]``."""
     run_index = np.asarray(run_index, np.int64)
@@ -193,7 +196,7 @@ def list_parts(arr: pa.Array) -> tuple[np.ndarray, pa.Array]:
         offsets = (np.arange(b + 1, dtype=np.int64) + arr.offset) * t.list_size
     else:
         width = np.int64 if pa.types.is_large_list(t) else np.int32
-        offsets = np.frombuffer(arr.buffers()[1], dtype=width, count=arr.offset + b + 1)[arr.offset:]
+        offsets = np.frombuffer(arr.buffers()[1], dtype=width, count=arr.offset + b + 1)[arr.offset :]
     lo, hi = int(offsets[0]), int(offsets[-1])
     return offsets, arr.values.slice(lo, hi - lo)
 
@@ -201,7 +204,7 @@ def list_parts(arr: pa.Array) -> tuple[np.ndarray, pa.Array]:
 def numpy_values(values: pa.Array, dtype: np.dtype) -> np.ndarray:
     if pa.types.is_boolean(values.type):
         return values.to_numpy(zero_copy_only=False)
-    return np.frombuffer(values.buffers()[1], dtype=dtype, count=values.offset + len(values))[values.offset:]
+    return np.frombuffer(values.buffers()[1], dtype=dtype, count=values.offset + len(values))[values.offset :]
 
 
 def is_list(t: pa.DataType) -> bool:
@@ -237,7 +240,8 @@ def token_field(frame: pa.Table, want: str, op: str) -> str:
         if name is None:
             raise MissingFieldError(
                 f"{op}: no token column (tokens_field='auto' looks for {list(TOKEN_FIELD_CANDIDATES)}; "
-                f"fields: {F.payload_names(frame)}). Tokenize first or pass tokens_field=<name>.")
+                f"fields: {F.payload_names(frame)}). Tokenize first or pass tokens_field=<name>."
+            )
         return name
     if want not in names:
         raise MissingFieldError(f"{op}(tokens_field={want!r}): no such column (fields: {F.payload_names(frame)}).")
@@ -267,12 +271,16 @@ class FrameReader:
     def _token_field(self, frame: pa.Table) -> str:
         name = token_field(frame, self.spec.tokens_field, self.op)
         if self.tokens is not None and name != self.tokens:
-            raise ConfigError(f"{self.op}: tokens_field='auto' resolved to {self.tokens!r} earlier in this lane "
-                              f"and to {name!r} now (rows have different columns); pass tokens_field=<name>.")
+            raise ConfigError(
+                f"{self.op}: tokens_field='auto' resolved to {self.tokens!r} earlier in this lane "
+                f"and to {name!r} now (rows have different columns); pass tokens_field=<name>."
+            )
         t = frame.schema.field(name).type
         if not (is_list(t) and pa.types.is_integer(t.value_type)):
-            raise WrongTypeError(f"{self.op}: token column {name!r} has type {t}; it must be a list of ints "
-                                 "(tokenize first, or pass tokens_field=<the token column>).")
+            raise WrongTypeError(
+                f"{self.op}: token column {name!r} has type {t}; it must be a list of ints "
+                "(tokenize first, or pass tokens_field=<the token column>)."
+            )
         return name
 
     def _column(self, frame: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -286,14 +294,18 @@ class FrameReader:
                 continue
             if arr.null_count:
                 row = base + int(np.flatnonzero(arr.is_null().to_numpy(zero_copy_only=False))[0])
-                raise DatasetFormatError(f"{self.op}: column {name!r} is null in {where(frame, row)}; "
-                                         f"fill or filter null rows before {self.op}.")
+                raise DatasetFormatError(
+                    f"{self.op}: column {name!r} is null in {where(frame, row)}; "
+                    f"fill or filter null rows before {self.op}."
+                )
             offsets, values = list_parts(arr)
             if values.null_count:
                 first = int(np.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))[0])
                 row = base + int(np.searchsorted(offsets - offsets[0], first, side="right")) - 1
-                raise DatasetFormatError(f"{self.op}: column {name!r} has a null element in "
-                                         f"{where(frame, row)}; fill or filter it before {self.op}.")
+                raise DatasetFormatError(
+                    f"{self.op}: column {name!r} has a null element in "
+                    f"{where(frame, row)}; fill or filter it before {self.op}."
+                )
             lens.append(np.diff(offsets).astype(np.int64, copy=False))
             vals.append(numpy_values(values, dtype))
             base += len(arr)
@@ -315,9 +327,11 @@ class FrameReader:
             info = np.iinfo(want)
             if not len(values) or (int(values.min()) >= info.min and int(values.max()) <= info.max):
                 return values.astype(want)
-        raise WrongTypeError(f"{self.op}: column {name!r} is {self.value_types[name]} in this lane's first "
-                             f"document but {frame.schema.field(name).type.value_type} in a later frame, with "
-                             "values that do not fit; cast it to one type before packing.")
+        raise WrongTypeError(
+            f"{self.op}: column {name!r} is {self.value_types[name]} in this lane's first "
+            f"document but {frame.schema.field(name).type.value_type} in a later frame, with "
+            "values that do not fit; cast it to one type before packing."
+        )
 
     # ------------------------------------------------------------------ reading
     def read(self, frame: pa.Table) -> Run | None:
@@ -327,9 +341,11 @@ class FrameReader:
             return None
         names = frame.column_names
         if self.spec.emit_positions and POSITIONS in names:
-            raise ConfigError(f"{self.op}: the input already has a 'positions' column and emit_positions=True "
-                              "would overwrite it; drop or rename it before packing, or pass "
-                              "emit_positions=False to pack it as an ordinary field.")
+            raise ConfigError(
+                f"{self.op}: the input already has a 'positions' column and emit_positions=True "
+                "would overwrite it; drop or rename it before packing, or pass "
+                "emit_positions=False to pack it as an ordinary field."
+            )
         tok = self._token_field(frame)
         lens, values = self._column(frame, tok)
         nonempty = np.flatnonzero(lens)
@@ -344,7 +360,8 @@ class FrameReader:
                 raise DatasetFormatError(
                     f"{self.op}: column {name!r} is packed as a per-token field in this lane (it matched the "
                     f"token length on the first document) but a later frame {found}; drop {name!r} before "
-                    "packing if it is not per-token data.")
+                    "packing if it is not per-token data."
+                )
             flens, fvalues = self._column(frame, name)
             if not np.array_equal(flens, lens):
                 row = int(np.flatnonzero(flens != lens)[0])
@@ -352,7 +369,8 @@ class FrameReader:
                     f"{self.op}: column {name!r} has {int(flens[row])} values but {tok!r} has {int(lens[row])} "
                     f"tokens in {where(frame, row)}; it was packed as a per-token field (it matched on the "
                     f"lane's first document). Drop {name!r} before packing if it is not per-token data, or fix "
-                    "the row.")
+                    "the row."
+                )
             data[name] = self._coerce(name, fvalues, frame)
         if not len(nonempty):
             return None
@@ -361,8 +379,11 @@ class FrameReader:
             keep += [n for n in F.payload_names(frame) if n not in self.dtypes]  # type: ignore[operator]
         book = frame.select(keep)
         offsets = np.concatenate([[0], np.cumsum(lens)])
-        skip = (frame.column(TOKEN_SKIP).to_numpy().astype(np.int64)[nonempty] if TOKEN_SKIP in names
-                else np.zeros(len(nonempty), np.int64))
+        skip = (
+            frame.column(TOKEN_SKIP).to_numpy().astype(np.int64)[nonempty]
+            if TOKEN_SKIP in names
+            else np.zeros(len(nonempty), np.int64)
+        )
         closes = ~F.open_rows(frame)[nonempty]  # a piece that does not end its sample closes nothing
         return Run(data, offsets[nonempty], nonempty.astype(np.int64), book, skip, closes)
 

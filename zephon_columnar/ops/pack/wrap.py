@@ -16,15 +16,16 @@ document is split where a cut falls and its remainder starts the next row.
 from __future__ import annotations
 
 import bisect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
-from zephon_columnar.references import state_column, with_state
 from zephon_columnar.ops.pack.packer import Emission, Packer
 from zephon_columnar.ops.pack.stream import Run, gather
+from zephon_columnar.references import state_column, with_state
 
 
 class WrapPacker(Packer):
@@ -55,7 +56,7 @@ class WrapPacker(Packer):
         triggers = run.segment_at(ends - 1)
         out, i = [], 0
         for frame, ls in zip(frames, lengths):
-            out.append(Emission(frame, triggers[i:i + len(ls)]))
+            out.append(Emission(frame, triggers[i : i + len(ls)]))
             i += len(ls)
         return out
 
@@ -149,6 +150,12 @@ class WrapPacker(Packer):
             return
         docs = materialize(refs)  # a few documents at most: computed now
         n = len(docs.seg_starts)
-        self._set_pending(gather([docs], np.zeros(n, np.int64), np.arange(n),
-                                 np.array(state_column(refs, "skip"), np.int64),
-                                 np.array(state_column(refs, "length"), np.int64)))
+        self._set_pending(
+            gather(
+                [docs],
+                np.zeros(n, np.int64),
+                np.arange(n),
+                np.array(state_column(refs, "skip"), np.int64),
+                np.array(state_column(refs, "length"), np.int64),
+            )
+        )
