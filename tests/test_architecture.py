@@ -41,6 +41,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "debug",
                 "pipeline",
                 "progress",
+                "session",
                 "testing",
                 "torch",
                 "validation",

@@ -213,7 +213,7 @@ def test_options_accumulate_over_calls_and_are_checked_together_at_iteration(web
     pipe = Pipeline(web_source(web_dir)).batch(4)
     pipe.options(dp_degree=2, dp_group_id=1, canonical_replicas=2, runner="inline")  # world_size comes later
     pipe.options(world_size=2, global_rank=1)
-    assert pipe._options.dp_degree == 2 and pipe._options.world_size == 2  # noqa: SLF001 - the first call kept
+    assert pipe.spec.options.dp_degree == 2 and pipe.spec.options.world_size == 2  # the first call kept
     assert len(collect(pipe)) > 0
     pipe.options(world_size=3, global_rank=0)
     with pytest.raises(ConfigError, match="multiple of dp_degree"):

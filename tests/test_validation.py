@@ -629,7 +629,7 @@ def test_warn_mode_warns_and_runs():
 
 def test_off_mode_skips_validation(monkeypatch):
     calls = []
-    monkeypatch.setattr("zephon_columnar.pipeline.validate_ops", lambda ops: calls.append(ops) or ValidationReport())
+    monkeypatch.setattr("zephon_columnar.session.validate_ops", lambda ops: calls.append(ops) or ValidationReport())
     p = pipe().add_op(WritesSelfAndRandom()).options(auto_validation="off")
     with warnings.catch_warnings():
         warnings.simplefilter("error")

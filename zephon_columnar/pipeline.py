@@ -9,60 +9,33 @@ Example:
     ...     tensors = batch.to_training()
     ...     state = pipe.checkpoint()  # JSON-serializable; restore() it into a fresh pipeline
 
-Builder methods change the pipeline in place and return it. Iterating yields `SampleBatch`es
-once `batch()` is in the plan, else `SampleRecord`s; iterating again starts from the
-beginning unless `restore()` was called.
+Builder methods change the pipeline in place and return it: each replaces its `PipelineSpec`
+(``pipe.spec``: work source, operators, options; `zephon_columnar.engine.spec`). Running it is
+its `Session`'s work (``pipe.session``: passes, checkpoints, restores, counters;
+`zephon_columnar.session`), to which iteration, checkpoints and metrics delegate. Iterating
+yields `SampleBatch`es once `batch()` is in the plan, else `SampleRecord`s; iterating again
+starts from the beginning unless `restore()` was called.
 """
 
 import copy
-import multiprocessing
-import threading
-import time
+import dataclasses
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
-import cloudpickle
-
-from zephon_columnar.engine.aggregate import (
-    gather_directory,
-    gather_torch,
-    torch_distributed_ready,
-)
 from zephon_columnar.engine.calibrate import prime_token_mixture
 from zephon_columnar.engine.checkpoint import (
-    LaneCursor,
-    LaneSnapshot,
-    LaneState,
-    PipelineState,
-    build_checkpoint,
-    check_lane_state,
-    check_recipe,
     checkpoint_bytes,
-    load_checkpoint,
     merge_checkpoints,
-    parse_checkpoint,
-    source_state_of,
-    verify_digests,
 )
-from zephon_columnar.engine.engine import Engine
 from zephon_columnar.engine.indexed import IndexedPipeline, indexing_obstacle
-from zephon_columnar.engine.run import Run
-from zephon_columnar.engine.warmup import RestoreWarmup
+from zephon_columnar.engine.spec import PipelineSpec
 from zephon_columnar.errors import (
-    CheckpointError,
     ConfigError,
-    ConfigurationWarning,
-    PipelineError,
     WrongTypeError,
-    warn,
 )
-from zephon_columnar.io import fs
-from zephon_columnar.io.readers import ReaderPool
 from zephon_columnar.observability import (
-    FetchStageSummary,
     FetchTimingSummary,
-    FetchTimingTotals,
     PrefetchTimingSummary,
 )
 from zephon_columnar.ops.base import BaseOp
@@ -79,11 +52,11 @@ from zephon_columnar.ops.config import (
     SpecialTokensMode,
     TokenizerBackend,
 )
-from zephon_columnar.ops.fetch import FetchOp, shard_cache_settings
+from zephon_columnar.ops.fetch import FetchOp
 from zephon_columnar.ops.map import FilterOp, MapBatchOp, MapOp, MaterializeOp
 from zephon_columnar.ops.user import FunctionOp
 from zephon_columnar.options import RuntimeOptions
-from zephon_columnar.progress import Progress
+from zephon_columnar.session import Session
 from zephon_columnar.validation import (
     ValidationError,
     ValidationReport,
@@ -91,9 +64,6 @@ from zephon_columnar.validation import (
     validate_ops,
 )
 from zephon_columnar.work.base import WorkSource
-
-if TYPE_CHECKING:
-    from typing_extensions import Self  # typing.Self from Python 3.11; annotations only
 
 
 class Pipeline:
@@ -105,50 +75,40 @@ class Pipeline:
                 f"Pipeline(work_source): got {type(work_source).__name__}; pass a WorkSource "
                 "such as StaticMixtureWorkSource(datasets, mixture)."
             )
-        self._ws = work_source
-        self._ops: list[BaseOp] = [FetchOp()]
-        self._options = RuntimeOptions()
-        self._prefetch: tuple[int, int] | None = None
-        self._pending: dict[int, LaneState] | None = None
-        self._pending_recipe: Mapping[str, Any] = {}
-        self._run: Run | None = None
-        self._lane_subset: list[int] | None = None  # a loader worker's share of this rank's lanes
-        self._last_delivered: dict[int, LaneState] | None = None
-        self._warmup: RestoreWarmup | None = None
-        self._validated: tuple[BaseOp, ...] = ()  # the user operators the last validation passed
-        self._checkpoint_round = 0
-        self._created_at = time.time()
-        self._progress: dict[str, Any] | None = None  # show_progress() settings
+        self._session = Session(PipelineSpec(work_source=work_source, ops=(FetchOp(),), options=RuntimeOptions()))
 
-    def for_lanes(self, lanes: Sequence[int]) -> "Pipeline":
-        """A copy of this pipeline that reads only ``lanes`` of this rank's (a torch loader
-        worker's share), not iterated yet. Not in Zephon's API: `torch.py` uses it."""
-        return self._copy_with(_lane_subset=list(lanes), _run=None)
+    @property
+    def spec(self) -> PipelineSpec:
+        """What a run of this pipeline is built from, as built so far: the work source, the
+        operators (fetch first) and the options (`zephon_columnar.engine.spec`)."""
+        return self._session.spec
+
+    @property
+    def session(self) -> Session:
+        """What runs the pipeline: its passes, checkpoints and restores (`zephon_columnar.session`)."""
+        return self._session
 
     # ------------------------------------------------------------------ builder
-    def _refuse_while_iterating(self, what: str) -> None:
-        if self._run is not None and not self._run.closed:
-            raise RuntimeError(
-                f"Pipeline.{what} while the pipeline is being iterated: close the iterator "
-                "first (a checkpoint must describe the run that produced it)."
-            )
+    def _respec(self, what: str, **changes: Any) -> "Pipeline":
+        """Replace fields of the spec (refused while iterating; ``what``: the call, for the message)."""
+        self._session.use(dataclasses.replace(self.spec, **changes), what=what)
+        return self
 
     def _add(self, op: BaseOp) -> "Pipeline":
-        self._refuse_while_iterating(f"{op.op_name()}()")
-        if any(isinstance(o, BatchOp) for o in self._ops):
+        what = f"{op.op_name()}()"
+        self._session.refuse_while_iterating(what)
+        if any(isinstance(o, BatchOp) for o in self.spec.ops):
             raise ConfigError(
                 f"{op.op_name()}() after batch(): only map_batch may follow batch(); add {op.op_name()} before batch()."
             )
-        self._ops.append(op)
-        return self
+        return self._respec(what, ops=(*self.spec.ops, op))
 
     def fetch(self, parallelism: int | None = None, max_batch: int | None = None) -> "Pipeline":
         """Set the implicit fetch's worker count and rows per read (a performance knob only)."""
         for name, v in (("parallelism", parallelism), ("max_batch", max_batch)):
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ConfigError(f"fetch({name}={v!r}): pass a positive int or None.")
-        self._ops[0] = FetchOp(parallelism=parallelism, max_batch=max_batch)
-        return self
+        return self._respec("fetch()", ops=(FetchOp(parallelism=parallelism, max_batch=max_batch), *self.spec.ops[1:]))
 
     fetch_parallelism = fetch  # Zephon's alias of ``fetch(parallelism, max_batch)``
 
@@ -161,8 +121,7 @@ class Pipeline:
         """
         if buffer_size < 1 or (parallelism is not None and parallelism < 1):
             raise ConfigError(f"prefetch(buffer_size={buffer_size}, parallelism={parallelism}): pass positive ints.")
-        self._prefetch = (buffer_size, parallelism or 4)
-        return self
+        return self._respec("prefetch()", prefetch=(buffer_size, parallelism or 4))
 
     def materialize(self, placement: str = "auto", parallelism: int | None = None) -> "Pipeline":
         return self._add(MaterializeOp(parallelism))
@@ -587,7 +546,7 @@ class Pipeline:
         from zephon_columnar.ops.pack import DomainGroups
 
         g = groups if isinstance(groups, DomainGroups) else DomainGroups(groups)
-        names = list(self._ws.component_ids())
+        names = list(self.spec.work_source.component_ids())
         g.validate_against(names)
         loose = sorted(set(names) - set(g.to_member_map()))
         if loose:
@@ -692,15 +651,14 @@ class Pipeline:
         Example:
             >>> pipe.batch(8).map_batch(lambda b: b if len(b) == 8 else None)  # doctest: +SKIP
         """
-        self._refuse_while_iterating("map_batch()")
+        self._session.refuse_while_iterating("map_batch()")
         self._check_placement(placement)
-        if not any(isinstance(o, BatchOp) for o in self._ops):
+        if not any(isinstance(o, BatchOp) for o in self.spec.ops):
             raise ConfigError(
                 "map_batch() before batch(): map_batch transforms SampleBatches; call batch() first, "
                 "or use map_transform to transform records."
             )
-        self._ops.append(MapBatchOp(fn, drop_none=drop_none))
-        return self
+        return self._respec("map_batch()", ops=(*self.spec.ops, MapBatchOp(fn, drop_none=drop_none)))
 
     @staticmethod
     def _check_placement(placement: str) -> None:
@@ -717,64 +675,14 @@ class Pipeline:
 
     def options(self, **hints: Any) -> "Pipeline":
         """Set `RuntimeOptions` fields; an unknown name raises, listing the valid ones."""
-        self._refuse_while_iterating("options()")
-        self._options = self._options.updated(**hints)
-        return self
+        self._session.refuse_while_iterating("options()")
+        return self._respec("options()", options=self.spec.options.updated(**hints))
 
     # ------------------------------------------------------------------ inspection
-    def _engine(self) -> Engine:
-        self._options.validate()
-        prefetcher = None
-        if self._prefetch is not None:
-            from zephon_columnar.engine.prefetch import ShardPrefetcher
-
-            prefetcher = ShardPrefetcher(
-                self._ws.datasets_by_id, parallelism=self._prefetch[1], buffer_size=self._prefetch[0]
-            )
-        return Engine(
-            self._ws,
-            list(self._ops),
-            self._options,
-            prefetcher=prefetcher,
-            lane_subset=self._lane_subset,
-        )
-
-    def _copy_with(self, **private: Any) -> "Pipeline":
-        """A shallow copy of this pipeline with some of its private attributes replaced."""
-        twin = copy.copy(self)
-        vars(twin).update(private)
-        return twin
-
-    def _side_process_engine(self) -> Callable[[], Engine]:
-        """What builds an mtp-mode side process's engine there: this pipeline up to ``batch``
-        (``map_batch`` runs in the trainer), in process, never iterated (picklable)."""
-        from zephon_columnar.engine.mtp import ops_up_to_batch
-
-        child = self._copy_with(
-            _options=self._options.updated(mtp_mode=False),
-            _run=None,
-            _warmup=None,
-            _pending=None,
-            _ops=ops_up_to_batch(self._ops),
-        )
-        return child._engine  # noqa: SLF001 - a copy of this very pipeline
-
     def explain(self) -> str:
         """The compiled stages, runner, parallelism, lanes, queue sizes and how checkpoints
         resume; after a run, its counters (``metrics_snapshot``)."""
-        text = self._engine().explain()
-        counters = self._counters()
-        if counters:
-            text += "\nCounters of the last run: " + ", ".join(f"{k}={v}" for k, v in sorted(counters.items()))
-        return text
-
-    def _counters(self) -> dict[str, int]:
-        totals: dict[str, int] = {}
-        if self._run is not None:
-            for stats in self._run.stats().values():
-                for k, v in stats.items():
-                    totals[k] = totals.get(k, 0) + v
-        return totals
+        return self._session.explain()
 
     def metrics_snapshot(self) -> Any:
         """Counters of the current (or last) run: one record per lane and counter (tokens uncapped
@@ -787,20 +695,7 @@ class Pipeline:
         ``rows_in``/``rows_out``, ``bytes_in``/``bytes_out``, ``busy_s``; ordered stages have
         ``stage == "ordered"``) and one per parallel stage (``wait_s``: the lanes' time blocked
         on its results; ``in_flight``, ``max_in_flight``: frames). None before any run."""
-        from zephon_columnar.observability import PipelineSummary
-
-        if self._run is None:
-            return None
-        records = [
-            {"lane": lane, "name": k, "value": v}
-            for lane, stats in sorted(self._run.stats().items())
-            for k, v in sorted(stats.items())
-        ]
-        return PipelineSummary(records=records + self._tracked())
-
-    def _tracked(self) -> list[dict[str, Any]]:
-        """The execution-tracking records of the current (or last) run ([] when off)."""
-        return self._run.tracked_records() if self._run is not None else []
+        return self._session.metrics_snapshot()
 
     def enable_observability(self, tracking: Any = "stages", *, sink: Any = None) -> "Pipeline":
         """Turn on execution tracking (``"stages"``/``"nodes"``, or an
@@ -826,52 +721,36 @@ class Pipeline:
         during it; local files are read in place, neither hit nor miss). ``cache`` adds the cache's
         counters in this process: ``downloads``, ``hits``, ``evictions`` (copies deleted to keep
         ``CacheOptions.limit_bytes``) and ``retries``. None without tracking or a run."""
-        if self._run is None or not self._options.tracking_on():
-            return None
-        cache = fs.default_shard_cache()
-        summary = FetchTimingSummary(
-            tracking_mode=self._options.tracking_mode(),
-            cache={
-                "downloads": cache.downloads,
-                "hits": cache.hits,
-                "evictions": cache.evictions,
-                "retries": cache.retries,
-            },
-        )
-        for (stage, dataset_id, shard_id), counts in sorted(self._run.fetch_groups().items()):
-            totals = FetchTimingTotals(**{k: int(v) for k, v in counts.items()})
-            summary.stages.setdefault(stage, FetchStageSummary(index=stage)).shard_totals[(dataset_id, shard_id)] = (
-                totals
-            )
-            summary.stages[stage].totals.merge(totals)
-        return summary
+        return self._session.fetch_timing_snapshot()
 
     def prefetch_timing_snapshot(self) -> PrefetchTimingSummary | None:
         """``prefetch()``'s shard downloads as Zephon's `PrefetchTimingSummary` (stage 0: prefetch
         runs in the lane sources, ahead of the first stage): chunks of pointers seen, shards
         submitted, downloaded (with their bytes and seconds), failed; None without ``prefetch()``
         or a run."""
-        prefetcher = self._run.engine.prefetcher if self._run is not None else None
-        if prefetcher is None:
-            return None
-        return PrefetchTimingSummary(tracking_mode=self._options.tracking_mode(), stages={0: prefetcher.timing()})
+        return self._session.prefetch_timing_snapshot()
 
     def inflight_summary(self) -> dict[int, dict[int, int]] | None:
         """``{parallel stage: {lane: frames submitted and not yet taken}}`` now; None without
         tracking or a run."""
-        return self._run.in_flight_by_stage() if self._run is not None else None
+        return self._session.inflight_summary()
 
     @property
     def ws(self) -> WorkSource:
         """The work source the pipeline reads (Zephon's public attribute)."""
-        return self._ws
+        return self.spec.work_source
+
+    @property
+    def _ws(self) -> WorkSource:
+        # Zephon's private name, which clients' tests read (TorchTitan's among them).
+        return self.spec.work_source
 
     @property
     def is_indexable(self) -> bool:
         """Whether `to_indexable_torch_dataset` works: every operator is 1:1, stateless and keeps
         order (``indexable`` in its traits), and the work source's stream is finite (a
         ``StaticMixtureWorkSource`` unless it repeats forever; Zephon's never is)."""
-        return indexing_obstacle(self._ws, self._ops) is None
+        return indexing_obstacle(self.spec.work_source, self.spec.ops) is None
 
     def validate(self, *, strict: bool = False) -> ValidationReport:
         """Run the validation harness on the operators added with ``add_op`` (built-ins are
@@ -880,112 +759,38 @@ class Pipeline:
         with Zephon 0.2.0's issue codes (`zephon_columnar.validation`). ``strict=True`` raises
         `ValidationError` listing every problem. The first ``iter()`` runs it too
         (``options(auto_validation="strict"|"warn"|"off")``)."""
-        report = validate_ops(self._ops)
+        report = validate_ops(list(self.spec.ops))
         if strict and not report.ok:
             raise ValidationError(report)
         return report
 
     def preflight_tokenizers(self, *, strict: bool = True) -> ValidationReport:
+        """Load every configured tokenizer in a copy of its operator and encode a probe; a
+        `ValidationReport` with a ``TOKENIZER_PREFLIGHT_FAILED`` issue per failure (raises
+        `ValidationError` when ``strict``)."""
         report = preflight_tokenizers(self)
         if strict and not report.ok:
             raise ValidationError(report)
         return report
 
     # ------------------------------------------------------------------ iteration
-    def _auto_validate(self) -> None:
-        """``options(auto_validation=...)``: validate the user operators, once per graph (again
-        only after an operator is added, as in Zephon)."""
-        mode = self._options.auto_validation
-        user_ops = tuple(op for op in self._ops if not op.builtin)
-        if mode != "off" and user_ops and self._validated != user_ops:
-            report = validate_ops(self._ops)
-            if report.issues:  # warnings too, as in Zephon: every report that says something is shown
-                warnings.warn(report.format(), stacklevel=3)
-            if mode == "strict" and not report.ok:
-                raise ValidationError(report)
-            self._validated = user_ops
-
-    def _warn_if_every_rank_reads_the_same_data(self) -> None:
-        world = self._options.unsharded_world()
-        if world is not None:
-            warn(
-                f"torch.distributed is initialized with {world} ranks, but this pipeline has no data-parallel "
-                "options, so every rank receives the same batches. Pass options(dp_degree=..., dp_group_id=...) "
-                "(data-parallel groups; tensor-parallel peers share a group) or options(world_size=..., "
-                "global_rank=...) when every rank is its own data-parallel group.",
-                ConfigurationWarning,
-            )
-
     def __iter__(self) -> Iterator[Any]:
-        if self._run is not None and not self._run.closed:
-            raise RuntimeError(
-                "Pipeline is already being iterated; close the first iterator (or let it finish) "
-                "before starting another."
-            )
-        self._warn_if_every_rank_reads_the_same_data()
-        self._auto_validate()
-        prime_token_mixture(self._ws, self._ops)
-        engine = self._engine()
-        cursors = None
-        if self._pending is not None:
-            check_recipe(self._pending_recipe, engine.recipe())
-            cursors = self._owned_cursors(engine, self._pending)
-        self._pending = None
-        in_daemon = multiprocessing.current_process().daemon
-        if self._options.mtp_mode and not in_daemon:
-            from zephon_columnar.engine.mtp import MtpRun
-
-            if self._warmup is not None:  # the side process reads through its own readers
-                self._warmup.cancel()
-                self._warmup = None
-            self._run = MtpRun(self._side_process_engine(), engine, cursors)
-        else:
-            if self._options.mtp_mode:  # a daemon (a DataLoader worker) may not start a process
-                warnings.warn(
-                    "options(mtp_mode=True) inside a daemon process (a DataLoader worker?): it cannot "
-                    "start the engine's side process, so the engine runs in this process.",
-                    stacklevel=2,
-                )
-            self._run = engine.start(cursors, readers=self._take_warmup(engine))
-        observers: list[Any] = [] if self._progress is None else [Progress(**self._progress)]
-        sink = self._options.metrics_sink()
-        if sink is not None:
-            from zephon_columnar.observability.sink import MetricsEmitter
-
-            observers.append(MetricsEmitter(sink, self.metrics_snapshot))
-        return _RunIterator(self._run, observers)
+        return self._session.iterate()
 
     def show_progress(self, every_s: float = 10.0, *, file: Any = None, use_tqdm: bool | None = None) -> "Pipeline":
         """Report progress while iterating: items, tokens, tokens/s and each lane's position,
         every ``every_s`` seconds and at the end (`zephon_columnar.progress`; through tqdm when
         installed, else a line on stderr). ``every_s=None`` turns it off."""
-        self._progress = None if every_s is None else {"every_s": every_s, "file": file, "use_tqdm": use_tqdm}
+        self._session.show_progress(every_s, file=file, use_tqdm=use_tqdm)
         return self
 
     def mtp_queue_stats(self) -> dict[str, int] | None:
         """With ``options(mtp_mode=True)`` and an open iterator: items ready in the shared-memory
         ring (``depth``) against its ``capacity`` (``mtp_buffer``), and their ``staged_bytes``
         against ``capacity_bytes`` (``mtp_buffer_bytes``). None otherwise."""
-        return self._run.queue_stats() if self._run is not None else None
+        return self._session.mtp_queue_stats()
 
     # ------------------------------------------------------------------ checkpoints
-    def _delivered(self) -> dict[int, Any]:
-        if self._run is not None:
-            return self._run.snapshot()
-        if self._pending is not None:
-            return dict(self._pending)
-        engine = self._engine()
-        return {lane: engine.initial_cursor(lane) for lane in engine.lanes}
-
-    def _owned_cursors(self, engine: Engine, lanes: Mapping[int, LaneState]) -> dict[int, LaneState]:
-        missing = [lane for lane in engine.lanes if lane not in lanes]
-        if missing:
-            raise CheckpointError(
-                f"checkpoint has lanes {sorted(lanes)} but this rank owns {engine.lanes} (missing {missing}). "
-                "Restore a checkpoint merged from all ranks (Pipeline.merge_checkpoints or aggregate_dir)."
-            )
-        return {lane: lanes[lane] for lane in engine.lanes}
-
     def checkpoint(self, *, as_bytes: bool = False) -> dict[str, Any] | bytes:
         """A JSON-serializable state of what has been delivered so far (size independent of
         how far the stream went). With several data-parallel ranks it merges every rank's
@@ -995,48 +800,8 @@ class Pipeline:
         Plain Python types only, so ``pickle.dumps``, ``json.dumps`` and ``torch.save`` /
         ``torch.load(weights_only=True)`` all store it. ``as_bytes=True`` (Zephon 0.2.1):
         compact bytes (zstandard-compressed JSON) that ``restore`` takes as they are."""
-        if type(self._ws).state_dict is WorkSource.state_dict:
-            warn(
-                f"{type(self._ws).__name__} does not extend WorkSource.state_dict: the checkpoint holds only its "
-                "lane identity, so a restore starts it from its first chunk. Return its position from "
-                "state_dict() (and read it in load_state_dict()).",
-                ConfigurationWarning,
-            )
-        ckpt = self._checkpoint()
+        ckpt = self._session.checkpoint()
         return checkpoint_bytes(ckpt) if as_bytes else ckpt
-
-    def _checkpoint(self, *, collective: bool = True) -> dict[str, Any]:
-        """`checkpoint`'s dict; ``collective=False``: this engine's lanes only, never merged
-        (a DataLoader worker's share)."""
-        # The recipe and lanes of the run that delivered the items (options cannot change during a
-        # run; after it, the last run still describes what was delivered).
-        engine = self._run.engine if self._run is not None else self._engine()
-        delivered = self._delivered()
-        local = build_checkpoint(
-            PipelineState(
-                recipe=engine.recipe(),
-                world=engine.world(),
-                lanes={lane: delivered[lane] for lane in engine.lanes if lane in delivered},
-            )
-        )
-        opts = self._options
-        if opts.world_size == 1 or not collective:
-            return local
-        self._checkpoint_round += 1
-        if torch_distributed_ready():
-            return gather_torch(local)
-        if opts.aggregate_dir:
-            return gather_directory(
-                local,
-                directory=opts.aggregate_dir,
-                run_id=opts.run_id,
-                round_id=self._checkpoint_round,
-                rank=opts.global_rank,
-                world_size=opts.world_size,
-                timeout_s=opts.aggregate_timeout_s,
-                not_before=self._created_at,
-            )
-        return local
 
     merge_checkpoints = staticmethod(merge_checkpoints)
 
@@ -1047,64 +812,7 @@ class Pipeline:
         Raises `CheckpointError` if the checkpoint is malformed, lacks lanes this rank owns,
         or was taken with another recipe (seed, mixture, chunk size, lanes, operators).
         """
-        if self._run is not None and not self._run.closed:
-            raise RuntimeError("Pipeline.restore() during iteration: close the iterator first.")
-        ckpt = load_checkpoint(ckpt)
-        saved = parse_checkpoint(ckpt)
-        recipe, lanes = saved.recipe, dict(saved.lanes)
-        engine = self._engine()
-        cache = shard_cache_settings(self._options)
-        if cache is not None:  # the restore warm-up below reads through the shard cache
-            fs.configure_shard_cache(**cache)
-        check_recipe(recipe, engine.recipe())
-        for lane, cur in lanes.items():
-            check_lane_state(
-                lane,
-                cur,
-                self._ws.datasets_by_id,
-                engine.plan.flush_every,
-                ordered_stages=len(engine.plan.ordered_stages()),
-            )
-        for lane in self._owned_cursors(engine, lanes):
-            probe = self._ws.clone_for_lane(lane, engine.canonical_replicas)
-            cur = lanes[lane]
-            # Raises if the source state is not ours.
-            state = source_state_of(cur)
-            try:
-                probe.load_state_dict(state)
-            except CheckpointError as err:
-                where = "source_state" if isinstance(cur, LaneCursor) else "resume.source_state"
-                raise CheckpointError(f"checkpoint lanes.{lane}.{where}: {err}") from err
-            if self._ws.requires_token_priming and isinstance(state, Mapping) and state.get("token_ratios"):
-                self._ws.prime(ratios=state["token_ratios"])  # the restored run mixes as the saved one
-        # Last, after the checks that name a field: a lane edited in a way that still parses.
-        verify_digests(ckpt)
-        # Every lane is kept: options may still change which lanes this rank owns before iterating.
-        self._pending = lanes
-        self._pending_recipe = recipe
-        self._run = None
-        if self._warmup is not None:
-            self._warmup.cancel()
-        if self._options.resolved_runner() not in ("process", "remote"):  # their workers read with their own readers
-            owned = self._owned_cursors(engine, lanes).values()
-            first = engine.plan.batch.microbatch_size if engine.plan.batch is not None else 1
-            self._warmup = RestoreWarmup.start(
-                self._ws.datasets_by_id,
-                [  # what each lane's first item needs
-                    cur.pending.refs.slice(0, first)
-                    for cur in owned
-                    if isinstance(cur, LaneSnapshot) and cur.pending is not None
-                ],
-            )
-
-    def _take_warmup(self, engine: Engine) -> ReaderPool | None:
-        """The restore warm-up's readers, for the run ``engine`` is about to start (None: no
-        warm-up, or options changed since ``restore()`` so that it read for another run)."""
-        warm, self._warmup = self._warmup, None
-        if warm is not None and engine.options.resolved_runner() in ("process", "remote"):
-            warm.cancel()
-            return None
-        return warm.pool if warm is not None else None
+        self._session.restore(ckpt)
 
     # ------------------------------------------------------------------ torch
     def to_torch_dataset(self, stateful: bool = True, **to_training: Any) -> Any:
@@ -1119,9 +827,9 @@ class Pipeline:
         """
         from zephon_columnar.torch import PipelineIterableDataset
 
-        self._warn_if_every_rank_reads_the_same_data()  # loader workers have no process group to see
-        prime_token_mixture(self._ws, self._ops)  # here, once: loader workers get the primed source
-        return PipelineIterableDataset(self, stateful=stateful, to_training=to_training or None)
+        self._session.warn_if_every_rank_reads_the_same_data()  # loader workers have no process group to see
+        prime_token_mixture(self.spec.work_source, self.spec.ops)  # here, once: loader workers get the primed source
+        return PipelineIterableDataset(self._session, stateful=stateful, to_training=to_training or None)
 
     def to_indexable_torch_dataset(self) -> Any:
         """A map-style ``torch.utils.data.Dataset``: ``ds[i]`` is the ``i``-th sample of the
@@ -1137,95 +845,13 @@ class Pipeline:
         """
         from zephon_columnar.torch import PipelineMapDataset
 
-        self._auto_validate()
-        indexed = IndexedPipeline(self._ws, self._ops, services={"shard_cache": shard_cache_settings(self._options)})
-        return PipelineMapDataset(indexed)
-
-    def _idle_state(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_run"] = None
-        state["_warmup"] = None
-        return state
+        self._session.auto_validate()
+        return PipelineMapDataset(IndexedPipeline(self.spec))
 
     def __copy__(self) -> "Pipeline":
         twin = type(self).__new__(type(self))
-        twin.__dict__.update(self._idle_state())
+        twin._session = copy.copy(self._session)  # noqa: SLF001 - a new pipeline of this class
         return twin
-
-    def __getstate__(self) -> dict[str, bytes]:
-        # by value (cloudpickle): the lambdas of map_transform and friends must reach spawned
-        # loader workers, which cannot import them
-        return {"cloudpickled": cloudpickle.dumps(self._idle_state())}
-
-    def __setstate__(self, state: dict[str, bytes]) -> None:
-        self.__dict__.update(cloudpickle.loads(state["cloudpickled"]))
-
-
-class _RunIterator:
-    """The caller's handle on one pass; closing it (or dropping it) stops the engine.
-
-    ``observers`` (the progress readout, the metrics sink) see every item delivered
-    (``update(item)``) and the end of the pass (``close()``, once)."""
-
-    def __init__(self, run: Run, observers: list[Any]) -> None:
-        self._run = run
-        self._observers = observers
-        self._inside = threading.Lock()  # held during next(): a second caller meanwhile is a misuse
-        self._shared_by: str | None = None  # the thread that called next() while another was inside
-
-    def __iter__(self) -> "_RunIterator":
-        return self
-
-    def __next__(self) -> Any:
-        if not self._inside.acquire(blocking=False):
-            self._shared_by = threading.current_thread().name
-            raise self._shared_error()
-        try:
-            if self._shared_by is not None:
-                raise self._shared_error()
-            if not self._observers:
-                return next(self._run)
-            try:
-                value = next(self._run)
-            except StopIteration:
-                self._end_observers()
-                raise
-            for observer in self._observers:
-                observer.update(value)
-            return value
-        finally:
-            self._inside.release()
-
-    def _shared_error(self) -> PipelineError:
-        # Both threads get it (the one inside next() on its following call): neither may go on
-        # believing it sees the whole stream.
-        return PipelineError(
-            f"one pipeline iterator was used by two threads at once (thread {self._shared_by!r} called next() "
-            "while another thread was inside it); each item goes to one consumer only. Give each thread its own "
-            "pipeline (for disjoint data: options(world_size=N, global_rank=i)), or let one thread iterate and "
-            "hand items to the others through a queue.Queue."
-        )
-
-    def _end_observers(self) -> None:
-        observers, self._observers = self._observers, []
-        for observer in observers:
-            observer.close()
-
-    def close(self) -> None:
-        self._end_observers()
-        self._run.close()
-
-    def __enter__(self) -> "Self":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self._run.close()
-        except Exception:  # noqa: BLE001, S110 - best-effort cleanup at garbage collection: never raise from __del__
-            pass
 
 
 _ADD_OP_KWARGS = frozenset(

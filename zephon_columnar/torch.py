@@ -57,8 +57,8 @@ from zephon_columnar.errors import CheckpointError, ConfigError
 
 if TYPE_CHECKING:
     from zephon_columnar.engine.indexed import IndexedPipeline
-    from zephon_columnar.pipeline import Pipeline
     from zephon_columnar.records import SampleRecord
+    from zephon_columnar.session import Session
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,10 +117,10 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
     """Yields the pipeline's items (or ``to_training`` dicts when keyword arguments were given)."""
 
     def __init__(
-        self, pipeline: Pipeline, *, stateful: bool = True, to_training: Mapping[str, Any] | None = None
+        self, session: Session, *, stateful: bool = True, to_training: Mapping[str, Any] | None = None
     ) -> None:
         super().__init__()
-        self.pipeline = pipeline
+        self.session = session
         self.stateful = stateful
         self.to_training = dict(to_training) if to_training else None
         # 1 while the latest pass ran in loader workers: set there, read here. Shared memory that
@@ -130,7 +130,7 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         # workers of one rank resuming on another layout tell each other which snapshot each has.
         self._cut_slots: Any = multiprocessing.Array("q", MAX_LOADER_WORKERS, lock=False)
         # in a loader worker: its engine, and the state a StatefulDataLoader restored into it
-        self._worker_pipe: Pipeline | None = None
+        self._worker_session: Session | None = None
         self._worker_lanes: list[int] | None = None
         self._worker_restore: Mapping[str, Any] | None = None
         self._phase: LoaderPhase | None = None
@@ -140,14 +140,14 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         info = torch.utils.data.get_worker_info()
         if info is None:
             self._mark_worker_pass(False)
-            pipe: Pipeline | None = self.pipeline
+            session: Session | None = self.session
         else:
             self._mark_worker_pass(True)
             exit_after_queue_feeders()
-            pipe = self._worker_pipeline(info.id, info.num_workers)
-        if pipe is None:
+            session = self._worker_session_of(info.id, info.num_workers)
+        if session is None:
             return  # an idle worker: the lanes do not split that many ways
-        for item in pipe:
+        for item in session:
             if self._phase is not None:
                 self._phase = replace(self._phase, delivered=self._phase.delivered + 1)
             yield item.to_training(**self.to_training) if self.to_training is not None else item
@@ -161,9 +161,9 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             raise ConfigError("state_dict(): this dataset was built with to_torch_dataset(stateful=False).")
         info = torch.utils.data.get_worker_info()
         if info is not None:
-            pipe = self._worker_pipeline(info.id, info.num_workers)
-            ckpt = None if pipe is None else pipe._checkpoint(collective=False)  # noqa: SLF001
-            o = self.pipeline._options  # noqa: SLF001
+            session = self._worker_session_of(info.id, info.num_workers)
+            ckpt = None if session is None else session.checkpoint(collective=False)
+            o = self.session.spec.options
             phase = self._phase
             if ckpt is not None and phase is not None and o.aggregate_dir:
                 write_loader_part(
@@ -178,7 +178,7 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             return {
                 "worker": info.id,
                 "lanes": list(self._worker_lanes or []),
-                "rank_lanes": _rank_lanes(self.pipeline),
+                "rank_lanes": _rank_lanes(self.session),
                 "pipeline": ckpt,
                 "loader_phase": None if phase is None else asdict(phase),
                 "dp_degree": o.resolved_dp_degree(),
@@ -191,7 +191,7 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
                 "torchdata's StatefulDataLoader (exact with num_workers > 0) or "
                 "DataLoader(num_workers=0): the pipeline runs its own workers."
             )
-        return {"pipeline": self.pipeline.checkpoint()}
+        return {"pipeline": self.session.checkpoint()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from ``state_dict()``'s output, before iterating."""
@@ -204,9 +204,9 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
                     "load_state_dict(): this is one DataLoader worker's state; restore it through "
                     "the StatefulDataLoader that saved it (loader.load_state_dict)."
                 )
-            self._worker_restore, self._worker_pipe, self._worker_lanes = state, None, None
+            self._worker_restore, self._worker_session, self._worker_lanes = state, None, None
             return
-        self.pipeline.restore(state["pipeline"])
+        self.session.restore(state["pipeline"])
         # Where loader workers start from: part of their phase's name (`_new_phase`).
         self._start = hashlib.sha256(
             json.dumps(load_checkpoint(state["pipeline"]), sort_keys=True).encode()
@@ -217,7 +217,7 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         if self._worker_pass is not None:
             self._worker_pass.value = int(in_workers)
 
-    def _worker_pipeline(self, worker: int, workers: int) -> Pipeline | None:
+    def _worker_session_of(self, worker: int, workers: int) -> Session | None:
         """This loader worker's engine over its share of the lanes (None: an idle worker).
         Decided once per worker (a resume on another layout meets the rank's other workers
         once)."""
@@ -225,9 +225,9 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             restored = self._worker_restore
             ckpt: Mapping[str, Any] | None = None
             if restored is None:
-                lanes = worker_lanes(self.pipeline, worker, workers)
+                lanes = worker_lanes(self.session, worker, workers)
                 self._phase = self._new_phase(self._start, worker, workers, first=0, serving=bool(lanes))
-            elif _worker_state_fits(self.pipeline, restored):
+            elif _worker_state_fits(self.session, restored):
                 lanes, ckpt = list(restored["lanes"]), restored["pipeline"]
                 saved = restored.get("loader_phase")
                 self._phase = LoaderPhase(**saved) if saved is not None else None
@@ -236,11 +236,11 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             self._worker_lanes = lanes
             if not lanes:
                 return None
-            pipe = self.pipeline.for_lanes(lanes)
+            share = self.session.for_lanes(lanes)
             if ckpt is not None:
-                pipe.restore(ckpt)
-            self._worker_pipe = pipe
-        return self._worker_pipe
+                share.restore(ckpt)
+            self._worker_session = share
+        return self._worker_session
 
     def _resume_elsewhere(
         self, restored: Mapping[str, Any], worker: int, workers: int
@@ -253,10 +253,10 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         delivered as many. Every rank's worker snapshots at that cut are then read from the
         aggregate directory and merged; this worker takes its share of this rank's lanes,
         starting from the worker the loader asks first."""
-        o = self.pipeline._options  # noqa: SLF001
+        o = self.session.spec.options
         saved_phase = restored.get("loader_phase")
         if not o.aggregate_dir or saved_phase is None:
-            _refuse_other_layout(self.pipeline, restored)
+            _refuse_other_layout(self.session, restored)
         saved = LoaderPhase(**saved_phase)
         if int(restored["worker"]) != worker:
             raise CheckpointError(
@@ -278,9 +278,9 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         )
         # The loader asks first the worker after the last one that yielded (idle ones drop out).
         last = max(range(len(phases)), key=lambda w: phases[w].rank_item()) if rank_items else workers - 1
-        first = last + 1 if last + 1 < active_workers(len(_rank_lanes(self.pipeline)), workers) else 0
+        first = last + 1 if last + 1 < active_workers(len(_rank_lanes(self.session)), workers) else 0
         pending = {lane: state.items for lane, state in parse_checkpoint(merged).lanes.items()}
-        lanes = worker_lanes(self.pipeline, worker, workers, first_worker=first, emitted=pending)
+        lanes = worker_lanes(self.session, worker, workers, first_worker=first, emitted=pending)
         return (
             lanes,
             merged,
@@ -292,10 +292,10 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         restored checkpoint, a cut of an earlier phase) and the layout it runs on, so that two
         jobs under one run_id keep their snapshots apart unless they deliver the same items;
         the loader asks worker ``first`` first."""
-        o = self.pipeline._options  # noqa: SLF001
+        o = self.session.spec.options
         layout = (o.resolved_canonical_replicas(), o.resolved_dp_degree(), o.resolved_mapping(), workers)
         name = hashlib.sha256(f"{start}|{layout}".encode()).hexdigest()[:16]
-        active = active_workers(len(_rank_lanes(self.pipeline)), workers)
+        active = active_workers(len(_rank_lanes(self.session)), workers)
         return LoaderPhase(name=name, position=(worker - first) % active if serving else -1, active=active)
 
     def _exchange_cut(self, saved: LoaderPhase, worker: int, workers: int, timeout_s: float) -> list[LoaderPhase]:
@@ -328,7 +328,7 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         state = dict(self.__dict__)
         if multiprocessing.context.get_spawning_popen() is None:
             state["_worker_pass"] = state["_cut_slots"] = None  # shared memory travels only to processes being started
-        state["_worker_pipe"] = state["_worker_lanes"] = None
+        state["_worker_session"] = state["_worker_lanes"] = None
         return state
 
 
@@ -371,10 +371,10 @@ def await_queue_feeders(timeout_s: float) -> None:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
-def _rank_lanes(pipe: Pipeline) -> list[int]:
+def _rank_lanes(session: Session) -> list[int]:
     from zephon_columnar.engine.lanes import owned_lanes
 
-    o = pipe._options  # noqa: SLF001
+    o = session.spec.options
     return owned_lanes(
         canonical_replicas=o.resolved_canonical_replicas(),
         dp_degree=o.resolved_dp_degree(),
@@ -383,26 +383,26 @@ def _rank_lanes(pipe: Pipeline) -> list[int]:
     )
 
 
-def _worker_state_fits(pipe: Pipeline, state: Mapping[str, Any]) -> bool:
+def _worker_state_fits(session: Session, state: Mapping[str, Any]) -> bool:
     """Whether a loader worker's state was saved on this rank's data-parallel layout (its
     rank owned the lanes this rank owns): it then resumes from its own lanes' checkpoint."""
-    mine = _rank_lanes(pipe)
+    mine = _rank_lanes(session)
     if "rank_lanes" in state:
         return [int(lane) for lane in state["rank_lanes"]] == mine
     # saved before states named their rank's lanes: the worker's own lanes must be this rank's
     return {int(lane) for lane in state["lanes"]} <= set(mine)
 
 
-def _refuse_other_layout(pipe: Pipeline, state: Mapping[str, Any]) -> NoReturn:
+def _refuse_other_layout(session: Session, state: Mapping[str, Any]) -> NoReturn:
     """A worker state from another layout without the aggregate directory that holds the
     other ranks' snapshots: its lanes are not this rank's, and going on would deliver another
     rank's data or stop early."""
-    o = pipe._options  # noqa: SLF001
+    o = session.spec.options
     saved = [int(lane) for lane in state.get("rank_lanes", state["lanes"])]
     raise CheckpointError(
         f"load_state_dict(): this DataLoader worker state was saved by a rank owning lanes {saved}, but under "
         f"options(dp_degree={o.resolved_dp_degree()}, dp_group_id={o.resolved_dp_group_id()}, "
-        f"mapping_strategy={o.resolved_mapping()!r}) this rank owns lanes {_rank_lanes(pipe)}. A StatefulDataLoader "
+        f"mapping_strategy={o.resolved_mapping()!r}) this rank owns lanes {_rank_lanes(session)}. A StatefulDataLoader "
         "state taken with num_workers > 0 holds this rank's lanes only; to resume it on another number of ranks, "
         "set options(aggregate_dir=...) to a directory every rank sees, both when it is saved and when it is "
         "resumed (the workers keep their snapshots there), or checkpoint with num_workers=0 or "
@@ -422,7 +422,7 @@ def active_workers(lanes: int, workers: int) -> int:
 
 
 def worker_lanes(
-    pipe: Pipeline, worker: int, workers: int, *, first_worker: int = 0, emitted: Mapping[int, int] | None = None
+    session: Session, worker: int, workers: int, *, first_worker: int = 0, emitted: Mapping[int, int] | None = None
 ) -> list[int]:
     """The lanes loader worker ``worker`` of ``workers`` serves (see the module docstring):
     counted from the lane the rank serves next (by ``emitted``, items per lane; default: the
@@ -433,17 +433,17 @@ def worker_lanes(
         >>> from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
         >>> ds = Dataset.from_tables("a", [pa.table({"x": list(range(8))})])
         >>> pipe = Pipeline(StaticMixtureWorkSource([ds], {"a": 1.0}, chunk_size=2)).options(canonical_replicas=6)
-        >>> [worker_lanes(pipe, w, 4) for w in range(4)]  # 3 of the 4 workers serve 2 lanes each
+        >>> [worker_lanes(pipe.session, w, 4) for w in range(4)]  # 3 of the 4 workers serve 2 lanes each
         [[0, 3], [1, 4], [2, 5], []]
     """
     from zephon_columnar.engine.lanes import next_lane
 
-    lanes = _rank_lanes(pipe)
+    lanes = _rank_lanes(session)
     active = active_workers(len(lanes), workers)
     if worker >= active:
         return []
     if emitted is None:
-        pending = pipe._pending  # noqa: SLF001 - a restored checkpoint: which lane the rank serves next
+        pending = session.pending  # a restored checkpoint: which lane the rank serves next
         emitted = {} if pending is None else {lane: state.items for lane, state in pending.items()}
     first = 0
     if emitted:

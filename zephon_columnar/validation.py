@@ -135,7 +135,7 @@ def preflight_tokenizers(pipeline: Pipeline) -> ValidationReport:
     ``TOKENIZER_PREFLIGHT_FAILED`` for each one that fails. Operators without a tokenizer are
     skipped."""
     report = ValidationReport()
-    for op in pipeline._ops:  # noqa: SLF001 - the pipeline's own operator list
+    for op in pipeline.spec.ops:
         if not isinstance(op, TokenizerOwner):
             continue
         try:

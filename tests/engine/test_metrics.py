@@ -22,7 +22,7 @@ def test_off_by_default_and_then_nothing_is_tracked():
     pipe = build("stateful", mtp=False)
     it = iter(pipe)
     next(it)
-    assert pipe._run.metrics is None  # noqa: SLF001 - no tracking object: no tracking code runs
+    assert pipe.session.run.metrics is None  # noqa: SLF001 - no tracking object: no tracking code runs
     assert pipe.fetch_timing_snapshot() is None and pipe.inflight_summary() is None
     assert all("op" not in r for r in pipe.metrics_snapshot().to_records())
     it.close()
@@ -62,7 +62,7 @@ def test_in_flight_frames_are_reported_per_stage_and_lane_while_iterating():
     next(it), next(it)  # one item of each lane
     summary = pipe.inflight_summary()
     assert set(summary) == {0} and set(summary[0]) == {0, 1}
-    assert all(0 <= n <= pipe._options.resolved_queue_capacity() for n in summary[0].values())  # noqa: SLF001
+    assert all(0 <= n <= pipe.spec.options.resolved_queue_capacity() for n in summary[0].values())  # noqa: SLF001
     it.close()
 
 

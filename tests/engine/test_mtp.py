@@ -124,7 +124,7 @@ def test_close_leaves_no_process_behind():
     pipe = build("stateful", mtp=True)
     it = iter(pipe)
     next(it)
-    proc = pipe._run._proc  # noqa: SLF001
+    proc = pipe.session.run._proc  # noqa: SLF001
     it.close()
     assert not proc.is_alive()
 
@@ -139,7 +139,7 @@ def test_a_killed_parent_takes_the_side_process_with_it(tmp_path):
         pipe = build("stateless", mtp=True)
         it = iter(pipe)
         next(it)
-        print(pipe._run._proc.pid, flush=True)
+        print(pipe.session.run._proc.pid, flush=True)
         time.sleep(600)
     """))
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)

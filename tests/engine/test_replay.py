@@ -200,7 +200,7 @@ def test_resume_with_a_fanning_out_user_op(runner):
 def replay_build(runner="inline", lanes=1, flush_every=2):
     """A plan with an ordered stage whose state only a replay rebuilds."""
     pipe = build(runner=runner, batch=None, lanes=lanes)
-    pipe._ops.append(_ReverseEachEpoch())  # noqa: SLF001 - an accumulator without ReferenceState
+    pipe._add(_ReverseEachEpoch())  # noqa: SLF001 - an accumulator without ReferenceState
     return pipe.batch(3, drop_last=False).options(flush_every_k_chunks=flush_every)
 
 

@@ -36,7 +36,7 @@ def test_restore_reads_the_pending_rows_samples_ahead_into_the_runs_readers(toke
     assert ckpt["lanes"]["0"]["pending"] is not None  # rows packed but not batched yet
     pipe = build(token_dir)
     pipe.restore(json.loads(json.dumps(ckpt)))
-    warm = pipe._warmup  # noqa: SLF001 - the background read this test observes
+    warm = pipe.session._warmup  # noqa: SLF001 - the background read this test observes
     assert warm is not None
     warm._thread.join(timeout=30)  # noqa: SLF001
     reader = warm.pool._readers[0]._reader  # noqa: SLF001
@@ -44,7 +44,7 @@ def test_restore_reads_the_pending_rows_samples_ahead_into_the_runs_readers(toke
     assert decoded >= 1
     it = iter(pipe)
     next(it)
-    assert pipe._run._readers is warm.pool  # noqa: SLF001 - the run reads through the warmed readers
+    assert pipe.session.run._readers is warm.pool  # noqa: SLF001 - the run reads through the warmed readers
     assert reader.stats["cache_hits"] >= 1
     it.close()
 

@@ -394,7 +394,7 @@ def test_preflight_setup_clone_and_pickle(tok, folder, tmp_path):
     from zephon_columnar.validation import preflight_tokenizers
 
     pipe = Pipeline(_source(CONVS[:4]))
-    pipe._ops.append(op)
+    pipe._add(op)  # noqa: SLF001 - the operator as built, without the builder's checks
     report = preflight_tokenizers(pipe)
     assert [i.code for i in report.issues] == ["TOKENIZER_PREFLIGHT_FAILED"]
     good = TokenizeChatOp(tokenizer_id=str(folder))
@@ -422,7 +422,7 @@ def _build(tok_arg=None, *, runner="inline", **kw):
     if hasattr(Pipeline, "tokenize_chat"):
         pipe.tokenize_chat(tok_arg, **args)
     else:  # before Pipeline.tokenize_chat existed: a built-in op appended the way the builder does
-        pipe._ops.append(TokenizeChatOp(tok_arg, **args))
+        pipe._add(TokenizeChatOp(tok_arg, **args))  # noqa: SLF001
     return pipe.batch(3, drop_last=False).options(runner=runner, max_workers=2)
 
 

@@ -128,7 +128,7 @@ def test_the_lane_context_tells_each_stage_its_lane_seed_and_flush_epoch():
 
     ds = Dataset.from_tables("d", [pa.table({"x": list(range(40))})])
     pipe = Pipeline(StaticMixtureWorkSource([ds], {"d": 1.0}, chunk_size=4, seed=9))
-    pipe._ops.append(Probe())  # noqa: SLF001 - an ordered stage of the engine's own kind
+    pipe._add(Probe())  # noqa: SLF001 - an ordered stage of the engine's own kind
     list(pipe.batch(2).options(runner="inline", canonical_replicas=2, flush_every_k_chunks=2))
     assert {(lane, seed) for lane, seed, _, _ in seen} == {(0, 9), (1, 9)}
     assert all(all(c // 2 == epoch for c in chunks) for _, _, epoch, chunks in seen)

@@ -13,12 +13,14 @@ each operator once on the whole frame. The operators are set up lazily, once per
 the object can be pickled into loader workers.
 
 Example:
+    >>> from zephon_columnar.engine.spec import PipelineSpec
     >>> from zephon_columnar.io.dataset import Dataset, InMemoryShard
     >>> from zephon_columnar.ops.fetch import FetchOp
+    >>> from zephon_columnar.options import RuntimeOptions
     >>> from zephon_columnar.work import StaticMixtureWorkSource
     >>> ds = Dataset.from_dict("toy", {0: InMemoryShard([{"x": i} for i in range(6)])})
     >>> ws = StaticMixtureWorkSource([ds], {"toy": 1.0}, chunk_size=4, shuffle_within_shard=True, seed=3)
-    >>> indexed = IndexedPipeline(ws, [FetchOp()])
+    >>> indexed = IndexedPipeline(PipelineSpec(work_source=ws, ops=(FetchOp(),), options=RuntimeOptions()))
     >>> len(indexed), [r.payload["x"] for r in indexed.records([0, 1, 5])]
     (6, [0, 1, 2])
 """
@@ -27,8 +29,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import cloudpickle
 import numpy as np
@@ -41,11 +43,13 @@ from zephon_columnar.engine.runners import run_stage, setup_stages
 from zephon_columnar.errors import NotIndexableError, PipelineError
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.batch import BatchOp
+from zephon_columnar.ops.fetch import shard_cache_settings
 from zephon_columnar.ops.map import MapBatchOp
 from zephon_columnar.ops.user import stages_of
 from zephon_columnar.records import SampleRecord, records_of
 
 if TYPE_CHECKING:
+    from zephon_columnar.engine.spec import PipelineSpec
     from zephon_columnar.work.base import WorkSource
 
 
@@ -81,17 +85,16 @@ def indexing_obstacle(ws: WorkSource, ops: Sequence[BaseOp]) -> str | None:
 class IndexedPipeline:
     """A 1:1 pipeline evaluated at arbitrary positions of its work source's stream.
 
-    Args:
-        ws: the work source (its stream from the start; its own position is not used).
-        ops: the pipeline's operators, fetch first.
-        services: extra ``OpContext`` services for the operators' ``setup``.
+    ``spec``: the work source (its stream from the start; its own position is not used), the
+    operators (fetch first) and the options (the shard cache's settings reach the fetch).
 
     Raises:
         NotIndexableError: (a ``ValueError`` and a ``RuntimeError``) the pipeline is not indexable
             (`indexing_obstacle` says why).
     """
 
-    def __init__(self, ws: WorkSource, ops: Sequence[BaseOp], services: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, spec: PipelineSpec) -> None:
+        ws, ops = spec.work_source, spec.ops
         obstacle = indexing_obstacle(ws, ops)
         if obstacle is not None:
             raise NotIndexableError(
@@ -102,7 +105,7 @@ class IndexedPipeline:
         self._positions = ws.positions()
         self._fields = fields_by_dataset(ws.datasets_by_id) or None
         self._ops = [stage for op in ops for stage in stages_of(op)]
-        self._services = {"datasets_by_id": ws.datasets_by_id, **(services or {})}
+        self._services = {"datasets_by_id": ws.datasets_by_id, "shard_cache": shard_cache_settings(spec.options)}
         self._reset()
 
     def _reset(self) -> None:

@@ -33,7 +33,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from multiprocessing import shared_memory
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +47,7 @@ from zephon_columnar.errors import PipelineError
 
 if TYPE_CHECKING:
     from zephon_columnar.engine.engine import Engine
+    from zephon_columnar.engine.spec import PipelineSpec
 
 #: Items the child may deliver ahead of the trainer when ``mtp_buffer`` is not set.
 DEFAULT_MTP_BUFFER = 16
@@ -68,10 +69,10 @@ _SPIN_S = 50e-6
 class MtpRun:
     """The trainer's side of an mtp-mode pass (a `~zephon_columnar.engine.run.Run`, as `EngineRun`)."""
 
-    def __init__(self, make_engine: Callable[[], Engine], engine: Engine, cursors: Mapping[int, Any] | None) -> None:
-        """``make_engine``: builds the side process's engine there (picklable; the operators up
-        to ``batch``, see `ops_up_to_batch`, and options without mtp_mode). ``engine``: this
-        side's, for the lanes and the operators after ``batch``. ``cursors``: where to start."""
+    def __init__(self, side: PipelineSpec, engine: Engine, cursors: Mapping[int, Any] | None) -> None:
+        """``side``: what the side process runs (`PipelineSpec.for_side_process`: the operators
+        up to ``batch``, without mtp_mode). ``engine``: this side's, for the lanes and the
+        operators after ``batch``. ``cursors``: where to start."""
         self.engine = engine
         opts = engine.options
         self.capacity = opts.mtp_buffer or DEFAULT_MTP_BUFFER
@@ -99,7 +100,7 @@ class MtpRun:
             name="zephon-mtp",
             daemon=False,
             args=(
-                cloudpickle.dumps((make_engine, state)),
+                cloudpickle.dumps((side, state)),
                 self._shm.name,
                 self._counters,
                 self._slots,
@@ -324,17 +325,6 @@ class MtpRun:
             pass
 
 
-def ops_up_to_batch(ops: list) -> list:
-    """The operators the side process runs: everything up to ``batch`` (``map_batch`` after it
-    runs on the trainer's side)."""
-    from zephon_columnar.ops.batch import BatchOp
-
-    for i, op in enumerate(ops):
-        if isinstance(op, BatchOp):
-            return ops[: i + 1]
-    return list(ops)
-
-
 _OPEN_RUNS: weakref.WeakSet[MtpRun] = weakref.WeakSet()
 
 
@@ -373,11 +363,11 @@ class _Child:
     def __init__(
         self, payload: bytes, shm_name: str, counters: Any, slots: Any, items: Any, ctrl: Any, capacity: int
     ) -> None:
-        make_engine, state = cloudpickle.loads(payload)
+        side, state = cloudpickle.loads(payload)
         cursors = (
             None if state is None else {int(lane): lane_from_json(f"lanes.{lane}", js) for lane, js in state.items()}
         )
-        self.engine: Engine = make_engine()
+        self.engine: Engine = side.build_engine()
         self.run = self.engine.start(cursors)
         self.replay = self.engine.mode == "replay"
         self.delivered = dict(self.run.delivered)  # replay mode: cursors as of the trainer's items

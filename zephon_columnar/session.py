@@ -1,0 +1,475 @@
+"""`Session`: runs a `PipelineSpec` - iteration, checkpoints, restores, counters, observers.
+
+A `~zephon_columnar.pipeline.Pipeline` is Zephon's fluent builder; everything that happens
+when it runs is here. A session holds the spec it runs (replaced between runs as the builder
+changes it, never during one), the current or last `~zephon_columnar.engine.run.Run` (in this
+process, or in a side process with ``options(mtp_mode=True)``), and a restored checkpoint not
+iterated yet. The torch adapters hold sessions too: a loader worker runs a session of its own
+over its share of the rank's lanes (`for_lanes`).
+
+Example:
+    >>> import pyarrow as pa
+    >>> from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+    >>> ds = Dataset.from_tables("a", [pa.table({"x": list(range(8))})])
+    >>> session = Pipeline(StaticMixtureWorkSource([ds], {"a": 1.0}, chunk_size=2, seed=1)).batch(2).session
+    >>> run = iter(session)
+    >>> first = next(run)
+    >>> ckpt = session.checkpoint()
+    >>> rest = [b.to_pydict()["x"] for b in run]
+    >>> resumed = Session(session.spec)
+    >>> resumed.restore(ckpt)
+    >>> [b.to_pydict()["x"] for b in resumed] == rest
+    True
+"""
+
+from __future__ import annotations
+
+import copy
+import multiprocessing
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import cloudpickle
+
+from zephon_columnar.engine.aggregate import gather_directory, gather_torch, torch_distributed_ready
+from zephon_columnar.engine.calibrate import prime_token_mixture
+from zephon_columnar.engine.checkpoint import (
+    LaneCursor,
+    LaneSnapshot,
+    LaneState,
+    PipelineState,
+    build_checkpoint,
+    check_lane_state,
+    check_recipe,
+    load_checkpoint,
+    parse_checkpoint,
+    source_state_of,
+    verify_digests,
+)
+from zephon_columnar.engine.engine import Engine
+from zephon_columnar.engine.run import Run
+from zephon_columnar.engine.spec import PipelineSpec
+from zephon_columnar.engine.warmup import RestoreWarmup
+from zephon_columnar.errors import CheckpointError, ConfigurationWarning, PipelineError, warn
+from zephon_columnar.io import fs
+from zephon_columnar.io.readers import ReaderPool
+from zephon_columnar.observability import (
+    FetchStageSummary,
+    FetchTimingSummary,
+    FetchTimingTotals,
+    PipelineSummary,
+    PrefetchTimingSummary,
+)
+from zephon_columnar.ops.base import BaseOp
+from zephon_columnar.ops.fetch import shard_cache_settings
+from zephon_columnar.progress import Progress
+from zephon_columnar.validation import ValidationError, validate_ops
+from zephon_columnar.work.base import WorkSource
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11; annotations only
+
+
+class Session:
+    """Runs ``spec``: one pass at a time (`iterate`), its checkpoints and restores, counters
+    and observers. Not thread-safe: one thread drives a session (its run's ``next()`` may be
+    stopped from another)."""
+
+    def __init__(self, spec: PipelineSpec) -> None:
+        self._spec = spec
+        self._run: Run | None = None
+        self._pending: dict[int, LaneState] | None = None  # a restored checkpoint's lanes, not iterated yet
+        self._pending_recipe: Mapping[str, Any] = {}
+        self._warmup: RestoreWarmup | None = None  # the restore's background read of the first rows
+        self._validated: tuple[BaseOp, ...] = ()  # the user operators the last validation passed
+        self._checkpoint_round = 0
+        self._created_at = time.time()
+        self._progress: dict[str, Any] | None = None  # show_progress() settings
+
+    # ------------------------------------------------------------------ the spec
+    @property
+    def spec(self) -> PipelineSpec:
+        """What the next run is built from (the current run's, while one is open)."""
+        return self._spec
+
+    def use(self, spec: PipelineSpec, *, what: str) -> None:
+        """Run ``spec`` from the next pass on; refused while a pass is open (``what``: the call
+        that asked, for the message)."""
+        self.refuse_while_iterating(what)
+        self._spec = spec
+
+    def refuse_while_iterating(self, what: str) -> None:
+        if self.iterating:
+            raise RuntimeError(
+                f"Pipeline.{what} while the pipeline is being iterated: close the iterator "
+                "first (a checkpoint must describe the run that produced it)."
+            )
+
+    def for_lanes(self, lanes: Sequence[int]) -> Session:
+        """A session of this one's spec, state and settings that reads only ``lanes`` of the
+        rank's (a torch loader worker's share), with no run yet."""
+        share = copy.copy(self)
+        share._spec = self._spec.for_lanes(lanes)  # noqa: SLF001 - a copy of this very session
+        return share
+
+    @property
+    def run(self) -> Run | None:
+        """The current pass, or the last one (its counters stay readable); None before any."""
+        return self._run
+
+    @property
+    def iterating(self) -> bool:
+        """Whether a pass is open (its iterator neither exhausted nor closed)."""
+        return self._run is not None and not self._run.closed
+
+    @property
+    def pending(self) -> Mapping[int, LaneState] | None:
+        """The lanes of a restored checkpoint the next pass starts from (None: none)."""
+        return self._pending
+
+    def engine(self) -> Engine:
+        """The current run's engine, else a fresh one of the spec (not started)."""
+        return self._run.engine if self._run is not None else self._spec.build_engine()
+
+    # ------------------------------------------------------------------ iteration
+    def __iter__(self) -> RunIterator:
+        return self.iterate()
+
+    def iterate(self) -> RunIterator:
+        """Start a pass: from the restored checkpoint if there is one, else from the start."""
+        if self.iterating:
+            raise RuntimeError(
+                "Pipeline is already being iterated; close the first iterator (or let it finish) "
+                "before starting another."
+            )
+        spec = self._spec
+        self.warn_if_every_rank_reads_the_same_data()
+        self.auto_validate()
+        prime_token_mixture(spec.work_source, spec.ops)
+        engine = spec.build_engine()
+        cursors = None
+        if self._pending is not None:
+            check_recipe(self._pending_recipe, engine.recipe())
+            cursors = _owned_cursors(engine, self._pending)
+        self._pending = None
+        if spec.options.mtp_mode and not multiprocessing.current_process().daemon:
+            from zephon_columnar.engine.mtp import MtpRun
+
+            if self._warmup is not None:  # the side process reads through its own readers
+                self._warmup.cancel()
+                self._warmup = None
+            self._run = MtpRun(spec.for_side_process(), engine, cursors)
+        else:
+            if spec.options.mtp_mode:  # a daemon (a DataLoader worker) may not start a process
+                warn(
+                    "options(mtp_mode=True) inside a daemon process (a DataLoader worker?): it cannot "
+                    "start the engine's side process, so the engine runs in this process."
+                )
+            self._run = engine.start(cursors, readers=self._take_warmup(engine))
+        observers: list[Any] = [] if self._progress is None else [Progress(**self._progress)]
+        sink = spec.options.metrics_sink()
+        if sink is not None:
+            from zephon_columnar.observability.sink import MetricsEmitter
+
+            observers.append(MetricsEmitter(sink, self.metrics_snapshot))
+        return RunIterator(self._run, observers)
+
+    def auto_validate(self) -> None:
+        """``options(auto_validation=...)``: validate the user operators, once per graph (again
+        only after an operator is added, as in Zephon)."""
+        mode = self._spec.options.auto_validation
+        user_ops = tuple(op for op in self._spec.ops if not op.builtin)
+        if mode != "off" and user_ops and self._validated != user_ops:
+            report = validate_ops(list(self._spec.ops))
+            if report.issues:  # warnings too, as in Zephon: every report that says something is shown
+                warn(report.format())
+            if mode == "strict" and not report.ok:
+                raise ValidationError(report)
+            self._validated = user_ops
+
+    def warn_if_every_rank_reads_the_same_data(self) -> None:
+        world = self._spec.options.unsharded_world()
+        if world is not None:
+            warn(
+                f"torch.distributed is initialized with {world} ranks, but this pipeline has no data-parallel "
+                "options, so every rank receives the same batches. Pass options(dp_degree=..., dp_group_id=...) "
+                "(data-parallel groups; tensor-parallel peers share a group) or options(world_size=..., "
+                "global_rank=...) when every rank is its own data-parallel group.",
+                ConfigurationWarning,
+            )
+
+    def show_progress(self, every_s: float | None, *, file: Any = None, use_tqdm: bool | None = None) -> None:
+        """Report progress every ``every_s`` seconds of each pass (None: off)."""
+        self._progress = None if every_s is None else {"every_s": every_s, "file": file, "use_tqdm": use_tqdm}
+
+    # ------------------------------------------------------------------ counters
+    def counters(self) -> dict[str, int]:
+        """The current (or last) run's ordered-stage counters, summed over its lanes."""
+        totals: dict[str, int] = {}
+        if self._run is not None:
+            for stats in self._run.stats().values():
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0) + v
+        return totals
+
+    def explain(self) -> str:
+        text = self._spec.build_engine().explain()
+        counters = self.counters()
+        if counters:
+            text += "\nCounters of the last run: " + ", ".join(f"{k}={v}" for k, v in sorted(counters.items()))
+        return text
+
+    def metrics_snapshot(self) -> PipelineSummary | None:
+        if self._run is None:
+            return None
+        records = [
+            {"lane": lane, "name": k, "value": v}
+            for lane, stats in sorted(self._run.stats().items())
+            for k, v in sorted(stats.items())
+        ]
+        return PipelineSummary(records=records + self._run.tracked_records())
+
+    def fetch_timing_snapshot(self) -> FetchTimingSummary | None:
+        options = self._spec.options
+        if self._run is None or not options.tracking_on():
+            return None
+        cache = fs.default_shard_cache()
+        summary = FetchTimingSummary(
+            tracking_mode=options.tracking_mode(),
+            cache={
+                "downloads": cache.downloads,
+                "hits": cache.hits,
+                "evictions": cache.evictions,
+                "retries": cache.retries,
+            },
+        )
+        for (stage, dataset_id, shard_id), counts in sorted(self._run.fetch_groups().items()):
+            totals = FetchTimingTotals(**{k: int(v) for k, v in counts.items()})
+            summary.stages.setdefault(stage, FetchStageSummary(index=stage)).shard_totals[(dataset_id, shard_id)] = (
+                totals
+            )
+            summary.stages[stage].totals.merge(totals)
+        return summary
+
+    def prefetch_timing_snapshot(self) -> PrefetchTimingSummary | None:
+        prefetcher = self._run.engine.prefetcher if self._run is not None else None
+        if prefetcher is None:
+            return None
+        return PrefetchTimingSummary(tracking_mode=self._spec.options.tracking_mode(), stages={0: prefetcher.timing()})
+
+    def inflight_summary(self) -> dict[int, dict[int, int]] | None:
+        return self._run.in_flight_by_stage() if self._run is not None else None
+
+    def mtp_queue_stats(self) -> dict[str, int] | None:
+        return self._run.queue_stats() if self._run is not None else None
+
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint(self, *, collective: bool = True) -> dict[str, Any]:
+        """The state of what has been delivered so far; ``collective=False``: this engine's
+        lanes only, never merged across ranks (a DataLoader worker's share)."""
+        ws = self._spec.work_source
+        if type(ws).state_dict is WorkSource.state_dict:
+            warn(
+                f"{type(ws).__name__} does not extend WorkSource.state_dict: the checkpoint holds only its "
+                "lane identity, so a restore starts it from its first chunk. Return its position from "
+                "state_dict() (and read it in load_state_dict()).",
+                ConfigurationWarning,
+            )
+        # The recipe and lanes of the run that delivered the items (options cannot change during a
+        # run; after it, the last run still describes what was delivered).
+        engine = self.engine()
+        delivered = self._delivered(engine)
+        local = build_checkpoint(
+            PipelineState(
+                recipe=engine.recipe(),
+                world=engine.world(),
+                lanes={lane: delivered[lane] for lane in engine.lanes if lane in delivered},
+            )
+        )
+        opts = self._spec.options
+        if opts.world_size == 1 or not collective:
+            return local
+        self._checkpoint_round += 1
+        if torch_distributed_ready():
+            return gather_torch(local)
+        if opts.aggregate_dir:
+            return gather_directory(
+                local,
+                directory=opts.aggregate_dir,
+                run_id=opts.run_id,
+                round_id=self._checkpoint_round,
+                rank=opts.global_rank,
+                world_size=opts.world_size,
+                timeout_s=opts.aggregate_timeout_s,
+                not_before=self._created_at,
+            )
+        return local
+
+    def _delivered(self, engine: Engine) -> dict[int, Any]:
+        if self._run is not None:
+            return self._run.snapshot()
+        if self._pending is not None:
+            return dict(self._pending)
+        return {lane: engine.initial_cursor(lane) for lane in engine.lanes}
+
+    def restore(self, ckpt: Mapping[str, Any] | str | bytes) -> None:
+        """Start the next pass where ``ckpt`` was taken (see `Pipeline.restore`)."""
+        if self.iterating:
+            raise RuntimeError("Pipeline.restore() during iteration: close the iterator first.")
+        ckpt = load_checkpoint(ckpt)
+        saved = parse_checkpoint(ckpt)
+        recipe, lanes = saved.recipe, dict(saved.lanes)
+        spec = self._spec
+        ws = spec.work_source
+        engine = spec.build_engine()
+        cache = shard_cache_settings(spec.options)
+        if cache is not None:  # the restore warm-up below reads through the shard cache
+            fs.configure_shard_cache(**cache)
+        check_recipe(recipe, engine.recipe())
+        for lane, cur in lanes.items():
+            check_lane_state(
+                lane,
+                cur,
+                ws.datasets_by_id,
+                engine.plan.flush_every,
+                ordered_stages=len(engine.plan.ordered_stages()),
+            )
+        for lane in _owned_cursors(engine, lanes):
+            probe = ws.clone_for_lane(lane, engine.canonical_replicas)
+            cur = lanes[lane]
+            # Raises if the source state is not ours.
+            state = source_state_of(cur)
+            try:
+                probe.load_state_dict(state)
+            except CheckpointError as err:
+                where = "source_state" if isinstance(cur, LaneCursor) else "resume.source_state"
+                raise CheckpointError(f"checkpoint lanes.{lane}.{where}: {err}") from err
+            if ws.requires_token_priming and isinstance(state, Mapping) and state.get("token_ratios"):
+                ws.prime(ratios=state["token_ratios"])  # the restored run mixes as the saved one
+        # Last, after the checks that name a field: a lane edited in a way that still parses.
+        verify_digests(ckpt)
+        # Every lane is kept: options may still change which lanes this rank owns before iterating.
+        self._pending = lanes
+        self._pending_recipe = recipe
+        self._run = None
+        if self._warmup is not None:
+            self._warmup.cancel()
+        if spec.options.resolved_runner() not in ("process", "remote"):  # their workers read with their own readers
+            owned = _owned_cursors(engine, lanes).values()
+            first = engine.plan.batch.microbatch_size if engine.plan.batch is not None else 1
+            self._warmup = RestoreWarmup.start(
+                ws.datasets_by_id,
+                [  # what each lane's first item needs
+                    cur.pending.refs.slice(0, first)
+                    for cur in owned
+                    if isinstance(cur, LaneSnapshot) and cur.pending is not None
+                ],
+            )
+
+    def _take_warmup(self, engine: Engine) -> ReaderPool | None:
+        """The restore warm-up's readers, for the run ``engine`` is about to start (None: no
+        warm-up, or options changed since ``restore()`` so that it read for another run)."""
+        warm, self._warmup = self._warmup, None
+        if warm is not None and engine.options.resolved_runner() in ("process", "remote"):
+            warm.cancel()
+            return None
+        return warm.pool if warm is not None else None
+
+    # ------------------------------------------------------------------ copies
+    def _idle_state(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_run"] = None
+        state["_warmup"] = None
+        return state
+
+    def __copy__(self) -> Session:
+        twin = type(self).__new__(type(self))
+        twin.__dict__.update(self._idle_state())
+        return twin
+
+    def __getstate__(self) -> dict[str, bytes]:
+        # by value (cloudpickle): the lambdas of map_transform and friends must reach spawned
+        # loader workers, which cannot import them
+        return {"cloudpickled": cloudpickle.dumps(self._idle_state())}
+
+    def __setstate__(self, state: dict[str, bytes]) -> None:
+        self.__dict__.update(cloudpickle.loads(state["cloudpickled"]))
+
+
+class RunIterator:
+    """The caller's handle on one pass; closing it (or dropping it) stops the engine.
+
+    ``observers`` (the progress readout, the metrics sink) see every item delivered
+    (``update(item)``) and the end of the pass (``close()``, once)."""
+
+    def __init__(self, run: Run, observers: list[Any]) -> None:
+        self._run = run
+        self._observers = observers
+        self._inside = threading.Lock()  # held during next(): a second caller meanwhile is a misuse
+        self._shared_by: str | None = None  # the thread that called next() while another was inside
+
+    def __iter__(self) -> RunIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if not self._inside.acquire(blocking=False):
+            self._shared_by = threading.current_thread().name
+            raise self._shared_error()
+        try:
+            if self._shared_by is not None:
+                raise self._shared_error()
+            if not self._observers:
+                return next(self._run)
+            try:
+                value = next(self._run)
+            except StopIteration:
+                self._end_observers()
+                raise
+            for observer in self._observers:
+                observer.update(value)
+            return value
+        finally:
+            self._inside.release()
+
+    def _shared_error(self) -> PipelineError:
+        # Both threads get it (the one inside next() on its following call): neither may go on
+        # believing it sees the whole stream.
+        return PipelineError(
+            f"one pipeline iterator was used by two threads at once (thread {self._shared_by!r} called next() "
+            "while another thread was inside it); each item goes to one consumer only. Give each thread its own "
+            "pipeline (for disjoint data: options(world_size=N, global_rank=i)), or let one thread iterate and "
+            "hand items to the others through a queue.Queue."
+        )
+
+    def _end_observers(self) -> None:
+        observers, self._observers = self._observers, []
+        for observer in observers:
+            observer.close()
+
+    def close(self) -> None:
+        self._end_observers()
+        self._run.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self._run.close()
+        except Exception:  # noqa: BLE001, S110 - best-effort cleanup at garbage collection: never raise from __del__
+            pass
+
+
+def _owned_cursors(engine: Engine, lanes: Mapping[int, LaneState]) -> dict[int, LaneState]:
+    missing = [lane for lane in engine.lanes if lane not in lanes]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint has lanes {sorted(lanes)} but this rank owns {engine.lanes} (missing {missing}). "
+            "Restore a checkpoint merged from all ranks (Pipeline.merge_checkpoints or aggregate_dir)."
+        )
+    return {lane: lanes[lane] for lane in engine.lanes}
