@@ -63,7 +63,9 @@ def recipes(draw) -> dict:
     ensure = pack is not None and draw(st.booleans())
     return dict(before=before, split=split, after=after, pack=pack, ensure=ensure,
                 seed=draw(st.integers(0, 9)), chunk=draw(st.sampled_from([4, 7])), flush=draw(st.integers(1, 3)),
-                batch=draw(st.sampled_from([1, 2, 3])), shuffle_seed=draw(st.integers(0, 3)))
+                batch=draw(st.sampled_from([1, 2, 3])), shuffle_seed=draw(st.integers(0, 3)),
+                # what the 1:1 columnar operator declares (all true of it): "any" replays, the others resume by input
+                emits=draw(st.sampled_from(["any", "one", "at_most_one"])))
 
 
 def build(recipe: dict, *, runner: str = "inline", groups: int = 1, group: int = 0) -> Pipeline:
@@ -85,7 +87,8 @@ def build(recipe: dict, *, runner: str = "inline", groups: int = 1, group: int =
         elif step == "stateful":
             pipe = pipe.stateful_transform("running_total", init_state=dict, push=keep_running_total)
         else:
-            pipe = pipe.add_op("count_tokens", process_columns=count_tokens, preserves_cursor_order=True)
+            pipe = pipe.add_op("count_tokens", process_columns=count_tokens, preserves_cursor_order=True,
+                               emits=recipe.get("emits", "any"))
     if recipe["ensure"]:
         pipe = pipe.ensure_mixture(max_buffer_size=6)
     if recipe["pack"] is not None:

@@ -6,10 +6,16 @@ never interrupted, on the same or another number of data-parallel ranks.
 
 Example:
     >>> import zephon_columnar as zephon
-    >>> ds = zephon.Dataset.from_path("web", "data/web")  # doctest: +SKIP
-    >>> ws = zephon.StaticMixtureWorkSource([ds], {"web": 1.0}, chunk_size=1024)  # doctest: +SKIP
-    >>> for batch in zephon.Pipeline(ws).batch(8):  # doctest: +SKIP
-    ...     tensors = batch.to_training()
+    >>> ds = zephon.Dataset.from_path("web", "data/web")
+    >>> ws = zephon.StaticMixtureWorkSource([ds], {"web": 1.0}, chunk_size=1024)
+    >>> pipe = (zephon.Pipeline(ws)
+    ...         .tokenize(tokenizer_id="tok/", field="text")
+    ...         .pack_flat(33, algorithm="wrap")  # rows of exactly 33 tokens
+    ...         .batch(8))
+    >>> for batch in pipe:
+    ...     tensors = batch.to_training(return_labels=True)
+    >>> tensors["input_ids"].shape, tensors["labels"].shape
+    (torch.Size([8, 32]), torch.Size([8, 32]))
 """
 
 from __future__ import annotations

@@ -576,7 +576,9 @@ class Pipeline:
           ``accumulator`` (a factory, ``() -> Accumulator`` or ``(*, deterministic, ctx) ->
           Accumulator``), ``process_one``, ``validation_samples``, ``parallelism``,
           ``indexable``, ``batch_shape_sensitive``, ``requires_serial_state``,
-          ``calibration_replayable``; or ``process_columns=fn`` (the columnar hook, with
+          ``calibration_replayable``, ``emits`` (`OpTraits.emits`: ``"one"`` or
+          ``"at_most_one"`` row per input row lets a checkpoint resume without replaying; not in
+          Zephon); or ``process_columns=fn`` (the columnar hook, with
           ``columns_format="arrow"|"polars"``) instead of ``process_many``.
 
         The engine deep-copies the op per worker and calls ``setup`` once per copy, on every
@@ -863,6 +865,7 @@ _ADD_OP_KWARGS = frozenset(
         "batch_shape_sensitive",
         "requires_serial_state",
         "calibration_replayable",
+        "emits",
         "process_columns",
         "columns_format",
     }

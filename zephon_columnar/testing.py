@@ -7,7 +7,10 @@ stage (`zephon_columnar.ops.accumulators`): the rows it emits do not depend on h
 was cut into frames.
 
 Example:
-    >>> assert_resumes_exactly(lambda: Pipeline(make_ws()).batch(4), ks=[0, 1, 7])  # doctest: +SKIP
+    >>> def make_pipeline():  # a fresh pipeline each time: the same recipe
+    ...     return Pipeline(StaticMixtureWorkSource([ds], {"web": 1.0}, chunk_size=8, seed=0)).shuffle(16).batch(4)
+    >>> len(assert_resumes_exactly(make_pipeline, ks=[0, 1, 7]))  # batches of the uninterrupted pass
+    8
     >>> from zephon_columnar.frame import frame_of
     >>> from zephon_columnar.ops.shuffle import ShuffleOp
     >>> rows = frame_of({"x": list(range(50))})

@@ -26,10 +26,15 @@ rank's snapshots at that cut (`read_loader_parts`). As with any data-parallel ch
 rank takes it at the same step. Without ``aggregate_dir`` another layout is refused.
 
 Example:
-    >>> ds = pipe.to_torch_dataset(return_labels=True)  # doctest: +SKIP
-    >>> loader = torch.utils.data.DataLoader(ds, batch_size=None)  # doctest: +SKIP
-    >>> for step, tensors in enumerate(loader): ...  # doctest: +SKIP
-    >>> ckpt = ds.state_dict()  # doctest: +SKIP
+    >>> pipe = pipe.tokenize(tokenizer_id="tok/", field="text", special_tokens="eos")
+    >>> pipe = pipe.pack_flat(65, algorithm="wrap").batch(4)
+    >>> ds = pipe.to_torch_dataset(return_labels=True)
+    >>> loader = torch.utils.data.DataLoader(ds, batch_size=None)
+    >>> for step, tensors in enumerate(loader):
+    ...     if step == 1:
+    ...         ckpt = ds.state_dict()  # torch.save it; load_state_dict(ckpt) resumes after step 1
+    >>> step, tensors["input_ids"].shape, tensors["labels"].shape
+    (2, torch.Size([4, 64]), torch.Size([4, 64]))
 """
 
 from __future__ import annotations
@@ -465,8 +470,12 @@ class PipelineMapDataset(torch.utils.data.Dataset):
     batch's rows in one fetch and runs each operator once on them.
 
     Example:
+        >>> pipe = pipe.tokenize(tokenizer_id="tok/", field="text", max_length=16, truncation=True,
+        ...                      padding="max_length")  # rows of one length: the loader stacks them
         >>> loader = torch.utils.data.DataLoader(pipe.to_indexable_torch_dataset(), batch_size=8,
-        ...                                      shuffle=True, num_workers=2)  # doctest: +SKIP
+        ...                                      shuffle=True, num_workers=2)
+        >>> len(loader), next(iter(loader))["input_ids"].shape
+        (4, torch.Size([8, 16]))
     """
 
     def __init__(self, indexed: IndexedPipeline) -> None:

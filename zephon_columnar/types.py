@@ -6,8 +6,10 @@ without per-row Python loops (`to_training`). A `SampleRecord` is a row view (pa
 metadata), built only when someone asks for records.
 
 Example:
-    >>> batch.to_training(return_labels=True)["input_ids"].shape  # doctest: +SKIP
-    torch.Size([8, 2047])
+    >>> batch  # 4 packed rows of 65 tokens
+    SampleBatch(rows=4, fields=['input_ids', 'attention_mask', 'positions'])
+    >>> batch.to_training(return_labels=True)["input_ids"].shape
+    torch.Size([4, 64])
 """
 
 from __future__ import annotations
@@ -232,9 +234,9 @@ class SampleBatch:
             UserWarning: ``eos_token_id`` given without ``eos_mask_loss=True`` (it is ignored).
 
         Example:
-            >>> t = batch.to_training(return_labels=True, return_padding_mask=True)  # doctest: +SKIP
-            >>> t["input_ids"].dtype, t["labels"].shape  # doctest: +SKIP
-            (torch.int64, torch.Size([8, 2047]))
+            >>> t = batch.to_training(return_labels=True, return_padding_mask=True)
+            >>> t["input_ids"].dtype, t["labels"].shape, t["padding_mask"].shape
+            (torch.int64, torch.Size([4, 64]), torch.Size([4, 64]))
         """
         _check_training_options(
             return_labels=return_labels,

@@ -218,8 +218,8 @@ def test_split_lineage_does_not_depend_on_the_frame(tok):
 
 
 def test_split_is_marked_as_fanning_out(tok):
-    assert TokenizeOp(tok, field="text", max_length=4, split_long_samples=True).fans_out is True
-    assert TokenizeOp(tok, field="text").fans_out is False
+    assert TokenizeOp(tok, field="text", max_length=4, split_long_samples=True).traits().emits == "any"
+    assert TokenizeOp(tok, field="text").traits().emits == "at_most_one"
 
 
 def test_missing_field_error_names_field_and_sample(tok):

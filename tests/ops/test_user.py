@@ -21,6 +21,7 @@ from zephon_columnar.ops import (
     OpTraits,
     tombstones_for_record,
 )
+from zephon_columnar.records import SampleRecord, spawn_child
 from zephon_columnar.testing import assert_resumes_exactly, collect
 from zephon_columnar.types import SampleBatch
 
@@ -65,6 +66,54 @@ def test_optraits_needs_preserves_cursor_order_and_is_frozen():
     assert t.workers() == 1  # serial state pins the op to one worker
     with pytest.raises(AttributeError):
         t.parallelism = 2  # type: ignore[misc]
+
+
+class TagEach(BaseOp):
+    """One row out per row in, declared or not (``emits``)."""
+
+    def __init__(self, emits=None):
+        super().__init__()
+        self.emits = emits
+
+    def traits(self):
+        extra = {} if self.emits is None else {"emits": self.emits}
+        return OpTraits(preserves_cursor_order=True, **extra)
+
+    def process_many(self, records):
+        for r in records:
+            r.payload = {**r.payload, "tag": r.payload["value"] % 3}
+        return records
+
+
+@pytest.mark.parametrize("form", ["instance", "kwargs"])
+def test_a_user_operator_that_declares_one_row_per_row_resumes_by_input_position(form):
+    def make(emits):
+        if form == "instance":
+            return build().add_op(TagEach(emits)).batch(4)
+        extra = {} if emits is None else {"emits": emits}
+        return build().add_op("tag", process_many=TagEach().process_many, preserves_cursor_order=True, **extra).batch(4)
+
+    # Zephon's operators do not say: the engine assumes any number of rows and replays a chunk.
+    assert make(None).spec.build_engine().resume_by_input is False
+    for emits in ("one", "at_most_one"):
+        assert make(emits).spec.build_engine().resume_by_input is True
+        assert collect(make(emits)) == collect(make(None))
+        assert_resumes_exactly(lambda emits=emits: make(emits), ks=[0, 1, 5, 13])
+
+
+def test_an_operator_that_makes_more_rows_than_it_declares_is_an_error():
+    def twice(records):
+        return [
+            SampleRecord(payload=r.payload, meta=spawn_child(r.meta, i, is_last_child=i == 1))
+            for r in records
+            for i in range(2)
+        ]
+
+    pipe = build().add_op("twice", process_many=twice, preserves_cursor_order=True, emits="at_most_one")
+    with pytest.raises(PipelineError, match=r"declares emits='at_most_one' \(OpTraits\) but made 128 rows of 64"):
+        list(pipe)
+    with pytest.raises(ValueError, match="emits='two'"):
+        build().add_op("twice", process_many=twice, preserves_cursor_order=True, emits="two")
 
 
 def test_kwargs_form_needs_preserves_cursor_order_and_rejects_what_it_does_not_know():

@@ -83,7 +83,7 @@ class Engine:
         # row's offset in its chunk says where to resume: restore then reads nothing it already
         # delivered. Otherwise a checkpoint replays from the chunk's start.
         self.resume_by_input = not self.plan.stateful and all(
-            not getattr(op, "fans_out", True) and op.traits().preserves_cursor_order
+            not op.traits().fans_out and op.traits().preserves_cursor_order
             for stage in self.plan.parallel_stages()
             for op in stage.ops
         )
@@ -112,8 +112,8 @@ class Engine:
                 packers += isinstance(stage.op, PackFlatOp)
                 if packers > 1:
                     return "replay", "a packer packs rows another packer made"
-            elif seen_ordered and any(getattr(op, "fans_out", True) for op in stage.ops):
-                names = [op.op_name() for op in stage.ops if getattr(op, "fans_out", True)]
+            elif seen_ordered and any(op.traits().fans_out for op in stage.ops):
+                names = [op.op_name() for op in stage.ops if op.traits().fans_out]
                 return "replay", f"{names} may make several rows of one after an ordered stage"
         return "reference", "every ordered stage describes its state by reference"
 

@@ -53,7 +53,14 @@ from zephon_columnar.errors import (
     ZephonError,
     operator_failure,
 )
-from zephon_columnar.ops.accumulators.lane import NO_EXHAUSTION, ChunkExhaustion, LaneContext, restorable_by_reference
+from zephon_columnar.ops.accumulators.lane import (
+    NO_EXHAUSTION,
+    ChunkExhaustion,
+    LaneContext,
+    ReadsChunkTargets,
+    Rewinds,
+    restorable_by_reference,
+)
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.types import SampleBatch, records_of
 from zephon_columnar.work.base import WorkSource
@@ -469,10 +476,10 @@ class OrderedStep:
     """One lane's ordered stage: its accumulator sees the lane's frames in order, flushes at
     every epoch start and at the end.
 
-    An input frame may be pushed in slices, when the accumulator asks for it with
-    ``split_input`` (frame-split invariance makes that invisible in the data); the slices not
-    pushed yet are the ``inbox``, which a checkpoint holds as input references (or as a source
-    position) and a restore recomputes only when the stage takes them. ``out``: what the stage
+    Input not pushed yet is the ``inbox`` (a frame, or after a restore slices of input
+    references), which a checkpoint holds as input references (or as a source position) and a
+    restore recomputes only when the stage takes them (frame-split invariance makes the slicing
+    invisible in the data). ``out``: what the stage
     emitted and has not passed on (after a restore: references, computed when passed on).
     """
 
@@ -523,10 +530,6 @@ class OrderedStep:
                 err, f"operator {self.op.op_name()!r} (ordered stage) failed: {type(err).__name__}: {err}"
             ) from err
 
-    def slices(self, frame: pa.Table) -> list[pa.Table]:
-        split = getattr(self.acc, "split_input", None)
-        return split(frame) if split is not None else [frame]
-
     def _passed_on(self, item: Any) -> Any:
         if isinstance(item, _LazyRows):
             item, _ = item.head(item.num_rows)
@@ -562,7 +565,7 @@ class OrderedStep:
                 if isinstance(ev, EpochStart):
                     self._epoch_start(ev)
                 else:
-                    inbox.extend(self.slices(ev))
+                    inbox.append(ev)
             if inbox:
                 piece = inbox[0]
                 if isinstance(piece, _LazyRows):
@@ -859,8 +862,8 @@ class LaneChain:
         if len(ordered) != 1 or len(steps) < 2 or steps[1] is not ordered[0]:
             return None
         packer = ordered[0].acc
-        if not getattr(packer, "can_rewind", lambda: False)() or any(
-            getattr(op, "fans_out", True) for op in plan.fetch_stage().ops
+        if not (isinstance(packer, Rewinds) and packer.can_rewind()) or any(
+            op.traits().fans_out for op in plan.fetch_stage().ops
         ):
             return None
         if packer.skip_pending() and self.restored_from is not None:
@@ -910,7 +913,7 @@ class LaneChain:
         rows = self.collector.pending_rows()
         head = steps[1] if len(steps) > 1 and isinstance(steps[1], OrderedStep) else None
         inbox = [p for p in head.inbox if p.num_rows] if head is not None else []
-        one_to_one = not any(getattr(op, "fans_out", True) for op in self.engine.plan.fetch_stage().ops)
+        one_to_one = not any(op.traits().fans_out for op in self.engine.plan.fetch_stage().ops)
         # Rows a restore put back by reference come from before this run's first chunk, where the
         # source has no state: they stay references, and the lane resumes after them.
         at = None
@@ -952,7 +955,7 @@ class LaneChain:
             )
         pending = HeldRows(refs=F.concat_frames(rows), schema=self.collector.payload_schema()) if rows else None
         targets, exhaustion = {}, {}
-        if any(getattr(s.acc, "uses_chunk_targets", False) for s in steps if isinstance(s, OrderedStep)):
+        if any(isinstance(s.acc, ReadsChunkTargets) for s in steps if isinstance(s, OrderedStep)):
             # Rows still in the lane come from chunks at or after the oldest one they name.
             named = (
                 [t for s in stages for t in (s.rows, s.inbox) if t is not None]

@@ -121,7 +121,10 @@ class Dataset:
         The format is detected from file suffixes unless ``fmt`` is given.
 
         Example:
-            >>> Dataset.from_path("web", "data/web_parquet")  # doctest: +SKIP
+            >>> Dataset.from_path("web", "data/web")
+            Dataset(name='web', kind='parquet', path='data/web', shards=2, rows=32)
+            >>> Dataset.from_path("wiki", "data/wiki_train")  # a save_to_disk folder
+            Dataset(name='wiki', kind='hf_arrow', path='data/wiki_train', shards=2, rows=16)
         """
         from zephon_columnar.io.discovery import discover
 

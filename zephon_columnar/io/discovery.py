@@ -19,8 +19,8 @@ Rules:
 Local paths, ``file://`` and any fsspec URL (``memory://``, ``s3://`` with s3fs, ...) work.
 
 Example:
-    >>> discover("web", "data/web_parquet")  # doctest: +SKIP
-    Dataset(name='web', kind='parquet', path='data/web_parquet', shards=8, rows=6144)
+    >>> discover("web", "data/web")
+    Dataset(name='web', kind='parquet', path='data/web', shards=2, rows=32)
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ def discover(name: str, path: str | os.PathLike[str], *, fmt: DatasetFormat | No
     """Discover the dataset at ``path`` (see the module docstring for the rules).
 
     Example:
-        >>> discover("chat", "memory://corpus/chat", fmt="jsonl")  # doctest: +SKIP
+        >>> discover("chat", "memory://corpus/chat", fmt="jsonl")
+        Dataset(name='chat', kind='jsonl', path='memory://corpus/chat', shards=2, rows=8)
     """
     if fmt is not None and fmt not in FORMATS:
         raise ConfigError(

@@ -13,8 +13,8 @@ directory are read the same way (``fmt="arrow"``).
 ``dataset_from_hf`` wraps an in-process ``datasets.Dataset`` zero-copy over its Arrow table.
 
 Example:
-    >>> ds = discover_hf_folder("wiki", "data/wiki_train")  # doctest: +SKIP
-    >>> ArrowReader(ds).take(0, np.array([0, 1])).column_names  # doctest: +SKIP
+    >>> ds = discover_hf_folder("wiki", "data/wiki_train")
+    >>> ArrowReader(ds).take(0, np.array([0, 1])).column_names
     ['text']
 """
 
@@ -88,8 +88,8 @@ def discover_hf_folder(name: str, path: str) -> Dataset:
     """A :class:`Dataset` over a ``datasets.Dataset.save_to_disk`` folder (kind ``hf_arrow``).
 
     Example:
-        >>> discover_hf_folder("wiki", "data/wiki_train").shard_count()  # doctest: +SKIP
-        4
+        >>> discover_hf_folder("wiki", "data/wiki_train").shard_count()
+        2
     """
     refuse_dataset_dict(path)
     return discover_arrow(name, path, hf_data_files(path), kind="hf_arrow")
@@ -150,8 +150,8 @@ class ArrowReader:
         - Not thread-safe: one reader per worker.
 
     Example:
-        >>> reader = ArrowReader(Dataset.from_path("wiki", "data/wiki_train"))  # doctest: +SKIP
-        >>> reader.take(0, np.arange(5)).num_rows  # doctest: +SKIP
+        >>> reader = ArrowReader(Dataset.from_path("wiki", "data/wiki_train"))
+        >>> reader.take(1, np.arange(5)).num_rows
         5
     """
 

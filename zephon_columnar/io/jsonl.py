@@ -28,9 +28,10 @@ is not one JSON object, or not UTF-8, fails discovery. A bad line further on is 
 schema and reported, with its line number, by the reader when its row is read.
 
 Example:
-    >>> ds = discover_jsonl("chat", "data/chat", ["data/chat/a.jsonl.zst"])  # doctest: +SKIP
-    >>> JsonlReader(ds).take(0, np.array([3, 1])).to_pylist()  # doctest: +SKIP
-    [{'text': 'fourth'}, {'text': 'second'}]
+    >>> ds = discover_jsonl("chat", "data/chat", ["data/chat/part-000.jsonl"])
+    >>> rows = JsonlReader(ds).take(0, np.array([3, 1])).to_pylist()
+    >>> [(row["id"], row["messages"][-1]) for row in rows]
+    [(3, {'role': 'assistant', 'content': 'Buenos días.'}), (1, {'role': 'assistant', 'content': 'Cheerful.'})]
 """
 
 from __future__ import annotations
@@ -357,8 +358,8 @@ def discover_jsonl(name: str, root: str, files: Sequence[str]) -> Dataset:
     copy anyway).
 
     Example:
-        >>> discover_jsonl("chat", "/data/chat", ["/data/chat/a.jsonl"]).total()  # doctest: +SKIP
-        1000
+        >>> discover_jsonl("chat", "data/chat", ["data/chat/part-000.jsonl", "data/chat/part-001.jsonl"]).total()
+        8
     """
     files = list(files)
 
@@ -884,9 +885,9 @@ class JsonlReader:
         - Not thread-safe: one reader per worker.
 
     Example:
-        >>> reader = JsonlReader(Dataset.from_path("chat", "data/chat"))  # doctest: +SKIP
-        >>> reader.take(0, np.arange(100, 164)).num_rows  # doctest: +SKIP
-        64
+        >>> reader = JsonlReader(Dataset.from_path("chat", "data/chat"))
+        >>> reader.take(1, np.array([2, 0])).column("id").to_pylist()  # shard 1, rows 2 and 0
+        [6, 4]
     """
 
     def __init__(

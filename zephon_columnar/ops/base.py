@@ -99,15 +99,24 @@ class BaseOp(ABC):
     ``setup(ctx)`` once per copy before the first call; ``teardown()`` at the end.
     ``process_many`` must be a pure function of its input: state across calls belongs in
     the accumulator, which the engine rebuilds at the start and at every flush point.
+
+    What the engine reads of an operator, all of it:
+
+    - ``traits()`` (`OpTraits`): order kept, rows out per row in (``emits``), workers, whether
+      it is indexable, replayable for calibration, sensitive to how rows are grouped;
+    - ``is_ordered()``: an `OrderedOp`, whose work is a per-lane ``lane_accumulator(ctx)``
+      (a `~zephon_columnar.ops.accumulators.lane.LaneAccumulator`; it declares what else it can
+      do by implementing ``ReferenceState``, ``Rewinds`` or ``ReadsChunkTargets`` there);
+    - ``process_frame(frame)`` for a stateless operator (built-ins override it; the default
+      runs ``process_many`` on the frame's records), ``accumulator(...)`` for a user operator;
+    - ``name``/``op_name()``, ``builtin``, ``frame_rows``, ``fingerprint()`` (the recipe a
+      checkpoint is checked against), ``explain_note()``, ``setup``/``teardown``, ``clone()``.
     """
 
     #: Name used in plans, errors and checkpoints' recipes.
     name: str = ""
     #: Built-in operators are tested with the library and skipped by ``Pipeline.validate``.
     builtin: bool = False
-    #: Whether one input row may become several output rows. False lets a checkpoint resume by
-    #: input position instead of replaying; the safe default for unknown operators is True.
-    fans_out: bool = True
     #: Rows per frame this operator works best on, or None for no preference. Without
     #: ``fetch(max_batch=...)`` the engine cuts frames of the smallest preference in the plan
     #: (its own choice when none has one: ``engine.engine.frame_rows``). A performance hint:
@@ -159,8 +168,8 @@ class BaseOp(ABC):
         return None
 
     def is_ordered(self) -> bool:
-        """Whether this operator is an ordered stage (it overrides ``lane_accumulator``)."""
-        return type(self).lane_accumulator is not BaseOp.lane_accumulator
+        """Whether this operator is an ordered stage (an `OrderedOp`: its work is per lane)."""
+        return False
 
     # ---------------------------------------------------------------- helpers
     def op_name(self) -> str:
@@ -207,6 +216,9 @@ class OrderedOp(BaseOp):
 
     @abstractmethod
     def lane_accumulator(self, ctx: LaneContext | None = None) -> LaneAccumulator: ...
+
+    def is_ordered(self) -> bool:
+        return True
 
     def process_many(self, elems: list[SampleRecord]) -> list[SampleRecord]:
         raise TypeError(

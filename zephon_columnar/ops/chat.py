@@ -75,8 +75,17 @@ is dropped unless ``preserve_upstream_payload=True`` (the conversation column in
 ``input_ids``/mask column is replaced).
 
 Example:
-    >>> pipe.tokenize_chat(tokenizer_id="tok/", chat_template="chat.jinja", max_length=4096)  # doctest: +SKIP
-    >>> pipe.tokenize_chat(tok, apply_chat_template=False, eos_token="</s>", loss_scope="last_span")  # doctest: +SKIP
+    >>> def supervised(row):  # the text of the tokens that get loss
+    ...     ids, mask = row.payload["input_ids"], row.payload["loss_mask"]
+    ...     return tok.decode(ids[mask == 1].tolist(), skip_special_tokens=False)
+    >>> chat = StaticMixtureWorkSource([Dataset.from_path("chat", "data/chat")], {"chat": 1.0}, chunk_size=8)
+    >>> rows = list(Pipeline(chat).tokenize_chat(tokenizer_id="tok/", chat_template="chat.jinja", max_length=4096))
+    >>> supervised(rows[0])  # user: "What is the capital of France?"
+    'The capital of France is Paris.<|im_end|>'
+    >>> plain = Pipeline(chat).tokenize_chat(tok, apply_chat_template=False, eos_token="</s>", loss_scope="last_span")
+    >>> rows = list(plain)
+    >>> supervised(rows[5])  # two answers, "Blue." then "Red.": only the last one gets loss
+    'Red.</s>'
 """
 
 from __future__ import annotations
@@ -135,7 +144,6 @@ class TokenizeChatOp(TokenizerOwner, FrameOp):
     """
 
     name = "tokenize_chat"
-    fans_out = False  # rows are kept or dropped, never split
 
     def __init__(
         self,
@@ -259,7 +267,8 @@ class TokenizeChatOp(TokenizerOwner, FrameOp):
 
     # ------------------------------------------------------------------ contract
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1)
+        # A conversation is kept or dropped (too short, too long, nothing to learn), never split.
+        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1, emits="at_most_one")
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)

@@ -13,7 +13,11 @@ error handler), go through ``bytes.decode`` per value, with Python's exact seman
 ``errors="strict"`` raises DatasetFormatError (a ValueError) naming the field, the sample and the bad byte offset.
 
 Example:
-    >>> pipe.decode_text(fields=("text",), errors="replace", lowercase=True)  # doctest: +SKIP
+    >>> raw = Dataset.from_tables("raw", [pa.table({"text": [b"Caf\\xc3\\xa9\\r\\nOpen", b"bad \\xff byte"]})])
+    >>> pipe = Pipeline(StaticMixtureWorkSource([raw], {"raw": 1.0}, chunk_size=2))
+    >>> pipe = pipe.decode_text(fields=("text",), errors="replace", lowercase=True)
+    >>> [record.payload["text"] for record in pipe]
+    ['café\\nopen', 'bad \ufffd byte']
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ class DecodeTextOp(FrameOp):
     """Decode bytes fields to normalized text; stateless and 1:1."""
 
     name = "decode_text"
-    fans_out = False
 
     def __init__(
         self,
@@ -69,7 +72,7 @@ class DecodeTextOp(FrameOp):
         self.parallelism = parallelism
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1)
+        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1, emits="one")
 
     def fingerprint(self) -> dict[str, Any]:
         return {

@@ -40,7 +40,6 @@ class ExpandChatOp(FrameOp):
     """Conversation prefixes ending at answered user turns; see the module docstring."""
 
     name = "expand_chat"
-    fans_out = True
 
     def __init__(self, *, field: str = "messages", parallelism: int | None = None) -> None:
         super().__init__()
@@ -54,7 +53,11 @@ class ExpandChatOp(FrameOp):
 
     def traits(self) -> OpTraits:
         return OpTraits(
-            preserves_cursor_order=True, indexable=False, calibration_replayable=True, parallelism=self.parallelism or 1
+            preserves_cursor_order=True,
+            indexable=False,
+            calibration_replayable=True,
+            parallelism=self.parallelism or 1,
+            emits="any",
         )
 
     def fingerprint(self) -> dict[str, Any]:

@@ -51,7 +51,6 @@ class FetchOp(FrameOp):
     """Read the payload rows of a pointer frame. Stateless; one reader per dataset per worker."""
 
     name = "fetch"
-    fans_out = False
 
     def __init__(self, parallelism: int | None = None, max_batch: int | None = None) -> None:
         super().__init__()
@@ -65,7 +64,7 @@ class FetchOp(FrameOp):
         self._groups: list[tuple[tuple[str, int, int, int], dict[str, int]]] | None = None  # None: not tracking
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1)
+        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1, emits="one")
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)

@@ -10,8 +10,11 @@ Two forms, same contract (a pure function of each row):
 
 Example:
     >>> import polars as pl
-    >>> pipe.map_transform(pl.col("text").str.to_lowercase())  # doctest: +SKIP
-    >>> pipe.filter(pl.col("text").str.len_chars() > 200)       # doctest: +SKIP
+    >>> pipe = pipe.map_transform(pl.col("text").str.to_lowercase())
+    >>> pipe = pipe.filter(pl.col("text").str.len_chars() > 90)
+    >>> texts = [record.payload["text"] for record in pipe]
+    >>> len(texts), texts[0]
+    (4, 'the river carried the fishing boats downstream long before the evening storm reached the hills.')
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from zephon_columnar.errors import ConfigError, WrongTypeError, ZephonError, ope
 from zephon_columnar.ops.base import BaseOp, FrameOp, OpTraits
 from zephon_columnar.ops.polars_frames import polars_frame
 from zephon_columnar.ops.rows import payload_rows, run_payload_fn, sample_of
+from zephon_columnar.ops.traits import Emits
 
 
 def _is_polars_expr(obj: Any) -> bool:
@@ -52,7 +56,6 @@ class MapOp(FrameOp):
     """``map_transform``: Polars expressions or a payload -> payload|None callable."""
 
     name = "map_transform"
-    fans_out = False
 
     def __init__(self, fn: Any, *, parallelism: int | None = None, drop_none: bool = True) -> None:
         super().__init__()
@@ -68,7 +71,9 @@ class MapOp(FrameOp):
         self.drop_none = drop_none
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1)
+        # A callable's None drops its row (unless drop_none=False); expressions map every row.
+        emits: Emits = "at_most_one" if self.drop_none and not self.is_expr else "one"
+        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1, emits=emits)
 
     def fingerprint(self) -> dict[str, Any]:
         out: dict[str, Any] = {"op": self.name, "fn": _describe(self.fn)}
@@ -101,7 +106,6 @@ class FilterOp(FrameOp):
     """``filter``: keep the rows where a predicate holds (Polars/pyarrow expression or callable)."""
 
     name = "filter"
-    fans_out = False
 
     def __init__(self, predicate: Any, *, parallelism: int | None = None) -> None:
         super().__init__()
@@ -115,7 +119,9 @@ class FilterOp(FrameOp):
 
     def traits(self) -> OpTraits:
         # not indexable: a dropped row leaves its position without a sample
-        return OpTraits(preserves_cursor_order=True, indexable=False, parallelism=self.parallelism or 1)
+        return OpTraits(
+            preserves_cursor_order=True, indexable=False, parallelism=self.parallelism or 1, emits="at_most_one"
+        )
 
     def fingerprint(self) -> dict[str, Any]:
         return {"op": self.name, "predicate": _describe(self.predicate)}
@@ -158,14 +164,13 @@ class MaterializeOp(FrameOp):
     """``materialize``: a 1:1 pass-through that makes each frame's columns contiguous."""
 
     name = "materialize"
-    fans_out = False
 
     def __init__(self, parallelism: int | None = None) -> None:
         super().__init__()
         self.parallelism = parallelism
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1)
+        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1, emits="one")
 
     def process_frame(self, frame: pa.Table) -> pa.Table:
         return frame.combine_chunks()
@@ -188,7 +193,7 @@ class MapBatchOp(BaseOp):
         self.drop_none = drop_none
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, indexable=False)
+        return OpTraits(preserves_cursor_order=True, indexable=False, emits="at_most_one")
 
     def apply(self, batch: Any) -> Any:
         """The batch to deliver instead of ``batch``, or None to drop it."""

@@ -200,7 +200,6 @@ class RecordsTransformOp(BaseOp):
     workers, once per batch the ordered part emitted."""
 
     builtin = True
-    fans_out = True
 
     def __init__(
         self, name: str, transform: Callable[[list[SampleRecord]], list[SampleRecord]], parallelism: int
@@ -213,7 +212,7 @@ class RecordsTransformOp(BaseOp):
         self.parallelism = parallelism
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism)
+        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism, emits="any")
 
     def process_many(self, elems: list[SampleRecord]) -> list[SampleRecord]:
         try:

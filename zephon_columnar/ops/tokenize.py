@@ -48,8 +48,12 @@ Semantics (Zephon 0.2.0, B.17, with the choices below):
   (a transformers fast tokenizer through its Rust backend).
 
 Example:
-    >>> pipe.tokenize(tokenizer_id="tok/", field="text", special_tokens="eos")       # doctest: +SKIP
-    >>> pipe.tokenize(tokenizer=tok, field="text", max_length=2048, split_long_samples=True)  # doctest: +SKIP
+    >>> record = next(iter(pipe.tokenize(tokenizer_id="tok/", field="text", special_tokens="eos")))
+    >>> sorted(record.payload), record.payload["input_ids"][-1]  # each document ends with EOS (id 1)
+    (['attention_mask', 'input_ids'], 1)
+    >>> pieces = Pipeline(ws).tokenize(tokenizer=tok, field="text", max_length=8, split_long_samples=True)
+    >>> [len(r.payload["input_ids"]) for r in pieces if r.meta.sample_id == (0, 0, 0)]  # one document's pieces
+    [8, 8, 8, 8, 1]
 """
 
 from __future__ import annotations
@@ -86,7 +90,6 @@ class TokenizeOp(TokenizerOwner, FrameOp):
     """
 
     name = "tokenize"
-    fans_out = False
 
     def __init__(
         self,
@@ -143,7 +146,6 @@ class TokenizeOp(TokenizerOwner, FrameOp):
         self.bos_override = None if bos_token_id is None else int(bos_token_id)
         self.eos_override = None if eos_token_id is None else int(eos_token_id)
         self.parallelism = parallelism
-        self.fans_out = self.split_long_samples  # instance attribute: the engine reads op.fans_out
 
         n_specials = self._n_specials()
         if self.truncation and max_length is None:
@@ -177,7 +179,10 @@ class TokenizeOp(TokenizerOwner, FrameOp):
     # ------------------------------------------------------------------ contract
     def traits(self) -> OpTraits:
         return OpTraits(
-            preserves_cursor_order=True, indexable=not self.split_long_samples, parallelism=self.parallelism or 1
+            preserves_cursor_order=True,
+            indexable=not self.split_long_samples,
+            parallelism=self.parallelism or 1,
+            emits="any" if self.split_long_samples else "at_most_one",  # a row without the field may be dropped
         )
 
     def setup(self, ctx: OpContext) -> None:

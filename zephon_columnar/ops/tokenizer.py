@@ -29,10 +29,12 @@ Special tokens. BOS/EOS/PAD ids come, in this order of precedence, from
    for PAD, first the padding configured in ``tokenizer.json``.
 
 Example:
-    >>> h = load_tokenizer(tokenizer_id="my_tok/")                     # doctest: +SKIP
-    >>> ids, offsets = h.encode_ids(["hello world", "bye"])            # doctest: +SKIP
-    >>> h.eos_token_id                                                 # doctest: +SKIP
-    2
+    >>> h = load_tokenizer(tokenizer_id="tok/")  # a folder: tokenizer.json + tokenizer_config.json
+    >>> ids, offsets = h.encode_ids(["hello world", "bye"])  # flat ids; row i is ids[offsets[i]:offsets[i + 1]]
+    >>> h.tokenizer.decode(ids[offsets[0] : offsets[1]].tolist())
+    'hello world'
+    >>> h.bos_token_id, h.eos_token_id, h.pad_token_id
+    (0, 1, 2)
 """
 
 from __future__ import annotations
@@ -565,8 +567,9 @@ def load_tokenizer(tokenizer: Any = None, tokenizer_id: Any = None) -> Tokenizer
             downloaded).
 
     Example:
-        >>> from tokenizers import Tokenizer                              # doctest: +SKIP
-        >>> load_tokenizer(Tokenizer.from_file("tok/tokenizer.json")).eos_token_id  # doctest: +SKIP
+        >>> from tokenizers import Tokenizer
+        >>> load_tokenizer(Tokenizer.from_file("tok/tokenizer.json")).eos_token_id  # "</s>", among its added tokens
+        1
     """
     check_tokenizer_args(tokenizer, tokenizer_id)
     path = tokenizer_id if tokenizer_id is not None else tokenizer

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +48,7 @@ from zephon_columnar.ops.accumulators import Accumulator, CountingAccumulator, P
 from zephon_columnar.ops.accumulators.lane import LaneContext
 from zephon_columnar.ops.base import BaseOp, OpContext, OpTraits, OrderedOp, run_columns
 from zephon_columnar.ops.rows import keep_lineage
+from zephon_columnar.ops.traits import Emits
 from zephon_columnar.records import SampleRecord, check_records, frame_of_records, records_of
 
 
@@ -92,6 +93,7 @@ class FunctionOp(BaseOp):
         batch_shape_sensitive: bool | None = None,
         requires_serial_state: bool | None = None,
         calibration_replayable: bool | None = None,
+        emits: Emits = "any",
     ) -> None:
         super().__init__()
         if not isinstance(name, str) or not name:
@@ -110,6 +112,8 @@ class FunctionOp(BaseOp):
         ):
             if fn is not None and not callable(fn):
                 raise ConfigError(f"add_op({name!r}, {what}=...): pass a callable, got {type(fn).__name__}.")
+        if emits not in get_args(Emits):
+            raise ConfigError(f"add_op({name!r}, emits={emits!r}): use one of {list(get_args(Emits))}.")
         if columns_format not in ("arrow", "polars"):
             raise ConfigError(f"add_op({name!r}, columns_format={columns_format!r}): use 'arrow' or 'polars'.")
         if parallelism is not None and (not isinstance(parallelism, int) or parallelism < 1):
@@ -128,6 +132,7 @@ class FunctionOp(BaseOp):
             batch_shape_sensitive=bool(batch_shape_sensitive),
             requires_serial_state=bool(requires_serial_state),
             calibration_replayable=bool(calibration_replayable),
+            emits=emits,
         )
 
     def traits(self) -> OpTraits:
@@ -214,7 +219,6 @@ class _Delegate(BaseOp):
     def __init__(self, op: BaseOp) -> None:
         super().__init__()
         self.op = op
-        self.fans_out = op.fans_out
 
     def traits(self) -> OpTraits:
         return self.op.traits()

@@ -140,6 +140,34 @@ class ReferenceState(Protocol):
     def rebuild(self, refs: pa.Table, schema: pa.Schema | None, source: RowSource) -> pa.Table: ...
 
 
+@runtime_checkable
+class Rewinds(Protocol):
+    """What a `LaneAccumulator` implements when its whole state can be a position in its input
+    (a wrap packer fed one row per sample): a checkpoint of the lane is then a few numbers.
+
+    can_rewind()       whether this configuration can (the engine asks before relying on it)
+    rewind(first_out)  ``(chunk, offset)`` to read the input again from (None: nothing held)
+                       and the state a fresh accumulator restores to skip what was delivered;
+                       ``first_out``: its oldest rows not delivered yet
+    skip_pending()     restored by rewinding, and nothing pushed since
+    """
+
+    def can_rewind(self) -> bool: ...
+
+    def rewind(self, first_out: pa.Table | None) -> tuple[tuple[int, int] | None, dict[str, Any]]: ...
+
+    def skip_pending(self) -> bool: ...
+
+
+@runtime_checkable
+class ReadsChunkTargets(Protocol):
+    """What a `LaneAccumulator` declares when it reads its chunks' target mixtures
+    (`LaneContext.chunk_target`): a checkpoint then keeps the targets of the chunks that rows
+    still in the lane come from."""
+
+    uses_chunk_targets: bool
+
+
 def restorable_by_reference(acc: object) -> TypeGuard[ReferenceState]:
     """Whether ``acc`` implements `ReferenceState`."""
     return isinstance(acc, ReferenceState)
@@ -150,7 +178,9 @@ __all__ = [
     "ChunkExhaustion",
     "LaneAccumulator",
     "LaneContext",
+    "ReadsChunkTargets",
     "ReferenceState",
+    "Rewinds",
     "RowSource",
     "restorable_by_reference",
 ]
