@@ -23,7 +23,9 @@ PACKAGE = "zephon_columnar"
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     (
         "core",
-        frozenset({"errors", "frame", "records", "references", "memory", "recipes", "types", "observability"}),
+        frozenset(
+            {"compatibility", "errors", "frame", "records", "references", "memory", "recipes", "types", "observability"}
+        ),
     ),
     ("io", frozenset({"io"})),
     ("work", frozenset({"work"})),

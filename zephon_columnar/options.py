@@ -22,41 +22,15 @@ import sys
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from zephon_columnar.compatibility import INERT_OPTIONS
 from zephon_columnar.errors import ConfigError
 
 Runner = Literal["inline", "threads", "process", "remote", "ray"]
 MappingStrategy = Literal["contiguous", "interleaved"]
 IpcTransport = Literal["socketpair", "pipe"]
 
-#: Options accepted for compatibility that do not change how this engine runs.
-NO_OP_OPTIONS = frozenset(
-    {
-        "per_stage_runner",
-        "mp_context",
-        "worker_allocation",
-        "default_stage_prefetch",
-        "per_stage_prefetch",
-        "ipc_transport",
-        "ipc_buffer_bytes",
-        "mixture_config",
-        "allow_latency_flush_in_deterministic",
-        "shutdown_mode",
-        "mtp_prefetch",
-        "mtp_auto_checkpoint",
-        "shm_enabled",
-        "shm_coalesce",
-        "shm_min_item_bytes",
-        "shm_min_new_allocation_bytes",
-        "shm_min_forward_bytes",
-        "shm_compact_above_ratio",
-        "shm_compact_min_savings_bytes",
-        "shm_max_coalesced_bytes",
-        "max_worker_retries",
-        "aggregate_store",
-        "aggregate_serializer",
-        "aggregate_compressor",
-    }
-)
+# The options accepted for Zephon compatibility that change nothing here, and why, are listed in
+# zephon_columnar.compatibility (INERT_OPTIONS); explain() names those a pipeline sets.
 
 
 def import_ray() -> Any:
@@ -125,6 +99,21 @@ class RuntimeOptions:
     #: Seconds a stage call on the threads or process runner may run before the iterator raises
     #: (naming the operators and the first sample); None: no limit. Not Zephon's.
     op_timeout_s: float | None = None
+
+    def inert_settings(self) -> list[str]:
+        """The options set here (not at their defaults) that have no effect, one line each with
+        why (`zephon_columnar.compatibility.INERT_OPTIONS`).
+
+        Example:
+            >>> [line.split(":")[0] for line in RuntimeOptions(mp_context="fork", max_workers=4).inert_settings()]
+            ["options(mp_context='fork')"]
+        """
+        defaults = RuntimeOptions()
+        return [
+            f"options({name}={getattr(self, name)!r}): {why}"
+            for name, why in INERT_OPTIONS.items()
+            if getattr(self, name) != getattr(defaults, name)
+        ]
 
     # ------------------------------------------------------------------ updates
     @classmethod

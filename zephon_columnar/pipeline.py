@@ -2,12 +2,16 @@
 
 Example:
     >>> from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
-    >>> ws = StaticMixtureWorkSource([Dataset.from_path("web", "data/web")], {"web": 1.0},
-    ...                              chunk_size=1024, seed=0)  # doctest: +SKIP
-    >>> pipe = Pipeline(ws).filter(pl.col("text").str.len_chars() > 100).batch(8)  # doctest: +SKIP
-    >>> for batch in pipe:  # doctest: +SKIP
-    ...     tensors = batch.to_training()
-    ...     state = pipe.checkpoint()  # JSON-serializable; restore() it into a fresh pipeline
+    >>> ws = StaticMixtureWorkSource([Dataset.from_path("web", "data/web")], {"web": 1.0}, chunk_size=16, seed=0)
+    >>> pipe = Pipeline(ws).filter(pl.col("text").str.len_chars() > 80).batch(2)
+    >>> for step, batch in enumerate(pipe):
+    ...     texts = batch.to_pydict()["text"]
+    ...     if step == 1:
+    ...         state = pipe.checkpoint()  # JSON-serializable: restore() it into a fresh pipeline
+    >>> resumed = Pipeline(ws).filter(pl.col("text").str.len_chars() > 80).batch(2)
+    >>> resumed.restore(state)
+    >>> [b.to_pydict()["text"] for b in resumed][-1] == texts  # it goes on after step 1, to the same end
+    True
 
 Builder methods change the pipeline in place and return it: each replaces its `PipelineSpec`
 (``pipe.spec``: work source, operators, options; `zephon_columnar.engine.spec`). Running it is
@@ -23,6 +27,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from zephon_columnar.compatibility import PLACEMENT, PLACEMENTS
 from zephon_columnar.engine.calibrate import prime_token_mixture
 from zephon_columnar.engine.checkpoint import (
     checkpoint_bytes,
@@ -94,14 +99,25 @@ class Pipeline:
         self._session.use(dataclasses.replace(self.spec, **changes), what=what)
         return self
 
-    def _add(self, op: BaseOp) -> "Pipeline":
+    def _add(self, op: BaseOp, *, placement: str = "auto") -> "Pipeline":
         what = f"{op.op_name()}()"
         self._session.refuse_while_iterating(what)
         if any(isinstance(o, BatchOp) for o in self.spec.ops):
             raise ConfigError(
                 f"{op.op_name()}() after batch(): only map_batch may follow batch(); add {op.op_name()} before batch()."
             )
-        return self._respec(what, ops=(*self.spec.ops, op))
+        return self._respec(what, ops=(*self.spec.ops, op), ignored=self._placed(op.op_name(), placement))
+
+    def _placed(self, call: str, placement: str, default: str = "auto") -> tuple[str, ...]:
+        """The spec's ``ignored`` with a line for ``call(placement=...)`` when it names a
+        placement (accepted for Zephon, no effect: `zephon_columnar.compatibility`)."""
+        if placement not in PLACEMENTS:
+            raise ConfigError(
+                f"{call}(placement={placement!r}): use one of {list(PLACEMENTS)} (it has no effect here: {PLACEMENT})."
+            )
+        if placement == default:
+            return self.spec.ignored
+        return (*self.spec.ignored, f"{call}(placement={placement!r}): {PLACEMENT}")
 
     def fetch(self, parallelism: int | None = None, max_batch: int | None = None) -> "Pipeline":
         """Set the implicit fetch's worker count and rows per read (a performance knob only)."""
@@ -121,10 +137,14 @@ class Pipeline:
         """
         if buffer_size < 1 or (parallelism is not None and parallelism < 1):
             raise ConfigError(f"prefetch(buffer_size={buffer_size}, parallelism={parallelism}): pass positive ints.")
-        return self._respec("prefetch()", prefetch=(buffer_size, parallelism or 4))
+        return self._respec(
+            "prefetch()",
+            prefetch=(buffer_size, parallelism or 4),
+            ignored=self._placed("prefetch", placement, default="local"),
+        )
 
     def materialize(self, placement: str = "auto", parallelism: int | None = None) -> "Pipeline":
-        return self._add(MaterializeOp(parallelism))
+        return self._add(MaterializeOp(parallelism), placement=placement)
 
     def map_transform(
         self, fn: Any, *, drop_none: bool = True, placement: str = "auto", parallelism: int | None = None
@@ -133,15 +153,19 @@ class Pipeline:
         expression(s) applied with ``with_columns`` to whole frames (the fast path).
 
         Example:
-            >>> pipe.map_transform(pl.col("text").str.strip_chars())  # doctest: +SKIP
-            >>> pipe.map_transform(lambda p: p if len(p["text"]) > 10 else None)  # doctest: +SKIP
+            >>> upper = Pipeline(ws).map_transform(pl.col("text").str.to_uppercase())
+            >>> next(iter(upper)).payload["text"].isupper()
+            True
+            >>> long_only = Pipeline(ws).map_transform(lambda p: p if len(p["text"]) > 80 else None)
+            >>> sum(1 for _ in long_only), sum(1 for _ in Pipeline(ws))
+            (19, 32)
         """
-        return self._add(MapOp(fn, parallelism=parallelism, drop_none=drop_none))
+        return self._add(MapOp(fn, parallelism=parallelism, drop_none=drop_none), placement=placement)
 
     def filter(self, predicate: Any, *, placement: str = "auto", parallelism: int | None = None) -> "Pipeline":
         """Keep rows where ``predicate`` holds: a boolean Polars expression, a
         ``pyarrow.compute.Expression``, or ``fn(payload) -> bool``."""
-        return self._add(FilterOp(predicate, parallelism=parallelism))
+        return self._add(FilterOp(predicate, parallelism=parallelism), placement=placement)
 
     def decode_text(self, parallelism: int | None = None, **kwargs: Any) -> "Pipeline":
         """Decode binary/string fields to text, vectorized: ``fields=("text",), encoding="utf-8",
@@ -181,7 +205,11 @@ class Pipeline:
         ids (the extra ``fast``), else ``tokenizers`` (`zephon_columnar.ops.tokenizer_backend`).
 
         Example:
-            >>> pipe.tokenize(tokenizer_id="tok/", field="text", special_tokens="eos")  # doctest: +SKIP
+            >>> first = next(iter(Pipeline(ws))).payload["text"]
+            >>> row = next(iter(pipe.tokenize(tokenizer_id="tok/", field="text", special_tokens="eos")))
+            >>> ids = row.payload["input_ids"]
+            >>> tok.decode(ids[:-1]) == first, ids[-1] == tok.token_to_id("</s>")
+            (True, True)
         """
         from zephon_columnar.ops.tokenize import TokenizeOp
 
@@ -204,7 +232,8 @@ class Pipeline:
                 eos_token_id=eos_token_id,
                 parallelism=parallelism,
                 backend=backend,
-            )
+            ),
+            placement=placement,
         )
 
     def tokenize_chat(
@@ -235,7 +264,10 @@ class Pipeline:
         the mask), which only ``tokenizers`` does, so that path encodes with it.
 
         Example:
-            >>> pipe.tokenize_chat(tokenizer_id="tok/", chat_template="chat.jinja")  # doctest: +SKIP
+            >>> chat = StaticMixtureWorkSource([Dataset.from_path("chat", "data/chat")], {"chat": 1.0}, chunk_size=8)
+            >>> row = next(iter(Pipeline(chat).tokenize_chat(tokenizer_id="tok/", chat_template="chat.jinja")))
+            >>> sorted(row.payload)
+            ['input_ids', 'loss_mask']
         """
         from zephon_columnar.ops.chat import TokenizeChatOp
 
@@ -258,7 +290,8 @@ class Pipeline:
                 preserve_upstream_payload=preserve_upstream_payload,
                 parallelism=parallelism,
                 backend=backend,
-            )
+            ),
+            placement=placement,
         )
 
     def expand_chat(
@@ -268,12 +301,13 @@ class Pipeline:
         to (not including) the next user message (`zephon_columnar.ops.expand_chat`).
 
         Example:
-            >>> pipe.expand_chat(field="messages").tokenize_chat(tokenizer_id="tok/")  # doctest: +SKIP
+            >>> chat = StaticMixtureWorkSource([Dataset.from_path("chat", "data/chat")], {"chat": 1.0}, chunk_size=8)
+            >>> sum(1 for _ in Pipeline(chat)), sum(1 for _ in Pipeline(chat).expand_chat(field="messages"))
+            (8, 9)
         """
         from zephon_columnar.ops.expand_chat import ExpandChatOp
 
-        self._check_placement(placement)
-        return self._add(ExpandChatOp(field=field, parallelism=parallelism))
+        return self._add(ExpandChatOp(field=field, parallelism=parallelism), placement=placement)
 
     def shuffle(
         self,
@@ -302,7 +336,10 @@ class Pipeline:
         from zephon_columnar.ops.shuffle import ShuffleOp
 
         return self._add(
-            ShuffleOp(buffer_size, seed=seed, algorithm=algorithm, warmup_growth=warmup_growth, parallelism=parallelism)
+            ShuffleOp(
+                buffer_size, seed=seed, algorithm=algorithm, warmup_growth=warmup_growth, parallelism=parallelism
+            ),
+            placement=placement,
         )
 
     def ensure_mixture(
@@ -341,7 +378,8 @@ class Pipeline:
                 warn_tolerance=warn_tolerance,
                 mixture=mixture,
                 parallelism=parallelism,
-            )
+            ),
+            placement=placement,
         )
 
     def stateful_transform(
@@ -389,7 +427,8 @@ class Pipeline:
                 should_flush=should_flush,
                 indexable=indexable,
                 preserves_cursor_order=preserves_cursor_order,
-            )
+            ),
+            placement=placement,
         )
         if transform is not None:
             if not isinstance(parallelism, int) or parallelism < 1:
@@ -464,7 +503,8 @@ class Pipeline:
                 homogeneity=homogeneity,
                 groups=groups,
                 parallelism=parallelism,
-            )
+            ),
+            placement=placement,
         )
 
     def pack_sequences(
@@ -533,7 +573,8 @@ class Pipeline:
                 homogeneity=homogeneity,
                 groups=groups,
                 parallelism=parallelism,
-            )
+            ),
+            placement=placement,
         )
         if callable(pack_payloads):
             self._add(MapOp(merge_with(pack_payloads), parallelism=parallelism))
@@ -586,7 +627,6 @@ class Pipeline:
         `zephon_columnar.ops.user`). ``placement`` is accepted for Zephon compatibility and has
         no effect: every stage runs on the pipeline's runner (``options(runner=...)``).
         """
-        self._check_placement(placement)
         if isinstance(op, BaseOp):
             if process_many is not None or preserves_cursor_order is not None or parallelism is not None or kwargs:
                 given = [
@@ -605,7 +645,7 @@ class Pipeline:
                 )
             if name:
                 op.name = name
-            return self._add(op)
+            return self._add(op, placement=placement)
         if not isinstance(op, str):
             raise WrongTypeError(
                 f"add_op({type(op).__name__}): pass a BaseOp instance, or a name and process_many= (the kwargs form)."
@@ -634,7 +674,8 @@ class Pipeline:
                 preserves_cursor_order=preserves_cursor_order,
                 parallelism=parallelism,
                 **kwargs,
-            )
+            ),
+            placement=placement,
         )
 
     def map_batch(
@@ -651,29 +692,25 @@ class Pipeline:
         ``placement`` are accepted for Zephon compatibility and have no effect.
 
         Example:
-            >>> pipe.batch(8).map_batch(lambda b: b if len(b) == 8 else None)  # doctest: +SKIP
+            >>> full = pipe.batch(6, drop_last=False).map_batch(lambda b: b if len(b) == 6 else None)
+            >>> [len(b) for b in full], [len(b) for b in Pipeline(ws).batch(6, drop_last=False)]
+            ([6, 6, 6, 6, 6], [6, 6, 6, 6, 6, 2])
         """
         self._session.refuse_while_iterating("map_batch()")
-        self._check_placement(placement)
         if not any(isinstance(o, BatchOp) for o in self.spec.ops):
             raise ConfigError(
                 "map_batch() before batch(): map_batch transforms SampleBatches; call batch() first, "
                 "or use map_transform to transform records."
             )
-        return self._respec("map_batch()", ops=(*self.spec.ops, MapBatchOp(fn, drop_none=drop_none)))
-
-    @staticmethod
-    def _check_placement(placement: str) -> None:
-        if placement not in ("auto", "local", "remote", "driver", "worker"):
-            raise ConfigError(
-                f"placement={placement!r}: use 'auto' (placement has no effect here: every stage "
-                "runs on the pipeline's runner)."
-            )
+        ignored = self._placed("map_batch", placement)
+        if parallelism is not None:
+            ignored = (*ignored, f"map_batch(parallelism={parallelism!r}): map_batch runs in the iterating thread")
+        return self._respec("map_batch()", ops=(*self.spec.ops, MapBatchOp(fn, drop_none=drop_none)), ignored=ignored)
 
     def batch(self, microbatch_size: int, *, drop_last: bool = True, placement: str = "auto") -> "Pipeline":
         """Group each lane's rows into `SampleBatch`es of ``microbatch_size`` (lane-pure).
         ``drop_last=False`` also emits each lane's short final batch."""
-        return self._add(BatchOp(microbatch_size, drop_last=drop_last))
+        return self._add(BatchOp(microbatch_size, drop_last=drop_last), placement=placement)
 
     def options(self, **hints: Any) -> "Pipeline":
         """Set `RuntimeOptions` fields; an unknown name raises, listing the valid ones."""

@@ -64,6 +64,7 @@ from zephon_columnar.observability import (
 )
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.fetch import shard_cache_settings
+from zephon_columnar.ops.user import unused_hooks
 from zephon_columnar.progress import Progress
 from zephon_columnar.validation import ValidationError, validate_ops
 from zephon_columnar.work.base import WorkSource
@@ -215,7 +216,12 @@ class Session:
         return totals
 
     def explain(self) -> str:
-        text = self._spec.build_engine().explain()
+        spec = self._spec
+        text = spec.build_engine().explain()
+        inert = spec.options.inert_settings() + list(spec.ignored)
+        inert += [line for op in spec.ops if not op.builtin for line in unused_hooks(op)]
+        if inert:
+            text += "\nAccepted for Zephon compatibility, no effect here:" + "".join(f"\n  {line}" for line in inert)
         counters = self.counters()
         if counters:
             text += "\nCounters of the last run: " + ", ".join(f"{k}={v}" for k, v in sorted(counters.items()))

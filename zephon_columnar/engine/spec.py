@@ -46,7 +46,8 @@ class PipelineSpec:
 
     ``prefetch``: ``Pipeline.prefetch``'s ``(buffer_size, parallelism)``, None when off.
     ``lane_subset``: the lanes of this rank's that a run reads (a torch loader worker's share;
-    None: all of them).
+    None: all of them). ``ignored``: what the builder calls named that has no effect here (one
+    line each, with why: `zephon_columnar.compatibility`), for ``explain()``.
     """
 
     work_source: WorkSource
@@ -54,6 +55,7 @@ class PipelineSpec:
     options: RuntimeOptions
     prefetch: tuple[int, int] | None = None
     lane_subset: tuple[int, ...] | None = None
+    ignored: tuple[str, ...] = ()
 
     def build_engine(self) -> Engine:
         """The engine of a run of this spec (cheap: compiling the plan, no thread started)."""

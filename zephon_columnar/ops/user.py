@@ -43,6 +43,7 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
+from zephon_columnar.compatibility import INERT_ACCUMULATOR_HOOKS
 from zephon_columnar.errors import ConfigError, PipelineError, WrongTypeError, operator_failure
 from zephon_columnar.ops.accumulators import Accumulator, CountingAccumulator, PassthroughAccumulator
 from zephon_columnar.ops.accumulators.lane import LaneContext
@@ -191,6 +192,22 @@ def accumulator_of(op: BaseOp, ctx: dict[str, Any] | None = None) -> Accumulator
             "zephon_columnar.ops.Accumulator (e.g. CountingAccumulator(max_batch=64))."
         )
     return acc
+
+
+def unused_hooks(op: BaseOp) -> list[str]:
+    """The Zephon accumulator hooks ``op``'s accumulator sets that this engine never calls
+    (`zephon_columnar.compatibility.INERT_ACCUMULATOR_HOOKS`), one line each with why."""
+    acc = accumulator_of(op)
+    mine = [c for c in type(acc).__mro__ if c not in (Accumulator, CountingAccumulator, PassthroughAccumulator)]
+    lines = [
+        f"{op.op_name()}: {type(acc).__name__}.{name}: {why}"
+        for name, why in INERT_ACCUMULATOR_HOOKS.items()
+        if any(name in vars(c) for c in mine)
+    ]
+    if isinstance(acc, CountingAccumulator) and acc.max_latency_ms is not None:
+        why = INERT_ACCUMULATOR_HOOKS["max_latency_ms"]
+        lines.append(f"{op.op_name()}: CountingAccumulator(max_latency_ms={acc.max_latency_ms}): {why}")
+    return lines
 
 
 #: Records per call of a grouping-sensitive op that brings no grouping of its own (Zephon's

@@ -93,7 +93,6 @@ class PackSequencesOp(PackFlatOp):
         max_length: int,
         *,
         algorithm: PackingAlgorithm = "first_fit",
-        length_fn: Any = None,
         pack_payloads: Any = "keep_list",
         parallelism: int | None = None,
         **options: Any,
@@ -101,14 +100,6 @@ class PackSequencesOp(PackFlatOp):
         from zephon_columnar.ops.pack.sequences import check_pack_payloads
 
         super().__init__(max_length, algorithm=algorithm, parallelism=parallelism, emit_positions=False, **options)
-        if length_fn is not None and algorithm not in ("first_fit", "best_fit"):
-            from zephon_columnar.errors import ConfigError
-
-            raise ConfigError(
-                f"pack_sequences(length_fn=..., algorithm={algorithm!r}): wrapping algorithms slice "
-                "the token field, so its length is the length; length_fn is for first_fit/best_fit."
-            )
-        self.length_fn = length_fn
         self.pack_payloads = check_pack_payloads(pack_payloads)
 
     def lane_accumulator(self, ctx: LaneContext | None = None) -> LanePacker:
@@ -129,5 +120,4 @@ class PackSequencesOp(PackFlatOp):
             if isinstance(self.pack_payloads, str)
             else getattr(self.pack_payloads, "__qualname__", repr(self.pack_payloads))
         )
-        out["length_fn"] = None if self.length_fn is None else getattr(self.length_fn, "__qualname__", "fn")
         return out
