@@ -91,3 +91,19 @@ def test_explain_names_accumulator_hooks_the_engine_never_calls():
     assert "early: EarlyReset.try_epoch_reset: every flush point resets the accumulator" in text
     assert "timed: CountingAccumulator(max_latency_ms=50): calls are cut by count only" in text
     assert "reads_payload" not in text
+
+
+def test_the_options_keywords_an_editor_sees_are_runtime_options_fields():
+    import dataclasses
+    import inspect
+    import typing
+
+    from zephon_columnar.options import OptionHints
+
+    fields = typing.get_type_hints(RuntimeOptions)
+    assert [f.name for f in dataclasses.fields(RuntimeOptions)] == list(fields)
+    assert typing.get_type_hints(OptionHints) == fields  # the same names and types
+    assert OptionHints.__total__ is False
+    hints = inspect.signature(Pipeline.options).parameters["hints"]
+    assert hints.kind is inspect.Parameter.VAR_KEYWORD
+    assert typing.get_args(hints.annotation) == (OptionHints,)  # Unpack[OptionHints]

@@ -417,7 +417,7 @@ def test_a_crashing_check_is_reported_and_the_other_checks_still_run(monkeypatch
     def broken(*args):
         raise RuntimeError("identity check bug")
 
-    monkeypatch.setattr(validation, "_identity_issues", broken)
+    monkeypatch.setattr(validation.operators, "_identity_issues", broken)
     report = validate_ops([Counting(), kwargs_op(count_the_call, calibration_replayable=True)])
     assert [(i.op_name, i.code) for i in report.errors] == [
         ("Counting", "OP_CROSS_CALL_STATE"), ("Counting", "OP_VALIDATOR_CRASHED"),

@@ -20,7 +20,7 @@ import importlib.util
 import os
 import sys
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from zephon_columnar.compatibility import INERT_OPTIONS
 from zephon_columnar.errors import ConfigError
@@ -31,6 +31,59 @@ IpcTransport = Literal["socketpair", "pipe"]
 
 # The options accepted for Zephon compatibility that change nothing here, and why, are listed in
 # zephon_columnar.compatibility (INERT_OPTIONS); explain() names those a pipeline sets.
+
+
+class OptionHints(TypedDict, total=False):
+    """The keywords of ``Pipeline.options(**hints)``: `RuntimeOptions`' fields and types, so an
+    editor completes and checks them (a test holds the two to the same names and types)."""
+
+    runner: Runner | None
+    run_id: str
+    per_stage_runner: dict[int, str]
+    mp_context: Any
+    worker_allocation: str
+    max_workers: int | None
+    deterministic: bool
+    prefetch_batches: int | None
+    default_stage_prefetch: int | None
+    per_stage_prefetch: dict[int, int]
+    op_queue_capacity: int | None
+    ipc_transport: IpcTransport
+    ipc_buffer_bytes: int
+    mixture_config: Any
+    io_options: Any
+    allow_latency_flush_in_deterministic: bool
+    flush_every_k_chunks: int | None
+    shutdown_mode: Literal["graceful", "hard"]
+    auto_validation: Literal["strict", "warn", "off"]
+    mtp_mode: bool
+    mtp_buffer: int | None
+    mtp_buffer_bytes: int
+    mtp_prefetch: int | None
+    mtp_auto_checkpoint: bool
+    world_size: int
+    global_rank: int
+    dp_degree: int | None
+    dp_group_id: int | None
+    canonical_replicas: int | None
+    mapping_strategy: MappingStrategy | None
+    shm_enabled: bool
+    shm_coalesce: bool
+    shm_min_item_bytes: int
+    shm_min_new_allocation_bytes: int
+    shm_min_forward_bytes: int
+    shm_compact_above_ratio: float
+    shm_compact_min_savings_bytes: int
+    shm_max_coalesced_bytes: int
+    max_worker_retries: int
+    aggregate_dir: str | None
+    aggregate_store: Any
+    aggregate_timeout_s: float
+    aggregate_serializer: str
+    aggregate_compressor: str
+    execution_tracking: Any
+    metrics_sink_config: Any
+    op_timeout_s: float | None
 
 
 def import_ray() -> Any:
@@ -46,7 +99,7 @@ def import_ray() -> Any:
     return ray
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class RuntimeOptions:
     """Engine knobs. See the module docstring for which ones change the data."""
 

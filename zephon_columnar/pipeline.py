@@ -23,6 +23,7 @@ starts from the beginning unless `restore()` was called.
 
 import copy
 import dataclasses
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -60,7 +61,7 @@ from zephon_columnar.ops.config import (
 from zephon_columnar.ops.fetch import FetchOp
 from zephon_columnar.ops.map import FilterOp, MapBatchOp, MapOp, MaterializeOp
 from zephon_columnar.ops.user import FunctionOp
-from zephon_columnar.options import RuntimeOptions
+from zephon_columnar.options import OptionHints, RuntimeOptions
 from zephon_columnar.session import Session
 from zephon_columnar.validation import (
     ValidationError,
@@ -69,6 +70,11 @@ from zephon_columnar.validation import (
     validate_ops,
 )
 from zephon_columnar.work.base import WorkSource
+
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # a dependency of torch's
+    from typing_extensions import Unpack
 
 
 class Pipeline:
@@ -712,8 +718,9 @@ class Pipeline:
         ``drop_last=False`` also emits each lane's short final batch."""
         return self._add(BatchOp(microbatch_size, drop_last=drop_last), placement=placement)
 
-    def options(self, **hints: Any) -> "Pipeline":
-        """Set `RuntimeOptions` fields; an unknown name raises, listing the valid ones."""
+    def options(self, **hints: Unpack[OptionHints]) -> "Pipeline":
+        """Set `RuntimeOptions` fields; an unknown name raises, listing the valid ones (an editor
+        completes and checks the names and types: `OptionHints`)."""
         self._session.refuse_while_iterating("options()")
         return self._respec("options()", options=self.spec.options.updated(**hints))
 
