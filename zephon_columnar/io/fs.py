@@ -428,6 +428,11 @@ class ShardCache:
     def root(self) -> str:
         return self._root if self._root is not None else os.path.join(cache_root(), "shards")
 
+    @property
+    def configured_root(self) -> str | None:
+        """The root this cache was made with (None: the default, ``cache_root()/shards``)."""
+        return self._root
+
     def cached_path(self, url: str, size: int) -> str:
         """Where ``url`` of ``size`` bytes is (or will be) stored in this cache."""
         key = hashlib.sha256(f"{canonical(url)}\0{size}".encode()).hexdigest()[:32]
@@ -609,7 +614,7 @@ def configure_shard_cache(
     cannot be written fails now, not at the first remote file."""
     global _default_cache
     with _default_cache_guard:
-        if _default_cache is None or _default_cache._root != root:  # noqa: SLF001
+        if _default_cache is None or _default_cache.configured_root != root:
             if root is not None:
                 os.makedirs(root, exist_ok=True)
             _default_cache = ShardCache(root, limit_bytes=limit_bytes)

@@ -139,6 +139,14 @@ class FunctionOp(BaseOp):
     def traits(self) -> OpTraits:
         return self._traits
 
+    def given_functions(self) -> tuple[tuple[str, Callable[..., Any] | None], ...]:
+        """The functions ``add_op`` was given, by keyword (None: not given), for the static scan."""
+        return (
+            ("process_many", self._process_many),
+            ("process_columns", self._process_columns),
+            ("process_one", self._process_one),
+        )
+
     def process_many(self, elems: list[SampleRecord]) -> list[SampleRecord]:
         if self._process_many is not None:
             return self._process_many(elems)

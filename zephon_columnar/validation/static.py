@@ -90,12 +90,7 @@ def user_functions(op: BaseOp) -> list[tuple[str, Any, bool]]:
     from zephon_columnar.ops.user import FunctionOp
 
     if isinstance(op, FunctionOp):
-        given = (
-            ("process_many", op._process_many),  # noqa: SLF001 - the functions FunctionOp wraps
-            ("process_columns", op._process_columns),  # noqa: SLF001
-            ("process_one", op._process_one),  # noqa: SLF001
-        )
-        return [(label, fn, False) for label, fn in given if fn is not None]
+        return [(label, fn, False) for label, fn in op.given_functions() if fn is not None]
     out = []
     for label in ("process_many", "process_one", "process_columns"):
         fn = inspect.getattr_static(type(op), label, None)
