@@ -377,7 +377,7 @@ def await_queue_feeders(timeout_s: float) -> None:
 
 
 def _rank_lanes(session: Session) -> list[int]:
-    from zephon_columnar.engine.lanes import owned_lanes
+    from zephon_columnar.engine.ownership import owned_lanes
 
     o = session.spec.options
     return owned_lanes(
@@ -441,7 +441,7 @@ def worker_lanes(
         >>> [worker_lanes(pipe.session, w, 4) for w in range(4)]  # 3 of the 4 workers serve 2 lanes each
         [[0, 3], [1, 4], [2, 5], []]
     """
-    from zephon_columnar.engine.lanes import next_lane
+    from zephon_columnar.engine.ownership import next_lane
 
     lanes = _rank_lanes(session)
     active = active_workers(len(lanes), workers)

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
-from zephon_columnar.engine.lanes import owned_lanes
+from zephon_columnar.engine.ownership import owned_lanes
 from zephon_columnar.errors import CheckpointError, ConfigError
 from zephon_columnar.testing import collect, signature
 

@@ -28,8 +28,8 @@ from zephon_columnar import frame as F
 from zephon_columnar.engine.channel import Channel
 from zephon_columnar.engine.checkpoint import HeldRows, LaneCursor, LaneSnapshot
 from zephon_columnar.engine.lane import LaneChain, LaneItem
-from zephon_columnar.engine.lanes import next_lane, owned_lanes
 from zephon_columnar.engine.metrics import Metrics
+from zephon_columnar.engine.ownership import next_lane, owned_lanes
 from zephon_columnar.engine.plan import OrderedStage, ParallelStage, Plan, compile_plan
 from zephon_columnar.engine.runners import InlineRunner, ProcessRunner, ThreadRunner
 from zephon_columnar.errors import ConfigurationWarning, EmptyPassWarning, Notices, PipelineError, warn

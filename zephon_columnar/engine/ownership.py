@@ -1,4 +1,4 @@
-"""Lanes and ranks: which data-parallel group owns which lanes, and the tail round robin.
+"""Lane ownership: which data-parallel group owns which lanes, and which lane serves next.
 
 Lanes (``canonical_replicas`` of them) are the unit of the data order: each lane has its own
 work-source clone and its own ordered stream. A data-parallel group owns a subset of lanes;
@@ -20,6 +20,8 @@ from zephon_columnar.errors import ConfigError
 def owned_lanes(
     *, canonical_replicas: int, dp_degree: int, dp_group_id: int, mapping: Literal["contiguous", "interleaved"]
 ) -> list[int]:
+    """The lanes group ``dp_group_id`` of ``dp_degree`` owns: a contiguous block (sizes differing
+    by at most one) or every ``dp_degree``-th lane (``"interleaved"``)."""
     if canonical_replicas < dp_degree:
         raise ConfigError(
             f"canonical_replicas={canonical_replicas} < dp_degree={dp_degree}: some data-parallel groups "
