@@ -82,10 +82,9 @@ class Engine:
         # Without state, with at most one output row per input row, in input order, a delivered
         # row's offset in its chunk says where to resume: restore then reads nothing it already
         # delivered. Otherwise a checkpoint replays from the chunk's start.
+        stateless = [op.traits() for stage in self.plan.parallel_stages() for op in stage.ops]
         self.resume_by_input = not self.plan.stateful and all(
-            not op.traits().fans_out and op.traits().preserves_cursor_order
-            for stage in self.plan.parallel_stages()
-            for op in stage.ops
+            not t.fans_out and t.preserves_cursor_order for t in stateless
         )
         self.rows_per_frame = frame_rows(
             ops, stateless=not self.plan.stateful, row_bytes=_stored_bytes_per_row(work_source.datasets_by_id.values())
@@ -112,8 +111,7 @@ class Engine:
                 packers += isinstance(stage.op, PackFlatOp)
                 if packers > 1:
                     return "replay", "a packer packs rows another packer made"
-            elif seen_ordered and any(op.traits().fans_out for op in stage.ops):
-                names = [op.op_name() for op in stage.ops if op.traits().fans_out]
+            elif seen_ordered and (names := [op.op_name() for op in stage.ops if op.traits().fans_out]):
                 return "replay", f"{names} may make several rows of one after an ordered stage"
         return "reference", "every ordered stage describes its state by reference"
 

@@ -79,10 +79,10 @@ def _run_op(op: BaseOp, frame: pa.Table) -> pa.Table:
         raise WrongTypeError(
             f"operator {op.op_name()!r}: process_frame returned {type(out).__name__}, not a pyarrow.Table"
         )
-    if out.num_rows > frame.num_rows and not op.traits().fans_out:
+    if out.num_rows > frame.num_rows and (emits := op.traits().emits) != "any":
         # Checkpoints trust the declaration (they resume by input position): a wrong one must not pass.
         raise PipelineError(
-            f"operator {op.op_name()!r} declares emits={op.traits().emits!r} (OpTraits) but made "
+            f"operator {op.op_name()!r} declares emits={emits!r} (OpTraits) but made "
             f"{out.num_rows} rows of {frame.num_rows}; declare emits='any' if a row may become several."
         )
     return out
