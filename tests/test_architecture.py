@@ -52,16 +52,6 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ),
 )
 
-#: Import cycles not broken yet, each a set of modules; the test fails when one changes or
-#: goes (then take it off this list) and on any other cycle. The formats' modules and the
-#: `Dataset` that names them wait for the `Format` plug-in (issue 28).
-KNOWN_CYCLES: list[frozenset[str]] = [
-    frozenset(
-        f"{PACKAGE}.io.{m}" for m in ("dataset", "discovery", "hf", "jsonl", "parquet", "readers")
-    ),
-]
-
-
 @dataclass(frozen=True)
 class Edge:
     source: str
@@ -203,13 +193,10 @@ def test_imports_run_down_the_layers(graph: tuple[dict[str, Path], list[Edge]]) 
     assert not upward, "imports up the layers:\n" + "\n".join(upward)
 
 
-def test_no_import_cycles_but_the_known_ones(graph: tuple[dict[str, Path], list[Edge]]) -> None:
+def test_no_import_cycles(graph: tuple[dict[str, Path], list[Edge]]) -> None:
     modules, edges = graph
     cycles = _cycles(edges, modules)
-    new = [sorted(c) for c in cycles if c not in KNOWN_CYCLES]
-    assert not new, f"import cycles: {new}"
-    gone = [sorted(c) for c in KNOWN_CYCLES if c not in cycles]
-    assert not gone, f"these cycles are gone or changed: update KNOWN_CYCLES: {gone}"
+    assert not cycles, f"import cycles: {[sorted(c) for c in cycles]}"
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:

@@ -169,7 +169,7 @@ def test_packing_conserves_tokens_and_makes_valid_rows(recipe):
     filtered = any(op[0] == "filter" for op in recipe["ops"])
     docs = {}
     for ds_id, ds in enumerate(corpus(recipe["seed"])):
-        for t in ds.backend["tables"]:
+        for t in ds.format.tables:
             for doc, ids in zip(t.column("doc").to_pylist(), t.column("input_ids").to_pylist()):
                 if not (filtered and doc % 5 == 0):
                     docs[(ds_id, doc)] = ids

@@ -50,7 +50,7 @@ def build_index(
     if isinstance(max_workers, bool) or not isinstance(max_workers, int) or max_workers < 1:
         raise ConfigError(f"build_index: max_workers={max_workers!r}; pass an int >= 1.")
     root = os.fspath(dataset_dir)
-    dataset = discover(fs.basename(root.rstrip("/")) or "dataset", root, fmt=format_name)  # type: ignore[arg-type]
+    found = discover(fs.basename(root.rstrip("/")) or "dataset", root, fmt=format_name)
     shards: list[dict[str, Any]] = [
         {
             "basename": fs.basename(shard.path or ""),
@@ -59,7 +59,7 @@ def build_index(
             "hashes": {},
             "extra": {},
         }
-        for shard in dataset.shards
+        for shard in found.shards
     ]
     target = os.fspath(output_path) if output_path is not None else fs.join(root, fs.INDEX_FILE)
     fs.write_bytes(target, json.dumps({"format_version": FORMAT_VERSION, "shards": shards}, indent=2).encode())

@@ -82,7 +82,7 @@ def inspect_command(args: argparse.Namespace) -> int:
     sample = _first_row(ds)
     report = {
         "path": args.path,
-        "format": ds.backend.get("kind"),
+        "format": ds.format_name,
         "shards": ds.shard_count(),
         "rows": ds.total(),
         "bytes": int(ds.raw_bytes().sum()),

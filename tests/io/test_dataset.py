@@ -15,7 +15,6 @@ import pytest
 import zephon_columnar
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.io import Dataset, InMemoryShard
-from zephon_columnar.io.readers import open_reader
 from zephon_columnar.work import StaticMixtureWorkSource
 
 
@@ -53,7 +52,7 @@ def test_from_dict_keeps_the_given_shard_ids_sorted(given_ids):
 
 @pytest.mark.parametrize("columns", [None, ["text"]])
 def test_in_memory_readers_take_shards_by_id(given_ids, columns):
-    for reader in (open_reader(given_ids, columns=columns), given_ids.open_reader()):
+    for reader in (given_ids.open_reader(columns=columns), given_ids.open_reader()):
         assert reader.take(5, np.array([6, 0])).column("text").to_pylist() == ["s5-r6", "s5-r0"]
         assert reader.take(2, np.array([4])).column("text").to_pylist() == ["s2-r4"]
         # Positions 0 and 1, and a negative id, are not shard ids: never another shard's rows.

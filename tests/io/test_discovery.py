@@ -16,7 +16,6 @@ import pytest
 import zephon_columnar.io as zio
 from zephon_columnar.errors import ConfigError, DatasetFormatError, DatasetNotFoundError
 from zephon_columnar.io import Dataset, fs
-from zephon_columnar.io.readers import open_reader
 
 datasets.disable_progress_bars()
 
@@ -50,7 +49,7 @@ def test_a_single_file_is_a_one_shard_dataset(tmp_path):
     pq.write_table(table(30), tmp_path / "only.parquet")
     (tmp_path / "rows.json").write_bytes(jsonl_bytes(table(4)))
     ds = Dataset.from_path("one", str(tmp_path / "only.parquet"))
-    assert ds.shard_count() == 1 and ds.total() == 30 and ds.backend["kind"] == "parquet"
+    assert ds.shard_count() == 1 and ds.total() == 30 and ds.format.name == "parquet"
     assert Dataset.from_path("j", str(tmp_path / "rows.json")).total() == 4  # *.json given directly
     (tmp_path / "notes.txt").write_text("hi")
     with pytest.raises(DatasetFormatError, match=r"cannot tell the format of .*notes\.txt.*pass fmt="):
@@ -67,16 +66,16 @@ def test_detection_skips_markers_and_metadata_json(tmp_path):
     ds = Dataset.from_path("web", str(tmp_path))
     assert [fs.basename(s.path) for s in ds.shards] == ["part-0.parquet", "part-1.parquet"]
     assert ds.describe() == {"name": "web", "shards": 2, "rows": 20}
-    assert ds.backend["kind"] == "parquet" and ds.path == str(tmp_path)
+    assert ds.format.name == "parquet" and ds.path == str(tmp_path)
 
 
 def test_a_directory_without_data_lists_what_it_found(tmp_path):
     (tmp_path / "README.md").write_text("x")
     (tmp_path / "rows.json").write_bytes(jsonl_bytes(table(3)))
-    with pytest.raises(DatasetFormatError, match=r"holds no data files \(found: README\.md, rows\.json\).*fmt='jsonl'"):
+    with pytest.raises(DatasetFormatError, match=r"holds no data files \(found: README\.md, rows\.json\)\. Expected \*\.parquet, .*fmt='jsonl'"):
         Dataset.from_path("x", str(tmp_path))
     assert Dataset.from_path("x", str(tmp_path), fmt="jsonl").total() == 3
-    with pytest.raises(DatasetFormatError, match=r"holds no parquet files"):
+    with pytest.raises(DatasetFormatError, match=r"holds no parquet data \(found: README\.md, rows\.json\); fmt='parquet' reads \*\.parquet"):
         Dataset.from_path("x", str(tmp_path), fmt="parquet")
     (tmp_path / "empty").mkdir()
     with pytest.raises(DatasetFormatError, match=r"found: nothing"):
@@ -94,7 +93,7 @@ def test_mixed_formats_are_refused_unless_fmt_picks_one(tmp_path):
 
 def test_fmt_hf_needs_a_save_to_disk_folder(tmp_path):
     pq.write_table(table(10), tmp_path / "a.parquet")
-    with pytest.raises(DatasetFormatError, match=r"not a datasets save_to_disk folder \(no state\.json"):
+    with pytest.raises(DatasetFormatError, match=r"holds no hf data \(found: a\.parquet\); fmt='hf' reads a datasets save_to_disk folder \(state\.json\)"):
         Dataset.from_path("h", str(tmp_path), fmt="hf")
 
 
@@ -112,7 +111,7 @@ def test_empty_shards_next_to_full_ones_are_kept(tmp_path):
     (tmp_path / "a.jsonl").write_text("")
     (tmp_path / "b.jsonl").write_bytes(jsonl_bytes(table(3)))
     ds = Dataset.from_path("x", str(tmp_path))
-    assert ds.counts().tolist() == [0, 3] and ds.backend["schema"].names == ["id", "text"]
+    assert ds.counts().tolist() == [0, 3] and ds.schema.names == ["id", "text"]
 
 
 def test_file_urls_work_like_paths(tmp_path):
@@ -143,17 +142,19 @@ def test_memory_url_save_to_disk_folder_is_readable(tmp_path, memfs):
     hf.save_to_disk(str(tmp_path / "hf"), num_shards=2)
     mem.put(str(tmp_path / "hf"), f"{root}/hf", recursive=True)
     ds = Dataset.from_path("hf", f"{root}/hf")
-    assert ds.backend["kind"] == "hf_arrow" and ds.total() == 30
+    assert ds.format.name == "hf" and ds.total() == 30
     reader = ds.open_reader()
     got = [r["text"] for s in range(2) for r in reader.take(s, np.arange(ds.shards[s].num_rows)).to_pylist()]
     assert got == hf["text"]
 
 
-def test_open_reader_dispatches_on_kind_and_refuses_unknown_ones(tmp_path):
+def test_the_reader_comes_from_the_format_and_a_bare_descriptor_cannot_be_read(tmp_path):
     mem_ds = Dataset.from_tables("t", [table(5)])
-    assert open_reader(mem_ds, columns=["text"]).take(0, np.array([1])).to_pylist() == [{"text": "t1"}]
-    bogus = Dataset(name="b", backend={"kind": "vortex"}, path=None, shards=())
-    with pytest.raises(ConfigError, match=r"backend kind 'vortex', which no reader handles"):
+    assert mem_ds.open_reader(columns=["text"]).take(0, np.array([1])).to_pylist() == [{"text": "t1"}]
+    with pytest.raises(ConfigError, match=r"no column\(s\) \['nope'\]"):
+        mem_ds.open_reader(columns=["nope"])
+    bogus = Dataset(name="b", backend={"kind": "vortex"}, path=None, shards=())  # Zephon's descriptor form
+    with pytest.raises(ConfigError, match=r"Dataset 'b' is a descriptor \(\{'kind': 'vortex'\}\) with no format"):
         bogus.open_reader()
 
 

@@ -30,7 +30,7 @@ def test_save_to_disk_folder_reads_the_same_rows(tmp_path, hf_ds):
     folder = tmp_path / "train"
     hf_ds.save_to_disk(str(folder), num_shards=3)
     ds = Dataset.from_path("wiki", str(folder))
-    assert ds.backend["kind"] == "hf_arrow" and ds.shard_count() == 3 and ds.total() == 500
+    assert ds.format.name == "hf" and ds.shard_count() == 3 and ds.total() == 500
     # Shards in state.json order; their concatenation is the HF dataset.
     reader = ds.open_reader()
     got = [r for s in range(3) for r in reader.take(s, np.arange(ds.shards[s].num_rows)).to_pylist()]
@@ -72,8 +72,8 @@ def test_broken_state_json_is_named(tmp_path, hf_ds):
 
 def test_from_hf_is_zero_copy_over_the_arrow_table(hf_ds):
     ds = Dataset.from_hf("mem", hf_ds)
-    assert ds.backend["kind"] == "hf_memory" and ds.total() == 500
-    ours = ds.backend["tables"][0]
+    assert ds.format.name == "inmem" and ds.total() == 500
+    ours = ds.format.tables[0]
     theirs = hf_ds.data.table
     for name in theirs.column_names:
         assert [b.address for b in ours.column(name).chunk(0).buffers() if b is not None] == \
@@ -117,7 +117,7 @@ def test_plain_arrow_files_in_a_directory(tmp_path, writer):
                 with make(sink, t.schema) as w:
                     w.write_table(t, max_chunksize=30)
     ds = Dataset.from_path("a", str(tmp_path))
-    assert ds.backend["kind"] == "arrow_ipc" and ds.counts().tolist() == [100, 100]
+    assert ds.format.name == "arrow" and ds.counts().tolist() == [100, 100]
     rows = np.array([99, 0, 31, 31])
     assert ds.open_reader().take(1, rows).equals(tables[1].take(pa.array(rows)))
 

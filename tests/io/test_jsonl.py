@@ -39,8 +39,8 @@ def jl_dir(tmp_path):
 
 def test_counts_come_from_the_line_index(jl_dir):
     ds = Dataset.from_path("chat", str(jl_dir))
-    assert ds.backend["kind"] == "jsonl" and ds.counts().tolist() == [1500, 400]
-    assert ds.backend["schema"].names == ["id", "text", "tags", "meta"]
+    assert ds.format.name == "jsonl" and ds.counts().tolist() == [1500, 400]
+    assert ds.schema.names == ["id", "text", "tags", "meta"]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -54,7 +54,7 @@ def test_take_returns_exactly_the_rows_asked_in_order(jl_dir, seed):
         for rows in (rng.integers(0, n, 200), np.arange(10, 300), np.array([n - 1, 0, n - 1]),
                      np.concatenate([np.arange(5, 9), np.arange(100, 104), [2]])):
             assert reader.take(shard, rows).to_pylist() == [expected[shard][i] for i in rows]
-    assert reader.take(0, np.array([], dtype=np.int64)).schema == ds.backend["schema"]
+    assert reader.take(0, np.array([], dtype=np.int64)).schema == ds.schema
     reader.close()
 
 
@@ -116,7 +116,7 @@ def test_missing_fields_are_null_and_a_projection_ignores_the_other_fields(tmp_p
         '{"id": 1, "text": "a", "when": "2020-01-01"}\n{"id": 2}\n' + '{"id": 3, "text": "c"}\n' * 1000
         + '{"id": 3, "text": "c", "new": 5}\n' * 200)
     ds = Dataset.from_path("x", str(tmp_path))
-    assert ds.backend["schema"].names == ["id", "text", "when", "new"]
+    assert ds.schema.names == ["id", "text", "when", "new"]
     got = ds.open_reader().take(0, np.array([0, 1, 1201])).to_pylist()
     # Date-like strings stay strings (pyarrow would infer a timestamp).
     assert got == [{"id": 1, "text": "a", "when": "2020-01-01", "new": None},
@@ -397,12 +397,12 @@ def test_a_field_that_appears_only_in_a_later_shard_arrives_and_a_conflicting_on
 def test_the_schema_of_every_line_is_cached_with_the_line_index(tmp_path):
     path = tmp_path / "a.jsonl.gz"
     write_shard(path, late_field_rows(1300, first_late=1250))
-    schema = Dataset.from_path("x", str(path)).backend["schema"]
+    schema = Dataset.from_path("x", str(path)).schema
     assert schema.names == ["id", "text", "meta", "late", "late_list"]
     jsonl.INDEX_CACHE.clear_memory()  # as a fresh process would start
     before = jsonl.INDEX_CACHE.scans
     ds = Dataset.from_path("x", str(path))
-    assert jsonl.INDEX_CACHE.scans == before and ds.backend["schema"] == schema
+    assert jsonl.INDEX_CACHE.scans == before and ds.schema == schema
     assert ds.open_reader().take(0, np.array([1299, 0])).column("late").to_pylist() == ["late 1299", None]
 
 
@@ -413,7 +413,7 @@ def test_a_field_that_first_appears_after_a_malformed_line_still_arrives_and_the
     path = tmp_path / "a.jsonl"
     path.write_text("".join(lines))
     ds = Dataset.from_path("x", str(path))
-    assert ds.backend["schema"].names == ["id", "text", "meta", "late", "late_list"]
+    assert ds.schema.names == ["id", "text", "meta", "late", "late_list"]
     reader = ds.open_reader()
     assert reader.take(0, np.array([1499, 1299])).to_pylist() == [
         {"id": 1499, "text": "row 1499", "meta": {"k": 1499 % 7, "late_k": 2998}, "late": "late 1499",

@@ -42,11 +42,11 @@ def pq_dir(tmp_path):
 
 def test_discovery_reads_counts_row_groups_and_sizes_from_footers(pq_dir):
     ds = Dataset.from_path("web", str(pq_dir))
-    assert ds.backend["kind"] == "parquet"
+    assert ds.format.name == "parquet"
     assert ds.counts().tolist() == [1000, 777, 1300] and len(ds) == 3077
     assert ds.shards[1].extra["row_groups"] == (100,) * 7 + (77,)
     assert ds.raw_bytes().tolist() == [os.path.getsize(pq_dir / f"part-{i}.parquet") for i in range(3)]
-    assert ds.backend["schema"].names == ["id", "text", "tokens"]
+    assert ds.schema.names == ["id", "text", "tokens"]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -147,7 +147,7 @@ def test_shards_with_the_same_columns_in_another_order_read_in_the_first_shards_
     pq.write_table(b.select(["tokens", "text", "id"]), tmp_path / "part-1.parquet", row_group_size=8)
     expected = pa.concat_tables([a, b]).to_pylist()  # row i is the row with id i
     ds = Dataset.from_path("web", str(tmp_path))
-    assert ds.backend["schema"].names == ["id", "text", "tokens"]
+    assert ds.schema.names == ["id", "text", "tokens"]
     reader = ds.open_reader()
     for shard, start in ((0, 0), (1, 30)):
         for rows in (np.array([7, 2, 19]), np.arange(3, 17)):  # random rows and a run across row groups

@@ -193,7 +193,7 @@ def test_pointers_carry_the_datasets_shard_ids_not_positions(knobs):
     from zephon_columnar.io.dataset import Dataset
 
     positional = make_ds("m", [5, 7, 3])
-    tables = positional.backend["tables"]
+    tables = positional.format.tables
     given = Dataset.from_tables("m", tables, shard_ids=[2, 5, 9])
     ids = np.array([2, 5, 9])
     for lane in (None, (1, 2)):

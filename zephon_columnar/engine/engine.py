@@ -33,6 +33,7 @@ from zephon_columnar.engine.ownership import next_lane, owned_lanes
 from zephon_columnar.engine.plan import OrderedStage, ParallelStage, Plan, compile_plan
 from zephon_columnar.engine.runners import InlineRunner, ProcessRunner, ThreadRunner
 from zephon_columnar.errors import ConfigurationWarning, EmptyPassWarning, Notices, PipelineError, warn
+from zephon_columnar.io.dataset import Dataset
 from zephon_columnar.io.readers import ReaderPool
 from zephon_columnar.ops.accumulators.lane import restorable_by_reference
 from zephon_columnar.ops.base import BaseOp
@@ -213,12 +214,8 @@ def fields_by_dataset(datasets: Mapping[int, Any]) -> dict[int, frozenset[str]]:
     (a frame then holds the union, and row views leave out the others' fields)."""
     out = {}
     for did, ds in datasets.items():
-        backend = getattr(ds, "backend", {}) or {}
-        schema = backend.get("schema")
-        if schema is None and backend.get("tables"):
-            schema = backend["tables"][0].schema
-        if isinstance(schema, pa.Schema):
-            out[did] = frozenset(schema.names)
+        if isinstance(ds, Dataset) and ds.format is not None:
+            out[did] = frozenset(ds.schema.names)
     if len(set(out.values())) <= 1:
         return {}
     return out

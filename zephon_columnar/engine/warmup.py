@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
+from zephon_columnar.io.dataset import Dataset
 from zephon_columnar.io.readers import ReaderPool
 
 
@@ -66,10 +67,8 @@ class RestoreWarmup:
         if not tables:
             return None
         pointers = np.unique(np.concatenate([sample_pointers(t) for t in tables]), axis=0)
-        kinds = {
-            int(d): getattr(datasets_by_id.get(int(d)), "backend", {}).get("kind") for d in np.unique(pointers[:, 0])
-        }
-        if not any(kind in ReaderPool.SHARED_KINDS for kind in kinds.values()):
+        datasets = [datasets_by_id.get(int(d)) for d in np.unique(pointers[:, 0])]
+        if not any(isinstance(ds, Dataset) and ds.format is not None and ds.format.shared_readers for ds in datasets):
             return None
         warm = cls(datasets_by_id, pointers)
         warm._thread.start()

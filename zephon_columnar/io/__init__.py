@@ -2,7 +2,9 @@
 
 Zephon's ``zephon.io`` names: :class:`Dataset`, :class:`InMemoryShard`, the storage options
 (:class:`StoreOptions`, :class:`CacheOptions` and the rest, `zephon_columnar.io.options`), plus
-:class:`ShardInfo` (the per-shard metadata every reader works from).
+:class:`ShardInfo` (the per-shard metadata every reader works from) and the format plug-in
+(:class:`Format`, :class:`FileFormat`, :class:`Discovered`, :func:`register_format`; see
+`zephon_columnar.io.format`).
 """
 
 import os
@@ -21,6 +23,7 @@ if os.environ.get("ZEPHON_COLUMNAR_PROCESS_WORKER") != "1":
 
 from zephon_columnar.io.base import ShardInfo
 from zephon_columnar.io.dataset import Dataset, InMemoryShard
+from zephon_columnar.io.format import Discovered, FileFormat, Format
 from zephon_columnar.io.options import (
     ArrowOptions,
     CacheOptions,
@@ -30,11 +33,15 @@ from zephon_columnar.io.options import (
     StoreOptions,
     VortexOptions,
 )
+from zephon_columnar.io.registry import register_format
 
 __all__ = [
     "ArrowOptions",
     "CacheOptions",
     "Dataset",
+    "Discovered",
+    "FileFormat",
+    "Format",
     "InMemoryShard",
     "LanceOptions",
     "ParquetOptions",
@@ -42,4 +49,5 @@ __all__ = [
     "ShardInfo",
     "StoreOptions",
     "VortexOptions",
+    "register_format",
 ]

@@ -1,14 +1,15 @@
-"""`Dataset`: a named collection of shards with known row counts, and `InMemoryShard`.
+"""`Dataset`: a named collection of shards with known row counts, held with its format.
 
-A dataset is metadata only (names, paths, row counts); reading happens through the
-:class:`~zephon_columnar.io.base.ShardReader` that :meth:`Dataset.open_reader` returns, one
-per worker. Row counts come from metadata (Parquet footers, a cached JSONL line index, Arrow
-IPC batch headers), so discovery never reads the data twice.
+A dataset is metadata only (names, paths, row counts, the schema); reading happens through the
+:class:`~zephon_columnar.io.base.ShardReader` that :meth:`Dataset.open_reader` returns (its
+:class:`~zephon_columnar.io.format.Format` opens it), one per worker. Row counts come from
+metadata (Parquet footers, a cached JSONL line index, Arrow IPC batch headers), so discovery
+never reads the data twice.
 
 Example:
     >>> ds = Dataset.from_dict("toy", {0: InMemoryShard([{"text": "a"}, {"text": "b"}])})
-    >>> len(ds), ds.shard_count()
-    (2, 1)
+    >>> len(ds), ds.shard_count(), ds.format.name
+    (2, 1, 'inmem')
 """
 
 from __future__ import annotations
@@ -16,18 +17,20 @@ from __future__ import annotations
 import operator
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
-from zephon_columnar.io.base import ShardInfo, ShardReader, describe_ids, shard_info
-from zephon_columnar.io.memory import InMemoryShard
-
-DatasetFormat = Literal["parquet", "jsonl", "hf", "arrow"]
+from zephon_columnar.io.base import ShardInfo, ShardReader, shard_info
+from zephon_columnar.io.discovery import discover
+from zephon_columnar.io.format import Format
+from zephon_columnar.io.hf import table_of_hf
+from zephon_columnar.io.memory import InMemoryShard, InMemoryTables
+from zephon_columnar.io.registry import DatasetFormat
+from zephon_columnar.io.tables import check_same_schema, in_column_order
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -35,100 +38,54 @@ def _read_only(array: np.ndarray) -> np.ndarray:
     return array
 
 
-class TableReader:
-    """Reader over in-memory Arrow tables, one per shard, looked up by shard id.
-
-    ``shard_ids[i]`` is the id of ``tables[i]`` (default ``0..n-1``). ``take`` returns zero-copy
-    slices where possible; an id that is none of them raises IndexError naming the ids (it never
-    falls back to a position, so it cannot read another shard's rows).
-
-    Example:
-        >>> reader = TableReader([pa.table({"x": [1, 2]}), pa.table({"x": [3]})], shard_ids=[2, 5])
-        >>> reader.take(5, np.array([0])).column("x").to_pylist()
-        [3]
-    """
-
-    def __init__(
-        self, tables: Sequence[pa.Table], shard_ids: Sequence[int] | None = None, *, dataset: str | None = None
-    ) -> None:
-        ids = list(range(len(tables))) if shard_ids is None else [int(i) for i in shard_ids]
-        if len(ids) != len(tables):
-            raise ConfigError(f"TableReader: {len(ids)} shard ids for {len(tables)} tables; pass one id per table.")
-        self._tables = dict(zip(ids, tables))
-        self._dataset = dataset
-
-    def take(self, shard_id: int, rows: np.ndarray) -> pa.Table:
-        table = self._tables.get(int(shard_id))
-        if table is None:
-            who = "this dataset" if self._dataset is None else f"dataset {self._dataset!r}"
-            raise IndexError(
-                f"shard {shard_id} does not exist; {who} has {len(self._tables)} shards with ids "
-                f"{describe_ids(list(self._tables))}. Pass one of those ids."
-            )
-        return take_rows(table, rows)
-
-    def close(self) -> None:
-        pass
-
-
-def take_rows(table: pa.Table, rows: np.ndarray) -> pa.Table:
-    """Rows ``rows`` of ``table`` in order: a zero-copy slice when they are consecutive."""
-    n = len(rows)
-    if n == 0:
-        return table.slice(0, 0)
-    if table.num_columns == 0:  # rows without fields: Arrow's take would return none
-        return F.no_fields(n)
-    start = int(rows[0])
-    if int(rows[-1]) - start == n - 1 and (n < 3 or bool(np.all(np.diff(rows) == 1))):
-        return table.slice(start, n)
-    return table.take(pa.array(rows, pa.int64()))
-
-
-def in_column_order(table: pa.Table, names: Sequence[str]) -> pa.Table:
-    """``table`` with its columns in the order ``names`` (zero-copy; as-is when already so).
-
-    Shards of one dataset may store the same columns in another order; readers return every
-    shard in the dataset schema's order (the first shard's), so shards concatenate.
-    """
-    if table.column_names == list(names):
-        return table
-    return table.select(list(names))
-
-
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """A named dataset: shards with row counts, plus how to read them.
+    """A named dataset: shards with row counts, their format and their schema.
 
-    ``backend`` is an opaque description of the storage (``{"kind": "parquet", ...}``);
-    ``path`` the root it was discovered under (None in memory). ``shards`` are sorted by id.
-    Discovered datasets number their shards ``0..n-1`` in sorted file-name order; in-memory
-    ones (:meth:`from_dict`, :meth:`from_tables` with ``shard_ids``) keep the ids they were
-    given. Readers and :meth:`shard` look shards up by id, and the work source's pointers
-    ``(dataset_id, shard_id, row)`` carry these ids.
+    ``format`` reads the shards (:meth:`open_reader`); ``schema`` is what its readers return
+    (every column, in this order); ``path`` the root it was discovered under (None in memory);
+    ``shards`` are sorted by id. Discovered datasets number their shards ``0..n-1`` in sorted
+    file-name order; in-memory ones (:meth:`from_dict`, :meth:`from_tables` with ``shard_ids``)
+    keep the ids they were given. Readers and :meth:`shard` look shards up by id, and the work
+    source's pointers ``(dataset_id, shard_id, row)`` carry these ids.
+
+    ``backend`` is Zephon's descriptor (``{"kind": "parquet", "path": ...}``), kept for code
+    that reads it; nothing here does. ``Dataset(name, backend)`` alone, as Zephon allows, is a
+    descriptor with no shards and no format: it cannot be read.
     """
 
     name: str
-    backend: Mapping[str, Any]
+    backend: Mapping[str, Any] = field(default_factory=dict)
     path: str | None = None
-    shards: tuple[ShardInfo, ...] = ()  # Dataset(name, backend) alone, as Zephon's: no shards
+    shards: tuple[ShardInfo, ...] = ()
+    format: Format | None = field(default=None, kw_only=True)
+    schema: pa.Schema = field(default_factory=lambda: pa.schema([]), kw_only=True)
 
     # ---------------------------------------------------------------- constructors
     @classmethod
-    def from_path(cls, name: str, path: str, *, fmt: DatasetFormat | None = None) -> Dataset:
+    def from_path(cls, name: str, path: str, *, fmt: DatasetFormat | str | None = None) -> Dataset:
         """Discover a directory (local path or fsspec URL) of Parquet, JSONL (``.jsonl``,
-        ``.jsonl.gz``, ``.jsonl.zst``) or Arrow files (a Hugging Face ``save_to_disk`` folder).
+        ``.jsonl.gz``, ``.jsonl.zst``) or Arrow files (a Hugging Face ``save_to_disk`` folder),
+        or of a format registered with `zephon_columnar.io.register_format`.
 
-        The format is detected from file suffixes unless ``fmt`` is given.
+        The format is detected from file suffixes unless ``fmt`` is given
+        (`zephon_columnar.io.discovery` has the rules).
 
         Example:
             >>> Dataset.from_path("web", "data/web")
-            Dataset(name='web', kind='parquet', path='data/web', shards=2, rows=32)
+            Dataset(name='web', format='parquet', path='data/web', shards=2, rows=32)
             >>> Dataset.from_path("wiki", "data/wiki_train")  # a save_to_disk folder
-            Dataset(name='wiki', kind='hf_arrow', path='data/wiki_train', shards=2, rows=16)
+            Dataset(name='wiki', format='hf', path='data/wiki_train', shards=2, rows=16)
         """
-        from zephon_columnar.io.discovery import discover
-
-        return discover(name, path, fmt=fmt)
+        found = discover(name, path, fmt=fmt)
+        return cls(
+            name=name,
+            backend={"kind": found.format.name, "path": path},
+            path=path,
+            shards=found.shards,
+            format=found.format,
+            schema=found.schema,
+        )
 
     @classmethod
     def from_dict(cls, name: str, shards: Mapping[int, InMemoryShard]) -> Dataset:
@@ -151,19 +108,22 @@ class Dataset:
             if not isinstance(shard, InMemoryShard):
                 shard = InMemoryShard(shard)
             tables.append(shard.table)
-        return cls.from_tables(name, tables, kind="inmem", shard_ids=ids)
+        return cls.from_tables(name, tables, shard_ids=ids)
 
     @classmethod
     def from_hf(cls, name: str, hf_dataset: Any) -> Dataset:
-        """Wrap an in-process ``datasets.Dataset`` zero-copy over its Arrow table."""
-        from zephon_columnar.io.hf import dataset_from_hf
+        """A one-shard dataset over an in-process ``datasets.Dataset``, zero-copy over its Arrow
+        table (`zephon_columnar.io.hf.table_of_hf` says when it is not).
 
-        return dataset_from_hf(name, hf_dataset)
+        Example:
+            >>> import datasets
+            >>> Dataset.from_hf("toy", datasets.Dataset.from_dict({"text": ["a", "b"]})).total()
+            2
+        """
+        return cls.from_tables(name, [table_of_hf(hf_dataset)])
 
     @classmethod
-    def from_tables(
-        cls, name: str, tables: Sequence[pa.Table], *, kind: str = "arrow", shard_ids: Sequence[int] | None = None
-    ) -> Dataset:
+    def from_tables(cls, name: str, tables: Sequence[pa.Table], *, shard_ids: Sequence[int] | None = None) -> Dataset:
         """A dataset over in-memory Arrow tables, one shard each.
 
         ``shard_ids[i]`` is the id of ``tables[i]`` (default ``0..n-1``; ints >= 0, no repeats,
@@ -185,7 +145,7 @@ class Dataset:
                 raise ConfigError(f"Dataset {name!r}: duplicate shard ids {dups}; give every shard its own id.")
             order = sorted(range(len(ids)), key=ids.__getitem__)
             ids, tables = [ids[j] for j in order], [tables[j] for j in order]
-        _check_same_schema(name, [(f"shard {i}", t.schema) for i, t in zip(ids, tables)])
+        check_same_schema(name, [(f"shard {i}", t.schema) for i, t in zip(ids, tables)])
         if tables:
             tables = [in_column_order(t, tables[0].column_names) for t in tables]
         infos = tuple(
@@ -193,7 +153,9 @@ class Dataset:
             ShardInfo(shard_id=i, path=None, num_rows=t.num_rows, num_bytes=InMemoryShard(t).raw_bytes)
             for i, t in zip(ids, tables)
         )
-        return cls(name=name, backend={"kind": kind, "tables": tuple(tables)}, path=None, shards=infos)
+        memory = InMemoryTables(tuple(tables))
+        schema = tables[0].schema if tables else pa.schema([])
+        return cls(name=name, backend={"kind": memory.name}, path=None, shards=infos, format=memory, schema=schema)
 
     # ---------------------------------------------------------------- metadata
     def ids(self) -> np.ndarray:
@@ -234,20 +196,37 @@ class Dataset:
         return {"name": self.name, "shards": len(self.shards), "rows": self.total()}
 
     # ---------------------------------------------------------------- reading
-    def open_reader(self) -> ShardReader:
-        """A fresh reader for this dataset's shards; one per worker."""
-        kind = self.backend.get("kind")
-        if kind in ("inmem", "arrow", "hf_memory"):
-            return TableReader(self.backend["tables"], [s.shard_id for s in self.shards], dataset=self.name)
-        from zephon_columnar.io.readers import open_reader
+    def open_reader(self, *, columns: Sequence[str] | None = None) -> ShardReader:
+        """A fresh reader of this dataset's shards, one per worker (not thread-safe), restricted
+        to ``columns`` (None: all; an unknown name is a ConfigError listing the dataset's).
 
-        return open_reader(self)
+        Every reader takes ``shard_id`` as the dataset's shard id (``ids()``), never as a
+        position.
+
+        Example:
+            >>> Dataset.from_path("web", "data/web").open_reader(columns=["id"]).take(1, np.arange(3))
+            pyarrow.Table
+            id: int64
+            ----
+            id: [[16,17,18]]
+        """
+        if self.format is None:
+            raise ConfigError(
+                f"Dataset {self.name!r} is a descriptor ({dict(self.backend)!r}) with no format, so nothing "
+                "can read it. Build datasets with Dataset.from_path / from_hf / from_dict / from_tables."
+            )
+        return self.format.open_reader(self, columns=columns)
 
     def __repr__(self) -> str:
         return (
-            f"Dataset(name={self.name!r}, kind={self.backend.get('kind')!r}, path={self.path!r}, "
+            f"Dataset(name={self.name!r}, format={self.format_name!r}, path={self.path!r}, "
             f"shards={len(self.shards)}, rows={self.total()})"
         )
+
+    @property
+    def format_name(self) -> str | None:
+        """The format's name (``"parquet"``, ``"jsonl"``, ``"inmem"``...); None without one."""
+        return None if self.format is None else self.format.name
 
 
 def _check_shard_id(name: str, shard_id: Any) -> int:
@@ -264,54 +243,3 @@ def _check_shard_id(name: str, shard_id: Any) -> int:
     if value < 0:
         raise ConfigError(f"Dataset {name!r}: shard id {value} is negative; shard ids are ints >= 0.")
     return value
-
-
-def same_columns(first: pa.Schema, other: pa.Schema) -> bool:
-    """Whether ``other`` has the columns and types of ``first``, in any order (metadata ignored)."""
-    if other.equals(first, check_metadata=False):
-        return True
-    names = first.names
-    if len(set(names)) != len(names) or sorted(names) != sorted(other.names):
-        return False
-    return pa.schema([other.field(n) for n in names]).equals(first, check_metadata=False)
-
-
-def _check_same_schema(name: str, schemas: Sequence[tuple[str, pa.Schema]]) -> None:
-    """Raise if the shards of one dataset disagree on column names or types.
-
-    The same columns in another order are accepted (readers put every shard in the first
-    shard's order, see :func:`in_column_order`); the error names each differing column.
-    """
-    if not schemas:
-        return
-    first_where, first = schemas[0]
-    for where, schema in schemas[1:]:
-        if not same_columns(first, schema):
-            from zephon_columnar.errors import DatasetFormatError
-
-            raise DatasetFormatError(
-                f"Dataset {name!r}: {where} has a schema that differs from {first_where}: "
-                f"{_schema_differences(first, schema, first_where)}. Every shard of a dataset must have "
-                "the same columns and types (in any order); rewrite the odd shard or split it into its "
-                "own dataset."
-            )
-
-
-def _schema_differences(first: pa.Schema, other: pa.Schema, first_where: str) -> str:
-    """``"column 'tokens' (list<int32>) is missing; column 'id' is string, not int64"``."""
-
-    def describe(f: pa.Field) -> str:
-        return str(f.type) + ("" if f.nullable else " not null")
-
-    ours = {f.name: f for f in first}
-    theirs = {f.name: f for f in other}
-    parts = []
-    for n, f in ours.items():
-        if n not in theirs:
-            parts.append(f"column {n!r} ({describe(f)}) is missing")
-        elif describe(theirs[n]) != describe(f):
-            parts.append(f"column {n!r} is {describe(theirs[n])}, not {describe(f)}")
-    parts += [f"column {n!r} ({describe(f)}) is not in {first_where}" for n, f in theirs.items() if n not in ours]
-    if not parts:  # e.g. a repeated column name: show both schemas whole
-        parts.append(f"columns {[(f.name, describe(f)) for f in other]}, not {[(f.name, describe(f)) for f in first]}")
-    return "; ".join(parts)

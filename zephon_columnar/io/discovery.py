@@ -1,4 +1,7 @@
-"""`discover`: from a path or URL to a :class:`Dataset` (format detection and checks).
+"""`discover`: from a path or URL to the shards of a dataset (format detection and checks).
+
+The formats themselves are asked (`zephon_columnar.io.registry.formats()`, in that order); this
+module only decides which one and checks what they found.
 
 Rules:
     - A missing path raises DatasetNotFoundError naming it; a directory or file the OS will not
@@ -7,7 +10,8 @@ Rules:
     - A directory is scanned non-recursively; hidden and ``_``-prefixed files (``_SUCCESS``)
       are skipped, shards are the data files sorted by name.
     - A single file is a one-shard dataset (its format from its suffix, or ``fmt``).
-    - Auto-detection: ``state.json`` -> ``"hf"`` (a ``datasets`` ``save_to_disk`` folder);
+    - Auto-detection: a folder a format claims as a whole is that format's (``state.json``:
+      ``"hf"``, a ``datasets`` ``save_to_disk`` folder); otherwise by file names:
       ``*.parquet`` -> ``"parquet"``; ``*.jsonl[.gz|.zst]`` -> ``"jsonl"``;
       ``*.arrow`` / ``*.feather`` -> ``"arrow"``. Files named ``*.json`` count as JSON Lines only
       with ``fmt="jsonl"`` (or when passed as a single file): in a directory they are usually
@@ -19,142 +23,113 @@ Rules:
 Local paths, ``file://`` and any fsspec URL (``memory://``, ``s3://`` with s3fs, ...) work.
 
 Example:
-    >>> discover("web", "data/web")
-    Dataset(name='web', kind='parquet', path='data/web', shards=2, rows=32)
+    >>> found = discover("web", "data/web")
+    >>> found.format.name, [s.num_rows for s in found.shards]
+    ('parquet', [16, 16])
 """
 
 from __future__ import annotations
 
 import os
-from typing import get_args
 
-from zephon_columnar.errors import ConfigError, DatasetFormatError, DatasetNotFoundError
+from zephon_columnar.errors import DatasetFormatError, DatasetNotFoundError
 from zephon_columnar.io import fs
-from zephon_columnar.io.dataset import Dataset, DatasetFormat
-from zephon_columnar.io.hf import (
-    ARROW_SUFFIXES,
-    discover_arrow,
-    discover_hf_folder,
-    refuse_dataset_dict,
-)
-from zephon_columnar.io.jsonl import discover_jsonl, is_jsonl_name
-from zephon_columnar.io.parquet import discover_parquet
+from zephon_columnar.io.format import Discovered, FileFormat
+from zephon_columnar.io.registry import format_named, formats
 
-FORMATS: tuple[DatasetFormat, ...] = get_args(DatasetFormat)
 _SHOWN = 5  # file names shown per format in error messages
 
 
-def format_of(name: str, *, plain_json: bool) -> DatasetFormat | None:
-    """The format a file name belongs to, or None (``.json`` counts only if ``plain_json``).
+def format_of(file_name: str, *, chosen: bool) -> FileFormat | None:
+    """The format a file name belongs to, or None (``chosen``: see `FileFormat.recognises_file`).
 
     Example:
-        >>> format_of("a.jsonl.zst", plain_json=False), format_of("a.json", plain_json=False)
+        >>> format_of("a.jsonl.zst", chosen=False).name, format_of("a.json", chosen=False)
         ('jsonl', None)
     """
-    if name.endswith(".parquet"):
-        return "parquet"
-    if is_jsonl_name(name, plain_json=plain_json):
-        return "jsonl"
-    if name.endswith(ARROW_SUFFIXES):
-        return "arrow"
-    return None
+    return next((f for f in formats() if f.recognises_file(file_name, chosen=chosen)), None)
 
 
-def discover(name: str, path: str | os.PathLike[str], *, fmt: DatasetFormat | None = None) -> Dataset:
+def discover(name: str, path: str | os.PathLike[str], *, fmt: str | None = None) -> Discovered:
     """Discover the dataset at ``path`` (see the module docstring for the rules).
 
     Example:
-        >>> discover("chat", "memory://corpus/chat", fmt="jsonl")
-        Dataset(name='chat', kind='jsonl', path='memory://corpus/chat', shards=2, rows=8)
+        >>> found = discover("chat", "memory://corpus/chat", fmt="jsonl")
+        >>> found.format.name, len(found.shards), found.schema.names
+        ('jsonl', 2, ['id', 'messages'])
     """
-    if fmt is not None and fmt not in FORMATS:
-        raise ConfigError(
-            f"Dataset {name!r}: fmt={fmt!r} is not a format; pass one of {list(FORMATS)} "
-            "or None to detect it from the file names."
-        )
+    chosen = None if fmt is None else format_named(fmt, where=f"Dataset {name!r}")
     path = os.fspath(path)
     if not fs.exists(path):
         relative = fs.is_local(path) and not path.startswith("file://") and not os.path.isabs(path)
         where = f" (resolved to {fs.to_local(path)})" if relative else ""
         raise DatasetNotFoundError(f"Dataset {name!r}: {path}{where} does not exist. Check the path or URL.")
-    if fs.isdir(path):
-        dataset = _discover_dir(name, path, fmt)
-    else:
-        dataset = _discover_file(name, path, fmt)
-    if dataset.total() == 0:
+    found = _discover_dir(name, path, chosen) if fs.isdir(path) else _discover_file(name, path, chosen)
+    if sum(s.num_rows for s in found.shards) == 0:
         raise DatasetFormatError(
-            f"Dataset {name!r} at {path} has 0 rows ({dataset.shard_count()} shard(s), all empty). An "
+            f"Dataset {name!r} at {path} has 0 rows ({len(found.shards)} shard(s), all empty). An "
             "empty dataset cannot be mixed or read; add data or leave it out of the work source."
         )
-    return dataset
+    return found
 
 
-def _discover_file(name: str, path: str, fmt: DatasetFormat | None) -> Dataset:
+def _discover_file(name: str, path: str, chosen: FileFormat | None) -> Discovered:
     url = fs.to_local(path) if fs.is_local(path) else path
-    detected = format_of(fs.basename(url), plain_json=True)
-    fmt = fmt or detected
+    fmt = chosen or format_of(fs.basename(url), chosen=True)
     if fmt is None:
         raise DatasetFormatError(
-            f"Dataset {name!r}: cannot tell the format of {path} from its name; rename it to "
-            "*.parquet, *.jsonl[.gz|.zst] or *.arrow, or pass fmt= one of "
-            f"{list(FORMATS)}."
+            f"Dataset {name!r}: cannot tell the format of {path} from its name; rename it to one of "
+            f"{_expected()}, or pass fmt= one of {[f.name for f in formats()]}."
         )
-    if fmt == "hf":  # one file of a save_to_disk folder: an Arrow IPC stream
-        return discover_arrow(name, path, [url], kind="hf_arrow")
-    return _by_format(name, path, fmt, [url])
+    return fmt.discover(name, [url])
 
 
-def _discover_dir(name: str, path: str, fmt: DatasetFormat | None) -> Dataset:
-    refuse_dataset_dict(path)
-    if fmt in (None, "hf") and fs.exists(fs.join(path, "state.json")):
-        return discover_hf_folder(name, path)
+def _discover_dir(name: str, path: str, chosen: FileFormat | None) -> Discovered:
+    known = formats()
+    for candidate in known if chosen is None else (chosen,):
+        if candidate.recognises_folder(path):
+            return candidate.discover_folder(name, path)
     try:
         files = fs.list_data_files(path)
     except OSError as err:
         if fs.is_read_failure(err):
             raise fs.unreadable_dir(name, path, err) from err
         raise
-    if fmt == "hf":
-        raise DatasetFormatError(
-            f"Dataset {name!r}: {path} is not a datasets save_to_disk folder (no state.json; found "
-            f"{_names(files)}). Pass the folder save_to_disk wrote, or fmt='arrow' for plain .arrow files."
-        )
-    groups: dict[str, list[str]] = {f: [] for f in FORMATS}
+    groups: dict[str, list[str]] = {f.name: [] for f in known}
     for url in files:
-        kind = format_of(fs.basename(url), plain_json=fmt == "jsonl")
-        if kind is not None:
-            groups[kind].append(url)
-    present = [f for f in FORMATS if groups[f]]
-    if fmt is None:
+        fmt = format_of(fs.basename(url), chosen=False)
+        if chosen is not None and chosen.recognises_file(fs.basename(url), chosen=True):
+            fmt = chosen  # a name only the chosen format claims (*.json with fmt="jsonl")
+        if fmt is not None:
+            groups[fmt.name].append(url)
+    present = [f for f in known if groups[f.name]]
+    if chosen is None:
         if len(present) > 1:
-            found = "; ".join(f"{len(groups[f])} {f} ({_names(groups[f])})" for f in present)
+            found = "; ".join(f"{len(groups[f.name])} {f.name} ({_names(groups[f.name])})" for f in present)
             raise DatasetFormatError(
                 f"Dataset {name!r}: {path} mixes formats: {found}. A dataset has one format: pass "
-                f"fmt={present[0]!r} (or another) to read only those files, or move the others to "
+                f"fmt={present[0].name!r} (or another) to read only those files, or move the others to "
                 "their own directory."
             )
-        fmt = present[0] if present else None
-    if fmt is None or not groups[fmt]:
-        hint = (
-            " Files named *.json are read as JSON Lines only with fmt='jsonl'."
-            if any(fs.basename(f).endswith(".json") for f in files)
-            else ""
-        )
-        wanted = f"no {fmt} files" if fmt else "no data files"
+        chosen = present[0] if present else None
+    found = f"found: {_names(files) or 'nothing'}"
+    if chosen is not None and groups[chosen.name]:
+        return chosen.discover(name, groups[chosen.name])
+    if chosen is not None:
         raise DatasetFormatError(
-            f"Dataset {name!r}: {path} holds {wanted} (found: {_names(files) or 'nothing'}). Expected "
-            "*.parquet, *.jsonl[.gz|.zst], *.arrow/*.feather, or a datasets save_to_disk folder "
-            f"(state.json).{hint}"
+            f"Dataset {name!r}: {path} holds no {chosen.name} data ({found}); fmt={chosen.name!r} reads "
+            f"{chosen.expected}. Pass another fmt=, or None to detect the format."
         )
-    return _by_format(name, path, fmt, groups[fmt])
+    hint = (
+        " Files named *.json are read as JSON Lines only with fmt='jsonl'."
+        if any(fs.basename(f).endswith(".json") for f in files)
+        else ""
+    )
+    raise DatasetFormatError(f"Dataset {name!r}: {path} holds no data files ({found}). Expected {_expected()}.{hint}")
 
 
-def _by_format(name: str, root: str, fmt: str, files: list[str]) -> Dataset:
-    if fmt == "parquet":
-        return discover_parquet(name, root, files)
-    if fmt == "jsonl":
-        return discover_jsonl(name, root, files)
-    return discover_arrow(name, root, files)
+def _expected() -> str:
+    return ", ".join(f.expected for f in formats())
 
 
 def _names(files: list[str]) -> str:

@@ -10,10 +10,11 @@ refused: point at one split's folder.
 Plain ``*.arrow`` / ``*.feather`` files (IPC file or stream format, i.e. Feather V2) in a
 directory are read the same way (``fmt="arrow"``).
 
-``dataset_from_hf`` wraps an in-process ``datasets.Dataset`` zero-copy over its Arrow table.
+The two formats: `HF` (``fmt="hf"``, a ``save_to_disk`` folder, or one of its files) and
+`ARROW` (``fmt="arrow"``). ``table_of_hf`` is the Arrow table ``Dataset.from_hf`` wraps.
 
 Example:
-    >>> ds = discover_hf_folder("wiki", "data/wiki_train")
+    >>> ds = Dataset.from_path("wiki", "data/wiki_train")
     >>> ArrowReader(ds).take(0, np.array([0, 1])).column_names
     ['text']
 """
@@ -24,15 +25,20 @@ import json
 import sys
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
 
 from zephon_columnar.errors import ConfigError, DatasetFormatError
 from zephon_columnar.io import fs
-from zephon_columnar.io.base import ShardInfo, check_columns, project, shard_info
-from zephon_columnar.io.dataset import Dataset, _check_same_schema, in_column_order, take_rows
+from zephon_columnar.io.base import ShardInfo, ShardReader, check_columns, project, shard_info
+from zephon_columnar.io.format import Discovered, FileFormat
+from zephon_columnar.io.tables import check_same_schema, in_column_order, take_rows
+
+if TYPE_CHECKING:
+    from zephon_columnar.io.dataset import Dataset
 
 ARROW_SUFFIXES = (".arrow", ".feather")
 DEFAULT_MAX_OPEN_FILES = 64
@@ -84,34 +90,70 @@ def hf_data_files(path: str) -> list[str]:
     return files
 
 
-def discover_hf_folder(name: str, path: str) -> Dataset:
-    """A :class:`Dataset` over a ``datasets.Dataset.save_to_disk`` folder (kind ``hf_arrow``).
-
-    Example:
-        >>> discover_hf_folder("wiki", "data/wiki_train").shard_count()
-        2
-    """
-    refuse_dataset_dict(path)
-    return discover_arrow(name, path, hf_data_files(path), kind="hf_arrow")
-
-
-def discover_arrow(name: str, root: str, files: Sequence[str], *, kind: str = "arrow_ipc") -> Dataset:
-    """A :class:`Dataset` over Arrow IPC files or streams, counting rows from batch headers.
+@dataclass(frozen=True)
+class ArrowFormat(FileFormat):
+    """``*.arrow`` / ``*.feather`` files (Arrow IPC file or stream), one shard each, row counts
+    from the record batch headers of a memory map.
 
     Remote files are downloaded once into the shard cache (an IPC stream has no footer to read
     the counts from; the reader needs the copy anyway).
+
+    Example:
+        >>> ARROW.recognises_file("part-0.feather", chosen=False), ARROW.shared_readers
+        (True, True)
     """
-    shards, schemas = [], []
-    for i, url in enumerate(files):
-        size = fs.file_size(url)
-        # Mapping the table parses only the batch headers (uncompressed IPC, as save_to_disk
-        # writes it); lz4/zstd-compressed Feather is decompressed here once.
-        table = _map_table(url, fs.default_shard_cache().ensure_local(url, size))
-        schemas.append((f"shard {i} ({fs.basename(url)})", table.schema))
-        shards.append(ShardInfo(shard_id=i, path=url, num_rows=table.num_rows, num_bytes=size))
-    _check_same_schema(name, schemas)
-    schema = schemas[0][1] if schemas else pa.schema([])
-    return Dataset(name=name, backend={"kind": kind, "path": root, "schema": schema}, path=root, shards=tuple(shards))
+
+    name: ClassVar[str] = "arrow"
+    expected: ClassVar[str] = "*.arrow/*.feather"
+    shared_readers: ClassVar[bool] = True  # one set of memory maps per process
+
+    def recognises_file(self, file_name: str, *, chosen: bool) -> bool:
+        return file_name.endswith(ARROW_SUFFIXES)
+
+    def discover(self, name: str, files: Sequence[str]) -> Discovered:
+        shards, schemas = [], []
+        for i, url in enumerate(files):
+            size = fs.file_size(url)
+            # Mapping the table parses only the batch headers (uncompressed IPC, as save_to_disk
+            # writes it); lz4/zstd-compressed Feather is decompressed here once.
+            table = _map_table(url, fs.default_shard_cache().ensure_local(url, size))
+            schemas.append((f"shard {i} ({fs.basename(url)})", table.schema))
+            shards.append(ShardInfo(shard_id=i, path=url, num_rows=table.num_rows, num_bytes=size))
+        check_same_schema(name, schemas)
+        schema = schemas[0][1] if schemas else pa.schema([])
+        return Discovered(format=self, shards=tuple(shards), schema=schema)
+
+    def open_reader(self, dataset: Dataset, *, columns: Sequence[str] | None = None) -> ShardReader:
+        return ArrowReader(dataset, columns=columns)
+
+
+@dataclass(frozen=True)
+class HfFormat(ArrowFormat):
+    """A ``datasets.Dataset.save_to_disk`` folder: ``state.json`` lists its Arrow stream files,
+    in order. A ``DatasetDict`` folder (``dataset_dict.json``) is refused, naming its splits.
+
+    Example:
+        >>> found = HF.discover_folder("wiki", "data/wiki_train")
+        >>> found.format.name, len(found.shards)
+        ('hf', 2)
+    """
+
+    name: ClassVar[str] = "hf"
+    expected: ClassVar[str] = "a datasets save_to_disk folder (state.json)"
+
+    def recognises_file(self, file_name: str, *, chosen: bool) -> bool:
+        return False  # its files are plain Arrow streams; the folder's state.json says which
+
+    def recognises_folder(self, path: str) -> bool:
+        return fs.exists(fs.join(path, "state.json")) or fs.exists(fs.join(path, "dataset_dict.json"))
+
+    def discover_folder(self, name: str, path: str) -> Discovered:
+        refuse_dataset_dict(path)
+        return self.discover(name, hf_data_files(path))
+
+
+ARROW = ArrowFormat()
+HF = HfFormat()
 
 
 def _map_table(url: str, local: str) -> pa.Table:
@@ -163,8 +205,8 @@ class ArrowReader:
         max_open_files: int = DEFAULT_MAX_OPEN_FILES,
         shard_cache: fs.ShardCache | None = None,
     ) -> None:
-        self._columns = check_columns(dataset.name, dataset.backend["schema"], columns)
-        self._schema = project(dataset.backend["schema"], self._columns)
+        self._columns = check_columns(dataset.name, dataset.schema, columns)
+        self._schema = project(dataset.schema, self._columns)
         self._names = self._schema.names  # every shard comes back in this column order
         self._name = dataset.name
         self._shards = dataset.shards
@@ -210,19 +252,19 @@ class ArrowReader:
 
 
 # ---------------------------------------------------------------- in-process datasets
-def dataset_from_hf(name: str, hf_dataset: Any) -> Dataset:
-    """A one-shard :class:`Dataset` (kind ``hf_memory``) over ``hf_dataset``'s Arrow table.
+def table_of_hf(hf_dataset: Any) -> pa.Table:
+    """The Arrow table an in-process ``datasets.Dataset`` iterates over (``Dataset.from_hf``).
 
-    Zero-copy: the shard *is* ``hf_dataset.data.table`` (memory-mapped when the dataset was
-    loaded from disk), unless the dataset has an indices mapping (after ``select``,
-    ``shuffle``, ``filter``, ...), which is materialized once with ``flatten_indices()``. The
-    columns chosen with ``set_format(columns=...)`` are kept, as iterating it would.
+    Zero-copy: it *is* ``hf_dataset.data.table`` (memory-mapped when the dataset was loaded
+    from disk), unless the dataset has an indices mapping (after ``select``, ``shuffle``,
+    ``filter``, ...), which is materialized once with ``flatten_indices()``. The columns chosen
+    with ``set_format(columns=...)`` are kept, as iterating it would.
 
     Example:
         >>> import datasets
-        >>> hf = datasets.Dataset.from_dict({"text": ["a", "b"]})
-        >>> dataset_from_hf("toy", hf).total()
-        2
+        >>> hf = datasets.Dataset.from_dict({"text": ["a", "b"], "n": [1, 2]}).select_columns(["text"])
+        >>> table_of_hf(hf).column_names
+        ['text']
     """
     _require_map_style(hf_dataset)
     if getattr(hf_dataset, "_indices", None) is not None:
@@ -232,7 +274,7 @@ def dataset_from_hf(name: str, hf_dataset: Any) -> Dataset:
     columns = fmt.get("columns")
     if columns is not None and not fmt.get("output_all_columns") and list(columns) != table.column_names:
         table = table.select(list(columns))
-    return Dataset.from_tables(name, [table], kind="hf_memory")
+    return table
 
 
 def _require_map_style(obj: Any) -> None:

@@ -28,7 +28,7 @@ is not one JSON object, or not UTF-8, fails discovery. A bad line further on is 
 schema and reported, with its line number, by the reader when its row is read.
 
 Example:
-    >>> ds = discover_jsonl("chat", "data/chat", ["data/chat/part-000.jsonl"])
+    >>> ds = Dataset.from_path("chat", "data/chat/part-000.jsonl")
     >>> rows = JsonlReader(ds).take(0, np.array([3, 1])).to_pylist()
     >>> [(row["id"], row["messages"][-1]) for row in rows]
     [(3, {'role': 'assistant', 'content': 'Buenos días.'}), (1, {'role': 'assistant', 'content': 'Cheerful.'})]
@@ -47,7 +47,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import IO, Any, Literal, cast
+from typing import IO, TYPE_CHECKING, Any, ClassVar, Literal, cast
 
 import numpy as np
 import pyarrow as pa
@@ -55,8 +55,11 @@ import pyarrow.json as pajson
 
 from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
-from zephon_columnar.io.base import ShardInfo, check_columns, project, shard_info
-from zephon_columnar.io.dataset import Dataset
+from zephon_columnar.io.base import ShardInfo, ShardReader, check_columns, project, shard_info
+from zephon_columnar.io.format import Discovered, FileFormat
+
+if TYPE_CHECKING:
+    from zephon_columnar.io.dataset import Dataset
 
 log = logging.getLogger(__name__)
 
@@ -347,43 +350,59 @@ def _read_error(url: str, err: BaseException, what: str) -> BaseException:
     )
 
 
-# ---------------------------------------------------------------- discovery
-def discover_jsonl(name: str, root: str, files: Sequence[str]) -> Dataset:
-    """A :class:`Dataset` over JSON Lines ``files`` (shard ids in the given order).
-
-    Counts rows from each file's (cached) line index; the schema is the widening of the
-    schemas of every file (each inferred from all its lines when it was indexed), in shard
-    order. Checks the first ~1000 rows of the first non-empty file strictly. Remote files are
-    downloaded once into the shard cache (counting lines needs every byte; the reader needs the
-    copy anyway).
+# ---------------------------------------------------------------- the format
+@dataclass(frozen=True)
+class JsonlFormat(FileFormat):
+    """JSON Lines files, one shard each (the module docstring has the rules).
 
     Example:
-        >>> discover_jsonl("chat", "data/chat", ["data/chat/part-000.jsonl", "data/chat/part-001.jsonl"]).total()
-        8
+        >>> found = JSONL.discover("chat", ["data/chat/part-000.jsonl", "data/chat/part-001.jsonl"])
+        >>> [s.num_rows for s in found.shards], JSONL.recognises_file("rows.json", chosen=False)
+        ([4, 4], False)
     """
-    files = list(files)
 
-    def one(url: str) -> tuple[LineIndex, ShardInfo]:
-        size, version = fs.file_info(url)
-        local = fs.default_shard_cache().ensure_local(url, size)
-        index = line_index(url, local, size, version)
-        extra = {"compression": compression_of(url), "size": size, "version": version}
-        return index, ShardInfo(shard_id=0, path=url, num_rows=index.num_rows, num_bytes=size, extra=extra)
+    name: ClassVar[str] = "jsonl"
+    expected: ClassVar[str] = "*.jsonl[.gz|.zst]"
 
-    if len(files) > 1:
-        with ThreadPoolExecutor(max_workers=min(8, len(files))) as pool:
-            found = list(pool.map(one, files))
-    else:
-        found = [one(f) for f in files]
-    shards = tuple(
-        ShardInfo(shard_id=i, path=info.path, num_rows=info.num_rows, num_bytes=info.num_bytes, extra=info.extra)
-        for i, (_, info) in enumerate(found)
-    )
-    first = next((i for i, s in enumerate(shards) if s.num_rows > 0), None)
-    if first is not None:
-        _check_sample(files[first], found[first][0], shards[first].num_bytes)
-    schema = _dataset_schema([(info, index) for index, info in found])
-    return Dataset(name=name, backend={"kind": "jsonl", "path": root, "schema": schema}, path=root, shards=shards)
+    def recognises_file(self, file_name: str, *, chosen: bool) -> bool:
+        # In a folder *.json is usually metadata (manifest.json); it counts when asked for.
+        return is_jsonl_name(file_name, plain_json=chosen)
+
+    def discover(self, name: str, files: Sequence[str]) -> Discovered:
+        """Counts rows from each file's (cached) line index; the schema is the widening of the
+        schemas of every file (each inferred from all its lines when it was indexed), in shard
+        order. Checks the first ~1000 rows of the first non-empty file strictly. Remote files
+        are downloaded once into the shard cache (counting lines needs every byte; the reader
+        needs the copy anyway)."""
+        files = list(files)
+
+        def one(url: str) -> tuple[LineIndex, ShardInfo]:
+            size, version = fs.file_info(url)
+            local = fs.default_shard_cache().ensure_local(url, size)
+            index = line_index(url, local, size, version)
+            extra = {"compression": compression_of(url), "size": size, "version": version}
+            return index, ShardInfo(shard_id=0, path=url, num_rows=index.num_rows, num_bytes=size, extra=extra)
+
+        if len(files) > 1:
+            with ThreadPoolExecutor(max_workers=min(8, len(files))) as pool:
+                found = list(pool.map(one, files))
+        else:
+            found = [one(f) for f in files]
+        shards = tuple(
+            ShardInfo(shard_id=i, path=info.path, num_rows=info.num_rows, num_bytes=info.num_bytes, extra=info.extra)
+            for i, (_, info) in enumerate(found)
+        )
+        first = next((i for i, s in enumerate(shards) if s.num_rows > 0), None)
+        if first is not None:
+            _check_sample(files[first], found[first][0], shards[first].num_bytes)
+        schema = _dataset_schema([(info, index) for index, info in found])
+        return Discovered(format=self, shards=shards, schema=schema)
+
+    def open_reader(self, dataset: Dataset, *, columns: Sequence[str] | None = None) -> ShardReader:
+        return JsonlReader(dataset, columns=columns)
+
+
+JSONL = JsonlFormat()
 
 
 def _dataset_schema(files: Sequence[tuple[ShardInfo, LineIndex]]) -> pa.Schema:
@@ -899,7 +918,7 @@ class JsonlReader:
         max_open_files: int = DEFAULT_MAX_OPEN_FILES,
         shard_cache: fs.ShardCache | None = None,
     ) -> None:
-        schema: pa.Schema = dataset.backend["schema"]
+        schema = dataset.schema
         # A projection is parsed as the explicit schema: pyarrow then skips the other fields.
         self._schema = project(schema, check_columns(dataset.name, schema, columns))
         self._parse = _parse_options(self._schema)

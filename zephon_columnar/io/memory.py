@@ -1,4 +1,6 @@
-"""`InMemoryShard`: a shard held in memory, what ``Dataset.from_dict`` takes (tests, quick starts).
+"""Data held in memory: `InMemoryShard` (what ``Dataset.from_dict`` takes: tests, quick starts),
+and the format of datasets over in-memory Arrow tables (`InMemoryTables`) with its reader
+(`TableReader`).
 
 Example:
     >>> shard = InMemoryShard([{"text": "hello"}, {"text": "world"}])
@@ -9,13 +11,21 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
+from zephon_columnar.io.base import ShardReader, check_columns, describe_ids
+from zephon_columnar.io.format import Format
+from zephon_columnar.io.tables import take_rows
+
+if TYPE_CHECKING:
+    from zephon_columnar.io.dataset import Dataset
 
 
 class InMemoryShard:
@@ -91,4 +101,62 @@ def content_bytes(values: pa.Array | pa.ChunkedArray) -> int:
     return 8 * len(values)  # numbers, bools, temporals and nulls: 8 each
 
 
-__all__ = ["InMemoryShard"]
+@dataclass(frozen=True, eq=False)
+class InMemoryTables(Format):
+    """The format of a dataset over Arrow tables held in memory (``Dataset.from_dict``,
+    ``from_tables``, ``from_hf``): ``tables[i]`` is the shard ``dataset.shards[i]``.
+
+    Example:
+        >>> ds = Dataset.from_tables("t", [pa.table({"x": [1, 2]}), pa.table({"x": [3]})])
+        >>> ds.format.name, ds.format.open_reader(ds).take(1, np.array([0])).column("x").to_pylist()
+        ('inmem', [3])
+    """
+
+    name: ClassVar[str] = "inmem"
+    tables: tuple[pa.Table, ...]
+
+    def open_reader(self, dataset: Dataset, *, columns: Sequence[str] | None = None) -> ShardReader:
+        tables = self.tables
+        if columns is not None and tables:
+            selected = check_columns(dataset.name, dataset.schema, columns)
+            tables = tuple(t.select(selected) for t in tables)  # zero-copy
+        return TableReader(tables, [s.shard_id for s in dataset.shards], dataset=dataset.name)
+
+
+class TableReader:
+    """Reader over in-memory Arrow tables, one per shard, looked up by shard id.
+
+    ``shard_ids[i]`` is the id of ``tables[i]`` (default ``0..n-1``). ``take`` returns zero-copy
+    slices where possible; an id that is none of them raises IndexError naming the ids (it never
+    falls back to a position, so it cannot read another shard's rows).
+
+    Example:
+        >>> reader = TableReader([pa.table({"x": [1, 2]}), pa.table({"x": [3]})], shard_ids=[2, 5])
+        >>> reader.take(5, np.array([0])).column("x").to_pylist()
+        [3]
+    """
+
+    def __init__(
+        self, tables: Sequence[pa.Table], shard_ids: Sequence[int] | None = None, *, dataset: str | None = None
+    ) -> None:
+        ids = list(range(len(tables))) if shard_ids is None else [int(i) for i in shard_ids]
+        if len(ids) != len(tables):
+            raise ConfigError(f"TableReader: {len(ids)} shard ids for {len(tables)} tables; pass one id per table.")
+        self._tables = dict(zip(ids, tables))
+        self._dataset = dataset
+
+    def take(self, shard_id: int, rows: np.ndarray) -> pa.Table:
+        table = self._tables.get(int(shard_id))
+        if table is None:
+            who = "this dataset" if self._dataset is None else f"dataset {self._dataset!r}"
+            raise IndexError(
+                f"shard {shard_id} does not exist; {who} has {len(self._tables)} shards with ids "
+                f"{describe_ids(list(self._tables))}. Pass one of those ids."
+            )
+        return take_rows(table, rows)
+
+    def close(self) -> None:
+        pass
+
+
+__all__ = ["InMemoryShard", "InMemoryTables", "TableReader"]

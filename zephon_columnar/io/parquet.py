@@ -19,7 +19,7 @@ In a pipeline the other cores are busy (tokenizer, packing, the training step), 
 runner's workers are the parallelism, so the reader decodes in the calling thread.
 
 Example:
-    >>> ds = discover_parquet("web", "data/web", ["data/web/part-000.parquet"])
+    >>> ds = Dataset.from_path("web", "data/web/part-000.parquet")
     >>> reader = ParquetReader(ds)
     >>> reader.take(0, np.arange(10, 14)).column("id").to_pylist()
     [10, 11, 12, 13]
@@ -30,6 +30,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -37,10 +39,14 @@ import pyarrow.parquet as pq
 
 from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
-from zephon_columnar.io.base import ShardInfo, check_columns, project, shard_info
-from zephon_columnar.io.dataset import Dataset, _check_same_schema, in_column_order, take_rows
+from zephon_columnar.io.base import ShardInfo, ShardReader, check_columns, project, shard_info
+from zephon_columnar.io.format import Discovered, FileFormat
 from zephon_columnar.io.retry import RetriesExhaustedError
+from zephon_columnar.io.tables import check_same_schema, in_column_order, take_rows
 from zephon_columnar.memory import buffer_pool
+
+if TYPE_CHECKING:
+    from zephon_columnar.io.dataset import Dataset
 
 DEFAULT_CACHE_BYTES = 32 << 20  # decoded row groups kept per reader: read-ahead + what is being sliced
 DEFAULT_MAX_OPEN_FILES = 16
@@ -54,39 +60,53 @@ _FOOTER_THREADS = 16
 _FOOTER_GUESS_BYTES = 64 << 10  # the first range read of a remote footer (Arrow's own guess)
 
 
-# ---------------------------------------------------------------- discovery
-def discover_parquet(name: str, root: str, files: Sequence[str]) -> Dataset:
-    """A :class:`Dataset` over Parquet ``files`` (shard ids in the given order), from footers.
-
-    Raises :class:`DatasetFormatError` naming the file for a corrupt or non-Parquet file, and
-    naming the shard when schemas differ.
+# ---------------------------------------------------------------- the format
+@dataclass(frozen=True)
+class ParquetFormat(FileFormat):
+    """``*.parquet`` files, one shard each; row counts, row-group sizes and the schema from footers.
 
     Example:
-        >>> ds = discover_parquet("web", "data/web", ["data/web/part-000.parquet"])
-        >>> ds.shards[0].num_rows, ds.shards[0].extra["row_groups"]
+        >>> found = PARQUET.discover("web", ["data/web/part-000.parquet"])
+        >>> found.shards[0].num_rows, found.shards[0].extra["row_groups"]
         (16, (8, 8))
     """
-    files = list(files)
-    if len(files) > 1:
-        # Footer reads are latency-bound on remote stores; a few threads hide that.
-        with ThreadPoolExecutor(max_workers=min(_FOOTER_THREADS, len(files))) as pool:
-            footers = list(pool.map(_read_footer, files))
-    else:
-        footers = [_read_footer(f) for f in files]
-    schemas = [md.schema.to_arrow_schema() for md, _ in footers]
-    _check_same_schema(name, [(f"shard {i} ({fs.basename(f)})", s) for i, (f, s) in enumerate(zip(files, schemas))])
-    shards = tuple(
-        ShardInfo(
-            shard_id=i,
-            path=f,
-            num_rows=md.num_rows,
-            num_bytes=size,
-            extra={"row_groups": tuple(md.row_group(g).num_rows for g in range(md.num_row_groups))},
+
+    name: ClassVar[str] = "parquet"
+    expected: ClassVar[str] = "*.parquet"
+    shared_readers: ClassVar[bool] = True  # one row-group cache per process
+
+    def recognises_file(self, file_name: str, *, chosen: bool) -> bool:
+        return file_name.endswith(".parquet")
+
+    def discover(self, name: str, files: Sequence[str]) -> Discovered:
+        """Reads only the footers. Raises :class:`DatasetFormatError` naming the file for a
+        corrupt or non-Parquet file, and naming the shard when schemas differ."""
+        files = list(files)
+        if len(files) > 1:
+            # Footer reads are latency-bound on remote stores; a few threads hide that.
+            with ThreadPoolExecutor(max_workers=min(_FOOTER_THREADS, len(files))) as pool:
+                footers = list(pool.map(_read_footer, files))
+        else:
+            footers = [_read_footer(f) for f in files]
+        schemas = [md.schema.to_arrow_schema() for md, _ in footers]
+        check_same_schema(name, [(f"shard {i} ({fs.basename(f)})", s) for i, (f, s) in enumerate(zip(files, schemas))])
+        shards = tuple(
+            ShardInfo(
+                shard_id=i,
+                path=f,
+                num_rows=md.num_rows,
+                num_bytes=size,
+                extra={"row_groups": tuple(md.row_group(g).num_rows for g in range(md.num_row_groups))},
+            )
+            for i, (f, (md, size)) in enumerate(zip(files, footers))
         )
-        for i, (f, (md, size)) in enumerate(zip(files, footers))
-    )
-    schema = schemas[0] if schemas else pa.schema([])
-    return Dataset(name=name, backend={"kind": "parquet", "path": root, "schema": schema}, path=root, shards=shards)
+        return Discovered(format=self, shards=shards, schema=schemas[0] if schemas else pa.schema([]))
+
+    def open_reader(self, dataset: Dataset, *, columns: Sequence[str] | None = None) -> ShardReader:
+        return ParquetReader(dataset, columns=columns)
+
+
+PARQUET = ParquetFormat()
 
 
 def _read_remote_footer(url: str) -> tuple[pq.FileMetaData, int]:
@@ -205,7 +225,7 @@ class ParquetReader:
         max_open_files: int = DEFAULT_MAX_OPEN_FILES,
         shard_cache: fs.ShardCache | None = None,
     ) -> None:
-        schema: pa.Schema = dataset.backend["schema"]
+        schema = dataset.schema
         self._columns = check_columns(dataset.name, schema, columns)
         self._schema = project(schema, self._columns)
         self._names = self._schema.names  # every shard comes back in this column order

@@ -1,63 +1,22 @@
-"""`open_reader`: the :class:`~zephon_columnar.io.base.ShardReader` for a dataset's storage.
-
-Backend kinds and their readers:
-    ``parquet``               -> :class:`~zephon_columnar.io.parquet.ParquetReader`
-    ``jsonl``                 -> :class:`~zephon_columnar.io.jsonl.JsonlReader`
-    ``hf_arrow``, ``arrow_ipc`` -> :class:`~zephon_columnar.io.hf.ArrowReader`
-    ``inmem``, ``arrow``, ``hf_memory`` (in-memory tables) -> ``TableReader``
+"""`ReaderPool`: one shard reader per process and dataset, shared by the worker threads, for the
+formats whose readers cache decoded data (`Format.shared_readers`).
 
 Example:
-    >>> reader = open_reader(Dataset.from_path("web", "data/web"))
-    >>> type(reader).__name__
-    'ParquetReader'
-    >>> reader.take(1, np.arange(3)).column("id").to_pylist()  # shard 1, rows 0..2
-    [16, 17, 18]
+    >>> pool = ReaderPool()
+    >>> web, chat = Dataset.from_path("web", "data/web"), Dataset.from_path("chat", "data/chat")
+    >>> pool.shared_reader(0, web) is pool.shared_reader(0, web), pool.shared_reader(1, chat)
+    (True, None)
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from zephon_columnar.errors import ConfigError
-from zephon_columnar.io.base import ShardReader, check_columns
-from zephon_columnar.io.dataset import Dataset, TableReader
+from zephon_columnar.io.base import ShardReader
 
-_IN_MEMORY = ("inmem", "arrow", "hf_memory")
-
-
-def open_reader(dataset: Dataset, *, columns: Sequence[str] | None = None) -> ShardReader:
-    """A fresh reader of ``dataset``'s shards (one per worker; not thread-safe).
-
-    ``columns`` restricts file-backed readers to those payload columns (Parquet then decodes
-    only those); None reads all. Every reader takes ``shard_id`` as the dataset's shard id
-    (``Dataset.ids()``), never as a position.
-    """
-    kind = dataset.backend.get("kind")
-    if kind == "parquet":
-        from zephon_columnar.io.parquet import ParquetReader
-
-        return ParquetReader(dataset, columns=columns)
-    if kind == "jsonl":
-        from zephon_columnar.io.jsonl import JsonlReader
-
-        return JsonlReader(dataset, columns=columns)
-    if kind in ("hf_arrow", "arrow_ipc"):
-        from zephon_columnar.io.hf import ArrowReader
-
-        return ArrowReader(dataset, columns=columns)
-    if kind in _IN_MEMORY:
-        tables = dataset.backend["tables"]
-        if columns is not None and tables:
-            columns = check_columns(dataset.name, tables[0].schema, columns)
-            tables = [t.select(columns) for t in tables]  # zero-copy
-        return TableReader(tables, [s.shard_id for s in dataset.shards], dataset=dataset.name)
-    raise ConfigError(
-        f"Dataset {dataset.name!r} has backend kind {kind!r}, which no reader handles; known kinds are "
-        f"['parquet', 'jsonl', 'hf_arrow', 'arrow_ipc', {', '.join(repr(k) for k in _IN_MEMORY)}]. "
-        "Build datasets with Dataset.from_path / from_hf / from_dict / from_tables."
-    )
+if TYPE_CHECKING:
+    from zephon_columnar.io.dataset import Dataset
 
 
 class _LockedReader:
@@ -81,16 +40,13 @@ class _LockedReader:
 
 
 class ReaderPool:
-    """Per-process readers shared by worker threads, for the kinds in ``SHARED_KINDS``.
+    """Per-process readers shared by worker threads, for the datasets whose format says so
+    (`Format.shared_readers`: Parquet row groups, memory-mapped Arrow files).
 
     The engine makes one pool per pass; `FetchOp` asks it first and opens a private reader
-    for other kinds (JSONL parsing gains from parallel readers, not from a shared cache).
+    for other formats (JSONL parsing gains from parallel readers, not from a shared cache).
     Pickling (process runner) gives each worker process an empty pool of its own.
     """
-
-    #: Kinds whose readers cache decoded data (Parquet row groups, memory-mapped Arrow files):
-    #: worth one shared reader per process rather than one per worker thread.
-    SHARED_KINDS = ("parquet", "hf_arrow", "arrow_ipc")
 
     def __init__(self) -> None:
         self._reset()
@@ -100,12 +56,12 @@ class ReaderPool:
         self._readers: dict[int, _LockedReader] = {}
 
     def shared_reader(self, dataset_id: int, dataset: Dataset) -> ShardReader | None:
-        if dataset.backend.get("kind") not in self.SHARED_KINDS:
+        if dataset.format is None or not dataset.format.shared_readers:
             return None
         with self._lock:
             reader = self._readers.get(dataset_id)
             if reader is None:
-                reader = self._readers[dataset_id] = _LockedReader(open_reader(dataset))
+                reader = self._readers[dataset_id] = _LockedReader(dataset.open_reader())
             return reader
 
     def close(self) -> None:
