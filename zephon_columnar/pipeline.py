@@ -77,6 +77,15 @@ else:  # a dependency of torch's
     from typing_extensions import Unpack
 
 
+def _op_arguments(call_locals: Mapping[str, Any], *, leave_out: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The keyword arguments a builder hands its operator: the builder's own arguments
+    (``locals()`` taken before anything else), less ``self``, ``placement`` (the builder's) and
+    ``leave_out``. A builder's signature and its operator's ``__init__`` are held equal by
+    ``tests/test_builder_signatures.py``, so an argument is written twice, never forwarded by hand.
+    """
+    return {k: v for k, v in call_locals.items() if k not in ("self", "placement", *leave_out)}
+
+
 class Pipeline:
     """Fluent builder: work source -> fetch -> your transforms -> batch -> training loop."""
 
@@ -217,30 +226,10 @@ class Pipeline:
             >>> tok.decode(ids[:-1]) == first, ids[-1] == tok.token_to_id("</s>")
             (True, True)
         """
+        arguments = _op_arguments(locals())
         from zephon_columnar.ops.tokenize import TokenizeOp
 
-        return self._add(
-            TokenizeOp(
-                tokenizer,
-                tokenizer_id,
-                field=field,
-                missing_field=missing_field,
-                add_attention_mask=add_attention_mask,
-                max_length=max_length,
-                padding=padding,
-                truncation=truncation,
-                return_tensors=return_tensors,
-                split_long_samples=split_long_samples,
-                use_fast=use_fast,
-                preserve_upstream_payload=preserve_upstream_payload,
-                special_tokens=special_tokens,
-                bos_token_id=bos_token_id,
-                eos_token_id=eos_token_id,
-                parallelism=parallelism,
-                backend=backend,
-            ),
-            placement=placement,
-        )
+        return self._add(TokenizeOp(**arguments), placement=placement)
 
     def tokenize_chat(
         self,
@@ -275,30 +264,10 @@ class Pipeline:
             >>> sorted(row.payload)
             ['input_ids', 'loss_mask']
         """
+        arguments = _op_arguments(locals())
         from zephon_columnar.ops.chat import TokenizeChatOp
 
-        return self._add(
-            TokenizeChatOp(
-                tokenizer,
-                tokenizer_id,
-                eos_token=eos_token,
-                field=field,
-                max_length=max_length,
-                chat_template=chat_template,
-                apply_chat_template=apply_chat_template,
-                span_source=span_source,
-                loss_scope=loss_scope,
-                loss_on_last_turn_only=loss_on_last_turn_only,
-                chat_template_kwargs=chat_template_kwargs,
-                tools_field=tools_field,
-                enable_thinking_field=enable_thinking_field,
-                mask_field_out=mask_field_out,
-                preserve_upstream_payload=preserve_upstream_payload,
-                parallelism=parallelism,
-                backend=backend,
-            ),
-            placement=placement,
-        )
+        return self._add(TokenizeChatOp(**arguments), placement=placement)
 
     def expand_chat(
         self, *, field: str = "messages", placement: str = "auto", parallelism: int | None = None
@@ -339,14 +308,10 @@ class Pipeline:
             >>> sorted(out) == list(range(10)), out != list(range(10))  # every row once, reordered
             (True, True)
         """
+        arguments = _op_arguments(locals())
         from zephon_columnar.ops.shuffle import ShuffleOp
 
-        return self._add(
-            ShuffleOp(
-                buffer_size, seed=seed, algorithm=algorithm, warmup_growth=warmup_growth, parallelism=parallelism
-            ),
-            placement=placement,
-        )
+        return self._add(ShuffleOp(**arguments), placement=placement)
 
     def ensure_mixture(
         self,
@@ -373,20 +338,10 @@ class Pipeline:
             >>> [int(r.payload["input_ids"][0]) for r in Pipeline(ws).ensure_mixture(weight_by="input_ids")][:10]
             [1, 2, 2, 2, 2, 1, 2, 2, 2, 2]
         """
+        arguments = _op_arguments(locals())
         from zephon_columnar.ops.ensure_mixture import EnsureMixtureOp
 
-        return self._add(
-            EnsureMixtureOp(
-                max_buffer_size=max_buffer_size,
-                drain_target_ratio=drain_target_ratio,
-                obsolete_drain_rate=obsolete_drain_rate,
-                weight_by=weight_by,
-                warn_tolerance=warn_tolerance,
-                mixture=mixture,
-                parallelism=parallelism,
-            ),
-            placement=placement,
-        )
+        return self._add(EnsureMixtureOp(**arguments), placement=placement)
 
     def stateful_transform(
         self,
@@ -487,31 +442,11 @@ class Pipeline:
             >>> t["input_ids"].tolist(), t["positions"].tolist()
             ([[1, 2, 3, 7, 8], [4, 5, 6, 9, 0]], [[0, 1, 2, 0, 1], [0, 1, 2, 0, 0]])
         """
+        arguments = _op_arguments(locals())
         from zephon_columnar.ops.pack import PackFlatOp
 
         self._check_groups(groups)
-        return self._add(
-            PackFlatOp(
-                max_length,
-                num_bins=num_bins,
-                max_sequences_per_bin=max_sequences_per_bin,
-                algorithm=algorithm,
-                tokens_field=tokens_field,
-                pad_token_id=pad_token_id,
-                emit_positions=emit_positions,
-                drop_oversized=drop_oversized,
-                min_sequence_length=min_sequence_length,
-                shuffle_strategy=shuffle_strategy,
-                shuffle_seed=shuffle_seed,
-                flush_strategy=flush_strategy,
-                candidate_pool_size=candidate_pool_size,
-                max_candidate_age=max_candidate_age,
-                homogeneity=homogeneity,
-                groups=groups,
-                parallelism=parallelism,
-            ),
-            placement=placement,
-        )
+        return self._add(PackFlatOp(**arguments), placement=placement)
 
     def pack_sequences(
         self,
@@ -551,6 +486,7 @@ class Pipeline:
             >>> [[s["input_ids"].tolist() for s in r.payload["packed_samples"]] for r in pipe]  # arrays: read data
             [[[1, 2, 3], [7, 8]], [[4, 5, 6], [9]]]
         """
+        arguments = _op_arguments(locals(), leave_out=("length_fn",))
         from zephon_columnar.ops.pack import PackSequencesOp
         from zephon_columnar.ops.pack.sequences import merge_with
 
@@ -561,27 +497,7 @@ class Pipeline:
                 "pass tokens_field=<the list column to measure> instead (a length field that is "
                 "not a list is not supported)."
             )
-        self._add(
-            PackSequencesOp(
-                max_length,
-                num_bins=num_bins,
-                max_sequences_per_bin=max_sequences_per_bin,
-                algorithm=algorithm,
-                tokens_field=tokens_field,
-                drop_oversized=drop_oversized,
-                min_sequence_length=min_sequence_length,
-                shuffle_strategy=shuffle_strategy,
-                shuffle_seed=shuffle_seed,
-                flush_strategy=flush_strategy,
-                pack_payloads=pack_payloads,
-                candidate_pool_size=candidate_pool_size,
-                max_candidate_age=max_candidate_age,
-                homogeneity=homogeneity,
-                groups=groups,
-                parallelism=parallelism,
-            ),
-            placement=placement,
-        )
+        self._add(PackSequencesOp(**arguments), placement=placement)
         if callable(pack_payloads):
             self._add(MapOp(merge_with(pack_payloads), parallelism=parallelism))
         return self

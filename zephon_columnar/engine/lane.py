@@ -856,7 +856,8 @@ class LaneChain:
 
     def _rewound(self, items: int) -> LaneSnapshot | None:
         """The whole lane as a source position, when it is one stateless one-row-per-sample stage
-        and a packer that can rewind (uncapped wrap): see `LanePacker.rewind`. None otherwise."""
+        and an accumulator that implements `Rewinds` (today the uncapped wrap packer: see
+        `LanePacker.rewind`). None otherwise."""
         steps, plan = self.steps, self.engine.plan
         ordered = [s for s in steps if isinstance(s, OrderedStep)]
         if len(ordered) != 1 or len(steps) < 2 or steps[1] is not ordered[0]:

@@ -9,9 +9,12 @@ works on shard positions, mapped to ids when the two differ).
 
 Generating a chunk has two steps:
 
-* *plan* (O(number of datasets)): quotas, cursor arithmetic, exhaustion policies. Every lane
-  plans every chunk, so all lanes agree on the stream without talking to each other.
+* *plan* (O(number of datasets); `zephon_columnar.work.chunk_plan`): quotas, cursor arithmetic,
+  exhaustion policies. Every lane plans every chunk, so all lanes agree on the stream without
+  talking to each other.
 * *materialize* (O(chunk_size), numpy): the actual pointers, only for chunks the lane owns.
+
+The arguments are checked and resolved in `zephon_columnar.work.static_arguments`.
 
 Example:
     >>> from zephon_columnar.io.dataset import Dataset, InMemoryShard
@@ -30,9 +33,8 @@ import math
 import re
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,9 +42,24 @@ from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWa
 from zephon_columnar.recipes import recipe_differences
 from zephon_columnar.work.base import WorkSource, check_lane
 from zephon_columnar.work.chunk import WorkChunk
+from zephon_columnar.work.chunk_plan import ChunkPlan, ChunkPlanner, PlanConfig, PlanCursor, exact_units, terminal_left
 from zephon_columnar.work.mixture import MixtureSpec
 from zephon_columnar.work.order import DatasetOrder
 from zephon_columnar.work.positions import SamplePositions
+from zephon_columnar.work.static_arguments import (
+    UNSET,
+    ExhaustedPolicy,
+    LaneAssignment,
+    ShuffleBlockSpec,
+    check_bool,
+    check_datasets,
+    check_int,
+    check_rows,
+    per_dataset,
+    resolve_block,
+    resolve_exhaustion,
+    shard_ids_by_position,
+)
 from zephon_columnar.work.token_estimation import (
     TokenEstimation,
     TokenRatio,
@@ -55,263 +72,10 @@ from zephon_columnar.work.token_estimation import (
 if TYPE_CHECKING:
     from zephon_columnar.io.dataset import Dataset
 
-ExhaustedPolicy = Literal["stop", "repeat", "redistribute"]
-LaneAssignment = Literal["permute", "modulo"]
-_BlockSize = int | Literal["auto", "global"] | None
-ShuffleBlockSpec = _BlockSize | Mapping[str, _BlockSize]
-
-_POLICIES = ("stop", "repeat", "redistribute")
 # Recipe fields about the data itself: a state taken over other data is refused; the other
 # fields (seed, chunk_size, mixture, shuffles, policies, lanes) are adopted from the state.
 _RECIPE_DATA = ("class", "datasets", "mixture_unit", "token_estimation")
 _STATE_VERSION = 5  # Zephon 0.2.0's layout version (its field names; ours read on restore)
-
-
-class _Unset:
-    """Marks an argument the caller did not pass (its default depends on other arguments)."""
-
-    def __repr__(self) -> str:
-        return "<unset>"
-
-
-UNSET: Any = _Unset()
-
-
-# -------------------------------------------------------------------- plan step
-@dataclass(frozen=True)
-class _Config:
-    """Everything that fixes the global chunk stream (shared, read-only, by lane clones)."""
-
-    names: tuple[str, ...]
-    rows: tuple[int, ...]
-    weights: tuple[float, ...]  # normalized over all components (as in the recipe)
-    units: tuple[int, ...]  # sample weights as exact integers (common scale)
-    targets: tuple[int, ...]  # the chunks' target_mixture as exact integers: the
-    # weights (== units unless the mixture is in tokens)
-    chunk_size: int
-    policies: tuple[str, ...]
-    max_passes: tuple[int | None, ...]  # passes a component may be read; None: unbounded
-    floor: int | None  # stop_after_passes
-
-
-@dataclass
-class _Cursor:
-    """The mutable position of the global stream: O(number of datasets), copied cheaply."""
-
-    g: int  # next global chunk index to plan
-    epoch: list[int]  # pass being read (== passes completed)
-    position: list[int]  # offset in that pass, always < rows
-    active: list[bool]  # still drawn from (weight > 0, not left, stream not over)
-    acc: list[int]  # Bresenham accumulators, exactly: acc[k] / den samples
-    den: int = 1
-
-    def copy(self) -> _Cursor:
-        return _Cursor(self.g, list(self.epoch), list(self.position), list(self.active), list(self.acc), self.den)
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """What chunk ``g`` holds, without the pointers: ``(k, epoch, position, count)`` segments."""
-
-    g: int
-    segments: tuple[tuple[int, int, int, int], ...]
-    size: int
-    target: dict[str, float]
-    exhausted: tuple[str, ...]
-
-
-class _Planner:
-    """The plan step: quotas and policy transitions of one chunk, O(number of datasets)."""
-
-    def __init__(self, cfg: _Config) -> None:
-        self.cfg = cfg
-        self._pool_totals: dict[tuple[int, ...], int] = {}
-
-    def pool_total(self, pool: Sequence[int]) -> int:
-        """Sum of the integer weights of ``pool``; ``units[k] / total`` is k's share."""
-        key = tuple(pool)
-        total = self._pool_totals.get(key)
-        if total is None:
-            total = self._pool_totals[key] = sum(self.cfg.units[k] for k in key)
-        return total
-
-    def allocate(self, cur: _Cursor, pool: list[int], n: int) -> list[int]:
-        """Split ``n`` slots among ``pool`` by largest remainder on the accumulators.
-
-        Each accumulator is credited its share of ``n`` and debited what it gets, so every
-        component stays within 2 samples of its exact share forever. Quotas are floor(acc)
-        clamped at 0; the remaining slots go to the largest remainders (ties: lower index).
-        When the floors exceed ``n`` (possible once a clamped component owes a sample, or
-        after one leaves), slots are taken back from the smallest remainders (ties: higher
-        index). The arithmetic is exact (integers over a common denominator), so ties are
-        real ties (three equal weights give a, b, c, a, b, c) rather than rounding noise.
-        """
-        total = self.pool_total(pool)
-        acc = cur.acc
-        if cur.den % total:  # new pool: refine the common denominator (at most a few times)
-            m = total // math.gcd(cur.den, total)
-            for k in range(len(acc)):
-                acc[k] *= m
-            cur.den *= m
-        den, step = cur.den, cur.den // total * n
-        units = self.cfg.units
-        q = []
-        for k in pool:
-            acc[k] += units[k] * step
-            q.append(max(acc[k] // den, 0))
-        left = n - sum(q)
-        if left > 0:
-            rank = sorted(range(len(pool)), key=lambda i: (q[i] * den - acc[pool[i]], i))
-            for t in range(left):
-                q[rank[t % len(rank)]] += 1
-        elif left < 0:
-            rank = sorted((i for i in range(len(pool)) if q[i] > 0), key=lambda i: (acc[pool[i]] - q[i] * den, -i))
-            t = 0
-            while left < 0:
-                i = rank[t % len(rank)]
-                if q[i] > 0:
-                    q[i] -= 1
-                    left += 1
-                t += 1
-        for k, qk in zip(pool, q):
-            acc[k] -= qk * den
-        return q
-
-    def plan(self, cur: _Cursor) -> _Plan | None:
-        """Plan chunk ``cur.g`` and advance ``cur`` past it; None when the stream is over."""
-        cfg = self.cfg
-        act = [k for k, a in enumerate(cur.active) if a]
-        if not act:
-            return None
-        rows, policies = cfg.rows, cfg.policies
-        consumed = {k: cur.epoch[k] * rows[k] + cur.position[k] for k in act}
-        counts = dict.fromkeys(act, 0)
-        leaving: list[int] = []
-        acc_before, den_before = list(cur.acc), cur.den
-
-        # 1. Quotas. A 'redistribute' component that runs out takes what it has; its shortfall
-        #    is re-allocated among the others in the same chunk, so chunks stay full while
-        #    anything is left.
-        pool, need = act, cfg.chunk_size
-        while need > 0 and pool:
-            short, keep = 0, []
-            for k, qk in zip(pool, self.allocate(cur, pool, need)):
-                if policies[k] == "redistribute":
-                    left = rows[k] - consumed[k] - counts[k]
-                    if left <= qk:
-                        counts[k] += left
-                        short += qk - left
-                        leaving.append(k)
-                        continue
-                counts[k] += qk
-                keep.append(k)
-            pool, need = keep, short
-
-        # 2. 'stop', and 'repeat' with max_repeats once its last pass is read: the source ends at
-        #    the first chunk such a dataset cannot fill, as in Zephon, so every chunk keeps the
-        #    mixture; its last rows, fewer than its quota, are not read (nor the others' rest:
-        #    that is what 'stop' asks for). The failed draw leaves no trace: the state after the
-        #    end is the state before it. A first chunk that cannot be filled is an error.
-        cannot_fill = {
-            k: rest
-            for k in act
-            if policies[k] != "redistribute"
-            and (rest := _terminal_left(cfg, k, consumed[k])) is not None
-            and rest < counts[k]
-        }
-        if cannot_fill:
-            cur.acc, cur.den = acc_before, den_before  # planned again (and refused) on every call
-            if cur.g == 0:
-                k, rest = next(iter(cannot_fill.items()))
-                raise ConfigError(
-                    f"StaticMixtureWorkSource: Cannot produce the first chunk: dataset {cfg.names[k]!r} "
-                    f"(exhausted_policy={policies[k]!r}) has {rest} row(s) to give, fewer than its quota of "
-                    f"{counts[k]} in a chunk of {cfg.chunk_size}. Lower chunk_size, or let it repeat "
-                    "(exhausted_policy='repeat') or leave early ('redistribute')."
-                )
-            return None
-
-        # 3. stop_after_passes=N: once every dataset short of N passes can finish them in this
-        #    chunk, it is the last one. Those datasets take exactly what they lack; the others
-        #    are scaled by the same fraction f, so the final chunk keeps the mixture's shape.
-        last = False
-        if cfg.floor is not None:
-            lacking: list[tuple[int, int]] = []
-            done: list[tuple[int, int]] = []
-            for k in act:  # every dataset repeats without a cap under a floor
-                r = cfg.floor * rows[k] - consumed[k]
-                (lacking if r > 0 else done).append((k, r))
-            if all(r <= counts[k] for k, r in lacking):
-                f = max((Fraction(r, counts[k]) for k, r in lacking), default=Fraction(1))
-                for k, r in lacking:
-                    counts[k] = r
-                for k, _ in done:
-                    counts[k] = math.floor(f * counts[k] + Fraction(1, 2))  # round half up, exactly
-                last = True
-
-        # 4. Advance the cursors (a draw may run into the next pass: no row skipped).
-        segments = []
-        for k in act:
-            n = counts[k]
-            if n:
-                segments.append((k, cur.epoch[k], cur.position[k], n))
-                cur.epoch[k], cur.position[k] = divmod(consumed[k] + n, rows[k])
-        for k in act if last else leaving:
-            cur.active[k] = False
-            cur.acc[k] = 0
-        plan = _Plan(
-            g=cur.g,
-            segments=tuple(segments),
-            size=sum(counts.values()),
-            target=_target(cfg, act),
-            exhausted=tuple(
-                n
-                for k, n in enumerate(cfg.names)
-                if _terminal_left(cfg, k, cur.epoch[k] * rows[k] + cur.position[k]) == 0
-            ),
-        )
-        cur.g += 1
-        return plan
-
-    def unbounded(self, cur: _Cursor) -> bool:
-        """Whether the stream from ``cur`` never ends: no floor, no active dataset that ends it
-        ('stop', capped 'repeat'), and one that repeats forever."""
-        cfg = self.cfg
-        act = [k for k, a in enumerate(cur.active) if a]
-        if cfg.floor is not None or any(
-            cfg.policies[k] != "redistribute" and cfg.max_passes[k] is not None for k in act
-        ):
-            return False
-        return any(cfg.max_passes[k] is None for k in act)
-
-
-def _terminal_left(cfg: _Config, k: int, consumed: int) -> int | None:
-    """Rows dataset ``k`` may still give before its last pass is over, or None when it repeats
-    forever. Zero marks it exhausted (``WorkChunk.source_exhausted``); a pass boundary of a
-    repeating dataset or the pass floor does not."""
-    passes = cfg.max_passes[k]
-    return None if passes is None else passes * cfg.rows[k] - consumed
-
-
-def _target(cfg: _Config, act: list[int]) -> dict[str, float]:
-    """The target mixture of a chunk drawn from the components ``act``."""
-    total = sum(cfg.targets[k] for k in act)
-    return {cfg.names[k]: cfg.targets[k] / total for k in act}
-
-
-def _composition_is(target: Mapping[str, float], counts: Mapping[str, int]) -> bool:
-    """Whether rows in ``counts`` are in the proportions ``target`` gives (to rounding)."""
-    total = sum(counts.values())
-    return total > 0 and all(
-        abs(counts.get(n, 0) / total - target.get(n, 0.0)) < 1e-9 for n in set(target) | set(counts)
-    )
-
-
-def _exact_units(weights: Iterable[float]) -> tuple[int, ...]:
-    """Weights as integers on a common scale (floats are dyadic: exact fractions)."""
-    exact = [Fraction(w) for w in weights]
-    scale = math.lcm(*(f.denominator for f in exact))
-    return tuple(int(f * scale) for f in exact)
 
 
 # -------------------------------------------------------------------- the source
@@ -394,13 +158,13 @@ class StaticMixtureWorkSource(WorkSource):
         token_estimation: TokenEstimation | None = None,
     ) -> None:
         where = "StaticMixtureWorkSource"
-        datasets = _check_datasets(datasets)
+        datasets = check_datasets(datasets)
         names = tuple(ds.name for ds in datasets)
         spec = mixture if isinstance(mixture, MixtureSpec) else MixtureSpec(mixture)
         spec.validate_for(names)
         weights = spec.normalized_for(names)
-        chunk_size = _check_int(f"{where}: chunk_size", chunk_size, minimum=1)
-        seed = _check_int(f"{where}: seed", seed, minimum=0)
+        chunk_size = check_int(f"{where}: chunk_size", chunk_size, minimum=1)
+        seed = check_int(f"{where}: seed", seed, minimum=0)
         for opt, v in (("shuffle_shards", shuffle_shards), ("shuffle_within_shard", shuffle_within_shard)):
             if not isinstance(v, (bool, np.bool_)):
                 raise ConfigError(f"{where}: {opt} must be True or False, got {v!r}.")
@@ -426,7 +190,7 @@ class StaticMixtureWorkSource(WorkSource):
             )
             if value is not None and value is not UNSET
         )
-        policies, reshuffle, repeats, floor = _resolve_exhaustion(
+        policies, reshuffle, repeats, floor = resolve_exhaustion(
             names, exhausted_policy, reshuffle_on_repeat, max_repeats, stop_after_passes
         )
         max_passes = tuple(
@@ -437,7 +201,7 @@ class StaticMixtureWorkSource(WorkSource):
         counts = [np.asarray(ds.counts(), dtype=np.int64) for ds in datasets]
         rows = tuple(int(c.sum()) for c in counts)
         largest_shard = max((int(c.max()) for c in counts if len(c)), default=0)
-        block_specs = _per_dataset(
+        block_specs = per_dataset(
             "shuffle_block_size", shuffle_block_size, names, default=None, check=lambda where, v: v
         )
         if "auto" in block_specs.values() and largest_shard == 0:
@@ -445,8 +209,8 @@ class StaticMixtureWorkSource(WorkSource):
                 f"{where}: shuffle_block_size='auto' requires a non-empty shard (it is 8 x the "
                 "largest shard), and every dataset is empty."
             )
-        _check_rows(names, rows, policies, tokens=token_estimation is not None)
-        blocks = {n: _resolve_block(block_specs[n], r, largest_shard) for n, r in zip(names, rows)}
+        check_rows(names, rows, policies, tokens=token_estimation is not None)
+        blocks = {n: resolve_block(block_specs[n], r, largest_shard) for n, r in zip(names, rows)}
         self._orders = [
             DatasetOrder(
                 c,
@@ -460,7 +224,7 @@ class StaticMixtureWorkSource(WorkSource):
         ]
 
         # DatasetOrder works on shard positions; pointers carry shard ids (None: ids == positions).
-        self._shard_ids = tuple(_shard_ids(ds, len(c)) for ds, c in zip(datasets, counts))
+        self.shard_ids_by_position = tuple(shard_ids_by_position(ds, len(c)) for ds, c in zip(datasets, counts))
         self._datasets = tuple(datasets)
         self._seed = seed
         self._block_spec = shuffle_block_size
@@ -468,9 +232,9 @@ class StaticMixtureWorkSource(WorkSource):
         self._estimation = token_estimation
         self._ratios: dict[str, TokenRatio] | None = None  # primed tokens per byte, with their source
         self._stored_bytes = tuple(int(np.sum(ds.raw_bytes())) for ds in datasets)
-        units = _exact_units(weights.values())
-        self._planner = _Planner(
-            _Config(
+        units = exact_units(weights.values())
+        self._planner = ChunkPlanner(
+            PlanConfig(
                 names=names,
                 rows=rows,
                 weights=tuple(weights.values()),
@@ -518,14 +282,14 @@ class StaticMixtureWorkSource(WorkSource):
         self._warned_unread = False
         self._reset_caches()
 
-    def _start_cursor(self) -> _Cursor:
+    def _start_cursor(self) -> PlanCursor:
         """The position before the first chunk."""
         cfg = self._planner.cfg
         k = len(cfg.names)
         # a weight-0 component is never drawn: inactive from the start, so it cannot hold up
         # stop_after_passes
-        # (an empty dataset, 'redistribute' by _check_rows, has left before the first chunk)
-        return _Cursor(
+        # (an empty dataset, 'redistribute' by check_rows, has left before the first chunk)
+        return PlanCursor(
             g=0,
             epoch=[0] * k,
             position=[0] * k,
@@ -562,7 +326,7 @@ class StaticMixtureWorkSource(WorkSource):
         for k, rows in self._calibration_rows().items():
             pointers = np.empty((len(rows), 3), np.int64)
             pointers[:, 0] = k
-            ids = self._shard_ids[k]
+            ids = self.shard_ids_by_position[k]
             pointers[:, 1] = rows[:, 0] if ids is None else ids[rows[:, 0]]
             pointers[:, 2] = rows[:, 1]
             out[k] = pointers
@@ -639,8 +403,8 @@ class StaticMixtureWorkSource(WorkSource):
             for n, b, r in zip(cfg.names, self._stored_bytes, cfg.rows)
         }
         weights = sample_weights(dict(zip(cfg.names, cfg.weights)), tokens_per_sample=per_sample)
-        targets = _exact_units(cfg.weights)
-        self._planner = _Planner(dataclasses.replace(cfg, units=_exact_units(weights.values()), targets=targets))
+        targets = exact_units(cfg.weights)
+        self._planner = ChunkPlanner(dataclasses.replace(cfg, units=exact_units(weights.values()), targets=targets))
         self._positions = None  # planned with the old draws
         self._reset_caches()
 
@@ -674,7 +438,7 @@ class StaticMixtureWorkSource(WorkSource):
             for k, n in enumerate(cfg.names)
             if cur.active[k]
             and cfg.policies[k] != "redistribute"
-            and (left := _terminal_left(cfg, k, cur.epoch[k] * cfg.rows[k] + cur.position[k]))
+            and (left := terminal_left(cfg, k, cur.epoch[k] * cfg.rows[k] + cur.position[k]))
         }
         if unread:
             self._warned_unread = True
@@ -924,15 +688,15 @@ class StaticMixtureWorkSource(WorkSource):
         cfg = source._planner.cfg  # noqa: SLF001 - this class's own
         try:
             comps = state["cursor_states"]
-            g = _check_int("global_chunk_index", state["global_chunk_index"], minimum=0)
-            cur, accs = _Cursor(g=g, epoch=[], position=[], active=[], acc=[]), []
+            g = check_int("global_chunk_index", state["global_chunk_index"], minimum=0)
+            cur, accs = PlanCursor(g=g, epoch=[], position=[], active=[], acc=[]), []
             for n, r in zip(cfg.names, cfg.rows):
                 c = comps[n]
-                cur.epoch.append(_check_int(f"cursor_states.{n}.epoch", c["epoch"], minimum=0))
-                cur.position.append(_check_int(f"cursor_states.{n}.position", c["position"], minimum=0))
+                cur.epoch.append(check_int(f"cursor_states.{n}.epoch", c["epoch"], minimum=0))
+                cur.position.append(check_int(f"cursor_states.{n}.position", c["position"], minimum=0))
                 if cur.position[-1] >= max(r, 1):
                     raise ConfigError(f"cursor_states.{n}.position is {cur.position[-1]}, not < {r} rows")
-                cur.active.append(_check_bool(f"cursor_states.{n}.active", c["active"]))
+                cur.active.append(check_bool(f"cursor_states.{n}.active", c["active"]))
                 acc = c["accumulator"]
                 # Parsed only in the form state_dict writes: Fraction() also takes '1e10000000',
                 # and builds that ten-million-digit number before anything could refuse it.
@@ -1021,7 +785,7 @@ class StaticMixtureWorkSource(WorkSource):
             self._perm_block = block
         return int(self._perm[j])
 
-    def _materialize(self, plan: _Plan) -> WorkChunk:
+    def _materialize(self, plan: ChunkPlan) -> WorkChunk:
         """The pointers of a planned chunk (the only O(chunk_size) work).
 
         The order yields shard positions; a dataset whose shard ids are not ``0..n-1`` (e.g.
@@ -1033,7 +797,7 @@ class StaticMixtureWorkSource(WorkSource):
             out = np.empty((n, 3), dtype=np.int64)
             out[:, 0] = k
             _read(self._orders[k], rows[k], epoch, pos, out[:, 1:])
-            ids = self._shard_ids[k]
+            ids = self.shard_ids_by_position[k]
             if ids is not None:
                 out[:, 1] = ids[out[:, 1]]
             comps[names[k]] = out
@@ -1066,7 +830,7 @@ class _PlannedChunks:
     """``g -> WorkChunk`` for planned chunks, read with a private copy of the source (its order
     caches are its own); picklable, for loader workers."""
 
-    def __init__(self, source: StaticMixtureWorkSource, plans: list[_Plan]) -> None:
+    def __init__(self, source: StaticMixtureWorkSource, plans: list[ChunkPlan]) -> None:
         self.source, self.plans = source, plans
 
     def __call__(self, g: int) -> WorkChunk:
@@ -1088,199 +852,16 @@ def _read(order: DatasetOrder, rows: int, epoch: int, pos: int, out: np.ndarray)
             done, epoch = done + full * rows, epoch + full
 
 
-# -------------------------------------------------------------------- validation helpers
-def _check_datasets(datasets: Any) -> list[Dataset]:
-    where = "StaticMixtureWorkSource"
-    if isinstance(datasets, (str, bytes, Mapping)) or not isinstance(datasets, Sequence):
-        raise ConfigError(f"{where}: datasets must be a list of Dataset, got {type(datasets).__name__}.")
-    datasets = list(datasets)
-    if not datasets:
-        raise ConfigError(f"{where}: datasets is empty; pass at least one Dataset.")
-    for i, ds in enumerate(datasets):
-        if not (hasattr(ds, "name") and hasattr(ds, "counts")):
-            raise ConfigError(f"{where}: datasets[{i}] is a {type(ds).__name__}, not a Dataset.")
-    names = [ds.name for ds in datasets]
-    dups = sorted({n for n in names if names.count(n) > 1})
-    if dups:
-        raise ConfigError(
-            f"{where}: duplicate dataset names {dups}; names are mixture component names and must "
-            "be unique. Rename one (e.g. Dataset.from_path('web_2', ...))."
-        )
-    return datasets
-
-
-def _check_rows(names: Sequence[str], rows: Sequence[int], policies: Mapping[str, str], *, tokens: bool) -> None:
-    """Refuse what an empty dataset makes impossible: a 'stop' or 'repeat' one could never give
-    its share ('redistribute' leaves at once, announced), nor can a mixture of empty datasets.
-    (Zephon's order: a token mixture checks repeats only once primed, after the all-empty check.)"""
-    where = "StaticMixtureWorkSource"
-    empty = [n for n, r in zip(names, rows) if r == 0]
-    for n in empty:
-        if policies[n] == "stop":
-            raise ConfigError(
-                f"{where}: Dataset {n!r} has 0 samples and exhausted_policy='stop', so the source "
-                f"could never fill its share; give it rows, or exhausted_policy={{{n!r}: "
-                "'redistribute'}} to leave it out."
-            )
-
-    def check_repeats() -> None:
-        for n in empty:
-            if policies[n] == "repeat":
-                raise ConfigError(
-                    f"{where}: Dataset {n!r} has 0 samples but repeat policy requires at least one "
-                    f"to repeat; give it rows, or exhausted_policy={{{n!r}: 'redistribute'}} to "
-                    "leave it out."
-                )
-
-    if not tokens:
-        check_repeats()
-    if len(empty) == len(names):
-        raise ConfigError(f"{where}: At least one dataset must contain samples; all of {list(names)} have 0 rows.")
-    check_repeats()
-
-
-def _shard_ids(ds: Dataset, n_shards: int) -> np.ndarray | None:
-    """``ds``'s shard ids by position, or None when they are the positions ``0..n-1`` (the
-    common case: pointers are then written without a lookup). A dataset without ``ids()``
-    numbers its shards by position."""
-    get = getattr(ds, "ids", None)
-    if get is None:
-        return None
-    ids = np.array(get(), dtype=np.int64).reshape(-1)  # a copy: frozen below, never the caller's array
-    if len(ids) != n_shards:
-        raise ConfigError(
-            f"StaticMixtureWorkSource: dataset {ds.name!r} has {len(ids)} shard ids but {n_shards} "
-            "shard row counts; ids() and counts() must list the same shards in the same order."
-        )
-    if np.array_equal(ids, np.arange(n_shards)):
-        return None
-    ids.setflags(write=False)
-    return ids
-
-
 #: An accumulator as state_dict writes it: ``str(Fraction)``.
 _FRACTION = re.compile(r"-?[0-9]{1,400}(/[0-9]{1,400})?")
 
 
-def _check_int(what: str, v: Any, *, minimum: int) -> int:
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < minimum:
-        raise ConfigError(f"{what} must be an int >= {minimum}, got {v!r}.")
-    return int(v)
-
-
-def _check_bool(what: str, v: Any) -> bool:
-    if not isinstance(v, (bool, np.bool_)):
-        raise ConfigError(f"{what} must be True or False, got {v!r}.")
-    return bool(v)
-
-
-def _check_policy(what: str, v: Any) -> str:
-    if v not in _POLICIES:
-        raise ConfigError(f"{what}={v!r} must be one of {sorted(_POLICIES)}.")
-    return v
-
-
-def _check_repeats(what: str, v: Any) -> int | None:
-    return None if v is None else _check_int(what, v, minimum=0)
-
-
-def _per_dataset(option: str, value: Any, names: Sequence[str], *, default: Any, check: Any) -> dict[str, Any]:
-    """``{name: value}`` from a scalar (same for all) or a per-dataset dict (missing: default)."""
-    where = f"StaticMixtureWorkSource: {option}"
-    if isinstance(value, Mapping):
-        unknown = sorted(str(n) for n in value if n not in names)
-        if unknown:
-            raise ConfigError(f"{where} contains unknown dataset names: {unknown}; the datasets are {list(names)}.")
-        return {n: check(f"{where}[{n!r}]", value[n]) if n in value else default for n in names}
-    return {n: check(where, value) for n in names}
-
-
-def _resolve_exhaustion(
-    names: Sequence[str],
-    exhausted_policy: Any,
-    reshuffle_on_repeat: Any,
-    max_repeats: Any,
-    stop_after_passes: Any,
-) -> tuple[dict[str, str], dict[str, bool], dict[str, int | None], int | None]:
-    """Per-dataset policy, reshuffle flag and repeat cap, and the pass floor (Zephon's B.4).
-
-    With neither ``exhausted_policy`` nor ``max_repeats`` the floor defaults to
-    ``stop_after_passes=1`` and every dataset repeats toward it. Otherwise there is no floor and
-    a dataset the policy does not name stops. A floor needs every dataset to repeat and no
-    ``max_repeats`` (both would say when the source ends). A repeat setting given for a dataset
-    that does not repeat has no effect: a `ConfigurationWarning` says so.
-    """
-    where = "StaticMixtureWorkSource"
-    if stop_after_passes is UNSET:
-        stop_after_passes = 1 if exhausted_policy is None and max_repeats is None else None
-    elif stop_after_passes is not None:
-        stop_after_passes = _check_int(f"{where}: stop_after_passes", stop_after_passes, minimum=1)
-    default = "stop" if stop_after_passes is None else "repeat"
-    policies = _per_dataset(
-        "exhausted_policy",
-        default if exhausted_policy is None else exhausted_policy,
-        names,
-        default=default,
-        check=_check_policy,
+def _composition_is(target: Mapping[str, float], counts: Mapping[str, int]) -> bool:
+    """Whether rows in ``counts`` are in the proportions ``target`` gives (to rounding)."""
+    total = sum(counts.values())
+    return total > 0 and all(
+        abs(counts.get(n, 0) / total - target.get(n, 0.0)) < 1e-9 for n in set(target) | set(counts)
     )
-    reshuffle = _per_dataset(
-        "reshuffle_on_repeat",
-        True if reshuffle_on_repeat is UNSET else reshuffle_on_repeat,
-        names,
-        default=True,
-        check=_check_bool,
-    )
-    repeats = _per_dataset("max_repeats", max_repeats, names, default=None, check=_check_repeats)
-    if stop_after_passes is not None:
-        others = [n for n in names if policies[n] != "repeat"]
-        if others:
-            raise ConfigError(
-                f"{where}: stop_after_passes={stop_after_passes} requires every dataset to repeat (it ends the "
-                f"source once each has completed that many passes), but exhausted_policy sets {others} to "
-                "another policy. Drop stop_after_passes or those exhausted_policy entries."
-            )
-        if max_repeats is not None:
-            raise ConfigError(
-                f"{where}: stop_after_passes={stop_after_passes} cannot be combined with max_repeats: both say "
-                "when the source ends. Pass only one of them."
-            )
-    for option, given, unset in (
-        ("max_repeats", max_repeats, None),
-        ("reshuffle_on_repeat", reshuffle_on_repeat, True),
-    ):
-        if isinstance(given, Mapping):
-            for n, v in given.items():
-                if v != unset and policies[n] != "repeat":
-                    warnings.warn(
-                        f"{where}: {option}[{n!r}]={v!r} has no effect with exhausted_policy[{n!r}]="
-                        f"{policies[n]!r}; it applies to repeating datasets only.",
-                        ConfigurationWarning,
-                        stacklevel=4,
-                    )
-        elif given is not UNSET and given != unset and "repeat" not in policies.values():
-            warnings.warn(
-                f"{where}: {option}={given!r} has no effect without a repeat component; set "
-                "exhausted_policy='repeat' for the datasets it should apply to.",
-                ConfigurationWarning,
-                stacklevel=4,
-            )
-    repeats = {n: r if policies[n] == "repeat" else None for n, r in repeats.items()}
-    return policies, reshuffle, repeats, stop_after_passes
-
-
-def _resolve_block(option: ShuffleBlockSpec, rows: int, largest_shard: int) -> int | None:
-    """Block size for one dataset: frozen in the recipe so a restore cannot drift."""
-    if option is None:
-        return None
-    if option == "auto":
-        size = 8 * largest_shard
-    elif option == "global":
-        size = rows
-    else:
-        size = _check_int(
-            "StaticMixtureWorkSource: shuffle_block_size (None, an int, 'auto' or 'global')", option, minimum=1
-        )
-    return min(size, rows)
 
 
 __all__ = ["ShuffleBlockSpec", "StaticMixtureWorkSource"]
