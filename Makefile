@@ -27,7 +27,7 @@ demo: venv
 	$(PY) examples/demo.py
 
 test: venv
-	$(PY) -m pytest -p no:cacheprovider --doctest-modules zephon_columnar tests
+	ZC_REQUIRE_EXTRAS=1 $(PY) -m pytest -p no:cacheprovider --doctest-modules zephon_columnar tests
 
 lint: venv
 	$(VENV)/bin/ruff check zephon_columnar

@@ -216,3 +216,30 @@ def _doctest_namespace(request: pytest.FixtureRequest) -> Any:
     namespace["batch"] = next(it)
     it.close()
     yield
+
+
+#: Optional libraries an example may import, and the extra that installs each.
+_EXTRA_OF = {"datasets": "hf", "ray": "ray", "s3fs": "s3"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Skip an example that imports an optional library that is not installed (a core install),
+    naming the extra; under ``ZC_REQUIRE_EXTRAS=1`` (``make test``, CI) it runs and fails instead
+    (`tests/extras.py`)."""
+    import importlib.util
+    import os
+    import re
+
+    if os.environ.get("ZC_REQUIRE_EXTRAS") == "1":
+        return
+    missing = {m: extra for m, extra in _EXTRA_OF.items() if importlib.util.find_spec(m) is None}
+    if not missing:
+        return
+    imports = re.compile(r"^\s*(?:import|from)\s+(" + "|".join(map(re.escape, missing)) + r")\b", re.M)
+    for item in items:
+        if isinstance(item, DoctestItem) and item.dtest is not None:
+            found = imports.search("\n".join(ex.source for ex in item.dtest.examples))
+            if found:
+                extra = missing[found.group(1)]
+                reason = f"needs the {extra} extra: pip install 'zephon_columnar[{extra}]'"
+                item.add_marker(pytest.mark.skip(reason=reason))

@@ -17,8 +17,9 @@ Jobs (``StaticMixtureWorkSource(chunk_size=1024, seed=42)`` over the small corpu
 
 Each revision is extracted with ``git archive`` to ``benchmarks/data/_snap/<sha>/`` and run with
 PYTHONPATH pointing there (edits made during the run cannot leak in). The clock starts after
-``import torch`` and ``import zephon_columnar``. Per process: first batch (s), tokens/s over the
-whole pass (non-pad tokens of the batches received), process CPU s, peak RSS. Ratios are taken
+``import torch`` and ``import zephon_columnar``. Per process: the import itself (s), first batch (s),
+import + first batch (what moves when a module is loaded at import instead of on first use),
+tokens/s over the whole pass (non-pad tokens of the batches received), process CPU s, peak RSS. Ratios are taken
 within a round (after/before), then the median over rounds. Prints progress to stderr and one
 JSON line. Usage (repo root; data as benchmarks/README.md "Setup"):
 
@@ -71,16 +72,19 @@ def tokens_of(batch) -> tuple[int, str]:
 def child(a: argparse.Namespace) -> dict:
     import torch  # noqa: F401 - a training script has it imported before the loader
 
+    t_import = time.perf_counter()
     import zephon_columnar as Z
 
     t0, c0 = time.perf_counter(), time.process_time()
+    import_s = t0 - t_import
     pipe = build(Z, "pretok" if a.job == "restore" else a.job, a.corpus, a.tokenizer)
-    out: dict = {"source": os.path.dirname(os.path.dirname(Z.__file__))}
+    out: dict = {"source": os.path.dirname(os.path.dirname(Z.__file__)), "import_s": import_s}
     if a.phase == "restore":
         pipe.restore(Path(a.ckpt).read_bytes())
     it = iter(pipe)
     tokens, digest = tokens_of(next(it))
     out["first_batch_s"] = time.perf_counter() - t0
+    out["import_and_first_batch_s"] = import_s + out["first_batch_s"]
     out["first_hash"] = digest
     if a.phase == "save":
         for _ in range(a.ckpt_after - 1):
@@ -170,13 +174,15 @@ def main() -> None:
                         if got["first_hash"] != saved["next_hash"]:
                             raise SystemExit(f"{side}: the restored batch is not the batch after the checkpoint")
                         row[f"{job}/{side}"] = {"restore_first_batch_s": got["first_batch_s"],
+                                                "import_and_restore_first_batch_s": got["import_and_first_batch_s"],
                                                 "ckpt_bytes": saved["ckpt_bytes"], "cpu_s": got["cpu_s"]}
                     else:
                         row[f"{job}/{side}"] = run_child(a, root, job, "pass", "")
             rounds.append(row)
     summary: dict = {}
     for job in jobs:
-        keys = ["restore_first_batch_s"] if job == "restore" else ["tokens_per_s", "first_batch_s", "peak_rss_mb"]
+        keys = (["restore_first_batch_s", "import_and_restore_first_batch_s"] if job == "restore"
+                else ["tokens_per_s", "first_batch_s", "import_and_first_batch_s", "import_s", "peak_rss_mb"])
         for key in keys:
             ratios = [rd[f"{job}/after"][key] / rd[f"{job}/before"][key] for rd in rounds]
             summary[f"{job}.{key}.after_over_before"] = round(statistics.median(ratios), 3)

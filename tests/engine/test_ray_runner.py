@@ -13,9 +13,12 @@ import time
 
 import pyarrow as pa
 import pytest
-import ray
 
-from tests.test_checkpoint_fuzz import build
+from tests.extras import require
+
+ray = require("ray", "ray")
+
+from tests.test_checkpoint_fuzz import build  # noqa: E402
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon_columnar.engine.ray_runner import MAX_TRIES
 from zephon_columnar.errors import ConfigError, PipelineError

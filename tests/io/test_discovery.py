@@ -7,17 +7,15 @@ import io
 import json
 import re
 
-import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from tests.extras import require
 import zephon_columnar.io as zio
 from zephon_columnar.errors import ConfigError, DatasetFormatError, DatasetNotFoundError
 from zephon_columnar.io import Dataset, fs
-
-datasets.disable_progress_bars()
 
 
 def table(n: int, start: int = 0) -> pa.Table:
@@ -138,6 +136,7 @@ def test_memory_url_datasets_are_readable(memfs):
 
 def test_memory_url_save_to_disk_folder_is_readable(tmp_path, memfs):
     mem, root = memfs
+    datasets = require("datasets", "hf")
     hf = datasets.Dataset.from_dict({"text": [f"d{i}" for i in range(30)]})
     hf.save_to_disk(str(tmp_path / "hf"), num_shards=2)
     mem.put(str(tmp_path / "hf"), f"{root}/hf", recursive=True)

@@ -4,6 +4,7 @@ read by every runner and resumed exactly."""
 
 from __future__ import annotations
 
+import json
 import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
+from tests.extras import require
 from zephon_columnar import Pipeline, StaticMixtureWorkSource
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.io import Dataset, fs
@@ -77,34 +79,37 @@ def test_the_type_hint_lists_exactly_the_built_in_formats():
     assert all(f.expected for f in BUILT_IN)
 
 
+def write_dataset(fmt: str, root) -> str:
+    """Ten rows in format ``fmt`` under ``root``, written by the format's own library."""
+    import pyarrow.feather as feather
+    import pyarrow.parquet as pq
+
+    table = pa.table({"id": np.arange(10), "text": [f"t{i}" for i in range(10)]})
+    if fmt == "hf":
+        require("datasets", "hf").Dataset.from_dict(table.to_pydict()).save_to_disk(str(root))
+        return str(root)
+    root.mkdir()
+    if fmt == "parquet":
+        pq.write_table(table, root / "a.parquet")
+    elif fmt == "jsonl":
+        (root / "a.jsonl").write_text("".join(json.dumps(row) + "\n" for row in table.to_pylist()))
+    else:
+        feather.write_feather(table, root / "a.arrow")
+    return str(root)
+
+
 @pytest.mark.parametrize("fmt", [f.name for f in BUILT_IN])
-def test_every_built_in_format_discovers_reads_and_pickles_with_its_dataset(fmt, data_dirs):
-    ds = Dataset.from_path(fmt, data_dirs[fmt])
+def test_every_built_in_format_discovers_reads_and_pickles_with_its_dataset(fmt, tmp_path):
+    path = write_dataset(fmt, tmp_path / fmt)
+    ds = Dataset.from_path(fmt, path)
     assert ds.format == format_named(fmt, where="test") and ds.format_name == fmt
-    assert ds.backend == {"kind": fmt, "path": data_dirs[fmt]}
+    assert ds.backend == {"kind": fmt, "path": path}
     copy = pickle.loads(pickle.dumps(ds))
     assert copy.format == ds.format and copy.schema == ds.schema
     first = ds.shards[0]
     rows = np.arange(first.num_rows)
     assert copy.open_reader().take(first.shard_id, rows).equals(ds.open_reader().take(first.shard_id, rows))
     assert copy.open_reader(columns=["id"]).take(first.shard_id, rows[:2]).column_names == ["id"]
-
-
-@pytest.fixture
-def data_dirs(tmp_path):
-    import datasets
-    import pyarrow.feather as feather
-    import pyarrow.parquet as pq
-
-    table = pa.table({"id": np.arange(10), "text": [f"t{i}" for i in range(10)]})
-    (tmp_path / "parquet").mkdir()
-    pq.write_table(table, tmp_path / "parquet" / "a.parquet")
-    (tmp_path / "jsonl").mkdir()
-    (tmp_path / "jsonl" / "a.jsonl").write_text("".join(f'{{"id": {i}, "text": "t{i}"}}\n' for i in range(10)))
-    (tmp_path / "arrow").mkdir()
-    feather.write_feather(table, tmp_path / "arrow" / "a.arrow")
-    datasets.Dataset.from_dict(table.to_pydict()).save_to_disk(str(tmp_path / "hf"))
-    return {name: str(tmp_path / name) for name in ("parquet", "jsonl", "arrow", "hf")}
 
 
 def test_a_registered_format_is_detected_and_named_like_a_built_in_one(tmp_path, csv_registered):

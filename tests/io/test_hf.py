@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import re
 
-import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.feather as feather
 import pytest
 
+from tests.extras import require
 from zephon_columnar.errors import ConfigError, DatasetFormatError
 from zephon_columnar.io import Dataset
 from zephon_columnar.io.hf import ArrowReader
 
+datasets = require("datasets", "hf")
 datasets.disable_progress_bars()
 
 

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("s3fs", reason="the s3 extra: pip install 'zephon_columnar[s3]'")
-pytest.importorskip("moto", reason="the s3 extra: pip install 'zephon_columnar[s3]'")
+from tests.extras import require  # noqa: E402
+
+require("s3fs", "s3")
+require("moto", "s3")
 
 import fsspec  # noqa: E402
 import pyarrow as pa  # noqa: E402

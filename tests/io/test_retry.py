@@ -7,10 +7,11 @@ import time
 
 import pytest
 
+from tests.extras import require
 from zephon_columnar.errors import ConfigError, DatasetFormatError, DatasetNotFoundError
 from zephon_columnar.io.retry import RetriesExhaustedError, RetryPolicy, is_transient, retrying
 
-botocore_exceptions = pytest.importorskip("botocore.exceptions")
+botocore_exceptions = require("botocore.exceptions", "s3")
 
 
 @pytest.mark.parametrize("err", [

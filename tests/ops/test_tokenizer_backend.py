@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from tests.extras import require
 from tests.ops._tokenizers import make_texts, make_tokenizer
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon_columnar.errors import ConfigError, ConfigurationWarning
@@ -30,7 +31,7 @@ from zephon_columnar.ops.tokenizer import load_tokenizer
 from zephon_columnar.ops.tokenizer_backend import (PROBE_TEXTS, existing_proof, flat_encodings,
                                                    probe_difference, unsupported_parts)
 
-fastokens = pytest.importorskip("fastokens")
+fastokens = require("fastokens", "fast")
 
 TEXTS = make_texts(200, seed=11) + list(PROBE_TEXTS)
 MORE_TEXTS = make_texts(120, seed=12)
