@@ -125,7 +125,10 @@ def snapshot(rev: str) -> tuple[str, str]:
 
 
 def run_child(a: argparse.Namespace, root: str, job: str, phase: str, ckpt: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=root, PYTHONPYCACHEPREFIX=str(HERE / "data" / ".pycache"))
+    # Bytecode cached under benchmarks/data/.pycache, as a pip install has it (with
+    # PYTHONDONTWRITEBYTECODE left set, every import would compile pandas and the rest again).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env.update(PYTHONPATH=root, PYTHONPYCACHEPREFIX=str(HERE / "data" / ".pycache"))
     cmd = [sys.executable, __file__, "--child", "--job", job, "--phase", phase, "--corpus", a.corpus,
            "--tokenizer", a.tokenizer, "--ckpt", ckpt, "--ckpt-after", str(a.ckpt_after)]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=a.timeout, cwd=tempfile.gettempdir())
