@@ -49,6 +49,7 @@ from zephon_columnar.ops.batch import BatchOp
 from zephon_columnar.ops.config import (
     FlushStrategy,
     Homogeneity,
+    LoaderKind,
     LossScope,
     MissingFieldMode,
     PackingAlgorithm,
@@ -783,15 +784,56 @@ class Pipeline:
         ``state_dict()`` / ``load_state_dict()`` work under a plain ``DataLoader`` with
         ``num_workers=0`` (the pipeline has its own workers) and under torchdata's
         ``StatefulDataLoader`` with any ``num_workers``; loader workers split this rank's lanes
-        (`zephon_columnar.torch`). Keyword arguments, if any, are passed to
-        ``SampleBatch.to_training`` for each batch. A token-unit mixture is primed here, in the
-        calling process (as in Zephon), not in each loader worker.
+        (`zephon_columnar.torch`). Keyword arguments, if any, are ``SampleBatch.to_training``'s,
+        checked here (a misspelt one is a TypeError naming the closest) and applied to each
+        batch; the dataset then yields `~zephon_columnar.torch.LoaderBatch` dicts. A token-unit
+        mixture is primed here, in the calling process (as in Zephon), not in each loader worker.
+        `to_torch_loader` builds the loader around it.
         """
         from zephon_columnar.torch import PipelineIterableDataset
+        from zephon_columnar.training import TrainingOptions
 
+        options = TrainingOptions.from_keywords(to_training, where="to_torch_dataset") if to_training else None
         self._session.warn_if_every_rank_reads_the_same_data()  # loader workers have no process group to see
         prime_token_mixture(self.spec.work_source, self.spec.ops)  # here, once: loader workers get the primed source
-        return PipelineIterableDataset(self._session, stateful=stateful, to_training=to_training or None)
+        return PipelineIterableDataset(self._session, stateful=stateful, to_training=options)
+
+    def to_torch_loader(
+        self,
+        *,
+        num_workers: int = 0,
+        loader: LoaderKind = "auto",
+        multiprocessing_context: str | None = "spawn",
+        timeout: float = 0,
+        **to_training: Any,
+    ) -> Any:
+        """A torch loader over this pipeline, built as it must be: ``batch_size=None`` (the
+        pipeline batches), ``num_workers`` loader workers splitting this rank's lanes, started
+        with ``multiprocessing_context`` (default ``"spawn"``: a forked worker inherits Polars'
+        and the tokenizer's thread pools half-initialized), each batch converted by
+        ``SampleBatch.to_training(**to_training)`` (its keywords; none: the batches themselves).
+
+        ``loader``: ``"stateful"`` is torchdata's ``StatefulDataLoader`` (``loader.state_dict()``
+        / ``load_state_dict()`` resume exactly, with any ``num_workers``; needs ``torchdata``),
+        ``"plain"`` torch's ``DataLoader`` (checkpoint through ``loader.dataset.state_dict()``,
+        with ``num_workers=0`` only), ``"auto"`` the stateful one when torchdata is installed.
+
+        Example:
+            >>> pipe = pipe.tokenize(tokenizer_id="tok/", field="text", special_tokens="eos")
+            >>> loader = pipe.pack_flat(65, algorithm="wrap").batch(4).to_torch_loader(return_labels=True)
+            >>> step = next(iter(loader))
+            >>> type(loader).__name__, step["input_ids"].shape, step["labels"].shape
+            ('StatefulDataLoader', torch.Size([4, 64]), torch.Size([4, 64]))
+        """
+        from zephon_columnar.torch import build_loader
+
+        return build_loader(
+            self.to_torch_dataset(**to_training),
+            loader=loader,
+            num_workers=num_workers,
+            multiprocessing_context=multiprocessing_context,
+            timeout=timeout,
+        )
 
     def to_indexable_torch_dataset(self) -> Any:
         """A map-style ``torch.utils.data.Dataset``: ``ds[i]`` is the ``i``-th sample of the

@@ -48,17 +48,21 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, get_args
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch.utils.data
+from torch.utils.data._utils.collate import default_collate_fn_map
 
 from zephon_columnar import frame as F
 from zephon_columnar.engine.aggregate import read_loader_parts, write_loader_part
 from zephon_columnar.engine.checkpoint import load_checkpoint, parse_checkpoint
 from zephon_columnar.errors import CheckpointError, ConfigError
+from zephon_columnar.ops.config import LoaderKind
+from zephon_columnar.training import TrainingOptions
+from zephon_columnar.types import SampleBatch
 
 if TYPE_CHECKING:
     from zephon_columnar.engine.indexed import IndexedPipeline
@@ -118,16 +122,71 @@ def _cut_word_parts(word: int) -> tuple[int, int, int]:
     return word >> 48, word & ((1 << 39) - 1), ((word >> 39) & 511) - 1
 
 
-class PipelineIterableDataset(torch.utils.data.IterableDataset):
-    """Yields the pipeline's items (or ``to_training`` dicts when keyword arguments were given)."""
+class LoaderBatch(dict):
+    """One batch's training tensors, as ``SampleBatch.to_training`` makes them: what a loader
+    over the pipeline yields (a ``dict``). Its own type so that torch's default collate, which
+    would stack it under a new leading dimension (``DataLoader``'s default ``batch_size=1``),
+    stops with an error that says what to pass instead.
+    """
 
-    def __init__(
-        self, session: Session, *, stateful: bool = True, to_training: Mapping[str, Any] | None = None
-    ) -> None:
+    __slots__ = ()
+
+
+def _refuse_collate(batch: Sequence[Any], *, collate_fn_map: Any = None) -> NoReturn:
+    kind = type(batch[0]).__name__
+    raise TypeError(
+        f"DataLoader is collating {len(batch)} {kind}(s) into a new batch, but the pipeline makes "
+        "whole batches already (its batch()): torch's default batch_size=1 would add a leading "
+        "dimension. Pass DataLoader(dataset, batch_size=None), or build the loader with "
+        "pipe.to_torch_loader(...), which does."
+    )
+
+
+# The pipeline's own batch types are never collated again (torch documents extending
+# default_collate through this map): the types are ours, nothing else changes.
+default_collate_fn_map.update({LoaderBatch: _refuse_collate, SampleBatch: _refuse_collate})
+
+
+def build_loader(
+    dataset: PipelineIterableDataset,
+    *,
+    loader: LoaderKind = "auto",
+    num_workers: int = 0,
+    multiprocessing_context: str | None = "spawn",
+    timeout: float = 0,
+) -> torch.utils.data.DataLoader:
+    """The loader `Pipeline.to_torch_loader` returns: ``batch_size=None`` (the pipeline batches),
+    ``num_workers`` workers started by ``multiprocessing_context`` (ignored without workers)."""
+    if loader not in get_args(LoaderKind):
+        raise ConfigError(f"to_torch_loader(loader={loader!r}): use one of {list(get_args(LoaderKind))}.")
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ConfigError(f"to_torch_loader(num_workers={num_workers!r}): pass an int >= 0.")
+    cls: type[torch.utils.data.DataLoader] = torch.utils.data.DataLoader
+    if loader != "plain":
+        try:
+            from torchdata.stateful_dataloader import StatefulDataLoader
+        except ImportError:
+            if loader == "stateful":
+                raise ImportError(
+                    "to_torch_loader(loader='stateful') needs torchdata's StatefulDataLoader: pip install "
+                    "torchdata, or pass loader='plain' (checkpoint then through loader.dataset.state_dict(), "
+                    "with num_workers=0)."
+                ) from None
+        else:
+            cls = StatefulDataLoader
+    context = multiprocessing_context if num_workers > 0 else None
+    return cls(dataset, batch_size=None, num_workers=num_workers, multiprocessing_context=context, timeout=timeout)
+
+
+class PipelineIterableDataset(torch.utils.data.IterableDataset):
+    """Yields the pipeline's batches, or their training tensors (a `LoaderBatch`) when
+    ``to_training`` options are given."""
+
+    def __init__(self, session: Session, *, stateful: bool = True, to_training: TrainingOptions | None = None) -> None:
         super().__init__()
         self.session = session
         self.stateful = stateful
-        self.to_training = dict(to_training) if to_training else None
+        self.to_training = to_training
         # 1 while the latest pass ran in loader workers: set there, read here. Shared memory that
         # the worker processes inherit (the loader hands them this object as they start).
         self._worker_pass: Any = multiprocessing.Value("b", 0, lock=False)
@@ -155,7 +214,7 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         for item in session:
             if self._phase is not None:
                 self._phase = replace(self._phase, delivered=self._phase.delivered + 1)
-            yield item.to_training(**self.to_training) if self.to_training is not None else item
+            yield item if self.to_training is None else LoaderBatch(item.to_training_with(self.to_training))
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:

@@ -12,9 +12,10 @@ Example:
 
 from __future__ import annotations
 
+import difflib
 import warnings
 from collections.abc import Mapping, Sequence, Sized
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from itertools import pairwise
 from numbers import Integral
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
@@ -37,7 +38,14 @@ PADDING_LENGTH = F.PADDING_LENGTH  # trailing pad count of a packed row, when pa
 @dataclass(frozen=True, kw_only=True)
 class TrainingOptions:
     """The keywords of ``SampleBatch.to_training`` (its docstring says what each does), checked
-    when built: a conflict or a malformed value raises here, before any data is read."""
+    when built: a conflict or a malformed value raises here, before any data is read.
+
+    Example:
+        >>> TrainingOptions.from_keywords({"return_label": True}, where="to_torch_loader")
+        Traceback (most recent call last):
+        ...
+        TypeError: to_torch_loader: 'return_label' is not a to_training keyword; did you mean 'return_labels'?
+    """
 
     tokens_field: str = "auto"
     return_labels: bool = False
@@ -56,6 +64,18 @@ class TrainingOptions:
     position_mode: PositionMode = "preserve"
     pad_token_id: int = 0
     zero_copy: bool = False
+
+    @classmethod
+    def from_keywords(cls, keywords: Mapping[str, Any], *, where: str) -> TrainingOptions:
+        """Options from ``keywords`` (a call's ``**to_training``); an unknown name is a
+        TypeError from ``where`` that names the closest keyword, or lists them all."""
+        known = [f.name for f in fields(cls)]
+        for name in keywords:
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"the keywords are {known}."
+                raise TypeError(f"{where}: {name!r} is not a to_training keyword; {hint}")
+        return cls(**keywords)
 
     def __post_init__(self) -> None:
         """Reject conflicting or malformed to_training options before any data is read (so an empty

@@ -233,7 +233,17 @@ class SampleBatch:
             >>> t["input_ids"].dtype, t["labels"].shape, t["padding_mask"].shape
             (torch.int64, torch.Size([4, 64]), torch.Size([4, 64]))
         """
-        options = TrainingOptions(**{k: v for k, v in locals().items() if k != "self"})
+        return self.to_training_with(TrainingOptions(**{k: v for k, v in locals().items() if k != "self"}))
+
+    def to_training_with(self, options: TrainingOptions) -> dict[str, Any]:
+        """`to_training` with its keywords already checked, as a `TrainingOptions`: what a loader
+        that converts every batch alike uses (the options are built once, not per batch).
+
+        Example:
+            >>> options = TrainingOptions(return_labels=True)
+            >>> batch.to_training_with(options)["labels"].shape
+            torch.Size([4, 64])
+        """
         return to_training(self._records or () if self._from_records else self.table, options)
 
 

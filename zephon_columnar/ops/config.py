@@ -40,9 +40,14 @@ ShuffleAlgorithm = Literal["streaming", "block", "block_warmup"]
 TokenizerBackend = Literal["auto", "tokenizers", "fastokens"]
 """Who encodes text for ``tokenize`` (`zephon_columnar.ops.tokenizer_backend`)."""
 
+LoaderKind = Literal["auto", "stateful", "plain"]
+"""Which loader ``to_torch_loader`` builds: torchdata's ``StatefulDataLoader``, torch's
+``DataLoader``, or the stateful one when torchdata is installed (`zephon_columnar.torch`)."""
+
 __all__ = [
     "FlushStrategy",
     "Homogeneity",
+    "LoaderKind",
     "LossScope",
     "MissingFieldMode",
     "PackingAlgorithm",
