@@ -31,14 +31,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import os
 import resource
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -109,19 +107,12 @@ def child(a: argparse.Namespace) -> dict:
 
 # ---------------------------------------------------------------------- parent
 def snapshot(rev: str) -> tuple[str, str]:
-    """(PYTHONPATH root holding zephon_columnar at ``rev``, "<sha> <subject>")."""
-    sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", rev + "^{commit}"],
-                         capture_output=True, text=True, check=True).stdout.strip()
-    root = HERE / "data" / "_snap" / sha[:12]
-    if not (root / "zephon_columnar" / "__init__.py").exists():
-        blob = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", sha, "zephon_columnar"],
-                              capture_output=True, check=True).stdout
-        root.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(fileobj=io.BytesIO(blob)) as tf:
-            tf.extractall(root)
-    subject = subprocess.run(["git", "-C", str(REPO), "log", "-1", "--format=%h %ci %s", sha],
-                             capture_output=True, text=True).stdout.strip()
-    return str(root), subject[:100]
+    """(PYTHONPATH root holding zephon_columnar at ``rev``, "<sha> <date> <subject>"):
+    `tokpack.snapshot`'s git-archive copy under benchmarks/data/_snap/."""
+    import tokpack
+
+    root, source = tokpack.snapshot(rev)
+    return root, source["commit"][:100]
 
 
 def run_child(a: argparse.Namespace, root: str, job: str, phase: str, ckpt: str) -> dict:
