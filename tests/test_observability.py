@@ -93,3 +93,27 @@ def test_text_logs_and_a_dict_config(caplog):
 def test_bad_sink_configs_are_value_errors_naming_the_field(sink, culprit):
     with pytest.raises(ValueError, match=culprit):
         build("stateless", mtp=False).options(metrics_sink_config=sink)
+
+
+def test_metrics_snapshot_is_a_flat_mapping_of_floats_that_metric_loggers_take_as_it_is():
+    from collections.abc import Mapping
+
+    import pyarrow as pa
+
+    from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+
+    docs = Dataset.from_tables("a", [pa.table({"input_ids": [[i] * (1 + i % 5) for i in range(40)]})])
+    pipe = (Pipeline(StaticMixtureWorkSource([docs], {"a": 1.0}, chunk_size=8, seed=3))
+            .pack_flat(7, algorithm="wrap").batch(2).options(canonical_replicas=2).enable_observability())
+    with pytest.warns(UserWarning):
+        delivered = sum(len(b) for b in pipe)
+    summary = pipe.metrics_snapshot()
+    assert isinstance(summary, Mapping) and all(isinstance(v, float) for v in summary.values())
+    json.dumps(dict(summary))  # what a metric logger sends
+    lanes = [summary[f"pack_dropped_final_tokens/lane_{lane}"] for lane in (0, 1)]
+    assert summary["pack_dropped_final_tokens"] == sum(lanes) > 0  # each lane's final partial row
+    fetched = summary["op/0.0.fetch/rows_out"]
+    tokens = sum(1 + i % 5 for i in range(40))
+    assert fetched == 40 and delivered * 7 + summary["pack_dropped_final_tokens"] + \
+        7 * summary.get("batch_dropped_final_rows", 0.0) == tokens  # every token delivered or counted
+    assert summary.records  # the typed form is still there

@@ -370,3 +370,14 @@ def test_builder_signatures_show_their_literal_options():
                 seen += [lit for lit in literals if arg is lit]
     missing = [name for name, lit in zip(config.__all__, literals) if not any(lit is s for s in seen)]
     assert not missing, missing
+
+
+def test_repr_says_what_the_pipeline_reads_and_does_and_whether_it_is_running(web_dir):
+    pipe = Pipeline(web_source(web_dir, chunk_size=4)).shuffle(8, seed=1).batch(2)
+    text = repr(pipe)
+    assert text.startswith("Pipeline(StaticMixtureWorkSource(") and text.endswith("-> fetch -> shuffle -> batch)")
+    it = iter(pipe)
+    next(it)
+    assert repr(pipe).endswith("-> fetch -> shuffle -> batch, iterating)")
+    it.close()
+    assert not repr(pipe).endswith("iterating)")

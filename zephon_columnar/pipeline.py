@@ -852,6 +852,17 @@ class Pipeline:
         self._session.auto_validate()
         return PipelineMapDataset(IndexedPipeline(self.spec))
 
+    def __repr__(self) -> str:
+        """What the pipeline reads and what it does to it, in order.
+
+        Example:
+            >>> pipe.pack_flat(65, algorithm="wrap").batch(4)  # doctest: +NORMALIZE_WHITESPACE
+            Pipeline(StaticMixtureWorkSource({'web': 1.0}, chunk_size=16, seed=0, next chunk 0)
+                     -> fetch -> pack_flat -> batch)
+        """
+        steps = " -> ".join(op.op_name() for op in self.spec.ops)
+        return f"Pipeline({self.spec.work_source!r} -> {steps}{', iterating' if self._session.iterating else ''})"
+
     def __copy__(self) -> "Pipeline":
         twin = type(self).__new__(type(self))
         twin._session = copy.copy(self._session)  # noqa: SLF001 - a new pipeline of this class

@@ -441,9 +441,27 @@ class PrefetchTimingSummary(_PlanSummary):
 
 
 @dataclass
-class PipelineSummary(_PlanSummary):
+class PipelineSummary(_PlanSummary, Mapping[str, float]):
     """A pipeline's operator metrics, per stage, plus the engine's own counters (``records``:
-    ``{lane, name, value}`` and per-stage dicts, what ``Pipeline.metrics_snapshot`` fills)."""
+    ``{lane, name, value}`` and per-stage dicts, what ``Pipeline.metrics_snapshot`` fills).
+
+    It is also a flat, read-only ``Mapping[str, float]`` of every number in it, what W&B's
+    ``wandb.log`` and TensorBoard's ``add_scalar`` take as they are: an engine counter under its
+    name (summed over lanes) and ``"<name>/lane_<l>"``; an operator's figures under
+    ``"op/<stage>.<index>.<operator>/<figure>"``; a parallel stage's under
+    ``"stage/<stage>/<figure>"``. Strings, flags and missing values are left out.
+
+    Example:
+        >>> summary = PipelineSummary(records=[{"lane": 0, "name": "pack_dropped_final_tokens", "value": 3},
+        ...                                    {"lane": 1, "name": "pack_dropped_final_tokens", "value": 4},
+        ...                                    {"stage": 0, "index": 0, "op": "fetch", "rows_out": 20}])
+        >>> for key, value in summary.items():
+        ...     print(key, value)
+        pack_dropped_final_tokens 7.0
+        pack_dropped_final_tokens/lane_0 3.0
+        pack_dropped_final_tokens/lane_1 4.0
+        op/0.0.fetch/rows_out 20.0
+    """
 
     stages: MutableMapping[int, StageSummary] = field(default_factory=dict)
     total_wait_ratio: float | None = None
@@ -460,6 +478,31 @@ class PipelineSummary(_PlanSummary):
 
     def iter_stages(self) -> Iterator[StageSummary]:
         return (stage for _, stage in sorted(self.stages.items()))
+
+    # ---------------------------------------------------------------- the flat view
+    def _flat(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for record in self.to_records():
+            if {"lane", "name", "value"} <= record.keys():
+                if _is_number(record["value"]):
+                    name, value = str(record["name"]), float(record["value"])
+                    out[name] = out.get(name, 0.0) + value
+                    out[f"{name}/lane_{record['lane']}"] = value
+                continue
+            prefix = _figure_prefix(record)
+            for key, value in record.items():
+                if key not in _IDENTITY_KEYS and _is_number(value):
+                    out[f"{prefix}/{key}"] = float(value)
+        return out
+
+    def __getitem__(self, key: str) -> float:
+        return self._flat()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._flat())
+
+    def __len__(self) -> int:
+        return len(self._flat())
 
     def to_records(self) -> list[dict[str, Any]]:
         """One record per operator (``NodeSummary.to_dict`` with ``stage_name``, ``plan_id``,
@@ -486,6 +529,25 @@ class PipelineSummary(_PlanSummary):
             for node in stage.nodes.values():
                 node.wait_ratio = node.wait_ns / total
         self.total_wait_ratio = 1.0
+
+
+#: What names a record rather than measures it (left out of `PipelineSummary`'s flat view).
+_IDENTITY_KEYS = frozenset({"stage", "index", "op", "name", "lane", "plan_id", "stage_name", "tracking_mode"})
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _figure_prefix(record: Mapping[str, Any]) -> str:
+    """``op/<stage>.<index>.<operator>`` for an operator's record (the engine's, ``op`` a name;
+    a `NodeSummary`'s, ``op`` its index and ``name`` its name), else ``stage/<stage>``."""
+    stage, op = record.get("stage"), record.get("op")
+    if isinstance(op, str):
+        return f"op/{stage}.{record.get('index')}.{op}"
+    if isinstance(op, int) and isinstance(record.get("name"), str):
+        return f"op/{stage}.{op}.{record['name']}"
+    return f"stage/{stage}"
 
 
 __all__ = [
