@@ -381,3 +381,14 @@ def test_repr_says_what_the_pipeline_reads_and_does_and_whether_it_is_running(we
     assert repr(pipe).endswith("-> fetch -> shuffle -> batch, iterating)")
     it.close()
     assert not repr(pipe).endswith("iterating)")
+
+
+def test_explain_starts_with_the_data_recipe(web_dir, code_dir):
+    web, code = Dataset.from_path("web", str(web_dir)), Dataset.from_path("code", str(code_dir))
+    ws = StaticMixtureWorkSource([web, code], {"web": 0.75, "code": 0.25}, chunk_size=8, seed=11,
+                                 exhausted_policy={"web": "stop", "code": "repeat"})
+    lines = Pipeline(ws).batch(2).explain().splitlines()
+    assert lines[0] == f"Data: StaticMixtureWorkSource: chunk_size=8, seed=11, samples mixed by rows; a pass is {ws.rows_per_pass():,} rows"
+    assert lines[1] == f"  web: parquet at {web_dir}, 3 shard(s), 120 rows, weight 0.750, exhausted_policy='stop'"
+    assert lines[2] == f"  code: jsonl at {code_dir}, 2 shard(s), 50 rows, weight 0.250, repeats"
+    assert lines[3].startswith("Stage[0]")

@@ -217,7 +217,7 @@ class Session:
 
     def explain(self) -> str:
         spec = self._spec
-        text = spec.build_engine().explain()
+        text = "Data: " + "\n".join(spec.work_source.describe_data()) + "\n" + spec.build_engine().explain()
         inert = spec.options.inert_settings() + list(spec.ignored)
         inert += [line for op in spec.ops if not op.builtin for line in unused_hooks(op)]
         if inert:

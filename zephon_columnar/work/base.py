@@ -190,6 +190,12 @@ class WorkSource:
         """Typical number of pointers per chunk, or None when unknown."""
         return None
 
+    def describe_data(self) -> list[str]:
+        """What ``explain()`` shows of the data this source reads, a line each. The default
+        names the source and its datasets."""
+        names = ", ".join(ds.name for ds in self.datasets_by_id.values())
+        return [f"{self!r}: datasets {names}"]
+
     def recipe(self) -> dict[str, Any]:
         """JSON-friendly identity of the data order: two sources with equal recipes (and equal
         positions) produce the same chunks. The default only names the class."""

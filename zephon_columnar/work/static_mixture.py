@@ -34,11 +34,12 @@ import re
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning, DataDroppedWarning
+from zephon_columnar.io.dataset import Dataset
 from zephon_columnar.recipes import recipe_differences
 from zephon_columnar.work.base import WorkSource, check_lane
 from zephon_columnar.work.chunk import WorkChunk
@@ -68,9 +69,6 @@ from zephon_columnar.work.token_estimation import (
     ratios_from_state,
     sample_weights,
 )
-
-if TYPE_CHECKING:
-    from zephon_columnar.io.dataset import Dataset
 
 # Recipe fields about the data itself: a state taken over other data is refused; the other
 # fields (seed, chunk_size, mixture, shuffles, policies, lanes) are adopted from the state.
@@ -816,6 +814,46 @@ class StaticMixtureWorkSource(WorkSource):
             source_exhausted=plan.exhausted,
             global_index=plan.g,
         )
+
+    def describe_data(self) -> list[str]:
+        """What ``explain()`` shows of the data: each dataset (format, place, shards, rows, weight,
+        what happens when it runs out), chunk size, seed and what a pass is.
+
+        Example:
+            >>> a = Dataset.from_dict("a", {0: [{"x": 1}] * 60})
+            >>> for line in StaticMixtureWorkSource([a], {"a": 1.0}, chunk_size=16, seed=3).describe_data():
+            ...     print(line)
+            StaticMixtureWorkSource: chunk_size=16, seed=3, samples mixed by rows; a pass is 60 rows
+              a: inmem in memory, 1 shard(s), 60 rows, weight 1.000, repeats (stop_after_passes=1)
+        """
+        cfg = self._planner.cfg
+        ratios = self.tokens_per_byte
+        if self._estimation is None:
+            unit = "rows"
+        elif ratios:
+            unit = "tokens (tokens per byte: " + ", ".join(f"{n} {r:.3f}" for n, r in sorted(ratios.items())) + ")"
+        else:
+            unit = "tokens (tokens per byte set when the first iteration primes the mixture)"
+        lines = [
+            f"StaticMixtureWorkSource: chunk_size={cfg.chunk_size}, seed={self._seed}, samples mixed by {unit}; "
+            f"a pass is {self.rows_per_pass():,} rows"
+        ]
+        for k, (name, ds) in enumerate(zip(cfg.names, self._datasets)):
+            where = (
+                type(ds).__name__
+                if not isinstance(ds, Dataset)
+                else f"{ds.format_name} " + ("in memory" if ds.path is None else f"at {ds.path}")
+            )
+            if cfg.policies[k] == "repeat":
+                ends = "repeats" + (f" (stop_after_passes={cfg.floor})" if cfg.floor is not None else "")
+                ends += "" if cfg.max_passes[k] is None else f" (at most {cfg.max_passes[k]} passes)"
+            else:
+                ends = f"exhausted_policy={cfg.policies[k]!r}"
+            lines.append(
+                f"  {name}: {where}, {len(ds.counts())} shard(s), {cfg.rows[k]:,} rows, "
+                f"weight {cfg.weights[k]:.3f}, {ends}"
+            )
+        return lines
 
     def __repr__(self) -> str:
         cfg = self._planner.cfg
