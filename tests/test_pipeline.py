@@ -204,9 +204,19 @@ def test_worker_error_reaches_next(web_dir, runner):
     assert isinstance(info.value, PipelineError) and "id" not in str(type(info.value))
 
 
-def test_unknown_option_lists_valid_ones(web_dir):
-    with pytest.raises(ConfigError, match="Valid options: .*canonical_replicas"):
-        Pipeline(web_source(web_dir)).options(not_an_option=1)
+def test_an_unknown_option_names_the_closest_and_lists_the_working_ones_apart_from_the_inert(web_dir):
+    from zephon_columnar.compatibility import INERT_OPTIONS
+
+    with pytest.raises(ConfigError) as info:
+        Pipeline(web_source(web_dir)).options(runer="threads", not_an_option=1)
+    text = str(info.value)
+    assert "'not_an_option', 'runer' (did you mean 'runner'?)" in text
+    working, inert = text.split("; also accepted, for Zephon compatibility, with no effect here: ")
+    assert "canonical_replicas" in working and "mp_context" in inert
+    assert not any(f" {name}," in working or f" {name};" in working for name in INERT_OPTIONS)
+    with pytest.raises(ConfigError, match=r"'num_workers' \(did you mean 'max_workers'\?\), \(DataLoader workers: "
+                                          r"pipe\.to_torch_loader\(num_workers=\.\.\.\)\)"):
+        Pipeline(web_source(web_dir)).options(num_workers=2)
 
 
 def test_options_accumulate_over_calls_and_are_checked_together_at_iteration(web_dir):

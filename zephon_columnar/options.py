@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 import os
 import sys
@@ -181,10 +182,20 @@ class RuntimeOptions:
         valid = self.field_names()
         unknown = sorted(set(hints) - set(valid))
         if unknown:
+            guesses = [
+                f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
+                for name in unknown
+                for close in [difflib.get_close_matches(name, valid, n=1, cutoff=0.75)]
+            ]
+            if "num_workers" in unknown:  # torch's word: the loader's workers are to_torch_loader's
+                guesses.append("(DataLoader workers: pipe.to_torch_loader(num_workers=...))")
+            working = [n for n in valid if n not in INERT_OPTIONS]
             raise ConfigError(
-                f"options(): unknown option(s) {unknown}. Valid options: {', '.join(valid)}. (Zephon "
-                "0.2.0 warns and ignores an unknown option; zephon_columnar refuses it, so that a "
-                "misspelt option never silently leaves the default in place.)"
+                f"options(): unknown option(s) {', '.join(guesses)}. The options that change how this engine "
+                f"runs: {', '.join(working)}; also accepted, for Zephon compatibility, with no effect here: "
+                f"{', '.join(n for n in valid if n in INERT_OPTIONS)}. (Zephon 0.2.0 warns and ignores an "
+                "unknown option; zephon_columnar refuses it, so that a misspelt option never silently leaves "
+                "the default in place.)"
             )
         new = dataclasses.replace(self, **hints)
         new.validate_fields()
