@@ -28,7 +28,6 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
-from zephon_columnar.io.dataset import Dataset
 from zephon_columnar.io.readers import ReaderPool
 
 
@@ -67,8 +66,7 @@ class RestoreWarmup:
         if not tables:
             return None
         pointers = np.unique(np.concatenate([sample_pointers(t) for t in tables]), axis=0)
-        datasets = [datasets_by_id.get(int(d)) for d in np.unique(pointers[:, 0])]
-        if not any(isinstance(ds, Dataset) and ds.format is not None and ds.format.shared_readers for ds in datasets):
+        if not any(ReaderPool.shares(datasets_by_id.get(int(d))) for d in np.unique(pointers[:, 0])):
             return None
         warm = cls(datasets_by_id, pointers)
         warm._thread.start()

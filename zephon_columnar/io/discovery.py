@@ -97,9 +97,10 @@ def _discover_dir(name: str, path: str, chosen: FileFormat | None) -> Discovered
         raise
     groups: dict[str, list[str]] = {f.name: [] for f in known}
     for url in files:
-        fmt = format_of(fs.basename(url), chosen=False)
-        if chosen is not None and chosen.recognises_file(fs.basename(url), chosen=True):
-            fmt = chosen  # a name only the chosen format claims (*.json with fmt="jsonl")
+        base = fs.basename(url)
+        # The chosen format also claims names it takes only when asked for (*.json with fmt="jsonl").
+        claimed = chosen is not None and chosen.recognises_file(base, chosen=True)
+        fmt = chosen if claimed else format_of(base, chosen=False)
         if fmt is not None:
             groups[fmt.name].append(url)
     present = [f for f in known if groups[f.name]]

@@ -11,12 +11,10 @@ Example:
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from zephon_columnar.io.base import ShardReader
-
-if TYPE_CHECKING:
-    from zephon_columnar.io.dataset import Dataset
+from zephon_columnar.io.dataset import Dataset
 
 
 class _LockedReader:
@@ -55,8 +53,13 @@ class ReaderPool:
         self._lock = threading.Lock()
         self._readers: dict[int, _LockedReader] = {}
 
+    @staticmethod
+    def shares(dataset: Any) -> bool:
+        """Whether ``dataset``'s reader is one the pool shares (its format's `shared_readers`)."""
+        return isinstance(dataset, Dataset) and dataset.format is not None and dataset.format.shared_readers
+
     def shared_reader(self, dataset_id: int, dataset: Dataset) -> ShardReader | None:
-        if dataset.format is None or not dataset.format.shared_readers:
+        if not self.shares(dataset):
             return None
         with self._lock:
             reader = self._readers.get(dataset_id)

@@ -466,21 +466,35 @@ class PipelineSummary(_PlanSummary, Mapping[str, float]):
     stages: MutableMapping[int, StageSummary] = field(default_factory=dict)
     total_wait_ratio: float | None = None
     records: list[dict[str, Any]] = field(default_factory=list)
+    # The flat view, built once per state (``dict(summary)`` reads every key): the state it was
+    # built from (changes counted by apply/merge, and the records list) and the view.
+    _changes: int = field(default=0, init=False, repr=False, compare=False)
+    _view: tuple[tuple[int, int, int], dict[str, float]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def apply(self, delta: NodeMetricsDelta) -> None:
         self.stages.setdefault(delta.stage_index, StageSummary(delta.stage_index, delta.stage_name)).apply(delta)
+        self._changes += 1
 
     def merge(self, other: PipelineSummary) -> None:
         self._merge_plan(other)
         for index, stage in other.stages.items():
             self.stages.setdefault(index, StageSummary(stage.index, stage.name)).merge(stage)
         self.records = self.records + other.records
+        self._changes += 1
 
     def iter_stages(self) -> Iterator[StageSummary]:
         return (stage for _, stage in sorted(self.stages.items()))
 
     # ---------------------------------------------------------------- the flat view
     def _flat(self) -> dict[str, float]:
+        state = (self._changes, id(self.records), len(self.records))
+        if self._view is None or self._view[0] != state:
+            self._view = (state, self._build_flat())
+        return self._view[1]
+
+    def _build_flat(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for record in self.to_records():
             if {"lane", "name", "value"} <= record.keys():
