@@ -92,3 +92,30 @@ def test_without_torchdata_auto_falls_back_to_the_plain_loader_and_stateful_says
     assert type(build().to_torch_loader()) is DataLoader
     with pytest.raises(ImportError, match=r"pip install torchdata, or pass loader='plain'"):
         build().to_torch_loader(loader="stateful")
+
+
+SCRIPT = """
+import pyarrow as pa
+from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+
+def main():
+    ds = Dataset.from_tables("a", [pa.table({"input_ids": [[i, i + 1]] * 10}) for i in range(2)])
+    ws = StaticMixtureWorkSource([ds], {"a": 1.0}, chunk_size=5, seed=0)
+    loader = Pipeline(ws).batch(5).options(canonical_replicas=2).to_torch_loader(num_workers=2, timeout=120)
+    print("batches", len(list(loader)))
+"""
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_spawned_workers_need_the_main_guard_and_its_absence_is_named_at_once(tmp_path, guarded):
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT + ('if __name__ == "__main__":\n    main()\n' if guarded else "main()\n"))
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    if guarded:
+        assert run.returncode == 0 and "batches 4" in run.stdout, run.stderr[-2000:]
+    else:  # without the check the parent waits forever writing the pipeline to a dying worker
+        assert run.returncode != 0
+        assert f"runs {script} again in each worker, and that script has no 'if __name__" in run.stderr

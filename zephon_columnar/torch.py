@@ -39,11 +39,14 @@ Example:
 
 from __future__ import annotations
 
+import ast
 import atexit
+import functools
 import hashlib
 import json
 import multiprocessing
 import multiprocessing.context
+import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -175,7 +178,45 @@ def build_loader(
         else:
             cls = StatefulDataLoader
     context = multiprocessing_context if num_workers > 0 else None
+    if context is not None:
+        check_main_module_guarded(context, num_workers)
     return cls(dataset, batch_size=None, num_workers=num_workers, multiprocessing_context=context, timeout=timeout)
+
+
+def check_main_module_guarded(context: str | multiprocessing.context.BaseContext, workers: int) -> None:
+    """Refuse workers started by ``spawn`` or ``forkserver`` when the main script has no
+    ``if __name__ == "__main__":`` block: each worker runs that script again from the top, so it
+    would build a loader and start workers of its own; Python then stops the worker, and while it
+    writes a large pipeline to the dying worker the parent waits forever."""
+    method = context if isinstance(context, str) else context.get_start_method()
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if method == "fork" or main_file is None or _has_main_guard(main_file):
+        return
+    raise RuntimeError(
+        f"to_torch_loader(num_workers={workers}) starts its workers with {method!r}, which runs "
+        f"{main_file} again in each worker, and that script has no 'if __name__ == \"__main__\":' "
+        "block: every worker would start workers of its own. Put the training code under that "
+        "block (the multiprocessing documentation's 'Safe importing of main module')."
+    )
+
+
+@functools.cache
+def _has_main_guard(path: str) -> bool:
+    """Whether the module at ``path`` has a top-level ``if __name__ == "__main__":`` (True when it
+    cannot be read: then there is nothing to say)."""
+    try:
+        with open(path, encoding="utf-8") as source:
+            tree = ast.parse(source.read(), filename=path)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return True
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and len(node.test.comparators) == 1:
+            sides = [node.test.left, node.test.comparators[0]]
+            names = {s.id for s in sides if isinstance(s, ast.Name)}
+            constants = {s.value for s in sides if isinstance(s, ast.Constant)}
+            if names == {"__name__"} and constants == {"__main__"}:
+                return True
+    return False
 
 
 class PipelineIterableDataset(torch.utils.data.IterableDataset):
