@@ -9,7 +9,9 @@ row, after exhaustion, restores of restores, each segment on its own runner, pre
 fetch size and number of groups; per-group checkpoints merged with
 `Pipeline.merge_checkpoints`). Sometimes one segment runs through the torch adapter
 (``to_torch_dataset(**to_training)`` under a plain ``DataLoader`` or torchdata's
-``StatefulDataLoader``, 0 or 2 spawned loader workers): it loads the previous checkpoint,
+``StatefulDataLoader``, 0 or 2 spawned loader workers, sometimes inside the device stage,
+``to_torch_loader(device="cpu", prefetch=k)``, which takes batches k ahead of the trainer): it
+loads the previous checkpoint,
 checkpoints through ``state_dict()``, and a freshly built dataset/loader continues from
 ``load_state_dict``; its tensors (sample ids, ``input_ids``) are compared.
 
@@ -46,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import random
@@ -246,6 +249,9 @@ def adapter_strategy(draw, lanes: int, plan: dict, chain_length: int) -> dict | 
         # resume_groups ranks (each loading the state of rank g % G), through aggregate_dir.
         divisors = [g for g in range(1, lanes + 1) if lanes % g == 0]
         options["groups"], adapter["resume_groups"] = rng.choice(divisors), rng.choice(divisors)
+    # The device stage (to_torch_loader(device=..., prefetch=k), on the CPU here): batches are
+    # taken k ahead of the trainer, and the loader's state must still be the trainer's position.
+    adapter["device_prefetch"] = rng.choice([None, None, 0, 1, 3])
     return adapter
 
 
@@ -498,9 +504,24 @@ def expected_view(sig: tuple, to_training: dict) -> tuple:
     return tuple(tuple(i) for i in sig[2]), padded
 
 
+def adapter_dataset(pipe: Pipeline, adapter: dict) -> Any:
+    """The pipeline's torch dataset with the adapter's to_training keywords (and, for the device
+    stage, the device)."""
+    device = {} if adapter.get("device_prefetch") is None else {"device": "cpu"}
+    return pipe.to_torch_dataset(**adapter["to_training"], **device)
+
+
 def make_loader(adapter: dict, ds: Any) -> Any:
     """The adapter's loader: batch_size=None (the pipeline batches). Loader workers are spawned:
-    a forked worker of a process that ran Polars can deadlock, and the adapter refuses it."""
+    a forked worker of a process that ran Polars can deadlock, and the adapter refuses it. With a
+    drawn device prefetch, to_torch_loader's DeviceLoader around it."""
+    if adapter.get("device_prefetch") is not None:
+        from zephon_columnar.torch import build_loader
+
+        spawn = dict(multiprocessing_context="spawn", timeout=120) if adapter["workers"] else {}
+        kind = "plain" if adapter["loader"] == "dataloader" else "stateful"
+        return build_loader(ds, loader=kind, num_workers=adapter["workers"], prefetch=adapter["device_prefetch"],
+                            **spawn)
     if adapter["loader"] == "dataloader":
         from torch.utils.data import DataLoader
 
@@ -524,10 +545,19 @@ def loader_take(loader: Any, limit: int) -> tuple[Any, list[dict]]:
     return it, out
 
 
+def pipeline_state(state: dict) -> dict:
+    """The pipeline checkpoint in a dataset's state_dict, or in a StatefulDataLoader's without
+    workers (its dataset's state)."""
+    return state["pipeline"] if "pipeline" in state else state["dataset_state"]["pipeline"]
+
+
 def close_loader_iterator(it: Any) -> None:
     """Stop the loader's workers, or close the dataset's generator (and with it the pipeline's
     run: its threads, its side process), now: garbage collection may come late, and meanwhile a
     run's threads compete with the next segment's for the 2 cores."""
+    if inspect.isgenerator(it):  # a DeviceLoader's: closing it drops the loader's iterator
+        it.close()
+        return
     if getattr(it, "_num_workers", 0):
         it._shutdown_workers()  # what the iterator's __del__ does
         return
@@ -697,7 +727,7 @@ class Case:
             return self.elastic_adapter_segment(adapter, ckpt, ref, delivered, what), None
 
         def dataset(state: dict | None) -> Any:
-            ds = build(self.recipe, run).to_torch_dataset(**adapter["to_training"])
+            ds = adapter_dataset(build(self.recipe, run), adapter)
             if state is not None:
                 ds.load_state_dict({"pipeline": state})  # the adapter's own way in
             return ds
@@ -707,21 +737,23 @@ class Case:
         first = dataset(ckpt)
         loader = make_loader(adapter, first)
         it, head = loader_take(loader, k)
-        state = json_round_trip(first.state_dict() if plain else loader.state_dict())
+        # A plain DataLoader's state is its dataset's, but a DeviceLoader's dataset has run ahead.
+        device = adapter.get("device_prefetch") is not None
+        state = json_round_trip(first.state_dict() if plain and not device else loader.state_dict())
         close_loader_iterator(it)
 
         second = dataset(None)
         loader = make_loader(adapter, second)
-        (second if plain else loader).load_state_dict(state)
+        (second if plain and not device else loader).load_state_dict(state)
         to_end = adapter["workers"] > 0
         it, rest = loader_take(loader, (self.group_limit(run) if self.endless else FINITE_CAP) if to_end
                                else adapter["more"])
         # Without loader workers the dataset ran in this process: its state_dict is the
         # pipeline's checkpoint (after loader_take's iter(), which is when a StatefulDataLoader
         # hands the dataset its state).
-        handed = None if to_end else json_round_trip(second.state_dict()["pipeline"])
+        handed = None if to_end else json_round_trip(pipeline_state(loader.state_dict() if device else second.state_dict()))
         close_loader_iterator(it)
-        self.log.append(f"{what} {adapter['loader']} workers={adapter['workers']} {run} take={adapter['take']}:{k} "
+        self.log.append(f"{what} {adapter['loader']} workers={adapter['workers']} device_prefetch={adapter.get('device_prefetch')} {run} take={adapter['take']}:{k} "
                         f"-> {len(head)} items, restored -> {len(rest)} more")
         views = [training_view(t) for t in head + rest]
         if to_end:
@@ -756,7 +788,7 @@ class Case:
 
         def loader(r: dict, group: int, job: int, state: dict | None) -> tuple[Any, Any]:
             ds = build(self.recipe, r, group=group).options(aggregate_dir=folder, run_id=f"job{job}")
-            ds = ds.to_torch_dataset(**adapter["to_training"])
+            ds = adapter_dataset(ds, adapter)
             if state is not None:
                 ds.load_state_dict({"pipeline": state})
             return ds, make_loader(adapter, ds)
@@ -772,7 +804,7 @@ class Case:
                 pipe = build(self.recipe, run, group=g)
                 if ckpt is not None:
                     pipe.restore(ckpt)
-                shares = [worker_lanes(pipe, w, workers) for w in range(workers)]
+                shares = [worker_lanes(pipe.session, w, workers) for w in range(workers)]
                 live = [sum(left.get(lane, 0) for lane in share) for share in shares if share]
                 cap = min(cap, active_workers(len(sum(shares, [])), workers) * min(live))
         k = int(adapter["fraction"] * cap)

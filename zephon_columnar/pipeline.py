@@ -805,6 +805,8 @@ class Pipeline:
         loader: LoaderKind = "auto",
         multiprocessing_context: str | None = "spawn",
         timeout: float = 0,
+        pin_memory: bool = False,
+        prefetch: int | None = None,
         **to_training: Any,
     ) -> Any:
         """A torch loader over this pipeline, built as it must be: ``batch_size=None`` (the
@@ -817,6 +819,13 @@ class Pipeline:
         / ``load_state_dict()`` resume exactly, with any ``num_workers``; needs ``torchdata``),
         ``"plain"`` torch's ``DataLoader`` (checkpoint through ``loader.dataset.state_dict()``,
         with ``num_workers=0`` only), ``"auto"`` the stateful one when torchdata is installed.
+
+        With a ``device`` keyword (``device="cuda"``) the loader is a
+        `~zephon_columnar.device.DeviceLoader` around that one: each batch is staged in a reused
+        ring of pinned host buffers and copied on a side CUDA stream, ``prefetch`` batches (default
+        2) ahead of the one the trainer holds; integers cross in their own dtype (int32 token
+        ids) and are widened on the device. Its ``state_dict()`` is the position after the last
+        batch handed over. ``pin_memory`` is torch's (pinned host batches, without ``device``).
 
         Example:
             >>> pipe = pipe.tokenize(tokenizer_id="tok/", field="text", special_tokens="eos")
@@ -833,6 +842,8 @@ class Pipeline:
             num_workers=num_workers,
             multiprocessing_context=multiprocessing_context,
             timeout=timeout,
+            pin_memory=pin_memory,
+            prefetch=prefetch,
         )
 
     def to_indexable_torch_dataset(self) -> Any:

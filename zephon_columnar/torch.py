@@ -51,7 +51,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any, NoReturn, get_args
+from typing import TYPE_CHECKING, Any, NoReturn, cast, get_args
 
 import numpy as np
 import pyarrow as pa
@@ -60,6 +60,7 @@ import torch.utils.data
 from torch.utils.data._utils.collate import default_collate_fn_map
 
 from zephon_columnar import frame as F
+from zephon_columnar.device import Checkpointable, DeviceLoader
 from zephon_columnar.engine.aggregate import read_loader_parts, write_loader_part
 from zephon_columnar.engine.checkpoint import load_checkpoint, parse_checkpoint
 from zephon_columnar.errors import CheckpointError, ConfigError
@@ -157,9 +158,23 @@ def build_loader(
     num_workers: int = 0,
     multiprocessing_context: str | None = "spawn",
     timeout: float = 0,
-) -> torch.utils.data.DataLoader:
+    pin_memory: bool = False,
+    prefetch: int | None = None,
+) -> torch.utils.data.DataLoader | DeviceLoader:
     """The loader `Pipeline.to_torch_loader` returns: ``batch_size=None`` (the pipeline batches),
-    ``num_workers`` workers started by ``multiprocessing_context`` (ignored without workers)."""
+    ``num_workers`` workers started by ``multiprocessing_context`` (ignored without workers);
+    with a to_training ``device``, inside a `DeviceLoader` that moves each batch there
+    (``prefetch`` batches ahead, default 2)."""
+    device = None if dataset.to_training is None else dataset.to_training.device
+    if device is None and prefetch is not None:
+        raise ConfigError(
+            f"to_torch_loader(prefetch={prefetch!r}) is how many batches cross to the device ahead of "
+            "the trainer; pass device= too (for example device='cuda')."
+        )
+    if device is not None and pin_memory:
+        raise ConfigError(
+            f"to_torch_loader(device={device!r}) stages batches in pinned memory itself; drop pin_memory=True."
+        )
     if loader not in get_args(LoaderKind):
         raise ConfigError(f"to_torch_loader(loader={loader!r}): use one of {list(get_args(LoaderKind))}.")
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
@@ -180,7 +195,25 @@ def build_loader(
     context = multiprocessing_context if num_workers > 0 else None
     if context is not None:
         check_main_module_guarded(context, num_workers)
-    return cls(dataset, batch_size=None, num_workers=num_workers, multiprocessing_context=context, timeout=timeout)
+    built = cls(
+        dataset,
+        batch_size=None,
+        num_workers=num_workers,
+        multiprocessing_context=context,
+        timeout=timeout,
+        pin_memory=pin_memory,
+    )
+    if dataset.to_training is None or device is None:
+        return built
+    dataset.on_host = True  # the DeviceLoader moves each batch, in this process
+    checkpoints: Checkpointable | None = None  # a plain DataLoader with workers cannot checkpoint
+    if cls is not torch.utils.data.DataLoader:
+        checkpoints = cast("Checkpointable", built)  # torchdata's StatefulDataLoader
+    elif num_workers == 0:
+        checkpoints = dataset
+    return DeviceLoader(
+        built, dataset.to_training.transfer, prefetch=2 if prefetch is None else prefetch, checkpoints=checkpoints
+    )
 
 
 def check_main_module_guarded(context: str | multiprocessing.context.BaseContext, workers: int) -> None:
@@ -228,6 +261,8 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         self.session = session
         self.stateful = stateful
         self.to_training = to_training
+        # True when a DeviceLoader moves the tensors to the device (to_training stops on the host)
+        self.on_host = False
         # 1 while the latest pass ran in loader workers: set there, read here. Shared memory that
         # the worker processes inherit (the loader hands them this object as they start).
         self._worker_pass: Any = multiprocessing.Value("b", 0, lock=False)
@@ -249,13 +284,22 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         else:
             self._mark_worker_pass(True)
             exit_after_queue_feeders()
+            if self.to_training is not None and self.to_training.device is not None and not self.on_host:
+                raise ConfigError(
+                    f"to_training(device={self.to_training.device!r}) in a DataLoader worker would start the "
+                    "device there; build the loader with pipe.to_torch_loader(num_workers=..., device=...), "
+                    "which moves each batch in the training process."
+                )
             session = self._worker_session_of(info.id, info.num_workers)
         if session is None:
             return  # an idle worker: the lanes do not split that many ways
         for item in session:
             if self._phase is not None:
                 self._phase = replace(self._phase, delivered=self._phase.delivered + 1)
-            yield item if self.to_training is None else LoaderBatch(item.to_training_with(self.to_training))
+            if self.to_training is None:
+                yield item
+            else:
+                yield LoaderBatch(item.to_training_with(self.to_training, on_host=self.on_host))
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:

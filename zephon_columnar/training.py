@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import difflib
+import functools
 import warnings
 from collections.abc import Mapping, Sequence, Sized
 from dataclasses import dataclass, fields
@@ -29,6 +30,8 @@ from zephon_columnar.records import SampleMeta, SampleRecord
 
 if TYPE_CHECKING:
     import torch  # noqa: F401
+
+    from zephon_columnar.device import TransferPlan
 
 PositionMode = Literal["preserve", "sequence"]
 TOKEN_FIELD_CANDIDATES = ("input_ids", "tokens", "token_ids", "ids")
@@ -64,6 +67,8 @@ class TrainingOptions:
     position_mode: PositionMode = "preserve"
     pad_token_id: int = 0
     zero_copy: bool = False
+    device: Any = None
+    non_blocking: bool = False
 
     @classmethod
     def from_keywords(cls, keywords: Mapping[str, Any], *, where: str) -> TrainingOptions:
@@ -77,9 +82,38 @@ class TrainingOptions:
                 raise TypeError(f"{where}: {name!r} is not a to_training keyword; {hint}")
         return cls(**keywords)
 
+    @functools.cached_property
+    def transfer(self) -> TransferPlan:
+        """Where ``device`` sends the tensors and what they become there (checked when the
+        options are built; only with a ``device``)."""
+        from zephon_columnar.device import OWN_DTYPE_OUTPUTS, TransferPlan, parse_device
+
+        dtype, framework = _resolve_dtype(self.dtype)
+        if framework != "torch":
+            raise ConfigError(
+                f"to_training: device={self.device!r} makes torch tensors, and dtype={self.dtype!r} does not; "
+                "pass dtype='auto' or a torch dtype."
+            )
+        rename = self.rename_fields or {}
+        return TransferPlan(
+            device=parse_device(self.device),
+            dtype=dtype,
+            keep_dtype=frozenset(rename.get(name, name) for name in OWN_DTYPE_OUTPUTS),
+            non_blocking=self.non_blocking,
+        )
+
     def __post_init__(self) -> None:
         """Reject conflicting or malformed to_training options before any data is read (so an empty
         batch rejects them too); warn about an ``eos_token_id`` that would be ignored."""
+        if self.device is not None:
+            if self.zero_copy:
+                raise ConfigError(
+                    "to_training: zero_copy=True hands views of the loader's host memory over, and "
+                    f"device={self.device!r} copies to the device; drop one of them."
+                )
+            _ = self.transfer  # checks the device and dtype now
+        elif self.non_blocking:
+            raise ConfigError("to_training: non_blocking applies to the copy to a device; pass device= too.")
         if isinstance(self.exclude_fields, str):
             raise WrongTypeError(
                 f"to_training: exclude_fields must be a sequence of names, not a string; "
@@ -145,15 +179,28 @@ class TrainingOptions:
             )
 
 
-def to_training(rows: pa.Table | Sequence[SampleRecord], options: TrainingOptions) -> dict[str, Any]:
-    """Training tensors of ``rows``: an Arrow table of a batch, or the records it was built from."""
+def to_training(
+    rows: pa.Table | Sequence[SampleRecord], options: TrainingOptions, *, on_host: bool = False
+) -> dict[str, Any]:
+    """Training tensors of ``rows``: an Arrow table of a batch, or the records it was built from.
+
+    With ``options.device`` they are built on the host first, integers in their own dtype and
+    as views of the Arrow buffers where they can be, then moved and widened there
+    (`zephon_columnar.device.move_to_device`); ``on_host`` stops before the move (for a loader
+    whose device stage moves them, `zephon_columnar.device.DeviceLoader`).
+    """
     if len(rows) == 0:
         return empty_training(options)
     if isinstance(rows, pa.Table):
         out = table_training(rows, options)
     else:
         out = records_training(rows, options)
-    return rename_and_exclude(out, options)
+    out = rename_and_exclude(out, options)
+    if options.device is None or on_host:
+        return out
+    from zephon_columnar.device import move_to_device
+
+    return move_to_device(out, options.transfer)
 
 
 def table_training(table: pa.Table, o: TrainingOptions) -> dict[str, Any]:
@@ -236,8 +283,14 @@ def table_training(table: pa.Table, o: TrainingOptions) -> dict[str, Any]:
         meta = {"cu_seqlens": cu, "max_seqlen": int(max_seqlen) if o.flatten else max_seqlen}
     if o.flatten:
         out = {k: v.reshape(-1) for k, v in out.items()}
-    out = {k: _convert(v, o.dtype, k, o.zero_copy) for k, v in out.items()}
-    out.update({k: (v if isinstance(v, int) else _convert(v, o.dtype, k, o.zero_copy)) for k, v in meta.items()})
+    if o.device is not None:  # host tensors in their own dtype, views where they can be; widened on the device
+        import torch
+
+        out = {k: torch.from_numpy(v) for k, v in out.items()}
+        out.update({k: (v if isinstance(v, int) else torch.from_numpy(v)) for k, v in meta.items()})
+    else:
+        out = {k: _convert(v, o.dtype, k, o.zero_copy) for k, v in out.items()}
+        out.update({k: (v if isinstance(v, int) else _convert(v, o.dtype, k, o.zero_copy)) for k, v in meta.items()})
     if o.return_num_valid_tokens:
         out["num_valid_tokens"] = int(shape[0] * shape[1]) if valid is None else int(valid.sum())
     out["ids"] = list(zip(*(table.column(c).to_pylist() for c in (F.DATASET, F.SHARD, F.ROW))))

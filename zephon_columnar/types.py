@@ -183,6 +183,8 @@ class SampleBatch:
         position_mode: PositionMode = "preserve",
         pad_token_id: int = 0,
         zero_copy: bool = False,
+        device: Any = None,
+        non_blocking: bool = False,
     ) -> dict[str, Any]:
         """Training tensors for this batch: ``input_ids`` (B, L) and friends, plus ``ids``
         (sample ids) and ``texts`` (payload ``text``, ``""`` where absent) as lists. The
@@ -218,8 +220,15 @@ class SampleBatch:
         converted from their payloads (dicts, or numpy arrays / torch tensors of token ids); their
         rows must have equal lengths unless ``dtype=None``.
 
+        ``device`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``...; None: host tensors as above) moves the
+        tensors there: each crosses in the dtype it has on the host (int32 token ids: half the
+        bytes of int64) and is widened on the device; ``non_blocking`` lets that copy return
+        before it finishes (it overlaps only from pinned memory: ``Pipeline.to_torch_loader(
+        device=...)`` stages batches there and copies the next while the trainer computes).
+
         Raises:
-            ValueError (ConfigError): an option conflict (named in the message), a missing or
+            ValueError (ConfigError): an option conflict (named in the message), a ``device``
+                this torch does not have, a missing or
                 undetectable token field, a field missing from some rows, misaligned
                 ``loss_mask``/``positions``, a bad ``padding_length``, or a rename collision.
             TypeError: ``exclude_fields`` given as one string, or payloads that are neither
@@ -235,16 +244,18 @@ class SampleBatch:
         """
         return self.to_training_with(TrainingOptions(**{k: v for k, v in locals().items() if k != "self"}))
 
-    def to_training_with(self, options: TrainingOptions) -> dict[str, Any]:
+    def to_training_with(self, options: TrainingOptions, *, on_host: bool = False) -> dict[str, Any]:
         """`to_training` with its keywords already checked, as a `TrainingOptions`: what a loader
         that converts every batch alike uses (the options are built once, not per batch).
+        ``on_host`` stops before the copy to ``options.device`` (host tensors, integers in their
+        own dtype: what a loader whose device stage moves them takes).
 
         Example:
             >>> options = TrainingOptions(return_labels=True)
             >>> batch.to_training_with(options)["labels"].shape
             torch.Size([4, 64])
         """
-        return to_training(self._records or () if self._from_records else self.table, options)
+        return to_training(self._records or () if self._from_records else self.table, options, on_host=on_host)
 
 
 # What a payload holds: Arrow columns become these when records are made (lists of numbers as
