@@ -1,12 +1,30 @@
-"""The progress readout (``Pipeline.show_progress``): counts, tokens and lane positions, a final
-line at the end of the pass, and nothing when it is not turned on."""
+"""The progress readout (``Pipeline.show_progress``): counts, real and padded tokens, where the
+stream is in its pass with an ETA, lane positions, a final line at the end of the pass; plain
+lines off a terminal, a bar on one; one readout in the trainer process under loader workers; and
+nothing when it is not turned on."""
 
 from __future__ import annotations
 
 import io
 import re
+import time
+
+import pyarrow as pa
+import pytest
 
 from tests.engine.test_mtp import build
+from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+
+
+def token_totals(batches: list) -> tuple[int, int]:
+    """(real, padded) tokens of the batches: lengths less pad tails, and rows at each batch's
+    longest row."""
+    real = padded = 0
+    for b in batches:
+        lengths = [len(r.payload["input_ids"]) for r in b.records]
+        real += sum(lengths) - sum(r.meta.padding_length or 0 for r in b.records)
+        padded += len(lengths) * max(lengths)
+    return real, padded
 
 
 def test_progress_lines_count_items_rows_and_tokens_and_end_with_the_totals():
@@ -15,12 +33,69 @@ def test_progress_lines_count_items_rows_and_tokens_and_end_with_the_totals():
     batches = list(pipe)
     lines = out.getvalue().splitlines()
     assert len(lines) == len(batches) + 1  # one per item (every_s=0), then the final one
-    tokens = sum(len(r.payload["input_ids"]) for b in batches for r in b.records)
+    real, padded = token_totals(batches)
+    assert real < padded  # best_fit_wrap pads some rows
     last = lines[-1]
     assert last.startswith(f"zephon_columnar: {len(batches):,} items, {sum(len(b) for b in batches):,} rows")
-    assert f"| {tokens:,} tokens |" in last
+    assert f"| {real:,} tokens ({padded:,} padded: {1 - real / padded:.1%} padding) |" in last
+    assert re.search(r"\| [\d,]+ tok/s \([\d,]+ padded\) \|", last)
+    # 120 rows in chunks of 8 on 2 lanes; the stream runs one pass (stop_after_passes=1)
+    assert "| pass 1/1: 100% of 120 rows |" in last
+    assert any(re.search(r"pass 1/1: \d+% of 120 rows, ETA \d+:\d\d:\d\d \|", line) for line in lines[:-2])
     lanes = dict(re.findall(r"(\d+):(\d+)@chunk\d+", last))
     assert sorted(lanes) == ["0", "1"] and sum(map(int, lanes.values())) == len(batches)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_counts_against_its_share_of_the_pass(rank):
+    out = io.StringIO()
+    pipe = build("stateless", mtp=False).options(dp_degree=2, dp_group_id=rank).show_progress(
+        every_s=3600, file=out, use_tqdm=False
+    )
+    list(pipe)
+    assert "| pass 1/1: 100% of 64 rows |" in out.getvalue().splitlines()[-1]  # 15 chunks of 8: at most 8 a lane
+
+
+def test_an_endless_stream_counts_passes_and_gives_the_eta_of_this_one():
+    ds = Dataset.from_tables("a", [pa.table({"input_ids": [[i, i] for i in range(40)]})])
+    source = StaticMixtureWorkSource([ds], {"a": 1.0}, chunk_size=8, seed=0, exhausted_policy="repeat",
+                                     stop_after_passes=None)
+    out = io.StringIO()
+    pipe = Pipeline(source).batch(4).show_progress(every_s=0.0, file=out, use_tqdm=False)
+    for step, _ in enumerate(pipe):
+        if step == 14:  # 60 rows: half way through the second pass
+            break
+    line = out.getvalue().splitlines()[-1]
+    assert re.search(r"\| pass 2: 50% of 40 rows, ETA \d+:\d\d:\d\d \(this pass\)", line), line
+
+
+def test_plain_lines_off_a_terminal_and_a_bar_on_one():
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    plain, terminal = io.StringIO(), Terminal()
+    list(build("stateless", mtp=False).show_progress(every_s=3600, file=plain))  # tqdm installed, not a tty
+    list(build("stateless", mtp=False).show_progress(every_s=3600, file=terminal))
+    assert "\r" not in plain.getvalue() and plain.getvalue().startswith("zephon_columnar: ")
+    assert "\r" in terminal.getvalue() and "item" in terminal.getvalue()  # tqdm redraws its bar
+
+
+def test_loader_workers_feed_one_readout_in_the_trainer_process(capfd):
+    out = io.StringIO()
+    pipe = build("stateful", mtp=False).show_progress(every_s=0.05, file=out, use_tqdm=False)
+    expected = list(build("stateful", mtp=False))
+    loader = pipe.to_torch_loader(num_workers=2, timeout=120)
+    batches = list(loader)
+    assert len(batches) == len(expected)
+    real, padded = token_totals(expected)
+    deadline = time.monotonic() + 10
+    while f"{len(expected):,} items" not in out.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the trainer's thread reports what the workers counted
+    last = out.getvalue().splitlines()[-1]
+    assert last.startswith(f"zephon_columnar: {len(expected):,} items, {sum(len(b) for b in expected):,} rows")
+    assert f"| {real:,} tokens ({padded:,} padded" in last and "| pass 1/1: 100% of 120 rows" in last
+    assert "zephon_columnar:" not in capfd.readouterr().err  # no worker drew a readout of its own
 
 
 def test_progress_is_off_unless_asked_for_and_every_s_none_turns_it_off(capsys):
@@ -29,3 +104,14 @@ def test_progress_is_off_unless_asked_for_and_every_s_none_turns_it_off(capsys):
     pipe.show_progress(every_s=0.0, use_tqdm=False).show_progress(every_s=None)
     list(pipe)
     assert "zephon_columnar:" not in capsys.readouterr().err
+
+
+def test_records_are_counted_as_rows_with_their_tokens():
+    ds = Dataset.from_tables("a", [pa.table({"input_ids": [[i] * (1 + i % 3) for i in range(40)]})])
+    out = io.StringIO()
+    pipe = Pipeline(StaticMixtureWorkSource([ds], {"a": 1.0}, chunk_size=8)).show_progress(0.0, file=out)
+    assert len(list(pipe)) == 40
+    last = out.getvalue().splitlines()[-1]
+    tokens = sum(1 + i % 3 for i in range(40))
+    assert last.startswith(f"zephon_columnar: 40 items, 40 rows | {tokens} tokens ({tokens} padded: 0.0% padding)")
+    assert "| pass 1/1: 100% of 40 rows" in last

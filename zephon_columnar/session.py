@@ -25,11 +25,12 @@ Example:
 from __future__ import annotations
 
 import copy
+import math
 import multiprocessing
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import cloudpickle
 
@@ -65,7 +66,7 @@ from zephon_columnar.observability import (
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.fetch import shard_cache_settings
 from zephon_columnar.ops.user import unused_hooks
-from zephon_columnar.progress import Progress
+from zephon_columnar.progress import Progress, StreamShape
 from zephon_columnar.validation import ValidationError, validate_ops
 from zephon_columnar.work.base import WorkSource
 
@@ -169,7 +170,7 @@ class Session:
                     "start the engine's side process, so the engine runs in this process."
                 )
             self._run = engine.start(cursors, readers=self._take_warmup(engine))
-        observers: list[Any] = [] if self._progress is None else [Progress(**self._progress)]
+        observers: list[PassObserver] = [] if self._progress is None else [self.new_progress()]
         sink = spec.options.metrics_sink()
         if sink is not None:
             from zephon_columnar.observability.sink import MetricsEmitter
@@ -204,6 +205,41 @@ class Session:
     def show_progress(self, every_s: float | None, *, file: Any = None, use_tqdm: bool | None = None) -> None:
         """Report progress every ``every_s`` seconds of each pass (None: off)."""
         self._progress = None if every_s is None else {"every_s": every_s, "file": file, "use_tqdm": use_tqdm}
+
+    @property
+    def shows_progress(self) -> bool:
+        return self._progress is not None
+
+    def new_progress(self) -> Progress:
+        """A progress readout as `show_progress` set it, knowing how long the stream is."""
+        if self._progress is None:
+            raise RuntimeError("new_progress: show_progress() is off for this pipeline; turn it on first.")
+        return Progress(**self._progress, stream=self.stream_shape())
+
+    def stream_shape(self) -> StreamShape:
+        """How long this rank's share of the stream is, as the work source knows (what progress
+        counts against): the rows of a pass its lanes read, at most (lanes own whole chunks)."""
+        source, o = self._spec.work_source, self._spec.options
+        chunk, per_pass = source.chunk_size_hint(), source.rows_per_pass()
+        if not chunk or per_pass is None:
+            return StreamShape(chunk_size=chunk or 1)
+        lanes, mine = o.resolved_canonical_replicas(), len(self.rank_lanes())
+        if mine < lanes:  # lanes own whole chunks: at most this rank's lanes' rounds of them
+            chunks_a_lane = math.ceil(math.ceil(per_pass / chunk) / lanes)
+            per_pass = min(per_pass, chunks_a_lane * chunk * mine)
+        return StreamShape(rows_per_pass=per_pass, chunk_size=chunk, passes=source.stream_passes())
+
+    def rank_lanes(self) -> list[int]:
+        """The lanes this rank (data-parallel group) reads."""
+        from zephon_columnar.engine.ownership import owned_lanes
+
+        o = self._spec.options
+        return owned_lanes(
+            canonical_replicas=o.resolved_canonical_replicas(),
+            dp_degree=o.resolved_dp_degree(),
+            dp_group_id=o.resolved_dp_group_id(),
+            mapping=o.resolved_mapping(),
+        )
 
     # ------------------------------------------------------------------ counters
     def counters(self) -> dict[str, int]:
@@ -404,13 +440,23 @@ class Session:
         self.__dict__.update(cloudpickle.loads(state["cloudpickled"]))
 
 
+class PassObserver(Protocol):
+    """What sees a pass go by: the progress readout, the metrics sink."""
+
+    def update(self, value: Any) -> None:
+        """One item delivered."""
+
+    def close(self, *, ended: bool = False) -> None:
+        """The pass is over: it ``ended`` (its last item was delivered), or was closed early."""
+
+
 class RunIterator:
     """The caller's handle on one pass; closing it (or dropping it) stops the engine.
 
     ``observers`` (the progress readout, the metrics sink) see every item delivered
     (``update(item)``) and the end of the pass (``close()``, once)."""
 
-    def __init__(self, run: Run, observers: list[Any]) -> None:
+    def __init__(self, run: Run, observers: list[PassObserver]) -> None:
         self._run = run
         self._observers = observers
         self._inside = threading.Lock()  # held during next(): a second caller meanwhile is a misuse
@@ -431,7 +477,7 @@ class RunIterator:
             try:
                 value = next(self._run)
             except StopIteration:
-                self._end_observers()
+                self._end_observers(ended=True)
                 raise
             for observer in self._observers:
                 observer.update(value)
@@ -449,10 +495,10 @@ class RunIterator:
             "hand items to the others through a queue.Queue."
         )
 
-    def _end_observers(self) -> None:
+    def _end_observers(self, *, ended: bool = False) -> None:
         observers, self._observers = self._observers, []
         for observer in observers:
-            observer.close()
+            observer.close(ended=ended)
 
     def close(self) -> None:
         self._end_observers()

@@ -49,6 +49,7 @@ import multiprocessing.context
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, NoReturn, cast, get_args
@@ -65,6 +66,7 @@ from zephon_columnar.engine.aggregate import read_loader_parts, write_loader_par
 from zephon_columnar.engine.checkpoint import load_checkpoint, parse_checkpoint
 from zephon_columnar.errors import CheckpointError, ConfigError
 from zephon_columnar.ops.config import LoaderKind
+from zephon_columnar.progress import COUNTS_FIELDS, SharedCounts, Tally, report_shared
 from zephon_columnar.training import TrainingOptions
 from zephon_columnar.types import SampleBatch
 
@@ -269,6 +271,10 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         # Per loader worker, (generation, delivered, position) in one word (`_cut_word`): how the
         # workers of one rank resuming on another layout tell each other which snapshot each has.
         self._cut_slots: Any = multiprocessing.Array("q", MAX_LOADER_WORKERS, lock=False)
+        # Per loader worker, its progress counts (show_progress): the trainer process shows their
+        # sum, one readout, from a thread started as the workers start (`_start_progress`).
+        self._progress_slots: Any = multiprocessing.Array("q", MAX_LOADER_WORKERS * COUNTS_FIELDS, lock=False)
+        self._progress_thread: threading.Thread | None = None
         # in a loader worker: its engine, and the state a StatefulDataLoader restored into it
         self._worker_session: Session | None = None
         self._worker_lanes: list[int] | None = None
@@ -293,7 +299,12 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             session = self._worker_session_of(info.id, info.num_workers)
         if session is None:
             return  # an idle worker: the lanes do not split that many ways
+        shared = tally = None
+        if info is not None and self.session.shows_progress:
+            shared, tally = SharedCounts(self._progress_slots), Tally(chunk_size=session.stream_shape().chunk_size)
         for item in session:
+            if shared is not None and tally is not None and info is not None:
+                shared.put(info.id, tally.add(item))
             if self._phase is not None:
                 self._phase = replace(self._phase, delivered=self._phase.delivered + 1)
             if self.to_training is None:
@@ -327,7 +338,7 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             return {
                 "worker": info.id,
                 "lanes": list(self._worker_lanes or []),
-                "rank_lanes": _rank_lanes(self.session),
+                "rank_lanes": self.session.rank_lanes(),
                 "pipeline": ckpt,
                 "loader_phase": None if phase is None else asdict(phase),
                 "dp_degree": o.resolved_dp_degree(),
@@ -386,6 +397,7 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             if not lanes:
                 return None
             share = self.session.for_lanes(lanes)
+            share.show_progress(None)  # the trainer process shows the workers' counts together
             if ckpt is not None:
                 share.restore(ckpt)
             self._worker_session = share
@@ -427,7 +439,7 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         )
         # The loader asks first the worker after the last one that yielded (idle ones drop out).
         last = max(range(len(phases)), key=lambda w: phases[w].rank_item()) if rank_items else workers - 1
-        first = last + 1 if last + 1 < active_workers(len(_rank_lanes(self.session)), workers) else 0
+        first = last + 1 if last + 1 < active_workers(len(self.session.rank_lanes()), workers) else 0
         pending = {lane: state.items for lane, state in parse_checkpoint(merged).lanes.items()}
         lanes = worker_lanes(self.session, worker, workers, first_worker=first, emitted=pending)
         return (
@@ -444,7 +456,7 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         o = self.session.spec.options
         layout = (o.resolved_canonical_replicas(), o.resolved_dp_degree(), o.resolved_mapping(), workers)
         name = hashlib.sha256(f"{start}|{layout}".encode()).hexdigest()[:16]
-        active = active_workers(len(_rank_lanes(self.session)), workers)
+        active = active_workers(len(self.session.rank_lanes()), workers)
         return LoaderPhase(name=name, position=(worker - first) % active if serving else -1, active=active)
 
     def _exchange_cut(self, saved: LoaderPhase, worker: int, workers: int, timeout_s: float) -> list[LoaderPhase]:
@@ -476,9 +488,20 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         if multiprocessing.context.get_spawning_popen() is None:
-            state["_worker_pass"] = state["_cut_slots"] = None  # shared memory travels only to processes being started
-        state["_worker_session"] = state["_worker_lanes"] = None
+            # shared memory travels only to processes being started
+            state["_worker_pass"] = state["_cut_slots"] = state["_progress_slots"] = None
+        else:
+            self._start_progress()  # a loader worker is starting: its counts are shown here
+        state["_worker_session"] = state["_worker_lanes"] = state["_progress_thread"] = None
         return state
+
+    def _start_progress(self) -> None:
+        """The trainer process's one readout of the loader workers' counts (once a dataset)."""
+        if self.session.shows_progress and self._progress_thread is None:
+            alive = weakref.ref(self)
+            self._progress_thread = report_shared(
+                self.session.new_progress, SharedCounts(self._progress_slots), lambda: alive() is not None
+            )
 
 
 # How long a loader worker's exit waits for its result queue to finish sending: below the
@@ -520,22 +543,10 @@ def await_queue_feeders(timeout_s: float) -> None:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
-def _rank_lanes(session: Session) -> list[int]:
-    from zephon_columnar.engine.ownership import owned_lanes
-
-    o = session.spec.options
-    return owned_lanes(
-        canonical_replicas=o.resolved_canonical_replicas(),
-        dp_degree=o.resolved_dp_degree(),
-        dp_group_id=o.resolved_dp_group_id(),
-        mapping=o.resolved_mapping(),
-    )
-
-
 def _worker_state_fits(session: Session, state: Mapping[str, Any]) -> bool:
     """Whether a loader worker's state was saved on this rank's data-parallel layout (its
     rank owned the lanes this rank owns): it then resumes from its own lanes' checkpoint."""
-    mine = _rank_lanes(session)
+    mine = session.rank_lanes()
     if "rank_lanes" in state:
         return [int(lane) for lane in state["rank_lanes"]] == mine
     # saved before states named their rank's lanes: the worker's own lanes must be this rank's
@@ -551,7 +562,7 @@ def _refuse_other_layout(session: Session, state: Mapping[str, Any]) -> NoReturn
     raise CheckpointError(
         f"load_state_dict(): this DataLoader worker state was saved by a rank owning lanes {saved}, but under "
         f"options(dp_degree={o.resolved_dp_degree()}, dp_group_id={o.resolved_dp_group_id()}, "
-        f"mapping_strategy={o.resolved_mapping()!r}) this rank owns lanes {_rank_lanes(session)}. A StatefulDataLoader "
+        f"mapping_strategy={o.resolved_mapping()!r}) this rank owns lanes {session.rank_lanes()}. A StatefulDataLoader "
         "state taken with num_workers > 0 holds this rank's lanes only; to resume it on another number of ranks, "
         "set options(aggregate_dir=...) to a directory every rank sees, both when it is saved and when it is "
         "resumed (the workers keep their snapshots there), or checkpoint with num_workers=0 or "
@@ -587,7 +598,7 @@ def worker_lanes(
     """
     from zephon_columnar.engine.ownership import next_lane
 
-    lanes = _rank_lanes(session)
+    lanes = session.rank_lanes()
     active = active_workers(len(lanes), workers)
     if worker >= active:
         return []

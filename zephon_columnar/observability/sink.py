@@ -91,7 +91,8 @@ class MetricsEmitter:
             self._emit_statsd(gauges)
         self._next_flush = time.monotonic() + self.config.flush_interval_s
 
-    def close(self) -> None:
+    def close(self, *, ended: bool = False) -> None:
+        """The last flush, at the end of the pass (``ended``) or when it is closed early."""
         self.flush()
         if self._udp is not None:
             self._udp.close()

@@ -190,6 +190,11 @@ class WorkSource:
         """Typical number of pointers per chunk, or None when unknown."""
         return None
 
+    def stream_passes(self) -> int | None:
+        """Passes of `rows_per_pass` rows the stream runs from its start (None: endless or
+        unknown): what the progress readout's ETA runs to."""
+        return None
+
     def describe_data(self) -> list[str]:
         """What ``explain()`` shows of the data this source reads, a line each. The default
         names the source and its datasets."""

@@ -464,6 +464,11 @@ class StaticMixtureWorkSource(WorkSource):
     def chunk_size_hint(self) -> int:
         return self._planner.cfg.chunk_size
 
+    def stream_passes(self) -> int | None:
+        """``stop_after_passes`` (None without it: the stream's end then depends on each
+        dataset's policy and pace)."""
+        return self._planner.cfg.floor
+
     def continues_after_exhaustion(self) -> frozenset[str]:
         """Datasets the source goes on without once they run out: the ``"redistribute"`` ones
         (Zephon's meaning; ``ensure_mixture`` drops their weight when they are announced)."""
