@@ -195,3 +195,15 @@ def test_to_training_of_the_functional_form_takes_the_device_too():
     batch = next(iter(build()))
     options = TrainingOptions(device="cpu", return_labels=True)
     assert_same_tensors(to_training(batch.table, options), batch.to_training(return_labels=True))
+
+
+def test_a_trainer_that_stops_early_stops_the_prefetch_thread():
+    import threading
+
+    loader = build().to_torch_loader(device="cpu", prefetch=2, return_labels=True)
+    batches = iter(loader)
+    next(batches), next(batches)
+    assert any(t.name == "zephon_columnar-device-prefetch" for t in threading.enumerate())
+    batches.close()
+    assert not any(t.name == "zephon_columnar-device-prefetch" for t in threading.enumerate())
+    assert len(list(loader)) > 8  # and the loader iterates again from the start

@@ -5,10 +5,11 @@ there: half the bytes of int64 over the bus) and is widened to the asked dtype o
 
 - `move_to_device` is what ``to_training(device=..., non_blocking=...)`` does once the tensors
   are built on the host (as views of the Arrow buffers where they can be: no host copy).
-- `DeviceLoader` is what ``to_torch_loader(device=..., prefetch=k)`` returns. It copies each
-  batch into a reused ring of pinned host buffers (`StagingRing`: no allocation per batch), starts
-  its copy to the device on a side CUDA stream, and hands it over with an event the trainer's
-  stream waits on; ``k`` batches cross while the trainer computes on the current one.
+- `DeviceLoader` is what ``to_torch_loader(device=..., prefetch=k)`` returns. A thread takes
+  each batch from the loader, copies it into a reused ring of pinned host buffers (`StagingRing`:
+  no allocation per batch) and starts its copy to the device on a side CUDA stream; the trainer
+  gets it with an event its stream waits on. ``k`` batches are taken and cross while the trainer
+  computes on the current one (``k=0``: each is taken when asked for, in the trainer's thread).
 
 Without CUDA the same code runs on the CPU: the ring is plain memory and each copy finishes
 before it returns; every tensor handed over is a fresh one (never a view of the ring or of the
@@ -25,8 +26,9 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from collections import deque
-from collections.abc import Iterator, Mapping
+import queue
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
 
@@ -185,6 +187,54 @@ class _Crossing:
     error: BaseException | None = None
 
 
+class _Crossings:
+    """Takes the loader's batches one by one, each with the loader's state just after it, and
+    starts each one's way to the device (staged in the ring, copied on ``stream``)."""
+
+    def __init__(
+        self,
+        batches: Iterator[Any],
+        *,
+        ring: StagingRing,
+        stream: torch.cuda.Stream | None,
+        plan: TransferPlan,
+        state_now: Callable[[], dict[str, Any] | None],
+    ) -> None:
+        self.batches, self.ring, self.stream, self.plan, self.state_now = batches, ring, stream, plan, state_now
+
+    def take(self) -> _Crossing:
+        """The next batch on its way, the loader's end, or the error taking it raised."""
+        try:
+            batch = next(self.batches)
+        except StopIteration:
+            return _Crossing(ended=True, state=self.state_now())
+        except Exception as error:  # noqa: BLE001 - re-raised when the trainer reaches this batch, not k early
+            return _Crossing(error=error)
+        state = self.state_now()
+        staged = self.ring.stage(batch)
+        copied = None
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            moved = move_to_device(staged, self.plan)
+            if self.stream is not None:
+                copied = torch.cuda.Event()
+                copied.record(self.stream)
+        self.ring.release(copied)
+        return _Crossing(tensors=moved, copied=copied, state=state)
+
+    def feed(self, ahead: queue.Queue[_Crossing], stop: threading.Event) -> None:
+        """Fill ``ahead`` (a bounded queue) until the loader ends or ``stop`` is set."""
+        if self.stream is not None and self.plan.device.index is not None:
+            torch.cuda.set_device(self.plan.device)  # this thread's current device, for its allocations
+        while not stop.is_set():
+            crossing = self.take()
+            while not stop.is_set():
+                with contextlib.suppress(queue.Full):
+                    ahead.put(crossing, timeout=0.1)
+                    break
+            if crossing.ended or crossing.error is not None:
+                return
+
+
 class DeviceLoader:
     """Batches of ``loader`` on ``plan.device``, ``prefetch`` of them crossing ahead of the one
     the trainer holds (see the module docstring for how). What `Pipeline.to_torch_loader` returns
@@ -219,53 +269,44 @@ class DeviceLoader:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         cuda = self.plan.device.type == "cuda"
-        ring = StagingRing(slots=self.prefetch + 1, pinned=cuda)
-        stream = torch.cuda.Stream(self.plan.device) if cuda else None
-        # From pinned memory the copy is asynchronous on the side stream; elsewhere synchronous.
-        plan = replace(self.plan, non_blocking=True) if cuda else self.plan
-        batches = iter(self.loader)
-        crossing: deque[_Crossing] = deque()
-        exhausted = False
-
-        def take() -> None:
-            nonlocal exhausted
-            try:
-                batch = next(batches)
-            except StopIteration:
-                exhausted = True
-                crossing.append(_Crossing(ended=True, state=self._state_now()))
-                return
-            except Exception as error:  # noqa: BLE001 - re-raised when the trainer reaches this batch, not k early
-                exhausted = True
-                crossing.append(_Crossing(error=error))
-                return
-            state = self._state_now()
-            staged = ring.stage(batch)
-            copied = None
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                moved = move_to_device(staged, plan)
-                if stream is not None:
-                    copied = torch.cuda.Event()
-                    copied.record(stream)
-            ring.release(copied)
-            crossing.append(_Crossing(tensors=moved, copied=copied, state=state))
-
-        while True:
-            while not exhausted and len(crossing) <= self.prefetch:
-                take()
-            head = crossing.popleft()
-            if head.error is not None:
-                raise head.error
-            self._delivered_state = head.state
-            if head.ended:
-                return
-            if head.copied is not None:
-                current = torch.cuda.current_stream(self.plan.device)
-                current.wait_event(head.copied)
-                for value in head.tensors.values():
-                    if isinstance(value, torch.Tensor):
-                        value.record_stream(current)  # made on the side stream, used on this one
-            yield head.tensors
+        crossings = _Crossings(
+            iter(self.loader),
+            ring=StagingRing(slots=self.prefetch + 1, pinned=cuda),
+            stream=torch.cuda.Stream(self.plan.device) if cuda else None,
+            # From pinned memory the copy is asynchronous on the side stream; elsewhere synchronous.
+            plan=replace(self.plan, non_blocking=True) if cuda else self.plan,
+            state_now=self._state_now,
+        )
+        ahead: queue.Queue[_Crossing] | None = None
+        stop = threading.Event()
+        if self.prefetch:  # a thread takes and stages the next batches while the trainer computes
+            ahead = queue.Queue(maxsize=self.prefetch)
+            feeder = threading.Thread(
+                target=crossings.feed, args=(ahead, stop), name="zephon_columnar-device-prefetch", daemon=True
+            )
+            feeder.start()
+        try:
+            while True:
+                head = crossings.take() if ahead is None else ahead.get()
+                if head.error is not None:
+                    raise head.error
+                self._delivered_state = head.state
+                if head.ended:
+                    return
+                if head.copied is not None:
+                    current = torch.cuda.current_stream(self.plan.device)
+                    current.wait_event(head.copied)
+                    for value in head.tensors.values():
+                        if isinstance(value, torch.Tensor):
+                            value.record_stream(current)  # made on the side stream, used on this one
+                yield head.tensors
+        finally:
+            if ahead is not None:
+                stop.set()
+                while feeder.is_alive():  # unblock a feeder waiting on a full queue, then let it see stop
+                    with contextlib.suppress(queue.Empty):
+                        ahead.get_nowait()
+                    feeder.join(timeout=0.01)
 
     def _state_now(self) -> dict[str, Any] | None:
         return None if self._checkpoints is None else self._checkpoints.state_dict()
