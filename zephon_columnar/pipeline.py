@@ -740,6 +740,25 @@ class Pipeline:
     def __iter__(self) -> Iterator[Any]:
         return self._session.iterate()
 
+    def set_epoch(self, epoch: int) -> "Pipeline":
+        """Read training epoch ``epoch`` from the next iteration on: the same data, mixture and
+        operators, with the work source's order (shards, rows, shuffle blocks, lane deal)
+        seeded by its seed and the epoch; epoch 0 is the pipeline as built. Without it every
+        iteration repeats the same order (a pass from the start); this is the ``set_epoch`` of
+        torch's samplers and HF datasets. Several passes in one iteration, each reshuffled, is
+        ``StaticMixtureWorkSource(stop_after_passes=N)`` instead. A checkpoint records the
+        epoch: restore it after the same ``set_epoch``. Refused while iterating.
+
+        Example:
+            >>> texts = lambda pipe: [b.table["text"].to_pylist() for b in pipe]
+            >>> pipe = Pipeline(StaticMixtureWorkSource([ds], {"web": 1.0}, seed=0, shuffle_within_shard=True)).batch(4)
+            >>> first, again, later = texts(pipe), texts(pipe), texts(pipe.set_epoch(1))
+            >>> first == again, first == later, sorted(sum(first, [])) == sorted(sum(later, []))
+            (True, False, True)
+        """
+        self._session.set_epoch(epoch)
+        return self
+
     def show_progress(self, every_s: float = 10.0, *, file: Any = None, use_tqdm: bool | None = None) -> "Pipeline":
         """Report progress while iterating: items, tokens, tokens/s and each lane's position,
         every ``every_s`` seconds and at the end (`zephon_columnar.progress`; through tqdm when

@@ -30,6 +30,7 @@ import multiprocessing
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import cloudpickle
@@ -53,7 +54,7 @@ from zephon_columnar.engine.engine import Engine
 from zephon_columnar.engine.run import Run
 from zephon_columnar.engine.spec import PipelineSpec
 from zephon_columnar.engine.warmup import RestoreWarmup
-from zephon_columnar.errors import CheckpointError, ConfigurationWarning, PipelineError, warn
+from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning, PipelineError, warn
 from zephon_columnar.io import fs
 from zephon_columnar.io.readers import ReaderPool
 from zephon_columnar.observability import (
@@ -101,6 +102,12 @@ class Session:
         that asked, for the message)."""
         self.refuse_while_iterating(what)
         self._spec = spec
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch ``epoch``'s order from the next pass on (`Pipeline.set_epoch`)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"set_epoch({epoch!r}): pass an int >= 0 (the training epoch; 0 is the order as built).")
+        self.use(replace(self._spec, work_source=self._spec.work_source.for_epoch(epoch)), what="set_epoch()")
 
     def refuse_while_iterating(self, what: str) -> None:
         if self.iterating:

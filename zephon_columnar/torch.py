@@ -312,6 +312,11 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             else:
                 yield LoaderBatch(item.to_training_with(self.to_training, on_host=self.on_host))
 
+    def set_epoch(self, epoch: int) -> None:
+        """The pipeline's `~zephon_columnar.pipeline.Pipeline.set_epoch`, for the next pass
+        (``loader.dataset.set_epoch(e)`` before ``iter(loader)``: workers start with it)."""
+        self.session.set_epoch(epoch)
+
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint of what was delivered: ``{"pipeline": ...}`` in the main process;

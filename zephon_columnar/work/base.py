@@ -190,6 +190,17 @@ class WorkSource:
         """Typical number of pointers per chunk, or None when unknown."""
         return None
 
+    def for_epoch(self, epoch: int) -> WorkSource:
+        """This source at the start of epoch ``epoch``, its order seeded for that epoch
+        (`Pipeline.set_epoch`). Epoch 0 is the source itself; a source whose order no seed sets
+        has no other epoch."""
+        if epoch == 0:
+            return self
+        raise ConfigError(
+            f"set_epoch({epoch}): {type(self).__name__} has no epochs (its order is not set by a seed); "
+            "iterate again for the same order, or override WorkSource.for_epoch."
+        )
+
     def stream_passes(self) -> int | None:
         """Passes of `rows_per_pass` rows the stream runs from its start (None: endless or
         unknown): what the progress readout's ETA runs to."""

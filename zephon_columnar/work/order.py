@@ -81,11 +81,12 @@ class DatasetOrder:
         self.reshuffle_on_repeat = bool(reshuffle_on_repeat)
         self._reset_caches()
 
-    def clone(self) -> DatasetOrder:
-        """Same order, fresh caches (one per thread/lane: the caches are not thread-safe)."""
+    def clone(self, *, seed: int | None = None) -> DatasetOrder:
+        """Same order, fresh caches (one per thread/lane: the caches are not thread-safe); with
+        ``seed``, the same knobs under another seed."""
         return DatasetOrder(
             self.counts,
-            seed=self.seed,
+            seed=self.seed if seed is None else seed,
             shuffle_shards=self.shuffle_shards,
             shuffle_within_shard=self.shuffle_within_shard,
             block_size=self.block_size,

@@ -224,7 +224,8 @@ class StaticMixtureWorkSource(WorkSource):
         # DatasetOrder works on shard positions; pointers carry shard ids (None: ids == positions).
         self.shard_ids_by_position = tuple(shard_ids_by_position(ds, len(c)) for ds, c in zip(datasets, counts))
         self._datasets = tuple(datasets)
-        self._seed = seed
+        self._seed = seed  # the seed of this epoch's order (set_epoch)
+        self._base_seed, self._epoch = seed, 0
         self._block_spec = shuffle_block_size
         self._lane_assignment: LaneAssignment = lane_assignment
         self._estimation = token_estimation
@@ -463,6 +464,37 @@ class StaticMixtureWorkSource(WorkSource):
 
     def chunk_size_hint(self) -> int:
         return self._planner.cfg.chunk_size
+
+    def for_epoch(self, epoch: int) -> StaticMixtureWorkSource:
+        """This source at the start of epoch ``epoch``: the same datasets, mixture and knobs,
+        every permutation (shards, rows, blocks, lanes) seeded by the seed and the epoch; epoch
+        0 is the source as built. As torch samplers' and HF datasets' ``set_epoch``: each epoch
+        its own order, the same on every run and under any parallelism. A checkpoint records
+        the epoch and restores only into the same one.
+
+        Example:
+            >>> a = Dataset.from_dict("a", {0: [{"x": i} for i in range(8)]})
+            >>> ws = StaticMixtureWorkSource([a], {"a": 1.0}, chunk_size=8, seed=3, shuffle_within_shard=True)
+            >>> rows = lambda source: source.next_chunk().ordered()[0][:, 2].tolist()
+            >>> first = rows(ws)
+            >>> rows(ws.for_epoch(0)) == first, sorted(rows(ws.for_epoch(1))) == sorted(first) != rows(ws.for_epoch(1))
+            (True, True)
+            >>> ws.for_epoch(1).recipe()["epoch"], "epoch" in ws.for_epoch(0).recipe()
+            (1, False)
+        """
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        twin._epoch = epoch
+        twin._seed = epoch_seed(self._base_seed, epoch)
+        twin._orders = [order.clone(seed=twin._seed) for order in self._orders]
+        twin._cursor = twin._start_cursor()
+        twin._positions = None
+        twin._remaining = None
+        recipe = json.loads(self._recipe_json)
+        recipe.pop("epoch", None)
+        twin._recipe_json = json.dumps(recipe if epoch == 0 else {**recipe, "epoch": epoch})
+        twin._reset_caches()
+        return twin
 
     def stream_passes(self) -> int | None:
         """``stop_after_passes`` (None without it: the stream's end then depends on each
@@ -840,7 +872,9 @@ class StaticMixtureWorkSource(WorkSource):
         else:
             unit = "tokens (tokens per byte set when the first iteration primes the mixture)"
         lines = [
-            f"StaticMixtureWorkSource: chunk_size={cfg.chunk_size}, seed={self._seed}, samples mixed by {unit}; "
+            f"StaticMixtureWorkSource: chunk_size={cfg.chunk_size}, seed={self._base_seed}"
+            + (f", epoch {self._epoch}" if self._epoch else "")
+            + f", samples mixed by {unit}; "
             f"a pass is {self.rows_per_pass():,} rows"
         ]
         for k, (name, ds) in enumerate(zip(cfg.names, self._datasets)):
@@ -865,7 +899,8 @@ class StaticMixtureWorkSource(WorkSource):
         lane = f", lane {self._lane_id}/{self._replicas}" if self._replicas > 1 else ""
         return (
             f"StaticMixtureWorkSource({dict(zip(cfg.names, cfg.weights))}, chunk_size={cfg.chunk_size}, "
-            f"seed={self._seed}, next chunk {self._cursor.g}{lane})"
+            f"seed={self._base_seed}{f', epoch {self._epoch}' if self._epoch else ''}, "
+            f"next chunk {self._cursor.g}{lane})"
         )
 
 
@@ -878,6 +913,19 @@ class _PlannedChunks:
 
     def __call__(self, g: int) -> WorkChunk:
         return self.source._materialize(self.plans[g])  # noqa: SLF001 - the source's own reader
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of epoch ``epoch``'s order: ``seed`` itself for epoch 0, else a 32-bit seed
+    drawn from both (so epochs of one seed never meet another seed's).
+
+    Example:
+        >>> epoch_seed(7, 0), epoch_seed(7, 1) == epoch_seed(7, 1) != epoch_seed(8, 1)
+        (7, True)
+    """
+    if epoch == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
 
 
 def _read(order: DatasetOrder, rows: int, epoch: int, pos: int, out: np.ndarray) -> None:
