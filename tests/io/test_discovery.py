@@ -166,3 +166,73 @@ def test_an_unreadable_directory_is_a_permission_error_naming_dataset_and_path(t
                                               r"\(Permission denied\)\. Give this process read and execute") as e:
         Dataset.from_path("web", str(d))
     assert isinstance(e.value.__cause__, PermissionError)
+
+
+def write_parts(folder, sizes, start=0):
+    folder.mkdir(parents=True, exist_ok=True)
+    for s, n in enumerate(sizes):
+        pq.write_table(table(n, start), folder / f"part-{s}.parquet")
+        start += n
+    return start
+
+
+def ids(ds) -> list[int]:
+    reader = ds.open_reader()
+    return [i for s, n in enumerate(ds.counts().tolist()) for i in reader.take(s, np.arange(n)).column("id").to_pylist()]
+
+
+def test_a_list_of_files_is_one_shard_each_in_the_given_order(tmp_path):
+    write_parts(tmp_path, [3, 4])
+    ds = Dataset.from_path("l", [tmp_path / "part-1.parquet", str(tmp_path / "part-0.parquet")])
+    assert ds.counts().tolist() == [4, 3] and ids(ds) == [3, 4, 5, 6, 0, 1, 2]
+    with pytest.raises(DatasetNotFoundError, match=r"Dataset 'l': .*part-9\.parquet does not exist"):
+        Dataset.from_path("l", [tmp_path / "part-0.parquet", tmp_path / "part-9.parquet"])
+    with pytest.raises(DatasetFormatError, match=r"is a folder; a list or glob takes files"):
+        Dataset.from_path("l", [tmp_path])
+    with pytest.raises(DatasetNotFoundError, match=r"the list of files is empty"):
+        Dataset.from_path("l", [])
+
+
+def test_a_list_mixing_formats_is_refused_naming_them(tmp_path):
+    write_parts(tmp_path, [3])
+    (tmp_path / "b.jsonl").write_bytes(jsonl_bytes(table(2)))
+    with pytest.raises(DatasetFormatError, match=r"the files mix formats: 1 parquet \(part-0\.parquet\); 1 jsonl \(b\.jsonl\)"):
+        Dataset.from_path("m", [tmp_path / "part-0.parquet", tmp_path / "b.jsonl"])
+
+
+def test_a_glob_takes_the_matching_files_sorted_and_names_a_pattern_matching_nothing(tmp_path):
+    write_parts(tmp_path / "x", [2, 3])
+    write_parts(tmp_path / "y", [4], start=100)
+    ds = Dataset.from_path("g", str(tmp_path / "*" / "*.parquet"))
+    assert ds.counts().tolist() == [2, 3, 4] and ids(ds)[-1] == 103
+    assert Dataset.from_path("g", str(tmp_path / "**" / "part-1.parquet")).counts().tolist() == [3]
+    with pytest.raises(DatasetNotFoundError, match=r"Dataset 'g': no file matches .*\*\.jsonl\. Check the pattern"):
+        Dataset.from_path("g", str(tmp_path / "*.jsonl"))
+
+
+def test_a_glob_over_a_memory_url(memfs):
+    mem, root = memfs
+    for s in range(3):
+        sink = io.BytesIO()
+        pq.write_table(table(5, s * 5), sink)
+        mem.pipe(f"{root}/globbed/part-{s}.parquet", sink.getvalue())
+    ds = Dataset.from_path("m", f"{root}/globbed/part-[01].parquet")
+    assert ds.counts().tolist() == [5, 5] and ids(ds) == list(range(10))
+
+
+def test_a_hive_partitioned_folder_is_read_whole_in_path_order(tmp_path):
+    end = write_parts(tmp_path / "year=2023" / "month=12", [2])
+    end = write_parts(tmp_path / "year=2024" / "month=01", [3, 1], start=end)
+    write_parts(tmp_path / "year=2024" / "month=02", [4], start=end)
+    (tmp_path / "year=2024" / "_SUCCESS").write_text("")
+    ds = Dataset.from_path("p", tmp_path)
+    assert ds.counts().tolist() == [2, 3, 1, 4] and ids(ds) == list(range(10))
+
+
+def test_data_one_level_down_is_named_in_the_error(tmp_path):
+    write_parts(tmp_path / "train", [3, 3])
+    write_parts(tmp_path / "test", [2])
+    (tmp_path / "README.md").write_text("splits")
+    with pytest.raises(DatasetFormatError, match=r"holds no data files itself; its folders do: test \(1 parquet\), "
+                                                 r"train \(2 parquet\)\. Pass one of those folders"):
+        Dataset.from_path("d", tmp_path)

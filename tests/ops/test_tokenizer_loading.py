@@ -234,3 +234,46 @@ def test_the_fallback_stub_tokenizer_is_the_same_in_every_process():
     assert min(flat.tolist()) >= 10  # content ids never collide with pad=0, bos=1, eos=2
     handle = load_tokenizer(tokenizer_id="__fallback__")
     assert (handle.pad_token_id, handle.bos_token_id, handle.eos_token_id) == (0, 1, 2)
+
+
+@pytest.mark.parametrize(
+    ("specials", "expected"),
+    [
+        (("[UNK]", "[BOS]", "[EOS]", "[PAD]"), (1, 2, 3)),
+        (("<unk>", "<|bos|>", "<|eos|>", "<|pad|>"), (1, 2, 3)),
+        (("<UNK>", "<BOS>", "<EOS>"), (1, 2, None)),
+    ],
+)
+def test_a_bare_tokenizer_json_finds_specials_named_for_their_role_as_a_folder_config_would(
+    tmp_path, specials, expected
+):
+    tok = make_tokenizer(specials)
+    (tmp_path / "bare").mkdir()
+    tok.save(str(tmp_path / "bare" / "tokenizer.json"))
+    bare = load_tokenizer(tokenizer_id=str(tmp_path / "bare" / "tokenizer.json"))
+    assert (bare.bos_token_id, bare.eos_token_id, bare.pad_token_id) == expected
+    names = dict(zip(("bos_token", "eos_token", "pad_token"), specials[1:]))
+    folder = load_tokenizer(tokenizer_id=save_folder(tmp_path / "folder", tok, config=names))
+    assert (folder.bos_token_id, folder.eos_token_id, folder.pad_token_id) == expected
+    assert (load_tokenizer(tok).eos_token_id, bare.eos_token_id) == (expected[1], expected[1])
+
+
+def test_the_post_processor_template_names_bos_and_eos_whatever_they_are_called(tmp_path):
+    from tokenizers import processors
+
+    tok = make_tokenizer(("<unk>", "<start>", "<end>"))
+    tok.post_processor = processors.TemplateProcessing(
+        single="<start> $A <end>", special_tokens=[("<start>", 1), ("<end>", 2)]
+    )
+    tok.save(str(tmp_path / "tokenizer.json"))
+    handle = load_tokenizer(tokenizer_id=str(tmp_path / "tokenizer.json"))
+    assert (handle.bos_token_id, handle.eos_token_id) == (1, 2)
+
+
+def test_a_bare_files_padding_names_its_pad(tmp_path):
+    tok = make_tokenizer(("<unk>", "<blank>"))
+    tok.enable_padding(pad_id=1, pad_token="<blank>")
+    tok.save(str(tmp_path / "tokenizer.json"))
+    handle = load_tokenizer(tokenizer_id=str(tmp_path / "tokenizer.json"))
+    assert handle.pad_token_id == 1
+    assert handle.tokenizer.padding is None  # and the handle itself does not pad

@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import operator
+import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ import pyarrow as pa
 
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.io.base import ShardInfo, ShardReader, shard_info
-from zephon_columnar.io.discovery import discover
+from zephon_columnar.io.discovery import DatasetPath, discover
 from zephon_columnar.io.format import Format
 from zephon_columnar.io.hf import table_of_hf
 from zephon_columnar.io.memory import InMemoryShard, InMemoryTables
@@ -63,10 +64,12 @@ class Dataset:
 
     # ---------------------------------------------------------------- constructors
     @classmethod
-    def from_path(cls, name: str, path: str, *, fmt: DatasetFormat | str | None = None) -> Dataset:
+    def from_path(cls, name: str, path: DatasetPath, *, fmt: DatasetFormat | str | None = None) -> Dataset:
         """Discover a directory (local path or fsspec URL) of Parquet, JSONL (``.jsonl``,
         ``.jsonl.gz``, ``.jsonl.zst``) or Arrow files (a Hugging Face ``save_to_disk`` folder),
-        or of a format registered with `zephon_columnar.io.register_format`.
+        or of a format registered with `zephon_columnar.io.register_format`; or one file, a
+        list of files, a glob (``"data/*.parquet"``), or a Hive-partitioned folder
+        (``key=value`` subfolders).
 
         The format is detected from file suffixes unless ``fmt`` is given
         (`zephon_columnar.io.discovery` has the rules).
@@ -76,8 +79,14 @@ class Dataset:
             Dataset(name='web', format='parquet', path='data/web', shards=2, rows=32)
             >>> Dataset.from_path("wiki", "data/wiki_train")  # a save_to_disk folder
             Dataset(name='wiki', format='hf', path='data/wiki_train', shards=2, rows=16)
+            >>> Dataset.from_path("web", ["data/web/part-001.parquet", "data/web/part-000.parquet"]).total()
+            32
         """
         found = discover(name, path, fmt=fmt)
+        if not isinstance(path, (str, os.PathLike)):
+            listed = [os.fspath(p) for p in path]
+            path = ", ".join(listed) if len(listed) <= 3 else f"{listed[0]}, ... ({len(listed)} files)"
+        path = os.fspath(path)
         return cls(
             name=name,
             backend={"kind": found.format.name, "path": path},

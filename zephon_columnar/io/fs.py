@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import glob as globlib
 import hashlib
 import os
 import re
@@ -247,6 +248,48 @@ def list_data_files(url: str) -> list[str]:
     entries = remote_call(url, "directory listing", lambda: fs.ls(path, detail=True))
     files = [e["name"] for e in entries if e.get("type") == "file" and _is_data_name(basename(e["name"]))]
     return [_unstrip(fs, p) for p in sorted(files, key=basename)]
+
+
+def list_dirs(url: str) -> list[str]:
+    """Folders directly inside the directory ``url``, sorted by name (hidden and
+    ``_``-prefixed ones skipped, as `list_data_files` skips such files).
+
+    Example:
+        >>> [basename(d) for d in list_dirs("data")]
+        ['chat', 'web', 'wiki_train']
+    """
+    if is_local(url):
+        root = to_local(url)
+        with os.scandir(root) as it:
+            names = [e.name for e in it if e.is_dir() and not e.name.startswith((".", "_"))]
+        return [os.path.join(root, n) for n in sorted(names)]
+    fs, path = url_to_fs(url)
+    entries = remote_call(url, "directory listing", lambda: fs.ls(path, detail=True))
+    dirs = [
+        e["name"] for e in entries if e.get("type") == "directory" and not basename(e["name"]).startswith((".", "_"))
+    ]
+    return [_unstrip(fs, p) for p in sorted(dirs, key=basename)]
+
+
+def glob_files(pattern: str) -> list[str]:
+    """Files matching the glob ``pattern`` (``*``, ``?``, ``[...]``; ``**`` for any depth),
+    sorted; local patterns give absolute paths, remote ones full URLs.
+
+    Example:
+        >>> [basename(f) for f in glob_files("data/web/*.parquet")]
+        ['part-000.parquet', 'part-001.parquet']
+    """
+    if is_local(pattern):
+        matches = globlib.glob(to_local(pattern), recursive=True)
+        return sorted(os.path.abspath(m) for m in matches if os.path.isfile(m))
+    fs, path = url_to_fs(pattern)
+    found = remote_call(pattern, "glob", lambda: fs.glob(path, detail=True))
+    return sorted(_unstrip(fs, p) for p, info in found.items() if info.get("type") == "file")
+
+
+def is_glob(path: str) -> bool:
+    """Whether ``path`` is a glob pattern (has ``*``, ``?`` or ``[``)."""
+    return any(c in path for c in "*?[")
 
 
 INDEX_FILE = "index.json"

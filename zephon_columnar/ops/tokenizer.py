@@ -24,9 +24,12 @@ Special tokens. BOS/EOS/PAD ids come, in this order of precedence, from
    the map wins); keys ``bos_token`` / ``eos_token`` / ``pad_token`` given as strings or
    ``{"content": ...}`` dicts, resolved with ``token_to_id``. A key present with value null means
    "this tokenizer has none" and stops the search;
-4. only for a bare ``tokenizer.json`` (or a key absent from the folder's files): the tokenizer's
-   added tokens, first match in ``BOS_CANDIDATES`` / ``EOS_CANDIDATES`` / ``PAD_CANDIDATES``;
-   for PAD, first the padding configured in ``tokenizer.json``.
+4. only for a bare ``tokenizer.json`` (or a key absent from the folder's files): the tokens the
+   post-processor puts around a sequence (a template ``<s> $A </s>``: BOS ``<s>``, EOS
+   ``</s>``), else the tokenizer's added tokens, first match in ``BOS_CANDIDATES`` /
+   ``EOS_CANDIDATES`` / ``PAD_CANDIDATES``, else a special token named for its role (``[EOS]``,
+   ``<|eos|>``, ``[BOS]``, ``[PAD]``...); for PAD, first the padding configured in
+   ``tokenizer.json``.
 
 Example:
     >>> h = load_tokenizer(tokenizer_id="tok/")  # a folder: tokenizer.json + tokenizer_config.json
@@ -43,6 +46,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -230,13 +234,64 @@ def _added_tokens(tok: Any) -> dict[str, int]:
 
 
 def _heuristic_specials(tok: Any) -> dict[str, int | None]:
+    """BOS/EOS/PAD of a tokenizer with no config files: the tokens its post-processor puts
+    around a sequence (a template ``<s> $A </s>``, Roberta's or Bert's cls/sep), else its
+    added tokens (the first of the ``*_CANDIDATES``, else a special token named like one:
+    ``[EOS]``, ``<|eos|>``, ...); PAD also from the padding configured in the file."""
     added = _added_tokens(tok)
+    around = _template_specials(tok)
+    special = _special_added_tokens(tok)
     out: dict[str, int | None] = {}
     for key, cands in (("bos", BOS_CANDIDATES), ("eos", EOS_CANDIDATES), ("pad", PAD_CANDIDATES)):
-        out[key] = next((added[c] for c in cands if c in added), None)
+        found = around.get(key)
+        if found is None:
+            found = next((added[c] for c in cands if c in added), None)
+        if found is None:
+            found = next((i for content, i in special.items() if _SPECIAL_NAMES[key].search(content)), None)
+        out[key] = found
     padding = tok.padding
     if padding and padding.get("pad_id") is not None:
         out["pad"] = int(padding["pad_id"])
+    return out
+
+
+# A special token named for its role, whatever the brackets: [EOS], <eos>, <|eos|>, </bos>, [PAD]...
+_SPECIAL_NAMES = {key: re.compile(rf"(^|[^a-z]){key}([^a-z]|$)", re.IGNORECASE) for key in ("bos", "eos", "pad")}
+
+
+def _special_added_tokens(tok: Any) -> dict[str, int]:
+    try:
+        decoder = tok.get_added_tokens_decoder()
+    except AttributeError:
+        return {}
+    return {t.content: int(i) for i, t in sorted(decoder.items()) if t.special}
+
+
+def _template_specials(tok: Any) -> dict[str, int]:
+    """The ids a tokenizer's post-processor adds before ("bos") and after ("eos") a single
+    sequence; {} when it adds none (a ByteLevel one) or cannot be read."""
+    try:
+        processor = json.loads(tok.to_str()).get("post_processor") or {}
+    except (AttributeError, ValueError, TypeError):
+        return {}
+    steps = processor.get("processors", [processor]) if processor.get("type") == "Sequence" else [processor]
+    out: dict[str, int] = {}
+    for step in steps:
+        kind = step.get("type")
+        if kind in ("RobertaProcessing", "BertProcessing"):
+            out.update(bos=int(step["cls"][1]), eos=int(step["sep"][1]))
+        elif kind == "TemplateProcessing":
+            pieces = step.get("single", [])
+            where = next((i for i, p in enumerate(pieces) if "Sequence" in p), None)
+            ids = {name: info["ids"] for name, info in step.get("special_tokens", {}).items()}
+            for key, side in (
+                ("bos", pieces[:where] if where is not None else []),
+                ("eos", pieces[where + 1 :] if where is not None else []),
+            ):
+                names = [p["SpecialToken"]["id"] for p in side if "SpecialToken" in p]
+                token = names[0] if key == "bos" and names else names[-1] if names else None
+                if token is not None and len(ids.get(token, [])) == 1:
+                    out[key] = int(ids[token][0])
     return out
 
 
@@ -671,9 +726,9 @@ def _build_path_handle(path: str | os.PathLike[str], f: Path, *, arg: str, is_fo
         raise ConfigError(
             f"{arg}={os.fspath(path)!r}: {f} is not a tokenizers JSON file ({type(err).__name__}: {err})."
         ) from err
+    sp = _heuristic_specials(tok)  # before no_padding(): the file's padding names its PAD
     tok.no_padding()
     tok.no_truncation()
-    sp = _heuristic_specials(tok)
     notes: dict[str, str] = {}
     if is_folder:
         cfg, notes = _folder_specials(f.parent, tok)
