@@ -3,7 +3,8 @@ samples operators), this one samples what users *set*: the data (in memory, Arro
 Parquet, JSONL; datasets smaller than a chunk; mixtures of very different sizes; exhaustion
 policies and endless sources), the work source's ``chunk_size``, and ``options(...)``
 (``flush_every_k_chunks``, ``canonical_replicas`` with data-parallel groups, ``fetch(max_batch)``,
-``max_workers``, ``prefetch_batches``, ``mapping_strategy``, ``mtp_mode``, the runner); then a
+``max_workers``, ``prefetch_batches``, ``mapping_strategy``, ``mtp_mode``, the runner) and the
+training epoch (``set_epoch``); then a
 chain of checkpoint/restore *segments* (at step 0, before iterating, at random steps, twice in a
 row, after exhaustion, restores of restores, each segment on its own runner, prefetch depth,
 fetch size and number of groups; per-group checkpoints merged with
@@ -282,6 +283,8 @@ def recipes(draw) -> dict:
     )
     # Optional in replays: a recipe printed before the adapter was drawn has no "adapter" key.
     recipe["adapter"] = draw(adapter_strategy(lanes, plan, len(recipe["chain"])))
+    # The training epoch (set_epoch), drawn last so the sequence's earlier draws stay as they were.
+    recipe["epoch"] = draw(st.sampled_from([0, 0, 0, 1, 2, 7]))
     return recipe
 
 
@@ -446,7 +449,7 @@ def build(recipe: dict, run: dict, *, group: int = 0) -> Pipeline:
                                 mtp_mode=run["mtp"], mapping_strategy=recipe["mapping"])
     if run["groups"] > 1:
         opts.update(dp_degree=run["groups"], dp_group_id=group)
-    return pipe.options(**opts)
+    return pipe.options(**opts).set_epoch(recipe.get("epoch", 0))  # no "epoch": a recipe from before set_epoch
 
 
 # ============================================================================ running
