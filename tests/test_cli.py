@@ -74,3 +74,64 @@ def test_bench_of_pretokenized_rows_with_a_bin_packer(tmp_path):
 def test_bench_needs_a_tokenizer_or_a_tokens_field(tmp_path):
     done = cli("bench", str(tmp_path))
     assert done.returncode == 2 and "--tokenizer" in done.stderr
+
+
+def test_version_and_the_console_script():
+    from importlib.metadata import entry_points
+
+    import zephon_columnar
+
+    done = cli("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"zephon_columnar {zephon_columnar.__version__}"
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "zephon-columnar"]
+    assert script.value == "zephon_columnar.cli:entry"
+
+
+def mixture_data(tmp_path: Path) -> tuple[Path, Path, Path]:
+    texts = [" ".join(["word"] * (3 + i % 40)) for i in range(120)]
+    web, code = tmp_path / "web", tmp_path / "code"
+    web.mkdir()
+    code.mkdir()
+    pq.write_table(pa.table({"text": texts[:80]}), web / "part-0.parquet")
+    (code / "part-0.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[80:]))
+    tokenizer = tmp_path / "tokenizer.json"
+    make_tokenizer().save(str(tokenizer))
+    return web, code, tokenizer
+
+
+def test_bench_over_a_mixture_with_a_shuffle_and_a_bin_packer_counts_real_and_padded_tokens(tmp_path):
+    web, code, tokenizer = mixture_data(tmp_path)
+    done = cli("bench", str(web), str(code), "--weights", "0.7,0.3", "--tokenizer", str(tokenizer), "--shuffle",
+               "32", "--algorithm", "first_fit", "--num-bins", "4", "--max-length", "64", "--batch", "2", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["weights"] == [0.7, 0.3] and report["shuffle"] == 32 and report["batches"] > 3
+    assert report["tokens"] == report["batches"] * 2 * 64 > report["real_tokens"] > 0  # first_fit pads
+    assert report["padding_share"] == round(1 - report["real_tokens"] / report["tokens"], 4) > 0
+
+
+def test_a_recipe_file_gives_the_settings_and_flags_win(tmp_path):
+    web, code, tokenizer = mixture_data(tmp_path)
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({"paths": [str(web), str(code)], "weights": [0.5, 0.5], "tokenizer": str(tokenizer),
+                                  "max_length": 32, "batch": 2, "algorithm": "best_fit_wrap"}))
+    by_flags = cli("bench", str(web), str(code), "--weights", "0.5,0.5", "--tokenizer", str(tokenizer),
+                   "--max-length", "32", "--batch", "2", "--algorithm", "best_fit_wrap", "--json")
+    by_file = cli("bench", "--recipe", str(recipe), "--json")
+    overridden = cli("bench", "--recipe", str(recipe), "--batch", "4", "--json")
+    reports = [json.loads(d.stdout.strip().splitlines()[-1]) for d in (by_flags, by_file, overridden)]
+    assert reports[0]["batches"] == reports[1]["batches"] and reports[0]["real_tokens"] == reports[1]["real_tokens"]
+    assert reports[2]["batches"] == reports[1]["batches"] // 2  # --batch 4 over the file's 2
+    recipe.write_text(json.dumps({"paths": [str(web)], "tokeniser": str(tokenizer)}))
+    done = cli("bench", "--recipe", str(recipe))
+    assert done.returncode == 2 and "unknown settings ['tokeniser']" in done.stderr
+
+
+def test_eos_token_id_for_a_tokenizer_that_names_none(tmp_path):
+    web, _, _ = mixture_data(tmp_path)
+    bare = tmp_path / "bare.json"
+    make_tokenizer(("<unk>", "<sep>")).save(str(bare))
+    without = cli("bench", str(web), "--tokenizer", str(bare), "--max-length", "32", "--json")
+    assert without.returncode == 2 and "eos" in without.stderr.lower()
+    given = cli("bench", str(web), "--tokenizer", str(bare), "--eos-token-id", "1", "--max-length", "32", "--json")
+    assert given.returncode == 0, given.stderr

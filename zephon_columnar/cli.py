@@ -3,11 +3,13 @@
 ``python -m zephon_columnar inspect PATH``: what a dataset folder holds (format, shards, rows,
 bytes, schema, a sample row), read without loading it.
 
-``python -m zephon_columnar bench PATH --tokenizer tokenizer.json``: a recipe's speed on this
-machine: read -> tokenize -> pack_flat -> batch (or, with ``--tokens-field``, read already
-tokenized rows -> pack -> batch), with a progress readout, then the first batch's latency,
-batches/s, tokens/s and the peak RSS. ``torch`` is imported before the clock starts, as in a
-training script.
+``python -m zephon_columnar bench PATH [PATH ...] --tokenizer tokenizer.json``: a recipe's speed
+on this machine: read (several datasets mixed by ``--weights``) -> tokenize -> [shuffle] ->
+pack_flat -> batch (or, with ``--tokens-field``, read already tokenized rows -> pack -> batch),
+with a progress readout, then the first batch's latency, batches/s, real and padded tokens/s and
+the peak RSS. ``--recipe recipe.json`` gives the same settings from a file (its keys are the
+flags' names, ``"paths"`` the datasets; flags given too win). ``torch`` is imported before the
+clock starts, as in a training script. Installed, the command is also ``zephon-columnar``.
 
 Example:
     >>> import io, contextlib, tempfile, pyarrow as pa, pyarrow.parquet as pq
@@ -38,14 +40,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        if args.name == "bench" and args.recipe is not None:
+            _apply_recipe(args, args.recipe)
         return args.command(args)
-    except (ZephonError, FileNotFoundError, ValueError) as err:
+    except (ZephonError, FileNotFoundError, ValueError, TypeError) as err:
         print(f"zephon_columnar {args.name}: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
 
 
+def entry() -> None:
+    """The ``zephon-columnar`` console script."""
+    sys.exit(main())
+
+
 def _parser() -> argparse.ArgumentParser:
+    from zephon_columnar import __version__
+
     parser = argparse.ArgumentParser(prog="python -m zephon_columnar", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"zephon_columnar {__version__}")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     inspect = commands.add_parser("inspect", help="format, shards, rows, schema and a sample row of a dataset")
@@ -56,12 +68,24 @@ def _parser() -> argparse.ArgumentParser:
     inspect.set_defaults(command=inspect_command, name="inspect")
 
     bench = commands.add_parser("bench", help="a recipe's throughput, first batch and memory on this machine")
-    bench.add_argument("path", help="a folder (or fsspec URL) of Parquet, JSONL or Arrow files")
+    _bench_arguments(bench)
+    bench.set_defaults(command=bench_command, name="bench")
+    return parser
+
+
+def _bench_arguments(bench: argparse.ArgumentParser) -> None:
+    """The flags of ``bench`` (also the settings a ``--recipe`` file may hold)."""
+    bench.add_argument("paths", nargs="*", metavar="PATH", help="datasets: folders, files, globs or fsspec URLs")
+    bench.add_argument("--recipe", help="a JSON file of these settings (keys: the flags' names, 'paths')")
+    bench.add_argument("--weights", type=_floats, help="mixture weights, one per PATH, comma-separated (default equal)")
     bench.add_argument("--format", choices=["parquet", "jsonl", "arrow"], help="skip format detection")
-    source = bench.add_mutually_exclusive_group(required=True)
-    source.add_argument("--tokenizer", help="a tokenizer.json file or a save_pretrained folder")
-    source.add_argument("--tokens-field", help="the rows are tokenized already: their token-id column")
+    bench.add_argument("--tokenizer", help="a tokenizer.json file or a save_pretrained folder")
+    bench.add_argument("--tokens-field", help="the rows are tokenized already: their token-id column")
+    bench.add_argument("--eos-token-id", type=int, help="the EOS id to append, when the tokenizer names none")
     bench.add_argument("--field", default="text", help="the text field to tokenize (default text)")
+    bench.add_argument("--shuffle", type=int, default=0, help="a shuffle buffer of this many rows before packing")
+    bench.add_argument("--chunk-size", type=int, default=1024, help="the work source's chunk size (default 1024)")
+    bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--max-length", type=int, default=2048, help="packed row length (default 2048)")
     bench.add_argument("--algorithm", default="wrap", choices=["wrap", "first_fit", "best_fit", "best_fit_wrap"])
     bench.add_argument("--num-bins", type=int, default=16, help="open bins for first_fit / best_fit (default 16)")
@@ -70,8 +94,6 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-batches", type=int, default=None, help="stop after this many batches")
     bench.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
     bench.add_argument("--json", action="store_true", help="print the figures as one JSON object")
-    bench.set_defaults(command=bench_command, name="bench")
-    return parser
 
 
 # ---------------------------------------------------------------------- inspect
@@ -136,17 +158,54 @@ def _shortened(value: Any, limit: int = 200) -> Any:
 
 
 # ---------------------------------------------------------------------- bench
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: pass numbers separated by commas, e.g. 0.7,0.3") from None
+
+
+def _apply_recipe(args: argparse.Namespace, path: str) -> None:
+    """The settings of a recipe file, where the command line left a flag at its default."""
+    with open(path, encoding="utf-8") as f:
+        recipe = json.load(f)
+    if not isinstance(recipe, dict):
+        raise TypeError(f'--recipe {path}: a JSON object of settings, e.g. {{"paths": [...], "shuffle": 8192}}.')
+    flags = argparse.ArgumentParser()
+    _bench_arguments(flags)
+    defaults = {k: v for k, v in vars(flags.parse_args([])).items() if k != "recipe"}
+    unknown = sorted(set(recipe) - set(defaults))
+    if unknown:
+        raise ValueError(f"--recipe {path}: unknown settings {unknown}; the settings are {sorted(defaults)}.")
+    for key, value in recipe.items():
+        if getattr(args, key) == defaults[key]:
+            setattr(args, key, value)
+
+
 def bench_command(args: argparse.Namespace) -> int:
     import torch  # noqa: F401  # a training script has torch loaded before its loader starts
 
     from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+    from zephon_columnar.progress import Tally
 
+    paths = list(args.paths)
+    if not paths:
+        raise ValueError("bench: give at least one dataset PATH (or 'paths' in --recipe).")
+    if (args.tokenizer is None) == (args.tokens_field is None):
+        raise ValueError("bench: pass one of --tokenizer (text to tokenize) or --tokens-field (tokenized rows).")
+    weights = args.weights or [1.0] * len(paths)
+    if len(weights) != len(paths):
+        raise ValueError(f"bench: --weights has {len(weights)} numbers for {len(paths)} dataset(s); give one each.")
     t0 = time.perf_counter()
-    ds = Dataset.from_path("data", args.path, fmt=args.format)
-    pipe = Pipeline(StaticMixtureWorkSource([ds], {"data": 1.0}, seed=0))
+    datasets = [Dataset.from_path(f"d{k}", path, fmt=args.format) for k, path in enumerate(paths)]
+    mixture = {ds.name: w for ds, w in zip(datasets, weights)}
+    pipe = Pipeline(StaticMixtureWorkSource(datasets, mixture, seed=args.seed, chunk_size=args.chunk_size))
     tokens_field = args.tokens_field or "input_ids"
     if args.tokenizer is not None:
-        pipe = pipe.tokenize(tokenizer_id=args.tokenizer, field=args.field, special_tokens="eos")
+        eos = {} if args.eos_token_id is None else {"eos_token_id": args.eos_token_id}
+        pipe = pipe.tokenize(tokenizer_id=args.tokenizer, field=args.field, special_tokens="eos", **eos)
+    if args.shuffle:
+        pipe = pipe.shuffle(args.shuffle, seed=args.seed)
     bins = {"num_bins": args.num_bins} if args.algorithm in ("first_fit", "best_fit") else {}
     pipe = (
         pipe.pack_flat(args.max_length, algorithm=args.algorithm, tokens_field=tokens_field, **bins)
@@ -154,34 +213,40 @@ def bench_command(args: argparse.Namespace) -> int:
         .options(runner=args.runner)
         .show_progress(args.progress_every)
     )
-    batches = 0
+    tally = Tally(chunk_size=args.chunk_size)
     first = None
-    for _batch in pipe:
-        batches += 1
+    for batch in pipe:
+        counts = tally.add(batch)
         if first is None:
             first = time.perf_counter() - t0
-        if args.max_batches is not None and batches >= args.max_batches:
+        if args.max_batches is not None and counts.items >= args.max_batches:
             break
     seconds = time.perf_counter() - t0
-    tokens = batches * args.batch * args.max_length
+    c = tally.counts
     report = {
-        "path": args.path,
+        "paths": paths,
+        "weights": weights,
         "runner": args.runner,
         "algorithm": args.algorithm,
-        "batches": batches,
-        "tokens": tokens,
+        "shuffle": args.shuffle,
+        "batches": c.items,
+        "tokens": c.padded_tokens,
+        "real_tokens": c.real_tokens,
+        "padding_share": round(1 - c.real_tokens / c.padded_tokens, 4) if c.padded_tokens else 0.0,
         "seconds": round(seconds, 3),
         "first_batch_s": None if first is None else round(first, 3),
-        "batches_per_s": round(batches / seconds, 2),
-        "tokens_per_s": round(tokens / seconds),
+        "batches_per_s": round(c.items / seconds, 2),
+        "tokens_per_s": round(c.padded_tokens / seconds),
+        "real_tokens_per_s": round(c.real_tokens / seconds),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
     }
     if args.json:
         print(json.dumps(report))
     else:
         print(
-            f"{batches} batches of {args.batch} x {args.max_length} tokens in {seconds:.2f} s: "
-            f"{report['tokens_per_s']:,} tokens/s, {report['batches_per_s']} batches/s; first batch "
+            f"{c.items} batches of {args.batch} x {args.max_length} tokens in {seconds:.2f} s: "
+            f"{report['real_tokens_per_s']:,} real tokens/s ({report['tokens_per_s']:,} padded, "
+            f"{report['padding_share']:.1%} padding), {report['batches_per_s']} batches/s; first batch "
             f"{report['first_batch_s']} s; peak RSS {report['peak_rss_mb']} MB"
         )
     return 0
