@@ -207,3 +207,16 @@ def test_a_trainer_that_stops_early_stops_the_prefetch_thread():
     batches.close()
     assert not any(t.name == "zephon_columnar-device-prefetch" for t in threading.enumerate())
     assert len(list(loader)) > 8  # and the loader iterates again from the start
+
+
+def test_a_failure_staging_a_batch_reaches_the_trainer_instead_of_a_wait(monkeypatch):
+    from zephon_columnar import device
+
+    def broken(self, tensors):
+        raise MemoryError("no room to stage")
+
+    monkeypatch.setattr(device.StagingRing, "stage", broken)
+    loader = DeviceLoader(_FailsAt(99), TransferPlan(device=torch.device("cpu"), dtype=torch.int64), prefetch=2,
+                          checkpoints=None)
+    with pytest.raises(MemoryError, match="no room to stage"):
+        next(iter(loader))

@@ -226,7 +226,10 @@ class _Crossings:
         if self.stream is not None and self.plan.device.index is not None:
             torch.cuda.set_device(self.plan.device)  # this thread's current device, for its allocations
         while not stop.is_set():
-            crossing = self.take()
+            try:
+                crossing = self.take()
+            except BaseException as error:  # noqa: BLE001 - staging failed: the trainer hears of it, never waits
+                crossing = _Crossing(error=error)
             while not stop.is_set():
                 with contextlib.suppress(queue.Full):
                     ahead.put(crossing, timeout=0.1)
