@@ -1016,6 +1016,32 @@ def test_option_oracle(recipe):
         raise CaseFailure(f"{err}{seed_note}") from err.__cause__
 
 
+
+# An elastic adapter case (loader workers on 1 rank, resumed on 2 through aggregate_dir) inside the
+# device stage, at epoch 1: the derandomized sequence rarely draws the elastic path (it broke in
+# session 31 unnoticed), so it runs in every CI run as well.
+ELASTIC_DEVICE_CASE = (
+    "{\"data\":[{\"name\":\"a\",\"rows\":13,\"shards\":2,\"start\":0,\"weight\":2,\"storage\":\"parquet\",\"text_seed\":1,\"ro"
+    "w_group\":64},{\"name\":\"b\",\"rows\":13,\"shards\":1,\"start\":1000,\"weight\":2,\"storage\":\"tables\",\"text_seed\""
+    ":2,\"row_group\":4}],\"exhaustion\":{\"policy\":{\"a\":\"redistribute\",\"b\":\"repeat\"},\"stop_after_passes\":null"
+    ",\"max_repeats\":1},\"source\":{\"chunk_size\":2,\"seed\":5,\"shuffle_within_shard\":false,\"shuffle_block_size"
+    "\":null},\"plan\":{\"kind\":\"ordered\",\"before\":[\"pl_map\",\"pl_filter\",\"py_map\"],\"split\":false,\"backend\":\"a"
+    "uto\",\"ordered\":[\"stateful\"],\"shuffle\":{\"buffer\":3,\"seed\":1,\"algorithm\":\"streaming\"},\"ensure\":{\"weigh"
+    "t_by\":\"auto\",\"max_buffer\":2},\"pack\":{\"algorithm\":\"first_fit\",\"max_length\":16},\"batch\":{\"size\":1,\"dro"
+    "p_last\":true}},\"lanes\":2,\"flush_every\":null,\"mapping\":\"interleaved\",\"base\":{\"runner\":\"inline\",\"prefe"
+    "tch\":0,\"max_batch\":64,\"workers\":3,\"groups\":1,\"mtp\":false},\"other\":{\"runner\":\"process\",\"prefetch\":0,\""
+    "max_batch\":7,\"workers\":1,\"groups\":1,\"mtp\":false},\"chain\":[{\"options\":{\"runner\":\"inline\",\"prefetch\":0"
+    ",\"max_batch\":64,\"workers\":3,\"groups\":1,\"mtp\":false},\"take\":\"fraction\",\"fraction\":0.19,\"twice\":true,\""
+    "close_first\":true}],\"tail\":{\"runner\":\"inline\",\"prefetch\":1,\"max_batch\":1,\"workers\":2,\"groups\":2,\"mtp"
+    "\":false},\"adapter\":{\"loader\":\"stateful\",\"workers\":2,\"position\":1,\"options\":{\"runner\":\"threads\",\"pref"
+    "etch\":null,\"max_batch\":2,\"workers\":3,\"groups\":1,\"mtp\":false},\"take\":\"fraction\",\"fraction\":0.13,\"more"
+    "\":0,\"to_training\":{\"return_padding_mask\":true},\"resume_groups\":2,\"device_prefetch\":2},\"epoch\":1}"
+)
+
+
+def test_an_elastic_adapter_case_through_the_device_stage():
+    run_case(json.loads(ELASTIC_DEVICE_CASE))
+
 if __name__ == "__main__":  # python -m tests.test_option_oracle '<recipe json>'
     run_case(json.loads(sys.argv[1]))
     print("ok")
