@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	# The tests start a local Ray cluster (the remote runner) and a local S3 server (object storage)
 	# and write Hugging Face datasets: those optional extras are part of the test setup, with
 	# the pinned linter and type checker.
-	$(PY) -m pip install -q -e ".[test,fast,ray,s3,compat,hf,progress,lint]"
+	$(PY) -m pip install -q -e ".[test,fast,ray,s3,compat,hf,progress,formats,lint]"
 	# Zephon 0.2.0's source distribution (its test suite), for compat/ and its CI selection.
 	$(PY) compat/zephon_suite.py fetch
 	touch $@

@@ -323,7 +323,7 @@ def on_disk(spec: dict) -> Path:
     if root.exists():
         return root
     tmp = data_root() / f"tmp-{key}-{os.getpid()}-{threading.get_ident()}"
-    tmp.mkdir(parents=True)
+    tmp.mkdir(parents=True, exist_ok=True)  # a failed write's leftovers are written over
     for i, table in enumerate(shard_tables(spec)):
         if spec["storage"] == "parquet":
             pq.write_table(table, tmp / f"part-{i:03d}.parquet", row_group_size=spec["row_group"])

@@ -93,6 +93,10 @@ def write_dataset(fmt: str, root) -> str:
         pq.write_table(table, root / "a.parquet")
     elif fmt == "jsonl":
         (root / "a.jsonl").write_text("".join(json.dumps(row) + "\n" for row in table.to_pylist()))
+    elif fmt == "webdataset":
+        with require("webdataset", "formats").TarWriter(str(root / "a.tar")) as sink:
+            for row in table.to_pylist():
+                sink.write({"__key__": f"k{row['id']:03d}", "id": str(row["id"]).encode(), "text": row["text"].encode()})
     else:
         feather.write_feather(table, root / "a.arrow")
     return str(root)
@@ -134,7 +138,7 @@ def test_registering_is_idempotent_and_a_taken_name_is_refused(csv_registered):
 def test_without_registration_the_format_is_unknown(tmp_path, monkeypatch):
     monkeypatch.setattr(registry_module, "_registered", [])
     write_csv(tmp_path / "c")
-    known = r"\['parquet', 'jsonl', 'hf', 'arrow'\]"
+    known = r"\['parquet', 'jsonl', 'hf', 'arrow', 'webdataset'\]"
     with pytest.raises(ConfigError, match=rf"fmt='csv' is not a format; pass one of {known} or None"):
         Dataset.from_path("c", str(tmp_path / "c"), fmt="csv")
 

@@ -22,14 +22,15 @@ from zephon_columnar.io.format import FileFormat
 from zephon_columnar.io.hf import ARROW, HF
 from zephon_columnar.io.jsonl import JSONL
 from zephon_columnar.io.parquet import PARQUET
+from zephon_columnar.io.webdataset import WEBDATASET
 
 #: The formats that ship, in the order discovery asks them (a folder's files go to the first
 #: format that claims them) and error messages list them.
-BUILT_IN: tuple[FileFormat, ...] = (PARQUET, JSONL, HF, ARROW)
+BUILT_IN: tuple[FileFormat, ...] = (PARQUET, JSONL, HF, ARROW, WEBDATASET)
 
 #: The names ``Dataset.from_path(fmt=...)`` takes for the built-in formats (for type checkers
 #: and IDEs; a registered format's name is accepted too).
-DatasetFormat = Literal["parquet", "jsonl", "hf", "arrow"]
+DatasetFormat = Literal["parquet", "jsonl", "hf", "arrow", "webdataset"]
 
 _registered: list[FileFormat] = []
 _lock = threading.Lock()

@@ -1,0 +1,203 @@
+"""WebDataset tar shards (``*.tar``), read in place: one row per sample, one column per file
+extension, the sample's key in ``key``.
+
+A WebDataset shard is a plain tar whose members are named ``<key>.<extension>``; consecutive
+members with the same key form one sample (``000017.txt`` and ``000017.json`` -> one row with
+columns ``txt`` and ``json``). Discovery scans each shard's tar headers (512 bytes a member; the
+data is skipped, never read) for its samples and extensions; a reader keeps that index and reads
+exactly the members of the rows asked for, at their offsets (random access, so
+``to_indexable_torch_dataset`` works over tar shards too).
+
+Columns, by extension (WebDataset's own conventions): ``txt``/``text`` -> string, ``json`` ->
+string (the JSON text; parse it with ``pl.col("json").str.json_decode()``), ``cls``/``cls2``/
+``index``/``idx``/``id`` -> int64, anything else (``jpg``, ``npy``, ``pth``...) -> binary. A
+sample without an extension some other sample has holds null there. Remote shards are downloaded
+once into the shard cache.
+
+Example:
+    >>> WEBDATASET.recognises_file("shard-000.tar", chosen=False), WEBDATASET.column_type("cls")
+    (True, DataType(int64))
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from zephon_columnar.errors import DatasetFormatError
+from zephon_columnar.io import fs
+from zephon_columnar.io.base import ShardInfo, ShardReader, check_columns, project, shard_info
+from zephon_columnar.io.format import Discovered, FileFormat
+
+if TYPE_CHECKING:
+    from zephon_columnar.io.dataset import Dataset
+
+KEY = "key"  # the sample key's column (names starting with "__" are the engine's own)
+_TEXT, _INT = frozenset({"txt", "text", "json"}), frozenset({"cls", "cls2", "index", "idx", "id"})
+_MEMBER = re.compile(r"^((?:.*/|)[^./]+)\.([^/]+)$")  # WebDataset's split: key up to the first dot
+
+
+@dataclass(frozen=True, kw_only=True)
+class TarIndex:
+    """Where each sample's members sit in one shard: ``offsets[ext][row]`` (-1: the sample has no
+    such member) and ``sizes[ext][row]``, byte positions of the member data."""
+
+    keys: tuple[str, ...]
+    offsets: dict[str, np.ndarray]
+    sizes: dict[str, np.ndarray]
+
+
+def scan(url: str, local: str) -> TarIndex:
+    """The index of the tar at ``local`` (``url`` names it in errors): its headers only."""
+    return _scan(local, *_stamp(local), url)
+
+
+def _stamp(local: str) -> tuple[int, int]:
+    st = os.stat(local)
+    return st.st_size, st.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=256)
+def _scan(local: str, size: int, mtime: int, url: str) -> TarIndex:
+    keys: list[str] = []
+    places: dict[str, dict[int, tuple[int, int]]] = {}
+    try:
+        with tarfile.open(local, mode="r:") as tar:
+            for member in tar:
+                if not member.isfile():
+                    continue
+                name = member.name[2:] if member.name.startswith("./") else member.name
+                found = _MEMBER.match(name)
+                if found is None or os.path.basename(name).startswith((".", "_")):
+                    continue
+                key, ext = found.groups()
+                if ext == KEY:
+                    raise DatasetFormatError(
+                        f"{url}: member {name!r} has the extension {KEY!r}, the column that holds each "
+                        "sample's key; rename that member's extension."
+                    )
+                if not keys or keys[-1] != key:
+                    keys.append(key)
+                places.setdefault(ext, {})[len(keys) - 1] = (member.offset_data, member.size)
+            if tar.offset < size and any(_trailing(local, tar.offset)):
+                raise tarfile.ReadError("data after the end-of-archive marker could not be read")
+    except (tarfile.TarError, EOFError, UnicodeDecodeError) as err:
+        raise DatasetFormatError(f"{url} is not a readable WebDataset tar shard ({err}); is it cut short?") from err
+    rows = len(keys)
+    offsets, sizes = {}, {}
+    for ext, where in places.items():
+        offsets[ext] = np.full(rows, -1, dtype=np.int64)
+        sizes[ext] = np.zeros(rows, dtype=np.int64)
+        for row, (offset, length) in where.items():
+            if offset + length > size:
+                raise DatasetFormatError(f"{url} is cut short: member {keys[row]}.{ext} ends past the file's end.")
+            offsets[ext][row], sizes[ext][row] = offset, length
+    return TarIndex(keys=tuple(keys), offsets=offsets, sizes=sizes)
+
+
+def _trailing(local: str, offset: int) -> bytes:
+    """The bytes after the last header tarfile read (zeros: the end-of-archive blocks)."""
+    with open(local, "rb") as f:
+        f.seek(offset)
+        return f.read(1 << 16).strip(b"\0")
+
+
+@dataclass(frozen=True)
+class WebDatasetFormat(FileFormat):
+    """``*.tar`` WebDataset shards (see the module docstring)."""
+
+    name: ClassVar[str] = "webdataset"
+    expected: ClassVar[str] = "*.tar (WebDataset shards)"
+
+    def recognises_file(self, file_name: str, *, chosen: bool) -> bool:
+        return file_name.endswith(".tar")
+
+    @staticmethod
+    def column_type(ext: str) -> pa.DataType:
+        """The Arrow type of the column of members with extension ``ext``."""
+        return pa.string() if ext in _TEXT else pa.int64() if ext in _INT else pa.binary()
+
+    def discover(self, name: str, files: Sequence[str]) -> Discovered:
+        shards: list[ShardInfo] = []
+        extensions: set[str] = set()
+        for i, url in enumerate(files):
+            size = fs.file_size(url)
+            index = scan(url, fs.default_shard_cache().ensure_local(url, size))
+            extensions.update(index.offsets)
+            shards.append(ShardInfo(shard_id=i, path=url, num_rows=len(index.keys), num_bytes=size))
+        fields = [pa.field(KEY, pa.string())] + [pa.field(e, self.column_type(e)) for e in sorted(extensions)]
+        return Discovered(format=self, shards=tuple(shards), schema=pa.schema(fields))
+
+    def open_reader(self, dataset: Dataset, *, columns: Sequence[str] | None = None) -> ShardReader:
+        return TarReader(dataset, columns=columns)
+
+
+class TarReader:
+    """Reads rows of a WebDataset dataset's shards: the members of each row asked for, by their
+    offsets in the tar (one open file per shard; not thread-safe)."""
+
+    def __init__(self, dataset: Dataset, *, columns: Sequence[str] | None = None) -> None:
+        self.dataset = dataset
+        self.schema = project(dataset.schema, check_columns(dataset.name, dataset.schema, columns))
+        self._files: dict[int, tuple[str, int, TarIndex]] = {}
+
+    def _open(self, shard_id: int) -> tuple[str, int, TarIndex]:
+        if shard_id not in self._files:
+            info = shard_info(self.dataset.shards, shard_id, dataset=self.dataset.name)
+            url = info.file_path()
+            local = fs.default_shard_cache().ensure_local(url, info.num_bytes or None)
+            fd = os.open(local, os.O_RDONLY)
+            self._files[shard_id] = (url, fd, scan(url, local))
+        return self._files[shard_id]
+
+    def take(self, shard_id: int, rows: np.ndarray) -> pa.Table:
+        url, fd, index = self._open(shard_id)
+        rows = np.asarray(rows, dtype=np.int64)
+        columns = []
+        for field in self.schema:
+            if field.name == KEY:
+                columns.append(pa.array([index.keys[r] for r in rows.tolist()], pa.string()))
+                continue
+            offsets, sizes = index.offsets.get(field.name), index.sizes.get(field.name)
+            if offsets is None or sizes is None:  # another shard's extension
+                columns.append(pa.nulls(len(rows), field.type))
+                continue
+            data = [
+                None if offset < 0 else os.pread(fd, length, offset)
+                for offset, length in zip(offsets[rows].tolist(), sizes[rows].tolist())
+            ]
+            columns.append(self._column(data, field, url, index, rows))
+        return pa.Table.from_arrays(columns, schema=self.schema)
+
+    @staticmethod
+    def _column(data: list[bytes | None], field: pa.Field, url: str, index: TarIndex, rows: np.ndarray) -> pa.Array:
+        if pa.types.is_binary(field.type):
+            return pa.array(data, pa.binary())
+        values: list[str | int | None] = []
+        for value, row in zip(data, rows.tolist()):
+            try:
+                text = None if value is None else value.decode("utf-8")
+                values.append(text if text is None or pa.types.is_string(field.type) else int(text.strip()))
+            except (UnicodeDecodeError, ValueError) as err:
+                kind = "UTF-8 text" if pa.types.is_string(field.type) else "an integer"
+                raise DatasetFormatError(
+                    f"{url}: member {index.keys[row]}.{field.name} is not {kind} ({err}); WebDataset's "
+                    f".{field.name} members hold {kind}."
+                ) from err
+        return pa.array(values, field.type)
+
+    def close(self) -> None:
+        for _, fd, _ in self._files.values():
+            os.close(fd)
+        self._files.clear()
+
+
+WEBDATASET = WebDatasetFormat()
