@@ -50,7 +50,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, NoReturn, cast, get_args
 
@@ -299,12 +299,17 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             session = self._worker_session_of(info.id, info.num_workers)
         if session is None:
             return  # an idle worker: the lanes do not split that many ways
-        shared = tally = None
+        count: Callable[[Any], None] | None = None  # a worker's progress, into its shared slot
         if info is not None and self.session.shows_progress:
-            shared, tally = SharedCounts(self._progress_slots), Tally(chunk_size=session.stream_shape().chunk_size)
+            shared, worker = SharedCounts(self._progress_slots), info.id
+            tally = Tally(chunk_size=session.stream_shape().chunk_size)
+
+            def count(item: Any) -> None:
+                shared.put(worker, tally.add(item))
+
         for item in session:
-            if shared is not None and tally is not None and info is not None:
-                shared.put(info.id, tally.add(item))
+            if count is not None:
+                count(item)
             if self._phase is not None:
                 self._phase = replace(self._phase, delivered=self._phase.delivered + 1)
             if self.to_training is None:

@@ -74,7 +74,8 @@ def discover(name: str, path: DatasetPath, *, fmt: str | None = None) -> Discove
     """
     chosen = None if fmt is None else format_named(fmt, where=f"Dataset {name!r}")
     if not isinstance(path, (str, os.PathLike)):
-        return _check_rows(name, f"{len(path)} files", _discover_files(name, [os.fspath(p) for p in path], chosen))
+        files = _listed_files(name, [os.fspath(p) for p in path])
+        return _check_rows(name, f"{len(files)} files", _discover_files(name, files, chosen))
     path = os.fspath(path)
     if fs.is_glob(path) and not fs.exists(path):
         files = fs.glob_files(path)
@@ -98,12 +99,11 @@ def _check_rows(name: str, where: str, found: Discovered) -> Discovered:
     return found
 
 
-def _discover_files(name: str, paths: list[str], chosen: FileFormat | None) -> Discovered:
-    """Files given one by one (a list, a glob's matches, one path): one shard each, in order."""
+def _listed_files(name: str, paths: list[str]) -> list[str]:
+    """A user's list of files, each checked to be one (a glob's matches and a single path are
+    checked where they are found)."""
     if not paths:
         raise DatasetNotFoundError(f"Dataset {name!r}: the list of files is empty; pass at least one file.")
-    urls: list[str] = []
-    by_format: dict[str, tuple[FileFormat, list[str]]] = {}
     for path in paths:
         if not fs.exists(path):
             raise DatasetNotFoundError(f"Dataset {name!r}: {path} does not exist. Check the path or URL.")
@@ -112,6 +112,15 @@ def _discover_files(name: str, paths: list[str], chosen: FileFormat | None) -> D
                 f"Dataset {name!r}: {path} is a folder; a list or glob takes files. Pass the folder on its own, "
                 "or its files."
             )
+    return paths
+
+
+def _discover_files(name: str, paths: list[str], chosen: FileFormat | None) -> Discovered:
+    """Existing files (a list, a glob's matches, one path): one shard each, in order, all of one
+    format."""
+    urls: list[str] = []
+    by_format: dict[str, tuple[FileFormat, list[str]]] = {}
+    for path in paths:
         url = fs.to_local(path) if fs.is_local(path) else path
         fmt = chosen or format_of(fs.basename(url), chosen=True)
         if fmt is None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
@@ -50,7 +51,7 @@ class TarIndex:
     """Where each sample's members sit in one shard: ``offsets[ext][row]`` (-1: the sample has no
     such member) and ``sizes[ext][row]``, byte positions of the member data."""
 
-    keys: tuple[str, ...]
+    keys: pa.StringArray
     offsets: dict[str, np.ndarray]
     sizes: dict[str, np.ndarray]
 
@@ -100,7 +101,7 @@ def _scan(local: str, size: int, mtime: int, url: str) -> TarIndex:
             if offset + length > size:
                 raise DatasetFormatError(f"{url} is cut short: member {keys[row]}.{ext} ends past the file's end.")
             offsets[ext][row], sizes[ext][row] = offset, length
-    return TarIndex(keys=tuple(keys), offsets=offsets, sizes=sizes)
+    return TarIndex(keys=pa.array(keys, pa.string()), offsets=offsets, sizes=sizes)
 
 
 def _trailing(local: str, offset: int) -> bytes:
@@ -164,7 +165,7 @@ class TarReader:
         columns = []
         for field in self.schema:
             if field.name == KEY:
-                columns.append(pa.array([index.keys[r] for r in rows.tolist()], pa.string()))
+                columns.append(index.keys.take(pa.array(rows)))
                 continue
             offsets, sizes = index.offsets.get(field.name), index.sizes.get(field.name)
             if offsets is None or sizes is None:  # another shard's extension
@@ -179,20 +180,30 @@ class TarReader:
 
     @staticmethod
     def _column(data: list[bytes | None], field: pa.Field, url: str, index: TarIndex, rows: np.ndarray) -> pa.Array:
+        """The members' bytes as ``field``'s type: UTF-8 checked and integers parsed by Arrow's
+        kernels over the whole column; a member that fails is then found and named."""
+        raw = pa.array(data, pa.binary())
         if pa.types.is_binary(field.type):
-            return pa.array(data, pa.binary())
-        values: list[str | int | None] = []
+            return raw
+        try:
+            text = raw.cast(pa.string())
+            return text if pa.types.is_string(field.type) else pc.utf8_trim_whitespace(text).cast(pa.int64())
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            pass
+        kind = "UTF-8 text" if pa.types.is_string(field.type) else "an integer"
         for value, row in zip(data, rows.tolist()):
+            if value is None:
+                continue
             try:
-                text = None if value is None else value.decode("utf-8")
-                values.append(text if text is None or pa.types.is_string(field.type) else int(text.strip()))
+                text = value.decode("utf-8")
+                if pa.types.is_integer(field.type):
+                    int(text)
             except (UnicodeDecodeError, ValueError) as err:
-                kind = "UTF-8 text" if pa.types.is_string(field.type) else "an integer"
                 raise DatasetFormatError(
-                    f"{url}: member {index.keys[row]}.{field.name} is not {kind} ({err}); WebDataset's "
+                    f"{url}: member {index.keys[row].as_py()}.{field.name} is not {kind} ({err}); WebDataset's "
                     f".{field.name} members hold {kind}."
                 ) from err
-        return pa.array(values, field.type)
+        raise DatasetFormatError(f"{url}: the .{field.name} members are not {kind}.")
 
     def close(self) -> None:
         for _, fd, _ in self._files.values():

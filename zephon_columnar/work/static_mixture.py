@@ -794,7 +794,7 @@ class StaticMixtureWorkSource(WorkSource):
                     stop_after_passes=saved["stop_after_passes"],
                     lane_assignment=saved["lane_assignment"],
                     token_estimation=self._estimation,
-                )
+                ).for_epoch(saved.get("epoch", 0))
         except (KeyError, TypeError, AttributeError, ValueError) as err:
             raise CheckpointError(f"{where}: the state's recipe cannot be rebuilt ({err}).") from err
         left = recipe_differences(saved, rebuilt.recipe())
