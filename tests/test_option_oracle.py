@@ -1,6 +1,6 @@
 """The option oracle: beside the checkpoint fuzz oracle (`tests/test_checkpoint_fuzz.py`, which
 samples operators), this one samples what users *set*: the data (in memory, Arrow tables,
-Parquet, JSONL; datasets smaller than a chunk; mixtures of very different sizes; exhaustion
+Parquet, JSONL, WebDataset tar shards; datasets smaller than a chunk; mixtures of very different sizes; exhaustion
 policies and endless sources), the work source's ``chunk_size``, and ``options(...)``
 (``flush_every_k_chunks``, ``canonical_replicas`` with data-parallel groups, ``fetch(max_batch)``,
 ``max_workers``, ``prefetch_batches``, ``mapping_strategy``, ``mtp_mode``, the runner) and the
@@ -46,6 +46,7 @@ stopping at the first)::
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import importlib.util
@@ -69,6 +70,7 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
+from tests.extras import require
 from tests.ops._tokenizers import make_texts, make_tokenizer
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon_columnar.errors import ConfigError
@@ -90,7 +92,10 @@ _DATA_ROOT: Path | None = None  # Parquet/JSONL files, per case spec (made on fi
 # A recipe is a plain JSON-able dict, so the failure message can print it and `run_case` replay it.
 
 DATASET_ROWS = [1, 2, 3, 5, 8, 13, 30, 64, 120, 300]
-STORAGES = ["memory", "tables", "parquet", "jsonl"]
+# WebDataset tar shards (written with webdataset's TarWriter) where its test extra is installed:
+# always under `make test`, which promises every extra.
+HAS_WEBDATASET = os.environ.get("ZC_REQUIRE_EXTRAS") == "1" or importlib.util.find_spec("webdataset") is not None
+STORAGES = ["memory", "tables", "parquet", "jsonl"] + (["webdataset"] if HAS_WEBDATASET else [])
 STATELESS_STEPS = ["py_map", "py_drop", "pl_map", "pl_filter", "py_filter"]
 ORDERED_STEPS = ["shuffle", "stateful", "ensure"]
 PACK_ALGORITHMS = ["wrap", "first_fit", "best_fit", "best_fit_wrap"]
@@ -307,12 +312,13 @@ def shard_tables(spec: dict) -> list[pa.Table]:
 
 
 def data_root() -> Path:
-    """The folder of this run's Parquet/JSONL files, made on first use: the torch adapter's
-    spawned loader workers import this module, and making it at import left an empty temporary
-    folder behind per worker."""
+    """The folder of this run's data files, made on first use (the torch adapter's spawned
+    loader workers import this module, and making it at import left an empty temporary folder
+    behind per worker) and removed when the process exits."""
     global _DATA_ROOT
     if _DATA_ROOT is None:
         _DATA_ROOT = Path(tempfile.mkdtemp(prefix="zc_option_oracle_"))
+        atexit.register(shutil.rmtree, _DATA_ROOT, ignore_errors=True)
     return _DATA_ROOT
 
 
@@ -327,6 +333,12 @@ def on_disk(spec: dict) -> Path:
     for i, table in enumerate(shard_tables(spec)):
         if spec["storage"] == "parquet":
             pq.write_table(table, tmp / f"part-{i:03d}.parquet", row_group_size=spec["row_group"])
+        elif spec["storage"] == "webdataset":
+            wds = require("webdataset", "formats")
+            with wds.TarWriter(str(tmp / f"part-{i:03d}.tar")) as sink:
+                for row in table.to_pylist():
+                    sink.write({"__key__": f"r{row['id']:06d}", "id": str(row["id"]).encode(),
+                                "text": row["text"].encode()})
         else:
             with open(tmp / f"part-{i:03d}.jsonl", "w") as f:
                 for row in table.to_pylist():

@@ -280,6 +280,31 @@ def with_payload(bookkeeping: pa.Table, payload: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(cols, schema=pa.schema(list(bookkeeping.schema) + list(payload.schema)))
 
 
+def with_fields(payload: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``payload`` with every field of ``schema`` in its order, a field it lacks as nulls of
+    the schema's type; its other columns follow. A mixture's fetch gives every frame the union
+    of its datasets' fields this way, so a row's columns never depend on which rows shared its
+    frame.
+
+    Example:
+        >>> t = with_fields(pa.table({"b": [1]}), pa.schema([("a", pa.string()), ("b", pa.int64())]))
+        >>> t.column_names, t.column("a").to_pylist()
+        (['a', 'b'], [None])
+    """
+    have = set(payload.column_names)
+    names = [f.name for f in schema]
+    if payload.column_names[: len(names)] == names:
+        return payload
+    wanted = set(names)
+    columns = [payload.column(f.name) if f.name in have else pa.nulls(payload.num_rows, f.type) for f in schema]
+    fields = [payload.schema.field(f.name) if f.name in have else f for f in schema]
+    for fld in payload.schema:
+        if fld.name not in wanted:
+            columns.append(payload.column(fld.name))
+            fields.append(fld)
+    return pa.Table.from_arrays(columns, schema=pa.schema(fields))
+
+
 def no_fields(num_rows: int) -> pa.Table:
     """A table of ``num_rows`` rows without columns (rows with no field, e.g. ``{}``), which
     Arrow's ``from_pylist``, ``take`` and ``concat_tables`` would each count as no row at all.

@@ -51,3 +51,26 @@ def test_long_runs_are_read_in_place():
 
 def test_empty_frame():
     assert fetch(np.zeros((0, 3), np.int64)).num_rows == 0
+
+
+@pytest.mark.parametrize(
+    "ptrs",
+    [[[0, 0, 1]], [[1, 0, 1]], [[1, 1, 2], [0, 0, 3]], [[0, 2, 4], [1, 0, 5]]],
+    ids=["a-alone", "b-alone", "b-then-a", "a-then-b"],
+)
+def test_every_frame_of_a_mixture_has_the_union_of_its_fields_in_one_order(ptrs):
+    # A row's columns must not depend on which rows shared its frame (else a restore, which
+    # frames rows differently, changes them): a frame of dataset a's rows alone still carries
+    # b's "extra" (null), and the order is the datasets', not the frame's first rows'.
+    out = fetch(np.array(ptrs))
+    assert F.payload_names(out) == ["v", "extra"]
+    assert out.schema.field("extra").type == pa.int64()
+    assert out.column("extra").to_pylist() == [i if d == 1 else None for d, _, i in ptrs]
+
+
+def test_datasets_with_the_same_fields_are_left_as_read():
+    op = FetchOp()
+    op.setup(OpContext(services={"datasets_by_id": {0: A, 1: A}}))
+    frame = F.pointer_frame(lane=0, chunk_id=0, offsets=np.arange(1), pointers=np.array([[1, 0, 0]]),
+                            components=np.array([1], np.int32))
+    assert F.payload_names(op.process_frame(frame)) == ["v"]

@@ -13,6 +13,7 @@ With execution tracking on (``StageInfo.collect_stats``), each read of one shard
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from itertools import pairwise
 from typing import Any
 
@@ -23,6 +24,7 @@ from zephon_columnar import frame as F
 from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
 from zephon_columnar.io.base import ShardReader
+from zephon_columnar.io.dataset import Dataset
 from zephon_columnar.ops.base import FrameOp, OpContext, OpTraits
 
 #: The first element of a fetch group's metrics key: ``(FETCH_GROUP, stage, dataset_id, shard_id)``.
@@ -47,6 +49,30 @@ def shard_cache_settings(options: Any) -> dict[str, Any] | None:
     return None if settings == defaults else settings
 
 
+def mixture_fields(datasets: Mapping[int, Any]) -> pa.Schema | None:
+    """The union of the datasets' fields (in dataset id order, each field first seen, its
+    first non-null type) when their field names differ; None when they agree or a dataset's
+    schema is unknown (in-memory data of a custom work source has none).
+
+    Example:
+        >>> a = Dataset.from_tables("a", [pa.table({"id": [1], "text": ["x"]})])
+        >>> b = Dataset.from_tables("b", [pa.table({"id": [2], "key": ["k"]})])
+        >>> mixture_fields({0: a, 1: b}).names
+        ['id', 'text', 'key']
+        >>> mixture_fields({0: a, 1: a}) is None
+        True
+    """
+    schemas = [ds.schema for _, ds in sorted(datasets.items()) if isinstance(ds, Dataset) and ds.format is not None]
+    if len(schemas) < len(datasets) or len({tuple(s.names) for s in schemas}) <= 1:
+        return None
+    fields: dict[str, pa.Field] = {}
+    for schema in schemas:
+        for fld in schema:
+            if fld.name not in fields or pa.types.is_null(fields[fld.name].type):
+                fields[fld.name] = fld
+    return pa.schema(list(fields.values()))
+
+
 class FetchOp(FrameOp):
     """Read the payload rows of a pointer frame. Stateless; one reader per dataset per worker."""
 
@@ -57,6 +83,7 @@ class FetchOp(FrameOp):
         self.parallelism = parallelism
         self.max_batch = max_batch  # rows per frame; None: the engine chooses (Engine.rows_per_frame)
         self._datasets: dict[int, Any] = {}
+        self._fields: pa.Schema | None = None  # a mixture's union of fields, when its datasets' differ
         self._readers: dict[int, ShardReader] = {}
         self._own: list[ShardReader] = []
         self._pool: Any = None
@@ -72,6 +99,7 @@ class FetchOp(FrameOp):
         if cache is not None:  # options(io_options=...) named a cache root or limit: in this process too
             fs.configure_shard_cache(**cache)
         self._datasets = dict(ctx.get("datasets_by_id", {}))
+        self._fields = mixture_fields(self._datasets)
         self._pool = ctx.get("reader_pool")
         self._readers = {}
         self._own = []
@@ -122,6 +150,8 @@ class FetchOp(FrameOp):
             payload = F.concat_frames(parts)
             if payload.num_columns:  # rows without fields have no order to restore
                 payload = payload.take(pa.array(inverse))
+        if self._fields is not None:
+            payload = F.with_fields(payload, self._fields)
         return F.with_payload(frame, payload)
 
     def take_group_counts(self) -> list[tuple[tuple[str, int, int, int], dict[str, int]]]:
