@@ -18,7 +18,11 @@ $(VENV)/.installed: pyproject.toml
 	# The tests start a local Ray cluster (the remote runner) and a local S3 server (object storage)
 	# and write Hugging Face datasets: those optional extras are part of the test setup, with
 	# the pinned linter and type checker.
-	$(PY) -m pip install -q -e ".[test,fast,ray,s3,compat,hf,progress,formats,lint]"
+	$(PY) -m pip install -q -e ".[test,fast,ray,s3,compat,hf,progress,formats,lance,vortex,lint]"
+	# Other loaders' writers, for the tests that read their formats: without their declared
+	# dependencies (mosaicml-streaming pins numpy below ours and wants torchvision; its writer
+	# needs neither); what they import is in the formats extra.
+	$(PY) -m pip install -q --no-deps "mosaicml-streaming==0.13.0" "litdata==0.2.76"
 	# Zephon 0.2.0's source distribution (its test suite), for compat/ and its CI selection.
 	$(PY) compat/zephon_suite.py fetch
 	touch $@

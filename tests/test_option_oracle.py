@@ -1,6 +1,6 @@
 """The option oracle: beside the checkpoint fuzz oracle (`tests/test_checkpoint_fuzz.py`, which
 samples operators), this one samples what users *set*: the data (in memory, Arrow tables,
-Parquet, JSONL, WebDataset tar shards; datasets smaller than a chunk; mixtures of very different sizes; exhaustion
+Parquet, JSONL, WebDataset tar shards, Lance, Vortex, MDS; datasets smaller than a chunk; mixtures of very different sizes; exhaustion
 policies and endless sources), the work source's ``chunk_size``, and ``options(...)``
 (``flush_every_k_chunks``, ``canonical_replicas`` with data-parallel groups, ``fetch(max_batch)``,
 ``max_workers``, ``prefetch_batches``, ``mapping_strategy``, ``mtp_mode``, the runner) and the
@@ -71,6 +71,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from tests.extras import require
+from tests.format_writers import streaming
 from tests.ops._tokenizers import make_texts, make_tokenizer
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon_columnar.errors import ConfigError
@@ -92,10 +93,13 @@ _DATA_ROOT: Path | None = None  # Parquet/JSONL files, per case spec (made on fi
 # A recipe is a plain JSON-able dict, so the failure message can print it and `run_case` replay it.
 
 DATASET_ROWS = [1, 2, 3, 5, 8, 13, 30, 64, 120, 300]
-# WebDataset tar shards (written with webdataset's TarWriter) where its test extra is installed:
-# always under `make test`, which promises every extra.
-HAS_WEBDATASET = os.environ.get("ZC_REQUIRE_EXTRAS") == "1" or importlib.util.find_spec("webdataset") is not None
-STORAGES = ["memory", "tables", "parquet", "jsonl"] + (["webdataset"] if HAS_WEBDATASET else [])
+# Formats whose writer is an optional extra, drawn where it is installed (always under `make
+# test`, which promises every extra): {storage: the writer's module}.
+EXTRA_STORAGES = {"webdataset": "webdataset", "lance": "lance", "vortex": "vortex", "mds": "streaming"}
+STORAGES = ["memory", "tables", "parquet", "jsonl"] + [
+    storage for storage, module in EXTRA_STORAGES.items()
+    if os.environ.get("ZC_REQUIRE_EXTRAS") == "1" or importlib.util.find_spec(module) is not None
+]
 STATELESS_STEPS = ["py_map", "py_drop", "pl_map", "pl_filter", "py_filter"]
 ORDERED_STEPS = ["shuffle", "stateful", "ensure"]
 PACK_ALGORITHMS = ["wrap", "first_fit", "best_fit", "best_fit_wrap"]
@@ -323,7 +327,7 @@ def data_root() -> Path:
 
 
 def on_disk(spec: dict) -> Path:
-    """The dataset's Parquet or JSONL folder, written once per spec (cases share them)."""
+    """The dataset's folder (its files, or a Lance dataset), written once per spec (cases share them)."""
     key = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
     root = data_root() / f"{spec['storage']}-{key}"
     if root.exists():
@@ -333,6 +337,14 @@ def on_disk(spec: dict) -> Path:
     for i, table in enumerate(shard_tables(spec)):
         if spec["storage"] == "parquet":
             pq.write_table(table, tmp / f"part-{i:03d}.parquet", row_group_size=spec["row_group"])
+        elif spec["storage"] == "lance":  # one fragment per shard; the folder is the dataset
+            require("lance", "lance").write_dataset(table, str(tmp), mode="overwrite" if i == 0 else "append")
+        elif spec["storage"] == "vortex":
+            require("vortex", "vortex").io.write(table, str(tmp / f"part-{i:03d}.vortex"))
+        elif spec["storage"] == "mds":  # a writer per shard (a partition), merged below as MDS users do
+            with streaming().MDSWriter(out=str(tmp / f"part-{i:03d}"), columns={"id": "int", "text": "str"}) as sink:
+                for row in table.to_pylist():
+                    sink.write(row)
         elif spec["storage"] == "webdataset":
             wds = require("webdataset", "formats")
             with wds.TarWriter(str(tmp / f"part-{i:03d}.tar")) as sink:
@@ -343,6 +355,8 @@ def on_disk(spec: dict) -> Path:
             with open(tmp / f"part-{i:03d}.jsonl", "w") as f:
                 for row in table.to_pylist():
                     f.write(json.dumps(row) + "\n")
+    if spec["storage"] == "mds":  # one index.json over the partitions' shards
+        streaming().base.util.merge_index(str(tmp), keep_local=True)
     tmp.rename(root)
     return root
 

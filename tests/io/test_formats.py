@@ -16,6 +16,7 @@ import pyarrow.csv as pacsv
 import pytest
 
 from tests.extras import require
+from tests.format_writers import streaming
 from zephon_columnar import Pipeline, StaticMixtureWorkSource
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.io import Dataset, fs
@@ -88,6 +89,14 @@ def write_dataset(fmt: str, root) -> str:
     if fmt == "hf":
         require("datasets", "hf").Dataset.from_dict(table.to_pydict()).save_to_disk(str(root))
         return str(root)
+    if fmt == "mds":
+        with streaming().MDSWriter(out=str(root), columns={"id": "int", "text": "str"}) as sink:
+            for row in table.to_pylist():
+                sink.write(row)
+        return str(root)
+    if fmt == "lance":
+        require("lance", "lance").write_dataset(table, str(root))
+        return str(root)
     root.mkdir()
     if fmt == "parquet":
         pq.write_table(table, root / "a.parquet")
@@ -97,6 +106,8 @@ def write_dataset(fmt: str, root) -> str:
         with require("webdataset", "formats").TarWriter(str(root / "a.tar")) as sink:
             for row in table.to_pylist():
                 sink.write({"__key__": f"k{row['id']:03d}", "id": str(row["id"]).encode(), "text": row["text"].encode()})
+    elif fmt == "vortex":
+        require("vortex", "vortex").io.write(table, str(root / "a.vortex"))
     else:
         feather.write_feather(table, root / "a.arrow")
     return str(root)
@@ -138,7 +149,7 @@ def test_registering_is_idempotent_and_a_taken_name_is_refused(csv_registered):
 def test_without_registration_the_format_is_unknown(tmp_path, monkeypatch):
     monkeypatch.setattr(registry_module, "_registered", [])
     write_csv(tmp_path / "c")
-    known = r"\['parquet', 'jsonl', 'hf', 'arrow', 'webdataset'\]"
+    known = r"\['parquet', 'jsonl', 'hf', 'arrow', 'webdataset', 'lance', 'vortex', 'mds'\]"
     with pytest.raises(ConfigError, match=rf"fmt='csv' is not a format; pass one of {known} or None"):
         Dataset.from_path("c", str(tmp_path / "c"), fmt="csv")
 

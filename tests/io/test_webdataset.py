@@ -127,3 +127,37 @@ def test_a_member_that_is_not_its_extensions_kind_is_named(tmp_path):
     assert reader.take(0, np.array([0])).column("cls").to_pylist() == [3]
     with pytest.raises(DatasetFormatError, match=r"x\.tar: member b\.cls is not an integer"):
         reader.take(0, np.array([1]))
+
+
+def test_npy_members_are_read_as_lists_of_their_dtype(tmp_path):
+    arrays = [np.arange(i, i + 1 + i % 5, dtype=np.int32) for i in range(12)]
+    with wds.TarWriter(str(tmp_path / "ids.tar")) as sink:  # webdataset's own .npy encoder
+        for i, a in enumerate(arrays):
+            sample = {"__key__": f"d{i:03d}", "input_ids.npy": a}
+            if i != 4:
+                sample["npy"] = a.astype(np.float32)
+            sink.write(sample)
+    ds = Dataset.from_path("t", tmp_path / "ids.tar")
+    assert ds.schema.field("input_ids.npy").type == pa.list_(pa.int32())
+    assert ds.schema.field("npy").type == pa.list_(pa.float32())
+    rows = np.array([7, 0, 4, 4, 11])
+    got = ds.open_reader().take(0, rows)
+    assert got.column("input_ids.npy").to_pylist() == [arrays[i].tolist() for i in rows]
+    assert got.column("npy").to_pylist() == [None if i == 4 else arrays[i].astype(np.float32).tolist() for i in rows]
+
+
+def test_a_npy_member_of_another_dtype_or_shape_is_named(tmp_path):
+    with wds.TarWriter(str(tmp_path / "ids.tar")) as sink:
+        sink.write({"__key__": "a", "npy": np.arange(3, dtype=np.int32)})
+        sink.write({"__key__": "b", "npy": np.arange(3, dtype=np.int64)})
+        sink.write({"__key__": "c", "npy": np.zeros((2, 2), dtype=np.int32)})
+    reader = Dataset.from_path("t", tmp_path / "ids.tar").open_reader()
+    assert reader.take(0, np.array([0])).column("npy").to_pylist() == [[0, 1, 2]]
+    with pytest.raises(DatasetFormatError, match=r"ids\.tar: member b\.npy holds a 1-D int64 array; every npy member must be a 1-D int32"):
+        reader.take(0, np.array([1]))
+    with pytest.raises(DatasetFormatError, match=r"member c\.npy holds a 2-D int32 array"):
+        reader.take(0, np.array([2]))
+    with wds.TarWriter(str(tmp_path / "img.tar")) as sink:
+        sink.write({"__key__": "a", "npy": np.zeros((2, 2), dtype=np.uint8)})
+    with pytest.raises(DatasetFormatError, match=r"img\.tar: member a\.npy holds a 2-D uint8 array; \.npy members are read as 1-D"):
+        Dataset.from_path("t", tmp_path / "img.tar")

@@ -25,9 +25,11 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, ClassVar
 
 import pyarrow as pa
@@ -97,3 +99,18 @@ class Discovered:
     format: FileFormat
     shards: tuple[ShardInfo, ...]
     schema: pa.Schema
+
+
+def optional_library(module: str, *, extra: str, what: str) -> ModuleType:
+    """``import module``, or an ImportError saying which extra to install to read ``what``.
+
+    Example:
+        >>> optional_library("json", extra="none", what="JSON").__name__
+        'json'
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ImportError(
+            f"reading {what} needs the {module!r} library: pip install 'zephon_columnar[{extra}]'."
+        ) from err

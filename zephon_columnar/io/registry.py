@@ -21,16 +21,19 @@ from zephon_columnar.errors import ConfigError
 from zephon_columnar.io.format import FileFormat
 from zephon_columnar.io.hf import ARROW, HF
 from zephon_columnar.io.jsonl import JSONL
+from zephon_columnar.io.lance import LANCE
+from zephon_columnar.io.mds import MDS
 from zephon_columnar.io.parquet import PARQUET
+from zephon_columnar.io.vortex import VORTEX
 from zephon_columnar.io.webdataset import WEBDATASET
 
 #: The formats that ship, in the order discovery asks them (a folder's files go to the first
 #: format that claims them) and error messages list them.
-BUILT_IN: tuple[FileFormat, ...] = (PARQUET, JSONL, HF, ARROW, WEBDATASET)
+BUILT_IN: tuple[FileFormat, ...] = (PARQUET, JSONL, HF, ARROW, WEBDATASET, LANCE, VORTEX, MDS)
 
 #: The names ``Dataset.from_path(fmt=...)`` takes for the built-in formats (for type checkers
 #: and IDEs; a registered format's name is accepted too).
-DatasetFormat = Literal["parquet", "jsonl", "hf", "arrow", "webdataset"]
+DatasetFormat = Literal["parquet", "jsonl", "hf", "arrow", "webdataset", "lance", "vortex", "mds"]
 
 _registered: list[FileFormat] = []
 _lock = threading.Lock()

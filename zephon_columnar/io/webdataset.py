@@ -10,9 +10,12 @@ exactly the members of the rows asked for, at their offsets (random access, so
 
 Columns, by extension (WebDataset's own conventions): ``txt``/``text`` -> string, ``json`` ->
 string (the JSON text; parse it with ``pl.col("json").str.json_decode()``), ``cls``/``cls2``/
-``index``/``idx``/``id`` -> int64, anything else (``jpg``, ``npy``, ``pth``...) -> binary. A
-sample without an extension some other sample has holds null there. Remote shards are downloaded
-once into the shard cache.
+``index``/``idx``/``id`` -> int64, ``npy`` (also ``input_ids.npy``...) holding 1-D arrays ->
+a list of their dtype (pre-tokenized ids: ``pack_flat(tokens_field="input_ids.npy")``; the
+dtype is the first member's, read from its 128-byte header at discovery, and a member of another
+dtype or shape is an error naming it), anything else (``jpg``, ``pth``, ``pyd``...) -> binary,
+never unpickled. A sample without an extension some other sample has holds null there. Remote
+shards are downloaded once into the shard cache.
 
 Example:
     >>> WEBDATASET.recognises_file("shard-000.tar", chosen=False), WEBDATASET.column_type("cls")
@@ -21,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import ast
 import functools
 import os
 import re
@@ -104,6 +108,46 @@ def _scan(local: str, size: int, mtime: int, url: str) -> TarIndex:
     return TarIndex(keys=pa.array(keys, pa.string()), offsets=offsets, sizes=sizes)
 
 
+def is_npy(ext: str) -> bool:
+    """Whether members with extension ``ext`` are numpy ``.npy`` arrays (``npy``, ``ids.npy``)."""
+    return ext == "npy" or ext.endswith(".npy")
+
+
+def npy_header(data: bytes | memoryview, where: str) -> tuple[np.dtype, tuple[int, ...], int]:
+    """``(dtype, shape, where the array's bytes start)`` from a ``.npy`` member's header (the
+    format numpy documents: magic, version, header length, a Python-literal dict)."""
+    if bytes(data[:6]) != b"\x93NUMPY" or len(data) < 10:
+        raise DatasetFormatError(f"{where} is not a .npy array (no NUMPY magic).")
+    major = data[6]
+    at = 10 if major == 1 else 12
+    length = int.from_bytes(data[8:at], "little")
+    try:
+        header = ast.literal_eval(bytes(data[at : at + length]).decode("latin1"))
+        dtype, shape = np.dtype(header["descr"]), tuple(header["shape"])
+    except (ValueError, SyntaxError, KeyError, TypeError) as err:
+        raise DatasetFormatError(f"{where}: the .npy header cannot be read ({err}).") from err
+    if header.get("fortran_order") and len(shape) > 1:
+        raise DatasetFormatError(f"{where}: a Fortran-ordered .npy array; save it C-ordered.")
+    return dtype, shape, at + length
+
+
+def npy_type(url: str, local: str, index: TarIndex, ext: str) -> pa.DataType:
+    """The column type of ``ext``'s ``.npy`` members: a list of the first member's dtype (its
+    header only is read); an array that is not 1-D, or of a dtype Arrow lacks, is named."""
+    row = int(np.flatnonzero(index.offsets[ext] >= 0)[0])
+    where = f"{url}: member {index.keys[row].as_py()}.{ext}"
+    with open(local, "rb") as f:
+        f.seek(int(index.offsets[ext][row]))
+        head = f.read(min(int(index.sizes[ext][row]), 4096))
+    dtype, shape, _ = npy_header(head, where)
+    if len(shape) != 1 or dtype.hasobject or dtype.kind not in "biuf":
+        raise DatasetFormatError(
+            f"{where} holds a {len(shape)}-D {dtype} array; .npy members are read as 1-D numeric arrays "
+            "(token ids); store other arrays under another extension to get their bytes."
+        )
+    return pa.list_(pa.from_numpy_dtype(dtype.newbyteorder("=")))
+
+
 def _trailing(local: str, offset: int) -> bytes:
     """The bytes after the last header tarfile read (zeros: the end-of-archive blocks)."""
     with open(local, "rb") as f:
@@ -123,18 +167,22 @@ class WebDatasetFormat(FileFormat):
 
     @staticmethod
     def column_type(ext: str) -> pa.DataType:
-        """The Arrow type of the column of members with extension ``ext``."""
+        """The Arrow type of the column of members with extension ``ext`` (``npy`` members:
+        see `npy_type`)."""
         return pa.string() if ext in _TEXT else pa.int64() if ext in _INT else pa.binary()
 
     def discover(self, name: str, files: Sequence[str]) -> Discovered:
         shards: list[ShardInfo] = []
-        extensions: set[str] = set()
+        types: dict[str, pa.DataType] = {}
         for i, url in enumerate(files):
             size = fs.file_size(url)
-            index = scan(url, fs.default_shard_cache().ensure_local(url, size))
-            extensions.update(index.offsets)
+            local = fs.default_shard_cache().ensure_local(url, size)
+            index = scan(url, local)
+            for ext in index.offsets:
+                if ext not in types:
+                    types[ext] = npy_type(url, local, index, ext) if is_npy(ext) else self.column_type(ext)
             shards.append(ShardInfo(shard_id=i, path=url, num_rows=len(index.keys), num_bytes=size))
-        fields = [pa.field(KEY, pa.string())] + [pa.field(e, self.column_type(e)) for e in sorted(extensions)]
+        fields = [pa.field(KEY, pa.string())] + [pa.field(e, types[e]) for e in sorted(types)]
         return Discovered(format=self, shards=tuple(shards), schema=pa.schema(fields))
 
     def open_reader(self, dataset: Dataset, *, columns: Sequence[str] | None = None) -> ShardReader:
@@ -179,9 +227,41 @@ class TarReader:
         return pa.Table.from_arrays(columns, schema=self.schema)
 
     @staticmethod
+    def _npy_column(data: list[bytes | None], field: pa.Field, url: str, index: TarIndex, rows: np.ndarray) -> pa.Array:
+        """1-D ``.npy`` members as one list array: each header parsed, the array bytes joined
+        once and viewed as the column's dtype (no Python object per element)."""
+        dtype = np.dtype(field.type.value_type.to_pandas_dtype())
+        lengths = np.zeros(len(data), dtype=np.int64)
+        parts: list[memoryview] = []
+        for k, value in enumerate(data):
+            if value is None:
+                continue
+            view = memoryview(value)
+            where = f"{url}: member {index.keys[int(rows[k])].as_py()}.{field.name}"
+            got, shape, start = npy_header(view, where)
+            if len(shape) != 1 or got.newbyteorder("=") != dtype or (got.byteorder == ">" and dtype.itemsize > 1):
+                raise DatasetFormatError(
+                    f"{where} holds a {len(shape)}-D {got} array; every {field.name} member must be a 1-D "
+                    f"{dtype} array (the first one's)."
+                )
+            body = view[start : start + shape[0] * dtype.itemsize]
+            if len(body) != shape[0] * dtype.itemsize:
+                raise DatasetFormatError(f"{where} is cut short: {len(body)} of {shape[0] * dtype.itemsize} bytes.")
+            lengths[k] = shape[0]
+            parts.append(body)
+        values = np.frombuffer(b"".join(parts), dtype=dtype) if parts else np.zeros(0, dtype)
+        offsets = np.zeros(len(data) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        valid = pa.array([value is not None for value in data], pa.bool_())
+        mask = None if all(value is not None for value in data) else pc.invert(valid)
+        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values), type=field.type, mask=mask)
+
+    @staticmethod
     def _column(data: list[bytes | None], field: pa.Field, url: str, index: TarIndex, rows: np.ndarray) -> pa.Array:
         """The members' bytes as ``field``'s type: UTF-8 checked and integers parsed by Arrow's
         kernels over the whole column; a member that fails is then found and named."""
+        if pa.types.is_list(field.type):
+            return TarReader._npy_column(data, field, url, index, rows)
         raw = pa.array(data, pa.binary())
         if pa.types.is_binary(field.type):
             return raw

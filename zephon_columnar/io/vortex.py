@@ -1,0 +1,137 @@
+"""Vortex files (``*.vortex``), one shard each, read in place with the ``vortex-data`` library.
+
+Vortex is a columnar file format with Arrow types; a file's footer holds its row count and
+schema, so discovery opens each file's footer only. A reader takes any rows of a file by index
+(``VortexFile.to_arrow(indices=...)``, random access, so ``to_indexable_torch_dataset`` works
+over Vortex files too) and returns them in the order asked.
+
+Vortex hands strings and bytes back as Arrow's view types; the dataset's schema is the plain
+one (``string_view`` -> ``string``, ``binary_view`` -> ``binary``, nested too), which is what
+every other format returns and the operators expect. Remote files are downloaded once into the
+shard cache. Reading needs the ``vortex`` extra (``pip install 'zephon_columnar[vortex]'``);
+recognising the files does not.
+
+Example:
+    >>> VORTEX.recognises_file("part-000.vortex", chosen=False), plain_type(pa.string_view())
+    (True, DataType(string))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from zephon_columnar.errors import DatasetFormatError
+from zephon_columnar.io import fs
+from zephon_columnar.io.base import ShardInfo, ShardReader, check_columns, project, shard_info
+from zephon_columnar.io.format import Discovered, FileFormat, optional_library
+from zephon_columnar.io.tables import check_same_schema, in_column_order
+
+if TYPE_CHECKING:
+    from zephon_columnar.io.dataset import Dataset
+
+
+def _vortex() -> Any:
+    return optional_library("vortex", extra="vortex", what="Vortex files")
+
+
+def plain_type(t: pa.DataType) -> pa.DataType:
+    """``t`` with Arrow's view types replaced by the plain ones, nested types included."""
+    if pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+        value = t.value_field.with_type(plain_type(t.value_type))
+        return pa.large_list(value) if pa.types.is_large_list(t) else pa.list_(value)
+    if pa.types.is_fixed_size_list(t):
+        return pa.list_(t.value_field.with_type(plain_type(t.value_type)), t.list_size)
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(plain_type(t.field(i).type)) for i in range(t.num_fields)])
+    return t
+
+
+def _open(url: str, local: str) -> Any:
+    """The file's handle (its footer read); a file that is not Vortex is named."""
+    try:
+        return _vortex().open(local)
+    except (ValueError, OSError, RuntimeError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        raise DatasetFormatError(
+            f"{url}: not a readable Vortex file ({err}); is it cut short? Re-write it with vortex.io.write."
+        ) from err
+
+
+@dataclass(frozen=True)
+class VortexFormat(FileFormat):
+    """``*.vortex`` files, one shard each; row counts and the schema from each file's footer."""
+
+    name: ClassVar[str] = "vortex"
+    expected: ClassVar[str] = "*.vortex"
+
+    def recognises_file(self, file_name: str, *, chosen: bool) -> bool:
+        return file_name.endswith(".vortex")
+
+    def discover(self, name: str, files: Sequence[str]) -> Discovered:
+        shards, schemas = [], []
+        for i, url in enumerate(files):
+            size = fs.file_size(url)
+            handle = _open(url, fs.default_shard_cache().ensure_local(url, size))
+            arrow = handle.dtype.to_arrow_schema()
+            schemas.append(pa.schema([f.with_type(plain_type(f.type)) for f in arrow]))
+            shards.append(ShardInfo(shard_id=i, path=url, num_rows=int(handle.footer.row_count), num_bytes=size))
+        check_same_schema(name, [(f"shard {i} ({fs.basename(f)})", s) for i, (f, s) in enumerate(zip(files, schemas))])
+        return Discovered(format=self, shards=tuple(shards), schema=schemas[0] if schemas else pa.schema([]))
+
+    def open_reader(self, dataset: Dataset, *, columns: Sequence[str] | None = None) -> ShardReader:
+        return VortexReader(dataset, columns=columns)
+
+
+class VortexReader:
+    """Reads rows of a Vortex dataset's files by index (one open handle per file; not
+    thread-safe). Rows asked in any order, repeats included: Vortex takes sorted, distinct
+    indices, so the reader asks for those and puts them in the order asked."""
+
+    def __init__(self, dataset: Dataset, *, columns: Sequence[str] | None = None) -> None:
+        self.dataset = dataset
+        self.schema = project(dataset.schema, check_columns(dataset.name, dataset.schema, columns))
+        self._files: dict[int, tuple[str, Any]] = {}
+
+    def _open(self, shard_id: int) -> tuple[str, Any]:
+        if shard_id not in self._files:
+            info = shard_info(self.dataset.shards, shard_id, dataset=self.dataset.name)
+            url = info.file_path()
+            self._files[shard_id] = (
+                url,
+                _open(url, fs.default_shard_cache().ensure_local(url, info.num_bytes or None)),
+            )
+        return self._files[shard_id]
+
+    def take(self, shard_id: int, rows: np.ndarray) -> pa.Table:
+        url, handle = self._open(shard_id)
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) == 0:
+            return self.schema.empty_table()
+        wanted, where = np.unique(rows, return_inverse=True)
+        indices = _vortex().array(pa.array(wanted.astype(np.uint64)))
+        try:
+            table = handle.to_arrow(self.schema.names, indices=indices, schema=self.schema).read_all()
+        except (ValueError, OSError, RuntimeError) as err:
+            raise DatasetFormatError(
+                f"{url}: reading rows of this Vortex file failed ({err}); is it cut short?"
+            ) from err
+        table = in_column_order(table, self.schema.names)
+        if len(wanted) == len(rows) and bool(np.all(where == np.arange(len(rows)))):
+            return table
+        return table.take(pa.array(where, pa.int64()))
+
+    def close(self) -> None:
+        self._files.clear()
+
+
+VORTEX = VortexFormat()
