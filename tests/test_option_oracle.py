@@ -1,6 +1,6 @@
 """The option oracle: beside the checkpoint fuzz oracle (`tests/test_checkpoint_fuzz.py`, which
 samples operators), this one samples what users *set*: the data (in memory, Arrow tables,
-Parquet, JSONL, WebDataset tar shards, Lance, Vortex, MDS; datasets smaller than a chunk; mixtures of very different sizes; exhaustion
+Parquet, JSONL, WebDataset tar shards, Lance, Vortex, MDS, LitData; datasets smaller than a chunk; mixtures of very different sizes; exhaustion
 policies and endless sources), the work source's ``chunk_size``, and ``options(...)``
 (``flush_every_k_chunks``, ``canonical_replicas`` with data-parallel groups, ``fetch(max_batch)``,
 ``max_workers``, ``prefetch_batches``, ``mapping_strategy``, ``mtp_mode``, the runner) and the
@@ -71,7 +71,7 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from tests.extras import require
-from tests.format_writers import streaming
+from tests.format_writers import litdata, streaming
 from tests.ops._tokenizers import make_texts, make_tokenizer
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon_columnar.errors import ConfigError
@@ -95,7 +95,8 @@ _DATA_ROOT: Path | None = None  # Parquet/JSONL files, per case spec (made on fi
 DATASET_ROWS = [1, 2, 3, 5, 8, 13, 30, 64, 120, 300]
 # Formats whose writer is an optional extra, drawn where it is installed (always under `make
 # test`, which promises every extra): {storage: the writer's module}.
-EXTRA_STORAGES = {"webdataset": "webdataset", "lance": "lance", "vortex": "vortex", "mds": "streaming"}
+EXTRA_STORAGES = {"webdataset": "webdataset", "lance": "lance", "vortex": "vortex", "mds": "streaming",
+                  "litdata": "litdata"}
 STORAGES = ["memory", "tables", "parquet", "jsonl"] + [
     storage for storage, module in EXTRA_STORAGES.items()
     if os.environ.get("ZC_REQUIRE_EXTRAS") == "1" or importlib.util.find_spec(module) is not None
@@ -335,6 +336,8 @@ def on_disk(spec: dict) -> Path:
     tmp = data_root() / f"tmp-{key}-{os.getpid()}-{threading.get_ident()}"
     tmp.mkdir(parents=True, exist_ok=True)  # a failed write's leftovers are written over
     for i, table in enumerate(shard_tables(spec)):
+        if spec["storage"] == "litdata":
+            break  # written whole below
         if spec["storage"] == "parquet":
             pq.write_table(table, tmp / f"part-{i:03d}.parquet", row_group_size=spec["row_group"])
         elif spec["storage"] == "lance":  # one fragment per shard; the folder is the dataset
@@ -355,6 +358,12 @@ def on_disk(spec: dict) -> Path:
             with open(tmp / f"part-{i:03d}.jsonl", "w") as f:
                 for row in table.to_pylist():
                     f.write(json.dumps(row) + "\n")
+    if spec["storage"] == "litdata":  # chunks of a fixed count (the writer's choice, not shard_bounds)
+        writer = litdata().streaming.writer.BinaryWriter(str(tmp), chunk_size=-(-spec["rows"] // spec["shards"]))
+        for i, row in enumerate(pa.concat_tables(shard_tables(spec)).to_pylist()):
+            writer.add_item(i, row)
+        writer.done()
+        writer.merge()
     if spec["storage"] == "mds":  # one index.json over the partitions' shards
         streaming().base.util.merge_index(str(tmp), keep_local=True)
     tmp.rename(root)

@@ -39,7 +39,7 @@ def test_missing_path_is_named(tmp_path):
 
 
 def test_unknown_fmt_lists_the_valid_ones(tmp_path):
-    names = ["parquet", "jsonl", "hf", "arrow", "webdataset", "lance", "vortex", "mds"]
+    names = ["parquet", "jsonl", "hf", "arrow", "webdataset", "lance", "vortex", "mds", "litdata"]
     with pytest.raises(ConfigError, match=re.escape(f"fmt='csv' is not a format; pass one of {names}")):
         Dataset.from_path("web", str(tmp_path), fmt="csv")
 

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.extras import require
-from tests.format_writers import streaming
+from tests.format_writers import litdata, streaming
 from tests.ops._tokenizers import make_texts, make_tokenizer
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon_columnar.testing import collect, signature
@@ -83,15 +83,25 @@ def write_mds(folder: Path) -> Path:
     return folder
 
 
+def write_litdata(folder: Path) -> Path:
+    writer = litdata().streaming.writer.BinaryWriter(str(folder), chunk_size=30, compression="zstd")
+    for i, row in enumerate(pa.concat_tables(shard_tables()).to_pylist()):
+        writer.add_item(i, {**row, "tokens": np.asarray(row["tokens"], np.int32)})
+    writer.done()
+    writer.merge()
+    return folder
+
+
 WRITERS: dict[str, Callable[[Path], Path]] = {
     "parquet": write_parquet,
     "webdataset": write_webdataset,
     "lance": write_lance,
     "vortex": write_vortex,
     "mds": write_mds,
+    "litdata": write_litdata,
 }
-HAS_TOKENS = {"parquet", "lance", "vortex", "mds"}
-SHARDS_BY_BYTES = {"mds"}  # the writer cuts shards by size: not SIZES
+HAS_TOKENS = {"parquet", "lance", "vortex", "mds", "litdata"}
+WRITER_CUTS_SHARDS = {"mds", "litdata"}  # by bytes or a fixed count: not SIZES
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +120,7 @@ def tokenizer(tmp_path_factory) -> str:
 def dataset(corpora: dict[str, Path], fmt: str) -> Dataset:
     ds = Dataset.from_path(fmt, corpora[fmt])
     assert ds.format_name == fmt and ds.total() == sum(SIZES) and len(ds.shards) > 2
-    assert fmt in SHARDS_BY_BYTES or ds.counts().tolist() == list(SIZES)
+    assert fmt in WRITER_CUTS_SHARDS or ds.counts().tolist() == list(SIZES)
     return ds
 
 

@@ -16,7 +16,7 @@ import pyarrow.csv as pacsv
 import pytest
 
 from tests.extras import require
-from tests.format_writers import streaming
+from tests.format_writers import litdata, streaming
 from zephon_columnar import Pipeline, StaticMixtureWorkSource
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.io import Dataset, fs
@@ -94,6 +94,13 @@ def write_dataset(fmt: str, root) -> str:
             for row in table.to_pylist():
                 sink.write(row)
         return str(root)
+    if fmt == "litdata":
+        writer = litdata().streaming.writer.BinaryWriter(str(root), chunk_size=4)
+        for i, row in enumerate(table.to_pylist()):
+            writer.add_item(i, row)
+        writer.done()
+        writer.merge()
+        return str(root)
     if fmt == "lance":
         require("lance", "lance").write_dataset(table, str(root))
         return str(root)
@@ -149,7 +156,7 @@ def test_registering_is_idempotent_and_a_taken_name_is_refused(csv_registered):
 def test_without_registration_the_format_is_unknown(tmp_path, monkeypatch):
     monkeypatch.setattr(registry_module, "_registered", [])
     write_csv(tmp_path / "c")
-    known = r"\['parquet', 'jsonl', 'hf', 'arrow', 'webdataset', 'lance', 'vortex', 'mds'\]"
+    known = r"\['parquet', 'jsonl', 'hf', 'arrow', 'webdataset', 'lance', 'vortex', 'mds', 'litdata'\]"
     with pytest.raises(ConfigError, match=rf"fmt='csv' is not a format; pass one of {known} or None"):
         Dataset.from_path("c", str(tmp_path / "c"), fmt="csv")
 

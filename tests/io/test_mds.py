@@ -98,7 +98,7 @@ def test_cut_shards_and_broken_or_missing_indexes_are_named(tmp_path):
     with pytest.raises(DatasetFormatError, match=r"shard\.00001\.mds is cut short"):
         ds.open_reader().take(1, np.array([0]))
     (folder / "index.json").write_text('{"shards": [')
-    with pytest.raises(DatasetFormatError, match=r"index\.json: the MDS index is not readable JSON"):
+    with pytest.raises(DatasetFormatError, match=r"index\.json: the MDS or LitData index is not readable JSON"):
         Dataset.from_path("m", folder)
     (folder / "index.json").unlink()
     with pytest.raises(DatasetFormatError, match=r"shard\.00000\.mds.*index\.json, which is missing"):

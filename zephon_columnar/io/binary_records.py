@@ -37,7 +37,8 @@ from zephon_columnar.errors import DatasetFormatError
 @dataclass(frozen=True, kw_only=True)
 class RecordLayout:
     """How a record's columns are laid out: ``sizes[k]`` the fixed byte size of column ``k``
-    (None: it varies), ``prefixed[k]`` whether the record header holds column ``k``'s size."""
+    (None: it varies), ``prefixed[k]`` whether the record header holds column ``k``'s size. A
+    column with neither is the rest of the record (LitData's token arrays)."""
 
     sizes: tuple[int | None, ...]
     prefixed: tuple[bool, ...]
@@ -92,9 +93,10 @@ class RecordFile:
             if in_header:
                 lengths = header[:, k]
                 k += 1
-            else:
-                assert size is not None  # a column without a size in the header has a fixed one
+            elif size is not None:
                 lengths = np.full(len(rows), size, np.int64)
+            else:  # neither a fixed size nor one in the header: the rest of the record
+                lengths = ends - at
             out.append(Spans(at, lengths))
             at = at + lengths
         if len(rows) and np.any(at > ends):

@@ -105,7 +105,7 @@ class MdsFormat(FileFormat):
         index = fs.join(path, INDEX)
         if not fs.exists(index):
             return False
-        shards = read_index(index, kind="MDS").get("shards")
+        shards = read_index(index, kind="MDS or LitData").get("shards")  # both write an index.json
         return isinstance(shards, list) and all(isinstance(s, dict) and s.get("format") == "mds" for s in shards)
 
     def discover(self, name: str, files: Sequence[str]) -> Discovered:

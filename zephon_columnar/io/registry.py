@@ -22,6 +22,7 @@ from zephon_columnar.io.format import FileFormat
 from zephon_columnar.io.hf import ARROW, HF
 from zephon_columnar.io.jsonl import JSONL
 from zephon_columnar.io.lance import LANCE
+from zephon_columnar.io.litdata import LITDATA
 from zephon_columnar.io.mds import MDS
 from zephon_columnar.io.parquet import PARQUET
 from zephon_columnar.io.vortex import VORTEX
@@ -29,11 +30,11 @@ from zephon_columnar.io.webdataset import WEBDATASET
 
 #: The formats that ship, in the order discovery asks them (a folder's files go to the first
 #: format that claims them) and error messages list them.
-BUILT_IN: tuple[FileFormat, ...] = (PARQUET, JSONL, HF, ARROW, WEBDATASET, LANCE, VORTEX, MDS)
+BUILT_IN: tuple[FileFormat, ...] = (PARQUET, JSONL, HF, ARROW, WEBDATASET, LANCE, VORTEX, MDS, LITDATA)
 
 #: The names ``Dataset.from_path(fmt=...)`` takes for the built-in formats (for type checkers
 #: and IDEs; a registered format's name is accepted too).
-DatasetFormat = Literal["parquet", "jsonl", "hf", "arrow", "webdataset", "lance", "vortex", "mds"]
+DatasetFormat = Literal["parquet", "jsonl", "hf", "arrow", "webdataset", "lance", "vortex", "mds", "litdata"]
 
 _registered: list[FileFormat] = []
 _lock = threading.Lock()
