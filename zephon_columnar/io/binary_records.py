@@ -24,14 +24,30 @@ Example:
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from zephon_columnar.errors import DatasetFormatError
+from zephon_columnar.io import fs
+
+INDEX = "index.json"  # the file that lists an MDS or LitData folder's shards
+
+
+def read_index(url: str, *, kind: str) -> dict[str, Any]:
+    """The parsed ``index.json`` at ``url`` (``kind`` names the format in errors)."""
+    try:
+        value = json.loads(fs.read_bytes(url))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise DatasetFormatError(f"{url}: the {kind} index is not readable JSON ({err}); is it cut short?") from err
+    if not isinstance(value, dict):
+        raise DatasetFormatError(f"{url}: the {kind} index is not a JSON object.")
+    return value
 
 
 @dataclass(frozen=True, kw_only=True)

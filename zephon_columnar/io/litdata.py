@@ -46,15 +46,16 @@ from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
 from zephon_columnar.io.base import ShardInfo, ShardReader, check_columns, project, shard_info
 from zephon_columnar.io.binary_records import (
+    INDEX,
     RecordFile,
     RecordLayout,
     Spans,
     binary_column,
     list_column,
+    read_index,
     scalar_column,
 )
 from zephon_columnar.io.format import Discovered, FileFormat
-from zephon_columnar.io.mds import INDEX, read_index
 
 if TYPE_CHECKING:
     from zephon_columnar.io.dataset import Dataset

@@ -25,11 +25,10 @@ from __future__ import annotations
 
 import bz2
 import gzip
-import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -40,11 +39,13 @@ from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
 from zephon_columnar.io.base import ShardInfo, ShardReader, check_columns, project, shard_info
 from zephon_columnar.io.binary_records import (
+    INDEX,
     RecordFile,
     RecordLayout,
     Spans,
     binary_column,
     list_column,
+    read_index,
     scalar_column,
 )
 from zephon_columnar.io.format import Discovered, FileFormat
@@ -52,7 +53,6 @@ from zephon_columnar.io.format import Discovered, FileFormat
 if TYPE_CHECKING:
     from zephon_columnar.io.dataset import Dataset
 
-INDEX = "index.json"
 _NUMBERS = {
     name: np.dtype(f"<{code}")
     for name, code in {
@@ -76,17 +76,6 @@ def _unzstd(packed: bytes) -> bytes:
 
 
 _DECOMPRESS: dict[str, Callable[[bytes], bytes]] = {"zstd": _unzstd, "gz": gzip.decompress, "bz2": bz2.decompress}
-
-
-def read_index(url: str, *, kind: str) -> dict[str, Any]:
-    """The parsed ``index.json`` at ``url`` (``kind`` names the format in errors)."""
-    try:
-        value = json.loads(fs.read_bytes(url))
-    except (ValueError, UnicodeDecodeError) as err:
-        raise DatasetFormatError(f"{url}: the {kind} index is not readable JSON ({err}); is it cut short?") from err
-    if not isinstance(value, dict):
-        raise DatasetFormatError(f"{url}: the {kind} index is not a JSON object.")
-    return value
 
 
 @dataclass(frozen=True)
