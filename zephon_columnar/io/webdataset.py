@@ -113,6 +113,9 @@ def is_npy(ext: str) -> bool:
     return ext == "npy" or ext.endswith(".npy")
 
 
+_NPY_HEADER = re.compile(rb"\{'descr': '([^']+)', 'fortran_order': (True|False), 'shape': \(([0-9, ]*)\), \}\s*$")
+
+
 def npy_header(data: bytes | memoryview, where: str) -> tuple[np.dtype, tuple[int, ...], int]:
     """``(dtype, shape, where the array's bytes start)`` from a ``.npy`` member's header (the
     format numpy documents: magic, version, header length, a Python-literal dict)."""
@@ -121,12 +124,19 @@ def npy_header(data: bytes | memoryview, where: str) -> tuple[np.dtype, tuple[in
     major = data[6]
     at = 10 if major == 1 else 12
     length = int.from_bytes(data[8:at], "little")
-    try:
-        header = ast.literal_eval(bytes(data[at : at + length]).decode("latin1"))
-        dtype, shape = np.dtype(header["descr"]), tuple(header["shape"])
-    except (ValueError, SyntaxError, KeyError, TypeError) as err:
-        raise DatasetFormatError(f"{where}: the .npy header cannot be read ({err}).") from err
-    if header.get("fortran_order") and len(shape) > 1:
+    text = bytes(data[at : at + length])
+    plain = _NPY_HEADER.match(text)  # numpy's own layout of the dict: read without an evaluator
+    if plain is not None:
+        descr, fortran, dims = plain.groups()
+        shape = tuple(int(d) for d in dims.split(b",") if d.strip())
+        dtype = np.dtype(descr.decode("ascii"))
+    else:
+        try:
+            header = ast.literal_eval(text.decode("latin1"))
+            dtype, shape, fortran = np.dtype(header["descr"]), tuple(header["shape"]), header.get("fortran_order")
+        except (ValueError, SyntaxError, KeyError, TypeError) as err:
+            raise DatasetFormatError(f"{where}: the .npy header cannot be read ({err}).") from err
+    if fortran in (True, b"True") and len(shape) > 1:
         raise DatasetFormatError(f"{where}: a Fortran-ordered .npy array; save it C-ordered.")
     return dtype, shape, at + length
 
