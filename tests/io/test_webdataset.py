@@ -161,3 +161,26 @@ def test_a_npy_member_of_another_dtype_or_shape_is_named(tmp_path):
         sink.write({"__key__": "a", "npy": np.zeros((2, 2), dtype=np.uint8)})
     with pytest.raises(DatasetFormatError, match=r"img\.tar: member a\.npy holds a 2-D uint8 array; \.npy members are read as 1-D"):
         Dataset.from_path("t", tmp_path / "img.tar")
+
+
+@pytest.mark.parametrize("tar_format", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_headers_are_read_as_tarfile_reads_them_long_names_too(tmp_path, tar_format):
+    from zephon_columnar.io.webdataset import _file_members
+
+    names = ["a.txt", "dir/b.txt", "x" * 90 + "/" + "long" * 30 + ".txt", "naïve/c.json"]
+    if tar_format == tarfile.USTAR_FORMAT:
+        names[2] = "x" * 90 + "/" + "short.txt"  # ustar splits a long path into prefix and name
+    path = tmp_path / "t.tar"
+    with tarfile.open(path, "w", format=tar_format) as tar:
+        for i, name in enumerate(names):
+            info = tarfile.TarInfo(name)
+            payload = f"payload {i}".encode() * (1 + 60 * i)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+        tar.addfile(tarfile.TarInfo("folder"))  # no data: not a member of any sample
+    with tarfile.open(path) as tar:
+        expected = [(m.name, m.offset_data, m.size) for m in tar if m.isfile()]
+    assert list(_file_members(str(path), path.stat().st_size)) == expected
+    without_end = path.read_bytes()[: expected[-1][1] + -(-expected[-1][2] // 512) * 512]
+    path.write_bytes(without_end)  # a tar may stop after its last member's padding
+    assert list(_file_members(str(path), path.stat().st_size)) == expected
