@@ -27,11 +27,14 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import zstandard
 
 from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
@@ -48,6 +51,35 @@ def read_index(url: str, *, kind: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise DatasetFormatError(f"{url}: the {kind} index is not a JSON object.")
     return value
+
+
+def unpacked_copy(url: str, local: str, unpack: Callable[[bytes], bytes], *, size: int | None = None) -> str:
+    """A local file with ``unpack(bytes of local)`` (a compressed shard's plain bytes), made once
+    in the shard cache and found there after (keyed by ``url`` and the packed or, when known, the
+    unpacked ``size``); a shard that does not unpack, or not to ``size`` bytes, is named."""
+    cache = fs.default_shard_cache()
+    target = cache.cached_path(f"{url}#unpacked", size if size is not None else os.path.getsize(local))
+    try:
+        found: int | None = os.path.getsize(target)
+    except OSError:  # not made yet (or evicted)
+        found = None
+    if found is not None and (size is None or found == size):
+        return target
+    with open(local, "rb") as f:
+        packed = f.read()
+    try:
+        plain = unpack(packed)
+    except (zstandard.ZstdError, OSError, EOFError, ValueError, IndexError, struct.error) as err:
+        if isinstance(err, DatasetFormatError):
+            raise
+        raise DatasetFormatError(f"{url} cannot be decompressed ({err}); is it cut short?") from err
+    if size is not None and len(plain) != size:
+        raise DatasetFormatError(
+            f"{url} decompresses to {len(plain)} bytes where its index says {size}; is it cut short?"
+        )
+    os.makedirs(cache.root, exist_ok=True)
+    fs.atomic_write(target, plain)
+    return target
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -30,7 +30,6 @@ Example:
 from __future__ import annotations
 
 import json
-import os
 import re
 import struct
 from collections.abc import Sequence
@@ -54,6 +53,7 @@ from zephon_columnar.io.binary_records import (
     list_column,
     read_index,
     scalar_column,
+    unpacked_copy,
 )
 from zephon_columnar.io.format import Discovered, FileFormat
 
@@ -194,23 +194,11 @@ def plain_chunk(info: ShardInfo) -> str:
     """A local path with the chunk in litdata's plain layout: the file itself, or a copy
     decompressed once into the shard cache (framed batches, per-item frames or a whole file)."""
     url = info.file_path()
-    cache = fs.default_shard_cache()
-    local = cache.ensure_local(url, info.num_bytes or None)
+    local = fs.default_shard_cache().ensure_local(url, info.num_bytes or None)
     packing = info.extra.get("packing")
     if packing is None:
         return local
-    target = cache.cached_path(f"{url}#plain", os.path.getsize(local))
-    if os.path.exists(target):
-        return target
-    with open(local, "rb") as f:
-        packed = f.read()
-    try:
-        plain = _unpack(packed, packing, url)
-    except (zstandard.ZstdError, struct.error, ValueError, IndexError) as err:
-        raise DatasetFormatError(f"{url}: the zstd chunk cannot be decompressed ({err}); is it cut short?") from err
-    os.makedirs(cache.root, exist_ok=True)
-    fs.atomic_write(target, plain)
-    return target
+    return unpacked_copy(url, local, lambda packed: _unpack(packed, packing, url))
 
 
 def _unpack(packed: bytes, packing: str, url: str) -> bytes:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import bz2
 import gzip
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
@@ -47,6 +46,7 @@ from zephon_columnar.io.binary_records import (
     list_column,
     read_index,
     scalar_column,
+    unpacked_copy,
 )
 from zephon_columnar.io.format import Discovered, FileFormat
 
@@ -197,33 +197,11 @@ def local_shard(info: ShardInfo) -> str:
     """A local path with the shard's uncompressed bytes: the file itself, or its decompressed
     copy in the shard cache (made once; a remote shard is downloaded first)."""
     url = info.file_path()
-    cache = fs.default_shard_cache()
-    local = cache.ensure_local(url, info.num_bytes or None)
+    local = fs.default_shard_cache().ensure_local(url, info.num_bytes or None)
     compression = info.extra.get("compression")
     if compression is None:
         return local
-    raw_bytes = int(info.extra["raw_bytes"])
-    target = cache.cached_path(f"{url}#decompressed", raw_bytes)
-    try:
-        if os.path.getsize(target) == raw_bytes:
-            return target
-    except OSError:
-        pass
-    with open(local, "rb") as f:
-        packed = f.read()
-    try:
-        raw = _DECOMPRESS[compression](packed)
-    except (zstandard.ZstdError, OSError, EOFError, ValueError) as err:
-        raise DatasetFormatError(
-            f"{url}: the {compression} shard cannot be decompressed ({err}); is it cut short?"
-        ) from err
-    if len(raw) != raw_bytes:
-        raise DatasetFormatError(
-            f"{url} decompresses to {len(raw)} bytes where its index says {raw_bytes}; is it cut short?"
-        )
-    os.makedirs(cache.root, exist_ok=True)
-    fs.atomic_write(target, raw)
-    return target
+    return unpacked_copy(url, local, _DECOMPRESS[compression], size=int(info.extra["raw_bytes"]))
 
 
 def _first_array_dtype(shards: Sequence[ShardInfo], column: str, where: str) -> np.dtype:
