@@ -34,7 +34,9 @@ if TYPE_CHECKING:
     from zephon_columnar.device import TransferPlan
 
 PositionMode = Literal["preserve", "sequence"]
-TOKEN_FIELD_CANDIDATES = ("input_ids", "tokens", "token_ids", "ids")
+# What tokens_field="auto" looks for, in this order; the .npy names are WebDataset's members of
+# pre-tokenized ids (zephon_columnar.io.webdataset), whose column is named by extension.
+TOKEN_FIELD_CANDIDATES = ("input_ids", "tokens", "token_ids", "ids", "input_ids.npy", "tokens.npy")
 PADDING_LENGTH = F.PADDING_LENGTH  # trailing pad count of a packed row, when packing made it
 
 
