@@ -13,9 +13,9 @@ string (the JSON text; parse it with ``pl.col("json").str.json_decode()``), ``cl
 ``index``/``idx``/``id`` -> int64, ``npy`` (also ``input_ids.npy``...) holding 1-D arrays ->
 a list of their dtype (pre-tokenized ids: ``pack_flat`` and ``to_training`` find ``input_ids.npy``
 and ``tokens.npy`` themselves; the dtype is the first member's, read from its 128-byte header at
-discovery, and a member of another dtype or shape is an error naming it), anything else (``jpg``, ``pth``, ``pyd``...) -> binary,
-never unpickled. A sample without an extension some other sample has holds null there. Remote
-shards are downloaded once into the shard cache.
+discovery, and a member of another dtype or shape is an error naming it), anything else (``jpg``,
+``pth``, ``pyd``...) -> binary, never unpickled. A sample without an extension some other sample
+has holds null there. Remote shards are downloaded once into the shard cache.
 
 Example:
     >>> WEBDATASET.recognises_file("shard-000.tar", chosen=False), WEBDATASET.column_type("cls")
