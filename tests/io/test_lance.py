@@ -105,3 +105,24 @@ def test_without_the_library_the_error_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "lance", None)  # import lance now fails
     with pytest.raises(ImportError, match=r"pip install 'zephon_columnar\[lance\]'"):
         Dataset.from_path("c", path)
+
+
+def test_a_dataset_in_s3_is_read_by_lance_itself(tmp_path, monkeypatch):
+    # Lance reads object stores through its own client (credentials and endpoint from the
+    # environment), not through the shard cache: a real S3-compatible server on loopback.
+    require("moto", "s3")
+    s3fs = require("s3fs", "s3")
+    from tests.s3_server import TEST_CREDENTIALS, FaultyS3Server
+
+    server = FaultyS3Server().start()
+    try:
+        for key, value in {**TEST_CREDENTIALS, "AWS_ENDPOINT_URL": server.endpoint, "AWS_ALLOW_HTTP": "true"}.items():
+            monkeypatch.setenv(key, value)
+        store = s3fs.S3FileSystem(endpoint_url=server.endpoint)
+        store.mkdir("corpus")
+        store.put(write(tmp_path / "corpus.lance"), "s3://corpus/web.lance", recursive=True)
+        ds = Dataset.from_path("c", "s3://corpus/web.lance")
+        assert ds.format_name == "lance" and ds.counts().tolist() == [12, 9, 15]
+        assert ds.open_reader().take(2, np.array([14, 0])).column("id").to_pylist() == [35, 21]
+    finally:
+        server.stop()

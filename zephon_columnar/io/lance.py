@@ -9,7 +9,8 @@ rows of a fragment by index (random access, so ``to_indexable_torch_dataset`` wo
 too) and returns them in the order asked.
 
 Lance reads local folders and the object stores it knows itself (``s3://``, ``gs://``,
-``az://``, with the credentials from the environment); other fsspec URLs are refused by name.
+``az://``; credentials and endpoint from the environment, e.g. ``AWS_ENDPOINT_URL``), not through
+the shard cache; other fsspec URLs are refused by name.
 Reading needs the ``lance`` extra (``pip install 'zephon_columnar[lance]'``).
 
 Example:
