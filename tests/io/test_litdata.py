@@ -74,13 +74,15 @@ def test_values_equal_what_litdatas_own_dataset_reads(tmp_path):
 def test_chunks_holding_their_rows_as_an_arrow_table(tmp_path):
     # Plain dict rows (no array leaf): litdata writes them as a trailing Arrow table when
     # pyarrow is installed, with an empty body.
-    folder = write(tmp_path / "ld", [{"id": i, "text": f"t{i}", "tags": ["x"] * (i % 3)} for i in range(12)])
+    rows = [{"id": i, "text": f"t{i}", "tags": ["x"] * (i % 3), "meta": {"k": i, "deep": {"z": -i}}} for i in range(12)]
+    folder = write(tmp_path / "ld", rows)
     chunk = (tmp_path / "ld" / "chunk-0-0.bin").read_bytes()
     assert chunk.endswith(b"LDARW01\0")
     ds = Dataset.from_path("l", folder)
+    assert ds.schema.names == ["id", "text", "tags", "meta.k", "meta.deep.z"]  # nested dicts: a leaf per field
     got = ds.open_reader().take(1, np.array([3, 1]))
-    assert [(r["id"], r["text"], json.loads(r["tags"])) for r in got.to_pylist()] == [(11, "t11", ["x", "x"]),
-                                                                                       (9, "t9", [])]
+    assert [(r["id"], r["text"], json.loads(r["tags"]), r["meta.k"], r["meta.deep.z"]) for r in got.to_pylist()] == [
+        (11, "t11", ["x", "x"], 11, -11), (9, "t9", [], 9, -9)]
 
 
 def test_a_tokens_loader_dataset_is_one_row_per_array(tmp_path):

@@ -273,7 +273,7 @@ class LitDataReader:
     def _from_arrow(self, chunk: RecordFile, arrow: pa.Table, rows: np.ndarray) -> pa.Table:
         """Rows of a chunk that holds them as a trailing Arrow table, in the dataset's types
         (nested values as their JSON text, as the plain layout's ``json`` leaves read)."""
-        taken = arrow.take(pa.array(rows))
+        taken = _leaf_columns(arrow.take(pa.array(rows)), self.dataset.schema.names)
         arrays = []
         for field in self.schema:
             if field.name not in taken.column_names:
@@ -288,6 +288,21 @@ class LitDataReader:
         for chunk, _ in self._chunks.values():
             chunk.close()
         self._chunks.clear()
+
+
+def _leaf_columns(table: pa.Table, leaves: Sequence[str]) -> pa.Table:
+    """``table`` with its nested dicts (struct columns that are not a leaf themselves) as a
+    column per field, named as litdata's tree spec names the leaves (``outer.inner``)."""
+    while True:
+        nested = [f.name for f in table.schema if pa.types.is_struct(f.type) and f.name not in leaves]
+        if not nested:
+            return table
+        for name in nested:
+            column = table.column(name)
+            at = table.column_names.index(name)
+            table = table.remove_column(at)
+            for k, child in enumerate(column.flatten()):
+                table = table.add_column(at + k, f"{name}.{column.type.field(k).name}", child)
 
 
 def _arrow_rows(chunk: RecordFile) -> pa.Table | None:
