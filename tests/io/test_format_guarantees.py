@@ -1,7 +1,8 @@
 """The guarantees every format keeps, checked on each format's files as its own library writes
-them: every row once per pass (shuffled, several shards), exact resume at random steps on every
-runner through tokenize and packing in a mixture with Parquet, and a checkpoint taken on 2
-data-parallel groups resumed on 1, and that one's resumed on 4, without a row skipped or repeated.
+them: every row once per pass (shuffled, several shards), random access to the stream's rows
+(the map-style torch dataset), exact resume at random steps on every runner through tokenize and
+packing in a mixture with Parquet, and a checkpoint taken on 2 data-parallel groups resumed on 1,
+and that one's resumed on 4, without a row skipped or repeated.
 
 Each format's writer is in `WRITERS`: the same three shards (30, 25 and 35 rows of ``id``,
 ``text`` and, where the format holds arrays, pre-tokenized ``tokens``) in the format's files.
@@ -132,6 +133,19 @@ def test_a_shuffled_pass_reads_every_row_once_with_its_values(corpora, fmt):
     assert sorted(r["id"] for r in rows) == list(range(sum(SIZES)))
     assert all(r["text"] == TEXTS[r["id"]] for r in rows)
     assert [r["id"] for r in rows] != sorted(r["id"] for r in rows)  # shuffled: the order is the recipe's
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_random_access_through_the_map_style_torch_dataset_reads_the_streams_rows(corpora, fmt):
+    def source() -> StaticMixtureWorkSource:
+        return StaticMixtureWorkSource([dataset(corpora, fmt)], {fmt: 1.0}, chunk_size=7, seed=3,
+                                       shuffle_within_shard=True)
+
+    stream = [r["id"] for b in Pipeline(source()).batch(5, drop_last=False).options(runner="inline")
+              for r in b.table.select(["id"]).to_pylist()]
+    mapped = Pipeline(source()).to_indexable_torch_dataset()
+    picks = random.Random(fmt).sample(range(len(stream)), 12)
+    assert [int(mapped[i]["id"]) for i in picks] == [stream[i] for i in picks]
 
 
 def mixture(corpora: dict[str, Path], fmt: str, tokenizer: str, runner: str, *, groups: int = 1, group: int = 0

@@ -1,8 +1,8 @@
 """Lance datasets (`zephon_columnar.io.lance`), written by ``pylance``: a dataset folder is
 detected and its fragments are the shards, values (nested ones too) read back as written in any
 order, the version found at discovery is the one read (appends and deletions after it change
-nothing until the dataset is discovered again), random access through the map-style torch
-dataset, and missing files, other URL kinds and a missing library named."""
+nothing until the dataset is discovered again), a dataset in S3 read by Lance itself, and missing
+files, other URL kinds and a missing library named."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from tests.extras import require
-from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+from zephon_columnar import Dataset
 from zephon_columnar.errors import ConfigError, DatasetFormatError
 
 lance = require("lance", "lance")
@@ -63,17 +63,6 @@ def test_the_version_found_at_discovery_is_read_until_discovered_again(tmp_path)
     again = Dataset.from_path("c", path)
     assert again.counts().tolist() == [9, 5]  # the deleted row is not counted, and not read
     assert again.open_reader().take(0, np.arange(9)).column("id").to_pylist() == [0, 1, 2, 4, 5, 6, 7, 8, 9]
-
-
-def test_a_pass_and_random_access_through_torch(tmp_path):
-    ds = Dataset.from_path("c", write(tmp_path / "corpus.lance"))
-    pipe = Pipeline(StaticMixtureWorkSource([ds], {"c": 1.0}, chunk_size=5, seed=2, shuffle_within_shard=True))
-    stream = [r["id"] for b in pipe.batch(4, drop_last=False).options(runner="inline") for r in
-              b.table.select(["id"]).to_pylist()]
-    assert sorted(stream) == list(range(36))
-    indexable = Pipeline(StaticMixtureWorkSource([ds], {"c": 1.0}, chunk_size=5, seed=2, shuffle_within_shard=True))
-    mapped = indexable.to_indexable_torch_dataset()
-    assert [int(mapped[i]["id"]) for i in (35, 0, 17)] == [stream[35], stream[0], stream[17]]
 
 
 def test_a_missing_data_file_is_named_when_read(tmp_path):
