@@ -184,3 +184,25 @@ def test_headers_are_read_as_tarfile_reads_them_long_names_too(tmp_path, tar_for
     without_end = path.read_bytes()[: expected[-1][1] + -(-expected[-1][2] // 512) * 512]
     path.write_bytes(without_end)  # a tar may stop after its last member's padding
     assert list(_file_members(str(path), path.stat().st_size)) == expected
+
+
+def test_the_header_index_is_cached_on_disk_for_other_processes(tmp_path, monkeypatch):
+    from zephon_columnar.io import webdataset as module
+
+    monkeypatch.setenv("ZEPHON_COLUMNAR_CACHE", str(tmp_path / "cache"))
+    folder = write_shards(tmp_path / "w", sizes=(12, 9))
+    first = Dataset.from_path("w", folder)
+    module._scan.cache_clear()  # a fresh process: nothing in memory
+
+    def no_walk(*args):
+        raise AssertionError("walked the tar again")
+
+    monkeypatch.setattr(module, "_walk", no_walk)
+    again = Dataset.from_path("w", folder)
+    assert again.counts().tolist() == [12, 9] and again.schema == first.schema
+    got = again.open_reader().take(1, np.array([8, 0]))
+    assert [r["txt"] for r in got.to_pylist()] == [TEXTS[20], TEXTS[12]]
+    monkeypatch.undo()  # a rewritten shard (another size and time) is walked again
+    monkeypatch.setenv("ZEPHON_COLUMNAR_CACHE", str(tmp_path / "cache"))
+    write_shards(tmp_path / "w", sizes=(5, 9))
+    assert Dataset.from_path("w", folder).counts().tolist() == [5, 9]

@@ -4,7 +4,8 @@ extension, the sample's key in ``key``.
 A WebDataset shard is a plain tar whose members are named ``<key>.<extension>``; consecutive
 members with the same key form one sample (``000017.txt`` and ``000017.json`` -> one row with
 columns ``txt`` and ``json``). Discovery scans each shard's tar headers (512 bytes a member; the
-data is skipped, never read) for its samples and extensions; a reader keeps that index and reads
+data is skipped, never read) for its samples and extensions, once: the index is cached on disk
+(``cache_root()/tar_index``) for loader workers and later runs; a reader keeps that index and reads
 exactly the members of the rows asked for, at their offsets (random access, so
 ``to_indexable_torch_dataset`` works over tar shards too).
 
@@ -26,13 +27,15 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
+import io
 import mmap
 import os
 import re
 import tarfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -74,6 +77,49 @@ def _stamp(local: str) -> tuple[int, int]:
 
 @functools.lru_cache(maxsize=256)
 def _scan(local: str, size: int, mtime: int, url: str) -> TarIndex:
+    """The index from the on-disk cache (``cache_root()/tar_index``, keyed by the file's path,
+    size and modification time: loader workers and later runs skip the walk), else walked and
+    saved there (best effort: an unwritable cache only costs the walk again)."""
+    path = os.path.join(
+        fs.cache_root(), "tar_index", hashlib.sha256(f"{local}\0{size}\0{mtime}".encode()).hexdigest()[:40]
+    )
+    cached = _load_index(path + ".npz")
+    if cached is not None:
+        return cached
+    index = _walk(local, size, url)
+    try:
+        out = io.BytesIO()
+        arrays: dict[str, Any] = {"keys": np.frombuffer(_keys_ipc(index.keys), np.uint8)}
+        arrays.update({f"offsets/{ext}": v for ext, v in index.offsets.items()})
+        arrays.update({f"sizes/{ext}": v for ext, v in index.sizes.items()})
+        np.savez(out, **arrays)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fs.atomic_write(path + ".npz", out.getbuffer())
+    except OSError:
+        pass
+    return index
+
+
+def _keys_ipc(keys: pa.StringArray) -> bytes:
+    sink = pa.BufferOutputStream()
+    batch = pa.record_batch([keys], names=[KEY])
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def _load_index(path: str) -> TarIndex | None:
+    try:
+        with np.load(path) as saved:
+            keys = pa.ipc.open_stream(pa.py_buffer(saved["keys"].tobytes())).read_all().column(KEY).combine_chunks()
+            offsets = {name[len("offsets/") :]: saved[name] for name in saved.files if name.startswith("offsets/")}
+            sizes = {name[len("sizes/") :]: saved[name] for name in saved.files if name.startswith("sizes/")}
+    except (OSError, KeyError, ValueError):  # absent or unreadable: walk again (pa.ArrowInvalid is a ValueError)
+        return None
+    return TarIndex(keys=keys, offsets=offsets, sizes=sizes)
+
+
+def _walk(local: str, size: int, url: str) -> TarIndex:
     keys: list[str] = []
     places: dict[str, dict[int, tuple[int, int]]] = {}
     try:
