@@ -58,7 +58,9 @@ Run from the repository root (the project venv, PYTHONPATH = the checkout to mea
         > benchmarks/data/formats_small.json        # progress on stderr, one JSON line on stdout
     .venv/bin/python benchmarks/formats.py report benchmarks/data/formats_small.json   # Markdown tables
 
-``run --variants ours_mds,own_mds`` runs some variants only (default: all those whose files exist).
+``run --variants ours_mds,own_mds`` runs some variants only (default: all those whose files exist);
+``bare_<fmt>`` is ours packing without positions (``emit_positions=False``), token ids only, the
+output the own loaders' packer makes (asked for by name only).
 The JSON line has every run ("runs"), per-round ratios (ours_<fmt> / own_<fmt> and
 ours_<fmt> / ours_parquet of tokens/s) and their medians ("summary"), with the issue's targets:
 ours_<fmt> at least own_<fmt>'s tokens/s, and at least 1 / 1.5 of ours_parquet's.
@@ -304,7 +306,9 @@ OWN: dict[str, Callable[[Path, Path], DocStream]] = {
 }
 
 
-def ours(path: Path, fmt: str) -> Callable[[], Iterator[Any]]:
+def ours(path: Path, fmt: str, *, positions: bool = True) -> Callable[[], Iterator[Any]]:
+    """Our pipeline; ``positions=False`` (the ``bare_<fmt>`` variants) packs without the
+    per-document positions, the output the own loaders' packer makes (token ids only)."""
     import zephon_columnar as Z
 
     field = TOKENS_FIELD.get(fmt, "input_ids")
@@ -312,7 +316,8 @@ def ours(path: Path, fmt: str) -> Callable[[], Iterator[Any]]:
     def batches() -> Iterator[Any]:
         ds = Z.Dataset.from_path("d", str(path))
         ws = Z.StaticMixtureWorkSource([ds], {"d": 1.0}, chunk_size=1024, seed=42)
-        for b in Z.Pipeline(ws).pack_flat(L, algorithm="wrap", tokens_field=field).batch(B):
+        packed = Z.Pipeline(ws).pack_flat(L, algorithm="wrap", tokens_field=field, emit_positions=positions)
+        for b in packed.batch(B):
             yield b.to_training(tokens_field=field)["input_ids"]
 
     return batches
@@ -361,8 +366,8 @@ def child(corpus: Path, variant: str, scratch: Path) -> dict:
                 "first_batch_s": None, "cpu_s": time.process_time() - c0, "peak_rss_mb": peak_rss_mb(),
                 "rss_after_imports_mb": rss_imports}
     path = data_path(corpus, fmt)
-    if kind == "ours":
-        batches = ours(path, fmt)
+    if kind in ("ours", "bare"):
+        batches = ours(path, fmt, positions=kind == "ours")
     else:
         docs = OWN[fmt](path, scratch)
 
@@ -411,13 +416,13 @@ def runnable_variants(corpus: Path, asked: list[str]) -> tuple[list[str], dict[s
         if kind == "floor":
             run.append(variant)
             continue
-        if kind not in ("ours", "own") or fmt not in FORMATS or (kind == "own" and fmt == "parquet"):
+        if kind not in ("ours", "bare", "own") or fmt not in FORMATS or (kind == "own" and fmt == "parquet"):
             raise SystemExit(f"unknown variant {variant!r}")
         path = data_path(corpus, fmt)
         if not path.exists():
             skipped[variant] = f"{path} is missing: run `prepare` first"
             continue
-        if kind == "ours":
+        if kind in ("ours", "bare"):
             try:
                 Z.Dataset.from_path("d", str(path))
             except Exception as e:  # noqa: BLE001  # whatever discovery raises is recorded: ours cannot read it
@@ -461,6 +466,8 @@ def round_ratios(runs: dict[str, dict]) -> dict[str, float | None]:
     """ours_<fmt> / own_<fmt> and ours_<fmt> / ours_parquet (tokens/s) within one round."""
     out = {}
     for fmt in FORMATS[1:]:
+        if f"bare_{fmt}" in runs and f"own_{fmt}" in runs:  # the same output: token ids only
+            out[f"bare_{fmt}/own_{fmt}"] = ratio(runs, f"bare_{fmt}", f"own_{fmt}")
         if f"ours_{fmt}" in runs:
             if f"own_{fmt}" in runs:
                 out[f"ours_{fmt}/own_{fmt}"] = ratio(runs, f"ours_{fmt}", f"own_{fmt}")
