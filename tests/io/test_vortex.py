@@ -79,3 +79,16 @@ def test_without_the_library_the_error_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "vortex", None)
     with pytest.raises(ImportError, match=r"pip install 'zephon_columnar\[vortex\]'"):
         Dataset.from_path("v", tmp_path)
+
+
+@pytest.mark.parametrize("whole_file_bytes, cache_bytes", [(0, 0), (1 << 30, 1), (1 << 30, 1 << 30)],
+                         ids=["by-index", "whole-files-evicted", "whole-files-kept"])
+def test_both_read_paths_return_the_rows_asked(tmp_path, whole_file_bytes, cache_bytes):
+    from zephon_columnar.io.vortex import VortexReader
+
+    ds = Dataset.from_path("v", write(tmp_path))
+    reader = VortexReader(ds, columns=["id", "text"], whole_file_bytes=whole_file_bytes, decoded_cache_bytes=cache_bytes)
+    for shard, rows in ((1, [8, 0, 3, 3]), (0, [11, 2]), (1, [4, 5, 6]), (0, list(range(12)))):
+        got = reader.take(shard, np.array(rows))
+        assert got.column_names == ["id", "text"]
+        assert got.column("id").to_pylist() == [12 * shard + r for r in rows]

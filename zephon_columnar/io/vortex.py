@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -29,10 +30,14 @@ from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
 from zephon_columnar.io.base import ShardInfo, ShardReader, check_columns, project, shard_info
 from zephon_columnar.io.format import Discovered, FileFormat, optional_library
-from zephon_columnar.io.tables import check_same_schema, in_column_order
+from zephon_columnar.io.tables import check_same_schema, in_column_order, take_rows
 
 if TYPE_CHECKING:
     from zephon_columnar.io.dataset import Dataset
+
+
+DEFAULT_WHOLE_FILE_BYTES = 64 << 20  # files up to this size on disk are decoded whole and kept
+DEFAULT_DECODED_CACHE_BYTES = 256 << 20  # decoded files kept per reader (at least the one in use)
 
 
 def _vortex() -> Any:
@@ -93,14 +98,28 @@ class VortexFormat(FileFormat):
 
 
 class VortexReader:
-    """Reads rows of a Vortex dataset's files by index (one open handle per file; not
-    thread-safe). Rows asked in any order, repeats included: Vortex takes sorted, distinct
-    indices, so the reader asks for those and puts them in the order asked."""
+    """Reads rows of a Vortex dataset's files (one open handle per file; not thread-safe).
 
-    def __init__(self, dataset: Dataset, *, columns: Sequence[str] | None = None) -> None:
+    A file of at most ``whole_file_bytes`` on disk is decoded whole on its first take and kept
+    (an LRU of decoded files within ``decoded_cache_bytes``, at least the file in use): Vortex
+    decodes a whole split for any rows of it, so a scan in 1,024-row takes decoded a one-split
+    file once per take (7 x on the large corpus' files: 0.07 s against 0.027 s a file). Larger
+    files are read by index: Vortex takes sorted, distinct indices, so the reader asks for those
+    and puts them in the order asked."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        *,
+        columns: Sequence[str] | None = None,
+        whole_file_bytes: int = DEFAULT_WHOLE_FILE_BYTES,
+        decoded_cache_bytes: int = DEFAULT_DECODED_CACHE_BYTES,
+    ) -> None:
         self.dataset = dataset
         self.schema = project(dataset.schema, check_columns(dataset.name, dataset.schema, columns))
+        self._whole_file_bytes, self._decoded_bytes = whole_file_bytes, decoded_cache_bytes
         self._files: dict[int, tuple[str, Any]] = {}
+        self._decoded: OrderedDict[int, pa.Table] = OrderedDict()
 
     def _open(self, shard_id: int) -> tuple[str, Any]:
         if shard_id not in self._files:
@@ -113,25 +132,42 @@ class VortexReader:
         return self._files[shard_id]
 
     def take(self, shard_id: int, rows: np.ndarray) -> pa.Table:
-        url, handle = self._open(shard_id)
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) == 0:
             return self.schema.empty_table()
+        info = shard_info(self.dataset.shards, shard_id, dataset=self.dataset.name)
+        if info.num_bytes and info.num_bytes <= self._whole_file_bytes:
+            return take_rows(self._whole(shard_id), rows)
         wanted, where = np.unique(rows, return_inverse=True)
-        indices = _vortex().array(pa.array(wanted.astype(np.uint64)))
+        table = self._read(shard_id, _vortex().array(pa.array(wanted.astype(np.uint64))))
+        if len(wanted) == len(rows) and bool(np.all(where == np.arange(len(rows)))):
+            return table
+        return table.take(pa.array(where, pa.int64()))
+
+    def _whole(self, shard_id: int) -> pa.Table:
+        table = self._decoded.get(shard_id)
+        if table is not None:
+            self._decoded.move_to_end(shard_id)
+            return table
+        table = self._read(shard_id, None).combine_chunks()
+        self._decoded[shard_id] = table
+        while len(self._decoded) > 1 and sum(t.nbytes for t in self._decoded.values()) > self._decoded_bytes:
+            self._decoded.popitem(last=False)
+        return table
+
+    def _read(self, shard_id: int, indices: Any) -> pa.Table:
+        url, handle = self._open(shard_id)
         try:
             table = handle.to_arrow(self.schema.names, indices=indices, schema=self.schema).read_all()
         except (ValueError, OSError, RuntimeError) as err:
             raise DatasetFormatError(
                 f"{url}: reading rows of this Vortex file failed ({err}); is it cut short?"
             ) from err
-        table = in_column_order(table, self.schema.names)
-        if len(wanted) == len(rows) and bool(np.all(where == np.arange(len(rows)))):
-            return table
-        return table.take(pa.array(where, pa.int64()))
+        return in_column_order(table, self.schema.names)
 
     def close(self) -> None:
         self._files.clear()
+        self._decoded.clear()
 
 
 VORTEX = VortexFormat()
