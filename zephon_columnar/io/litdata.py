@@ -392,28 +392,32 @@ def _tagged(raw: bytes, at: int) -> tuple[Any, int]:
                 row[key], at = _record_value(raw, at)
             rows.append(row)
         return rows, at
-    if tag == 7:
-        return _utf8(raw, at + 1)
-    if tag in (8, 9):
-        return struct.unpack_from("<q" if tag == 8 else "<d", raw, at + 1)[0], at + 9
-    if tag == 10:
-        return bool(raw[at + 1]), at + 2
-    if tag == 11:
-        return None, at + 1
+    if tag in _SCALAR_TAGS:
+        return _scalar(_SCALAR_TAGS[tag], raw, at + 1)
     raise ValueError(f"unknown tag {tag}")
 
 
 def _record_value(raw: bytes, at: int) -> tuple[Any, int]:
-    kind = raw[at]
-    if kind == 0x10:
-        return None, at + 1
-    if kind == 0x11:
-        return _utf8(raw, at + 1)
-    if kind in (0x12, 0x13):
-        return struct.unpack_from("<q" if kind == 0x12 else "<d", raw, at + 1)[0], at + 9
-    if kind == 0x14:
-        return bool(raw[at + 1]), at + 2
-    raise ValueError(f"unknown record tag {kind}")
+    """A field of a records value: a tag (0x10-0x14) and the scalar it names."""
+    if raw[at] not in _RECORD_TAGS:
+        raise ValueError(f"unknown record tag {raw[at]}")
+    return _scalar(_RECORD_TAGS[raw[at]], raw, at + 1)
+
+
+# The scalars of the tagged form, by tag: as a value of its own, and as a field of a records value.
+_SCALAR_TAGS = {7: "str", 8: "int", 9: "float", 10: "bool", 11: "none"}
+_RECORD_TAGS = {0x10: "none", 0x11: "str", 0x12: "int", 0x13: "float", 0x14: "bool"}
+
+
+def _scalar(kind: str, raw: bytes, at: int) -> tuple[Any, int]:
+    """The scalar ``kind`` stored at ``raw[at]`` (past its tag), and where the next value starts."""
+    if kind == "str":
+        return _utf8(raw, at)
+    if kind in ("int", "float"):
+        return struct.unpack_from("<q" if kind == "int" else "<d", raw, at)[0], at + 8
+    if kind == "bool":
+        return bool(raw[at]), at + 1
+    return None, at
 
 
 def _utf8(raw: bytes, at: int) -> tuple[str, int]:

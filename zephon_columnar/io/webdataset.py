@@ -396,8 +396,8 @@ class TarReader:
         values = np.frombuffer(b"".join(parts), dtype=dtype) if parts else np.zeros(0, dtype)
         offsets = np.zeros(len(data) + 1, dtype=np.int32)
         np.cumsum(lengths, out=offsets[1:])
-        valid = pa.array([value is not None for value in data], pa.bool_())
-        mask = None if all(value is not None for value in data) else pc.invert(valid)
+        missing = np.fromiter((value is None for value in data), dtype=bool, count=len(data))
+        mask = pa.array(missing) if missing.any() else None
         return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values), type=field.type, mask=mask)
 
     @staticmethod
