@@ -245,7 +245,7 @@ def frame_of(payload: dict | pa.Table, *, lane: int = 0, chunk_id: int = 0, firs
     return with_payload(book, table)
 
 
-def payload_names(frame: pa.Table) -> list[str]:
+def payload_names(frame: pa.Table | pa.RecordBatch) -> list[str]:
     return [n for n in frame.column_names if not is_bookkeeping(n)]
 
 

@@ -205,10 +205,13 @@ def to_training(
     return move_to_device(out, options.transfer)
 
 
-def table_training(table: pa.Table, o: TrainingOptions) -> dict[str, Any]:
+def table_training(rows: pa.Table, o: TrainingOptions) -> dict[str, Any]:
     """to_training of an Arrow-backed batch (rename/exclude left to the caller): vectorized over
     the Arrow buffers, no per-row Python loop."""
     eos_token_id = o.eos_token_id if o.eos_mask_loss else None
+    # Plain arrays, not chunked ones: a batch is converted in a few dozen microseconds, and
+    # every chunked-column access costs about one more.
+    table = _one_record_batch(rows)
     field_name = _resolve_tokens_field(table, o.tokens_field)
     tokens, lengths = _stack_list_column(table.column(field_name), o.pad_token_id, field_name)
     b, s = tokens.shape
@@ -245,7 +248,7 @@ def table_training(table: pa.Table, o: TrainingOptions) -> dict[str, Any]:
         if name not in names:
             raise ConfigError(
                 f"to_training: Extra field {name!r} not found in the batch "
-                f"(fields: {F.payload_names(table)}); drop it from extra_fields."
+                f"(fields: {F.payload_names(rows)}); drop it from extra_fields."
             )
         extras[name], _ = _stack_list_column(table.column(name), 0, name)
 
@@ -723,6 +726,12 @@ def _row_cu_seqlens(positions: Any, fw: _Framework, flatten: bool) -> tuple[Any,
 
 
 # ---------------------------------------------------------------------- helpers
+def _one_record_batch(table: pa.Table) -> pa.RecordBatch:
+    """A non-empty table's rows as one record batch (combined first when its columns are chunked)."""
+    batches = table.to_batches()
+    return batches[0] if len(batches) == 1 else table.combine_chunks().to_batches()[0]
+
+
 class _Names:
     """Membership test on a schema's field names without building the list of names (which
     costs more than the rest of a small batch's conversion)."""
@@ -736,9 +745,8 @@ class _Names:
         return isinstance(name, str) and self._schema.get_field_index(name) >= 0
 
 
-def _column_numpy(table: pa.Table, name: str) -> np.ndarray:
-    col = table.column(name)
-    return _numpy_view(col.chunk(0) if col.num_chunks == 1 else col.combine_chunks())
+def _column_numpy(table: pa.RecordBatch, name: str) -> np.ndarray:
+    return _numpy_view(table.column(name))
 
 
 def _numpy_view(arr: pa.Array) -> np.ndarray:
@@ -749,7 +757,7 @@ def _numpy_view(arr: pa.Array) -> np.ndarray:
     return arr.to_numpy()  # zero-copy and read-only
 
 
-def _resolve_tokens_field(table: pa.Table, tokens_field: str) -> str:
+def _resolve_tokens_field(table: pa.RecordBatch, tokens_field: str) -> str:
     names = _Names(table.schema)
     if tokens_field != "auto":
         if tokens_field not in names:
@@ -768,8 +776,7 @@ def _resolve_tokens_field(table: pa.Table, tokens_field: str) -> str:
     )
 
 
-def _list_array(col: pa.ChunkedArray, name: str) -> pa.Array:
-    arr = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+def _list_array(arr: pa.Array, name: str) -> pa.Array:
     if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type)):
         raise ConfigError(f"to_training: field {name!r} has type {arr.type}, not a list of numbers.")
     if arr.null_count:
@@ -815,7 +822,7 @@ def _list_parts(arr: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray]:
     return _numpy_view(child)[offsets[0] : offsets[-1]], offsets
 
 
-def _stack_list_column(col: pa.ChunkedArray, pad_value: int, name: str) -> tuple[np.ndarray, np.ndarray | None]:
+def _stack_list_column(col: pa.Array, pad_value: int, name: str) -> tuple[np.ndarray, np.ndarray | None]:
     """(B, S) numpy array of a list column and the row lengths, or None for the lengths when
     every row has length S (then the array is a view: a plain reshape of the values)."""
     arr = _list_array(col, name)
@@ -835,7 +842,7 @@ def _stack_list_column(col: pa.ChunkedArray, pad_value: int, name: str) -> tuple
     return out, lengths
 
 
-def _pad_mask(lengths: np.ndarray | None, b: int, s: int, table: pa.Table) -> np.ndarray | None:
+def _pad_mask(lengths: np.ndarray | None, b: int, s: int, table: pa.RecordBatch) -> np.ndarray | None:
     """True where a position is padding: past a ragged row's end (``lengths``; None when all
     rows have length ``s``), or in a packed row's pad tail (``__padding_length``). None when
     nothing is padding."""
