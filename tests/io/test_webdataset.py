@@ -14,11 +14,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.extras import require
 from tests.ops._tokenizers import make_texts, make_tokenizer
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon_columnar.errors import DatasetFormatError
+from zephon_columnar.io import webdataset
 
 wds = require("webdataset", "formats")
 
@@ -51,8 +54,9 @@ def expected_row(i: int) -> dict:
 def test_a_folder_of_tar_shards_is_detected_and_counted_from_the_headers(tmp_path):
     ds = Dataset.from_path("w", write_shards(tmp_path))
     assert ds.format_name == "webdataset" and ds.counts().tolist() == [30, 25, 35]
-    assert ds.schema == pa.schema([("key", pa.string()), ("cls", pa.int64()), ("jpg", pa.binary()),
-                                   ("json", pa.string()), ("txt", pa.string())])
+    assert ds.schema == pa.schema(
+        [("key", pa.string()), ("cls", pa.int64()), ("jpg", pa.binary()), ("json", pa.string()), ("txt", pa.string())]
+    )
     assert Dataset.from_path("w", tmp_path / "shard-001.tar", fmt="webdataset").total() == 25
 
 
@@ -77,8 +81,13 @@ def test_a_mixture_with_parquet_through_tokenize_and_packing_resumes_exactly_on_
 
     def build(runner: str) -> Pipeline:
         ws = StaticMixtureWorkSource([wd, pqds], {"w": 0.7, "p": 0.3}, chunk_size=8, seed=1, shuffle_within_shard=True)
-        return (Pipeline(ws).tokenize(tokenizer_id=str(tokenizer), field="txt", special_tokens="eos")
-                .pack_flat(33, algorithm="wrap").batch(2).options(runner=runner, canonical_replicas=2))
+        return (
+            Pipeline(ws)
+            .tokenize(tokenizer_id=str(tokenizer), field="txt", special_tokens="eos")
+            .pack_flat(33, algorithm="wrap")
+            .batch(2)
+            .options(runner=runner, canonical_replicas=2)
+        )
 
     def rows(batch) -> list:
         return batch.table.column("input_ids").to_pylist()
@@ -153,14 +162,90 @@ def test_a_npy_member_of_another_dtype_or_shape_is_named(tmp_path):
         sink.write({"__key__": "c", "npy": np.zeros((2, 2), dtype=np.int32)})
     reader = Dataset.from_path("t", tmp_path / "ids.tar").open_reader()
     assert reader.take(0, np.array([0])).column("npy").to_pylist() == [[0, 1, 2]]
-    with pytest.raises(DatasetFormatError, match=r"ids\.tar: member b\.npy holds a 1-D int64 array; every npy member must be a 1-D int32"):
+    with pytest.raises(
+        DatasetFormatError,
+        match=r"ids\.tar: member b\.npy holds a 1-D int64 array; every npy member must be a 1-D int32",
+    ):
         reader.take(0, np.array([1]))
     with pytest.raises(DatasetFormatError, match=r"member c\.npy holds a 2-D int32 array"):
         reader.take(0, np.array([2]))
     with wds.TarWriter(str(tmp_path / "img.tar")) as sink:
         sink.write({"__key__": "a", "npy": np.zeros((2, 2), dtype=np.uint8)})
-    with pytest.raises(DatasetFormatError, match=r"img\.tar: member a\.npy holds a 2-D uint8 array; \.npy members are read as 1-D"):
+    with pytest.raises(
+        DatasetFormatError, match=r"img\.tar: member a\.npy holds a 2-D uint8 array; \.npy members are read as 1-D"
+    ):
         Dataset.from_path("t", tmp_path / "img.tar")
+
+
+def npy_member(values: np.ndarray, style: str) -> bytes:
+    """A .npy member as numpy writes it ("save": version 1.0), as version 2.0 ("v2"), with its dict
+    keys in another order ("reordered": not numpy's own layout), or with bytes after the array
+    ("trailing": numpy reads the array and ignores them)."""
+    out = io.BytesIO()
+    if style == "reordered":
+        text = "{'shape': (%d,), 'fortran_order': False, 'descr': '%s', }" % (len(values), values.dtype.str)
+        text = text.ljust(118) + "\n"
+        return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text.encode() + values.tobytes()
+    np.lib.format.write_array(out, values, version=(2, 0) if style == "v2" else (1, 0))
+    return out.getvalue() + (b"\x07" * 5 if style == "trailing" else b"")
+
+
+def write_members(path, members: list[tuple[str, bytes]]) -> None:
+    with tarfile.open(path, "w") as tar:
+        for name, payload in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    docs=st.lists(
+        st.tuples(st.integers(0, 300), st.sampled_from(["save", "save", "v2", "reordered", "trailing"])),
+        min_size=1,
+        max_size=40,
+    ),
+    dtype=st.sampled_from([np.int32, np.int64, np.uint16, np.float32]),
+    seed=st.integers(0, 2**16),
+)
+def test_npy_members_read_back_as_numpy_loads_them_whatever_their_header(tmp_path_factory, docs, dtype, seed):
+    rng = np.random.default_rng(seed)
+    arrays = [rng.integers(0, 30_000, n).astype(dtype) for n, _ in docs]
+    path = tmp_path_factory.mktemp("npy") / "ids.tar"
+    write_members(
+        path, [(f"d{i:04d}.npy", npy_member(a, style)) for i, (a, (_, style)) in enumerate(zip(arrays, docs))]
+    )
+    rows = rng.permutation(len(arrays))
+    got = Dataset.from_path("t", path).open_reader().take(0, rows).column("npy")
+    assert got.type == pa.list_(pa.from_numpy_dtype(np.dtype(dtype)))
+    assert got.to_pylist() == [np.load(io.BytesIO(npy_member(arrays[i], docs[i][1]))).tolist() for i in rows]
+
+
+def test_npy_members_numpy_wrote_are_read_without_a_header_parse_per_member(tmp_path, monkeypatch):
+    arrays = [np.arange(i * 7 % 500, dtype=np.int32) for i in range(200)]
+    with wds.TarWriter(str(tmp_path / "ids.tar")) as sink:  # webdataset's own .npy encoder (np.save)
+        for i, a in enumerate(arrays):
+            sink.write({"__key__": f"d{i:03d}", "input_ids.npy": a} | ({"npy": a} if i % 9 else {}))
+    reader = Dataset.from_path("t", tmp_path / "ids.tar").open_reader()
+
+    def one_by_one(*_):
+        raise AssertionError("numpy's own headers should be checked as one array operation")
+
+    monkeypatch.setattr(webdataset, "_npy_bodies_one_by_one", one_by_one)
+    got = reader.take(0, np.arange(200)[::-1])
+    assert got.column("input_ids.npy").to_pylist() == [a.tolist() for a in arrays[::-1]]
+    assert got.column("npy").to_pylist() == [
+        a.tolist() if i % 9 else None for i, a in reversed(list(enumerate(arrays)))
+    ]
+
+
+def test_a_cut_npy_member_among_whole_ones_is_named(tmp_path):
+    whole = npy_member(np.arange(50, dtype=np.int32), "save")
+    write_members(tmp_path / "ids.tar", [("a.npy", whole), ("b.npy", whole[:-12]), ("c.npy", whole)])
+    reader = Dataset.from_path("t", tmp_path / "ids.tar").open_reader()
+    assert reader.take(0, np.array([2, 0])).column("npy").to_pylist() == [list(range(50))] * 2
+    with pytest.raises(DatasetFormatError, match=r"ids\.tar: member b\.npy is cut short: 188 of 200 bytes"):
+        reader.take(0, np.array([0, 1, 2]))
 
 
 @pytest.mark.parametrize("tar_format", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])

@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
 from zephon_columnar.io.base import ShardInfo, ShardReader, check_columns, project, shard_info
+from zephon_columnar.io.binary_records import gather_spans
 from zephon_columnar.io.format import Discovered, FileFormat
 
 if TYPE_CHECKING:
@@ -335,24 +336,31 @@ class WebDatasetFormat(FileFormat):
 
 class TarReader:
     """Reads rows of a WebDataset dataset's shards: the members of each row asked for, by their
-    offsets in the tar (one open file per shard; not thread-safe)."""
+    offsets in the memory-mapped tar (one map per shard; not thread-safe)."""
 
     def __init__(self, dataset: Dataset, *, columns: Sequence[str] | None = None) -> None:
         self.dataset = dataset
         self.schema = project(dataset.schema, check_columns(dataset.name, dataset.schema, columns))
-        self._files: dict[int, tuple[str, int, TarIndex]] = {}
+        self._files: dict[int, tuple[str, np.ndarray, TarIndex]] = {}
+        self._maps: list[mmap.mmap] = []
 
-    def _open(self, shard_id: int) -> tuple[str, int, TarIndex]:
+    def _open(self, shard_id: int) -> tuple[str, np.ndarray, TarIndex]:
         if shard_id not in self._files:
             info = shard_info(self.dataset.shards, shard_id, dataset=self.dataset.name)
             url = info.file_path()
             local = fs.default_shard_cache().ensure_local(url, info.num_bytes or None)
-            fd = os.open(local, os.O_RDONLY)
-            self._files[shard_id] = (url, fd, scan(url, local))
+            index = scan(url, local)
+            with open(local, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+            if view is not None:
+                self._maps.append(view)
+            data = np.frombuffer(view, np.uint8) if view is not None else np.zeros(0, np.uint8)
+            self._files[shard_id] = (url, data, index)
         return self._files[shard_id]
 
     def take(self, shard_id: int, rows: np.ndarray) -> pa.Table:
-        url, fd, index = self._open(shard_id)
+        url, data, index = self._open(shard_id)
         rows = np.asarray(rows, dtype=np.int64)
         columns = []
         for field in self.schema:
@@ -363,76 +371,188 @@ class TarReader:
             if offsets is None or sizes is None:  # another shard's extension
                 columns.append(pa.nulls(len(rows), field.type))
                 continue
-            data = [
-                None if offset < 0 else os.pread(fd, length, offset)
-                for offset, length in zip(offsets[rows].tolist(), sizes[rows].tolist())
-            ]
-            columns.append(self._column(data, field, url, index, rows))
+            members = _Members(data, offsets[rows], sizes[rows], url, index, rows, field.name)
+            columns.append(_npy_column(members, field) if pa.types.is_list(field.type) else _column(members, field))
         return pa.Table.from_arrays(columns, schema=self.schema)
 
-    @staticmethod
-    def _npy_column(data: list[bytes | None], field: pa.Field, url: str, index: TarIndex, rows: np.ndarray) -> pa.Array:
-        """1-D ``.npy`` members as one list array: each header parsed, the array bytes joined
-        once and viewed as the column's dtype (no Python object per element)."""
-        dtype = np.dtype(field.type.value_type.to_pandas_dtype())
-        lengths = np.zeros(len(data), dtype=np.int64)
-        parts: list[memoryview] = []
-        for k, value in enumerate(data):
-            if value is None:
-                continue
-            view = memoryview(value)
-            where = f"{url}: member {index.keys[int(rows[k])].as_py()}.{field.name}"
-            got, shape, start = npy_header(view, where)
-            if len(shape) != 1 or got.newbyteorder("=") != dtype or (got.byteorder == ">" and dtype.itemsize > 1):
-                raise DatasetFormatError(
-                    f"{where} holds a {len(shape)}-D {got} array; every {field.name} member must be a 1-D "
-                    f"{dtype} array (the first one's)."
-                )
-            body = view[start : start + shape[0] * dtype.itemsize]
-            if len(body) != shape[0] * dtype.itemsize:
-                raise DatasetFormatError(f"{where} is cut short: {len(body)} of {shape[0] * dtype.itemsize} bytes.")
-            lengths[k] = shape[0]
-            parts.append(body)
-        values = np.frombuffer(b"".join(parts), dtype=dtype) if parts else np.zeros(0, dtype)
-        offsets = np.zeros(len(data) + 1, dtype=np.int32)
-        np.cumsum(lengths, out=offsets[1:])
-        missing = np.fromiter((value is None for value in data), dtype=bool, count=len(data))
-        mask = pa.array(missing) if missing.any() else None
-        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values), type=field.type, mask=mask)
-
-    @staticmethod
-    def _column(data: list[bytes | None], field: pa.Field, url: str, index: TarIndex, rows: np.ndarray) -> pa.Array:
-        """The members' bytes as ``field``'s type: UTF-8 checked and integers parsed by Arrow's
-        kernels over the whole column; a member that fails is then found and named."""
-        if pa.types.is_list(field.type):
-            return TarReader._npy_column(data, field, url, index, rows)
-        raw = pa.array(data, pa.binary())
-        if pa.types.is_binary(field.type):
-            return raw
-        try:
-            text = raw.cast(pa.string())
-            return text if pa.types.is_string(field.type) else pc.utf8_trim_whitespace(text).cast(pa.int64())
-        except (pa.ArrowInvalid, pa.ArrowTypeError):
-            pass
-        kind = "UTF-8 text" if pa.types.is_string(field.type) else "an integer"
-        for value, row in zip(data, rows.tolist()):
-            if value is None:
-                continue
-            try:
-                text = value.decode("utf-8")
-                if pa.types.is_integer(field.type):
-                    int(text)
-            except (UnicodeDecodeError, ValueError) as err:
-                raise DatasetFormatError(
-                    f"{url}: member {index.keys[row].as_py()}.{field.name} is not {kind} ({err}); WebDataset's "
-                    f".{field.name} members hold {kind}."
-                ) from err
-        raise DatasetFormatError(f"{url}: the .{field.name} members are not {kind}.")
-
     def close(self) -> None:
-        for _, fd, _ in self._files.values():
-            os.close(fd)
         self._files.clear()
+        for view in self._maps:
+            try:
+                view.close()
+            except BufferError:  # an array still viewing the map keeps it alive
+                pass
+        self._maps.clear()
+
+
+@dataclass(frozen=True)
+class _Members:
+    """One column's members for the rows asked: their byte ``offsets`` (-1: the row has none) and
+    ``sizes`` in the shard's bytes ``data``; ``url``, ``index``, ``rows`` and ``ext`` name them."""
+
+    data: np.ndarray
+    offsets: np.ndarray
+    sizes: np.ndarray
+    url: str
+    index: TarIndex
+    rows: np.ndarray
+    ext: str
+
+    @property
+    def present(self) -> np.ndarray:
+        return self.offsets >= 0
+
+    def where(self, k: int) -> str:
+        return f"{self.url}: member {self.index.keys[int(self.rows[k])].as_py()}.{self.ext}"
+
+    def member(self, k: int) -> memoryview | None:
+        start = int(self.offsets[k])
+        return None if start < 0 else self.data.data[start : start + int(self.sizes[k])]
+
+    def validity(self) -> pa.Buffer | None:
+        """The Arrow validity bitmap of the rows (None when every row has the member)."""
+        present = self.present
+        return None if present.all() else pa.array(present).buffers()[1]
+
+    def joined(self, skip: np.ndarray | int = 0, take: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Each member's bytes from ``skip`` on (``take`` of them; all when None) joined, with the
+        offsets of each row's part (empty for a row without the member)."""
+        present = self.present
+        starts = np.where(present, self.offsets + skip, 0)
+        lengths = np.where(present, self.sizes - skip if take is None else take, 0)
+        return gather_spans(self.data, starts, lengths)
+
+
+def _column(members: _Members, field: pa.Field) -> pa.Array:
+    """The members' bytes as ``field``'s type: UTF-8 checked and integers parsed by Arrow's
+    kernels over the whole column; a member that fails is then found and named."""
+    joined, offsets = members.joined()
+    large = offsets[-1] >= 2**31
+    raw = pa.Array.from_buffers(
+        pa.large_binary() if large else pa.binary(),
+        len(members.rows),
+        [members.validity(), pa.py_buffer(offsets if large else offsets.astype(np.int32)), pa.py_buffer(joined)],
+    )
+    if pa.types.is_binary(field.type):
+        return raw.cast(field.type) if large else raw
+    try:
+        text = raw.cast(pa.large_string() if large else pa.string())
+        if pa.types.is_string(field.type):
+            return text.cast(field.type) if large else text
+        return pc.utf8_trim_whitespace(text).cast(pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        pass
+    kind = "UTF-8 text" if pa.types.is_string(field.type) else "an integer"
+    for k in range(len(members.rows)):
+        value = members.member(k)
+        if value is None:
+            continue
+        try:
+            text_value = bytes(value).decode("utf-8")
+            if pa.types.is_integer(field.type):
+                int(text_value)
+        except (UnicodeDecodeError, ValueError) as err:
+            raise DatasetFormatError(
+                f"{members.where(k)} is not {kind} ({err}); WebDataset's .{field.name} members hold {kind}."
+            ) from err
+    raise DatasetFormatError(f"{members.url}: the .{field.name} members are not {kind}.")
+
+
+def _npy_column(members: _Members, field: pa.Field) -> pa.Array:
+    """1-D ``.npy`` members as one list array of the column's dtype: the headers checked as one
+    array operation where they are numpy's own layout (`_npy_bodies`), one at a time where not,
+    then the array bytes joined once (no Python object per element)."""
+    dtype = np.dtype(field.type.value_type.to_pandas_dtype())
+    bodies = _npy_bodies(members, dtype)
+    if bodies is None:
+        bodies = _npy_bodies_one_by_one(members, dtype)
+    skip, counts = bodies
+    values, _ = members.joined(skip, counts * dtype.itemsize)
+    offsets = np.zeros(len(counts) + 1, dtype=np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return pa.ListArray.from_buffers(
+        field.type,
+        len(counts),
+        [members.validity(), pa.py_buffer(offsets)],
+        children=[pa.array(values.view(dtype).astype(dtype.newbyteorder("="), copy=False))],
+    )
+
+
+_NPY_DIGITS = 20  # the widest 1-D shape numpy writes: "(" + up to 19 digits
+
+
+def _npy_bodies(members: _Members, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(where each member's array starts, its element count)`` when every present member has
+    the header ``np.save`` writes for a 1-D ``dtype`` array (version 1.0, this dtype's own descr,
+    C order, padded with spaces to a newline) and exactly that array after it, checked for all
+    rows at once on a (rows, header bytes) matrix; None otherwise (`_npy_bodies_one_by_one` then
+    reads and names each)."""
+    present = members.present
+    offsets, sizes = members.offsets[present], members.sizes[present]
+    n = len(offsets)
+    skip, counts = np.zeros(len(present), np.int64), np.zeros(len(present), np.int64)
+    if n == 0:
+        return skip, counts
+    prefix = np.frombuffer(f"{{'descr': '{dtype.str}', 'fortran_order': False, 'shape': (".encode(), np.uint8)
+    if int(sizes.min()) < 10 + len(prefix) + _NPY_DIGITS:
+        return None
+    head = members.data[offsets[:, None] + np.arange(10)]
+    if not (head[:, :8] == np.frombuffer(b"\x93NUMPY\x01\x00", np.uint8)).all():
+        return None
+    length = head[:, 8].astype(np.int64) | head[:, 9].astype(np.int64) << 8
+    width = int(length.max())
+    if int(length.min()) < len(prefix) + _NPY_DIGITS + 6 or bool((10 + length > sizes).any()):
+        return None
+    text = members.data[np.minimum(offsets[:, None] + 10 + np.arange(width), offsets[:, None] + 9 + length[:, None])]
+    if not (text[:, : len(prefix)] == prefix).all():
+        return None
+    # The shape "(N,)": digits, then ",), }", then spaces up to the newline that ends the header.
+    digits = text[:, len(prefix) : len(prefix) + _NPY_DIGITS]
+    is_digit = (digits >= ord("0")) & (digits <= ord("9"))
+    ndigits = np.argmin(is_digit, axis=1)  # the first non-digit
+    if int(ndigits.min()) == 0 or bool(is_digit.all(axis=1).any()):
+        return None
+    place = np.arange(_NPY_DIGITS)
+    in_number = place[None, :] < ndigits[:, None]
+    powers = np.where(in_number, ndigits[:, None] - 1 - place[None, :], 0)
+    count = (np.where(in_number, digits.astype(np.int64) - ord("0"), 0) * 10**powers).sum(axis=1)
+    after = len(prefix) + ndigits  # where ",), }" starts
+    closing = text[np.arange(n)[:, None], after[:, None] + np.arange(5)]
+    column = np.arange(width)[None, :]
+    padding = (column >= after[:, None] + 5) & (column < length[:, None] - 1)
+    if (
+        not (closing == np.frombuffer(b",), }", np.uint8)).all()
+        or not (text[np.arange(n), length - 1] == ord("\n")).all()
+        or not ((text == ord(" ")) | ~padding).all()
+    ):
+        return None
+    body = sizes - 10 - length
+    if not (count * dtype.itemsize == body).all():
+        return None
+    skip[present], counts[present] = 10 + length, count
+    return skip, counts
+
+
+def _npy_bodies_one_by_one(members: _Members, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """`_npy_bodies` for any header numpy reads (other versions, byte orders, layouts), a
+    member at a time; a member that is not a 1-D ``dtype`` array, or is cut short, is named."""
+    skip, counts = np.zeros(len(members.rows), np.int64), np.zeros(len(members.rows), np.int64)
+    for k in range(len(members.rows)):
+        value = members.member(k)
+        if value is None:
+            continue
+        got, shape, start = npy_header(value, members.where(k))
+        if len(shape) != 1 or got.newbyteorder("=") != dtype or (got.byteorder == ">" and dtype.itemsize > 1):
+            raise DatasetFormatError(
+                f"{members.where(k)} holds a {len(shape)}-D {got} array; every {members.ext} member must be a "
+                f"1-D {dtype} array (the first one's)."
+            )
+        if len(value) - start < shape[0] * dtype.itemsize:
+            raise DatasetFormatError(
+                f"{members.where(k)} is cut short: {len(value) - start} of {shape[0] * dtype.itemsize} bytes."
+            )
+        skip[k], counts[k] = start, shape[0]
+    return skip, counts
 
 
 WEBDATASET = WebDatasetFormat()
