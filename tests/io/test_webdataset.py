@@ -271,6 +271,102 @@ def test_headers_are_read_as_tarfile_reads_them_long_names_too(tmp_path, tar_for
     assert list(_file_members(str(path), path.stat().st_size)) == expected
 
 
+def index_rows(index) -> list[tuple]:
+    """A tar index as comparable rows: (key, {ext: (offset, size)})."""
+    return [
+        (
+            key,
+            {
+                ext: (int(index.offsets[ext][r]), int(index.sizes[ext][r]))
+                for ext in index.offsets
+                if index.offsets[ext][r] >= 0
+            },
+        )
+        for r, key in enumerate(index.keys.to_pylist())
+    ]
+
+
+PLAIN_NAMES = [
+    f"{key}.{ext}" for key in ("s1", "s2", "dir/s3", "./s4", "naïve") for ext in ("txt", "json", "input_ids.npy")
+]
+ODD_NAMES = ["dir/.hidden.txt", "_meta.txt", "noext", "s5.", "a.b.c", "x" * 120 + ".txt", "s6.key"]
+# Mostly what a WebDataset holds (read at once), now and then a name or member the walk must judge.
+MEMBER_NAMES = st.sampled_from(PLAIN_NAMES * 4 + ODD_NAMES)
+MEMBER_KINDS = st.sampled_from(["file"] * 6 + ["folder", "link", "magic"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    members=st.lists(
+        st.tuples(MEMBER_NAMES, MEMBER_KINDS, st.integers(0, 1500)),
+        min_size=1,
+        max_size=12,
+    ),
+    tar_format=st.sampled_from([tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]),
+    float_mtime=st.booleans(),
+)
+def test_the_header_index_read_at_once_is_the_one_read_member_by_member(
+    tmp_path_factory, members, tar_format, float_mtime
+):
+    path = tmp_path_factory.mktemp("tar") / "t.tar"
+    with tarfile.open(path, "w", format=tar_format) as tar:
+        for i, (name, kind, size) in enumerate(members):
+            if (
+                tar_format == tarfile.USTAR_FORMAT
+                and len(name) > 100
+                or not name.isascii()
+                and tar_format != tarfile.PAX_FORMAT
+            ):
+                name = f"m{i}.txt"
+            info = tarfile.TarInfo(name)
+            info.mtime = 1_700_000_000.25 if float_mtime else 1_700_000_000  # a float mtime: a pax record
+            if kind == "folder":
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif kind == "link":
+                info.type, info.linkname = tarfile.SYMTYPE, "s1.txt"
+                tar.addfile(info)
+            else:  # "magic": data whose 257th byte of a block starts "ustar", as a header's magic does
+                payload = (
+                    bytes([i % 251]) * size if kind == "file" else (b"\0" * 257 + b"ustar\x0000" + b"\0" * 244) * 3
+                )
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    size = path.stat().st_size
+    try:
+        expected = index_rows(webdataset._walk_members(str(path), size, str(path)))
+    except DatasetFormatError:
+        expected = None  # an index the member-by-member walk refuses (a "key" extension)
+    at_once = webdataset._index_at_once(str(path), size)
+    if at_once is not None:  # None: it hands the archive to the member-by-member walk
+        assert index_rows(at_once) == expected
+
+
+@pytest.mark.parametrize("tar_format", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_plain_archives_are_indexed_without_a_walk(tmp_path, monkeypatch, tar_format):
+    folder = write_shards(tmp_path / "w", sizes=(40,))  # TarWriter's own shard
+    with tarfile.open(folder / "more.tar", "w", format=tar_format) as tar:
+        info = tarfile.TarInfo("folder")
+        info.type = tarfile.DIRTYPE
+        tar.addfile(info)
+        for name in ("folder/a.txt", "./b.txt", "folder/.hidden.txt", "b.json"):
+            info = tarfile.TarInfo(name)
+            info.mtime, info.size = 1_700_000_000.5, 2  # a float mtime: a pax record in pax format
+            tar.addfile(info, io.BytesIO(b"hi"))
+
+    def walk(*_):
+        raise AssertionError("plain archives should be indexed from their header blocks at once")
+
+    monkeypatch.setattr(webdataset, "_walk_members", walk)
+    monkeypatch.setenv("ZEPHON_COLUMNAR_CACHE", str(tmp_path / "cache"))
+    webdataset._scan.cache_clear()
+    ds = Dataset.from_path("w", folder)
+    more = ds.open_reader().take(0, np.array([0, 1])).to_pylist()  # more.tar sorts first
+    rows = ds.open_reader().take(1, np.array([39, 0])).to_pylist()
+    assert [r["key"] for r in rows] == ["s00039", "s00000"] and rows[0]["txt"] == TEXTS[39]
+    assert [(r["key"], r["txt"], r["json"]) for r in more] == [("folder/a", "hi", None), ("b", "hi", "hi")]
+
+
 def test_the_header_index_is_cached_on_disk_for_other_processes(tmp_path, monkeypatch):
     from zephon_columnar.io import webdataset as module
 

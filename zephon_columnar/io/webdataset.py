@@ -3,8 +3,10 @@ extension, the sample's key in ``key``.
 
 A WebDataset shard is a plain tar whose members are named ``<key>.<extension>``; consecutive
 members with the same key form one sample (``000017.txt`` and ``000017.json`` -> one row with
-columns ``txt`` and ``json``). Discovery scans each shard's tar headers (512 bytes a member; the
-data is skipped, never read) for its samples and extensions, once: the index is cached on disk
+columns ``txt`` and ``json``). Discovery reads each shard's tar headers (512 bytes a member; the
+data is skipped) for its samples and extensions, all at once as array operations where the archive
+is plain (what ``tarfile``, GNU tar and ``TarWriter`` write), else member by member; once: the
+index is cached on disk
 (``cache_root()/tar_index``) for loader workers and later runs; a reader keeps that index and reads
 exactly the members of the rows asked for, at their offsets (random access, so
 ``to_indexable_torch_dataset`` works over tar shards too).
@@ -53,7 +55,7 @@ if TYPE_CHECKING:
 KEY = "key"  # the sample key's column (names starting with "__" are the engine's own)
 _TEXT, _INT = frozenset({"txt", "text", "json"}), frozenset({"cls", "cls2", "index", "idx", "id"})
 _ZERO_BLOCK = bytes(512)
-_MEMBER = re.compile(r"^((?:.*/|)[^./]+)\.([^/]+)$")  # WebDataset's split: key up to the first dot
+_MEMBER = re.compile(r"^(?P<key>(?:.*/|)[^./]+)\.(?P<ext>[^/]+)$")  # WebDataset's split: key up to the first dot
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,6 +123,12 @@ def _load_index(path: str) -> TarIndex | None:
 
 
 def _walk(local: str, size: int, url: str) -> TarIndex:
+    """The tar's index: read from all its headers at once where the archive is plain
+    (`_index_at_once`), else member by member (which also names whatever is wrong)."""
+    return _index_at_once(local, size) or _walk_members(local, size, url)
+
+
+def _walk_members(local: str, size: int, url: str) -> TarIndex:
     keys: list[str] = []
     places: dict[str, dict[int, tuple[int, int]]] = {}
     try:
@@ -255,6 +263,110 @@ def _file_members(local: str, size: int) -> Iterator[tuple[str, int, int]]:
             if at != size or long_name is not None or pax:  # no end marker: only whole members may end it
                 raise tarfile.ReadError("the archive ends inside a member; is it cut short?")
         _check_sums(view, np.asarray(headers, np.int64), np.asarray(sums, np.int64))
+
+
+_USTAR = np.frombuffer(b"ustar", np.uint8)
+_PLAIN_KINDS = np.frombuffer(b"0\x007x5g12", np.uint8)  # files, pax records, folders, links: no long names
+
+
+def _octal(fields: np.ndarray) -> np.ndarray | None:
+    """The values of fixed-width octal fields, one a row (digits only; None if any is not)."""
+    if not ((fields >= ord("0")) & (fields <= ord("7"))).all():
+        return None
+    return (fields.astype(np.int64) - ord("0")) @ (8 ** np.arange(fields.shape[1] - 1, -1, -1, dtype=np.int64))
+
+
+def _index_at_once(local: str, size: int) -> TarIndex | None:
+    """The index of a plain tar (what ``tarfile`` and GNU tar write for a WebDataset: ustar
+    headers with all-digit size and checksum fields, pax records that rename nothing, no GNU
+    long names or ustar prefixes, unique extensions per sample), read from its header blocks as
+    array operations; None for anything else, or anything wrong (`_walk_members` then reads it
+    member by member and names the fault).
+
+    The header blocks are found without walking: every 512-byte block with the ustar magic is a
+    candidate, and the candidates are the headers exactly when each one's data ends where the
+    next begins (a block of data that happens to hold the magic breaks that chain).
+    """
+    if size < _BLOCK:
+        return None
+    with open(local, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+        found = _headers_at_once(view, size)
+    if found is None:
+        return None
+    names, offsets, lengths = found
+    names = pc.replace_substring_regex(names, r"^\./", "", max_replacements=1)
+    parts = pc.extract_regex(names, _MEMBER.pattern)  # the same pattern in RE2
+    hidden = pc.match_substring_regex(names, r"(^|/)[._][^/]*$")
+    keep = parts.is_valid().to_numpy(zero_copy_only=False) & ~hidden.to_numpy(zero_copy_only=False)
+    keys, exts = parts.field("key").filter(keep), parts.field("ext").filter(keep)
+    offsets, lengths = offsets[keep], lengths[keep]
+    if len(keys) == 0 or pc.any(pc.equal(exts, KEY)).as_py():
+        return None
+    new_key = np.ones(len(keys), bool)
+    new_key[1:] = pc.not_equal(keys[1:], keys[:-1]).to_numpy(zero_copy_only=False)
+    row = np.cumsum(new_key) - 1
+    rows = int(row[-1]) + 1
+    encoded = pc.dictionary_encode(exts)
+    codes = encoded.indices.to_numpy()
+    index_offsets, index_sizes = {}, {}
+    for code, ext in enumerate(encoded.dictionary.to_pylist()):
+        members = codes == code
+        where = row[members]
+        if len(np.unique(where)) != len(where):  # a sample with two members of one extension
+            return None
+        index_offsets[ext] = np.full(rows, -1, np.int64)
+        index_sizes[ext] = np.zeros(rows, np.int64)
+        index_offsets[ext][where], index_sizes[ext][where] = offsets[members], lengths[members]
+    return TarIndex(keys=keys.filter(new_key), offsets=index_offsets, sizes=index_sizes)
+
+
+def _headers_at_once(view: mmap.mmap, size: int) -> tuple[pa.StringArray, np.ndarray, np.ndarray] | None:
+    """``(names, data offsets, data sizes)`` of the regular files of a plain tar (see
+    `_index_at_once`), or None."""
+    blocks = np.frombuffer(view, np.uint8, count=size // _BLOCK * _BLOCK).reshape(-1, _BLOCK)
+    heads = np.flatnonzero(blocks[:, 257] == _USTAR[0])  # one byte of every block first: 5x fewer reads
+    heads = heads[(blocks[heads, 257:262] == _USTAR).all(axis=1)]
+    if len(heads) == 0 or heads[0] != 0:
+        return None
+    header = blocks[heads]  # a copy: (headers, 512)
+    lengths, stored = _octal(header[:, 124:135]), _octal(header[:, 148:154])
+    kinds = header[:, 156]
+    if lengths is None or stored is None or not np.isin(kinds, _PLAIN_KINDS).all():
+        return None
+    after = heads + 1 + (lengths + _BLOCK - 1) // _BLOCK  # the block after each member's data
+    end = int(after[-1]) * _BLOCK
+    if not (heads[1:] == after[:-1]).all() or end > size or kinds[-1] == ord("x"):
+        return None
+    if end < size and np.frombuffer(view, np.uint8, count=size - end, offset=end).any():
+        return None  # anything after the last member but the zero end-of-archive blocks
+    checksums = header.sum(axis=1, dtype=np.int64) - header[:, 148:156].sum(axis=1, dtype=np.int64) + 8 * 32
+    if not (checksums == stored).all():
+        return None
+    pax = kinds == ord("x")
+    width = int(lengths[pax].max(initial=0))
+    if width > _BLOCK:
+        return None
+    # Each pax header's records ("<length> <key>=<value>\n", zero-padded) side by side: one that
+    # renames or resizes its member sends the archive member by member.
+    records = blocks[heads[pax] + 1, :width].tobytes()
+    del blocks
+    if b" path=" in records or b" size=" in records:
+        return None
+    regular = np.isin(kinds, np.frombuffer(b"0\x007", np.uint8))
+    posix = (header[:, 262] == 0) & regular  # "ustar\0": a 155-byte name prefix may lead the name
+    if header[posix][:, 345:500].any():
+        return None
+    fields = header[regular][:, :100]
+    name_lengths = np.where((fields == 0).any(axis=1), np.argmax(fields == 0, axis=1), 100)
+    name_offsets = np.zeros(len(fields) + 1, np.int32)
+    np.cumsum(name_lengths, out=name_offsets[1:])
+    packed = fields[np.arange(100)[None, :] < name_lengths[:, None]]  # row by row: the names back to back
+    raw = pa.Array.from_buffers(pa.binary(), len(fields), [None, pa.py_buffer(name_offsets), pa.py_buffer(packed)])
+    try:
+        names = raw.cast(pa.string())
+    except pa.ArrowInvalid:  # not UTF-8: named member by member
+        return None
+    return names, (heads[regular] + 1) * _BLOCK, lengths[regular]
 
 
 def _check_sums(view: mmap.mmap, blocks: np.ndarray, stored: np.ndarray) -> None:
