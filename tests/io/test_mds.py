@@ -110,5 +110,6 @@ def test_a_cut_compressed_shard_is_named(tmp_path):
     shard = folder / "shard.00000.mds.zstd"
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     # (discovery reads the first value of the untyped "raw" ndarray column, from this shard)
-    with pytest.raises(DatasetFormatError, match=r"shard\.00000\.mds\.zstd decompresses to \d+ bytes where its index"):
+    # (its frame states its size: the decompressor stops short of it)
+    with pytest.raises(DatasetFormatError, match=r"shard\.00000\.mds\.zstd cannot be decompressed .*; is it cut short"):
         Dataset.from_path("m", folder).open_reader().take(0, np.array([0]))

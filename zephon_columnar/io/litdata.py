@@ -39,7 +39,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
-import zstandard
 
 from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
@@ -54,6 +53,7 @@ from zephon_columnar.io.binary_records import (
     read_index,
     scalar_column,
     unpacked_copy,
+    unzstd,
 )
 from zephon_columnar.io.format import Discovered, FileFormat
 
@@ -202,13 +202,12 @@ def plain_chunk(info: ShardInfo) -> str:
 
 
 def _unpack(packed: bytes, packing: str, url: str) -> bytes:
-    inflate = zstandard.ZstdDecompressor()
     if packing == "file":
-        return inflate.decompressobj().decompress(packed)
+        return unzstd(packed)
     if packing == "sample":
         n = struct.unpack_from("<I", packed, 0)[0]
         offsets = np.frombuffer(packed, dtype="<u4", count=n + 1, offset=4).astype(np.int64)
-        items = [inflate.decompressobj().decompress(packed[s:e]) for s, e in pairwise(offsets.tolist())]
+        items = [unzstd(packed[s:e]) for s, e in pairwise(offsets.tolist())]
         return _plain(items)
     if packing == "batch":
         magic, version, _, n, _, frames = _FRAMED_PREFIX.unpack_from(packed, 0)
@@ -220,7 +219,7 @@ def _unpack(packed: bytes, packing: str, url: str) -> bytes:
         body = []
         for f in range(frames):
             _, _, start, length, size = _FRAME.unpack_from(packed, at + f * _FRAME.size)
-            part = inflate.decompressobj().decompress(packed[start : start + length])
+            part = unzstd(packed[start : start + length], size)
             if len(part) != size:
                 raise DatasetFormatError(
                     f"{url}: frame {f} inflates to {len(part)} bytes, not {size}; is it cut short?"

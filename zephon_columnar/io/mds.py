@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import zstandard
 
 from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
@@ -47,6 +46,7 @@ from zephon_columnar.io.binary_records import (
     read_index,
     scalar_column,
     unpacked_copy,
+    unzstd,
 )
 from zephon_columnar.io.format import Discovered, FileFormat
 
@@ -71,11 +71,12 @@ _TEXT = frozenset({"str", "json", "str_decimal"})
 _PARSED = {"str_int": pa.int64(), "str_float": pa.float64()}
 
 
-def _unzstd(packed: bytes) -> bytes:
-    return zstandard.ZstdDecompressor().decompressobj().decompress(packed)  # frames without a content size too
-
-
-_DECOMPRESS: dict[str, Callable[[bytes], bytes]] = {"zstd": _unzstd, "gz": gzip.decompress, "bz2": bz2.decompress}
+# Each shard's decompression given its bytes and the size the index says it has.
+_DECOMPRESS: dict[str, Callable[[bytes, int], bytes]] = {
+    "zstd": unzstd,
+    "gz": lambda packed, _: gzip.decompress(packed),
+    "bz2": lambda packed, _: bz2.decompress(packed),
+}
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,8 @@ def local_shard(info: ShardInfo) -> str:
     compression = info.extra.get("compression")
     if compression is None:
         return local
-    return unpacked_copy(url, local, _DECOMPRESS[compression], size=int(info.extra["raw_bytes"]))
+    size, unpack = int(info.extra["raw_bytes"]), _DECOMPRESS[compression]
+    return unpacked_copy(url, local, lambda packed: unpack(packed, size), size=size)
 
 
 def _first_array_dtype(shards: Sequence[ShardInfo], column: str, where: str) -> np.dtype:
