@@ -4,12 +4,11 @@ extension, the sample's key in ``key``.
 A WebDataset shard is a plain tar whose members are named ``<key>.<extension>``; consecutive
 members with the same key form one sample (``000017.txt`` and ``000017.json`` -> one row with
 columns ``txt`` and ``json``). Discovery reads each shard's tar headers (512 bytes a member; the
-data is skipped) for its samples and extensions, all at once as array operations where the archive
-is plain (what ``tarfile``, GNU tar and ``TarWriter`` write), else member by member; once: the
-index is cached on disk
-(``cache_root()/tar_index``) for loader workers and later runs; a reader keeps that index and reads
-exactly the members of the rows asked for, at their offsets (random access, so
-``to_indexable_torch_dataset`` works over tar shards too).
+data is skipped) for its samples and extensions, all at once as array operations where the
+archive is plain (what ``tarfile``, GNU tar and ``TarWriter`` write), else member by member, and
+once: the index is cached on disk (``cache_root()/tar_index``) for loader workers and later runs.
+A reader memory-maps each shard it reads and copies exactly the members of the rows asked for
+(random access, so ``to_indexable_torch_dataset`` works over tar shards too).
 
 Columns, by extension (WebDataset's own conventions): ``txt``/``text`` -> string, ``json`` ->
 string (the JSON text; parse it with ``pl.col("json").str.json_decode()``), ``cls``/``cls2``/
