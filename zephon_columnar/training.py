@@ -209,9 +209,7 @@ def table_training(rows: pa.Table, o: TrainingOptions) -> dict[str, Any]:
     """to_training of an Arrow-backed batch (rename/exclude left to the caller): vectorized over
     the Arrow buffers, no per-row Python loop."""
     eos_token_id = o.eos_token_id if o.eos_mask_loss else None
-    # Plain arrays, not chunked ones: a batch is converted in a few dozen microseconds, and
-    # every chunked-column access costs about one more.
-    table = _one_record_batch(rows)
+    table = _one_record_batch(rows)  # the helpers below read plain arrays, not chunked columns
     field_name = _resolve_tokens_field(table, o.tokens_field)
     tokens, lengths = _stack_list_column(table.column(field_name), o.pad_token_id, field_name)
     b, s = tokens.shape

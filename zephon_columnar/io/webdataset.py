@@ -482,7 +482,9 @@ class TarReader:
             if offsets is None or sizes is None:  # another shard's extension
                 columns.append(pa.nulls(len(rows), field.type))
                 continue
-            members = _Members(data, offsets[rows], sizes[rows], url, index, rows, field.name)
+            members = _Members(
+                data=data, offsets=offsets[rows], sizes=sizes[rows], url=url, index=index, rows=rows, ext=field.name
+            )
             columns.append(_npy_column(members, field) if pa.types.is_list(field.type) else _column(members, field))
         return pa.Table.from_arrays(columns, schema=self.schema)
 
@@ -496,7 +498,7 @@ class TarReader:
         self._maps.clear()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Members:
     """One column's members for the rows asked: their byte ``offsets`` (-1: the row has none) and
     ``sizes`` in the shard's bytes ``data``; ``url``, ``index``, ``rows`` and ``ext`` name them."""
@@ -585,11 +587,11 @@ def _npy_column(members: _Members, field: pa.Field) -> pa.Array:
         field.type,
         len(counts),
         [members.validity(), pa.py_buffer(offsets)],
-        children=[pa.array(values.view(dtype).astype(dtype.newbyteorder("="), copy=False))],
+        children=[pa.array(values.view(dtype))],
     )
 
 
-_NPY_DIGITS = 20  # the widest 1-D shape numpy writes: "(" + up to 19 digits
+_NPY_DIGITS = 16  # a shape of up to 15 digits (a petabyte array), so counts stay far inside int64
 
 
 def _npy_bodies(members: _Members, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray] | None:
