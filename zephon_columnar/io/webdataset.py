@@ -34,7 +34,7 @@ import mmap
 import os
 import re
 import tarfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from zephon_columnar.errors import DatasetFormatError
-from zephon_columnar.io import fs
+from zephon_columnar.io import fs, tar
 from zephon_columnar.io.base import ShardInfo, ShardReader, check_columns, project, shard_info
 from zephon_columnar.io.binary_records import gather_spans
 from zephon_columnar.io.format import Discovered, FileFormat
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 
 KEY = "key"  # the sample key's column (names starting with "__" are the engine's own)
 _TEXT, _INT = frozenset({"txt", "text", "json"}), frozenset({"cls", "cls2", "index", "idx", "id"})
-_ZERO_BLOCK = bytes(512)
 _MEMBER = re.compile(r"^(?P<key>(?:.*/|)[^./]+)\.(?P<ext>[^/]+)$")  # WebDataset's split: key up to the first dot
 
 
@@ -123,15 +122,50 @@ def _load_index(path: str) -> TarIndex | None:
 
 def _walk(local: str, size: int, url: str) -> TarIndex:
     """The tar's index: read from all its headers at once where the archive is plain
-    (`_index_at_once`), else member by member (which also names whatever is wrong)."""
-    return _index_at_once(local, size) or _walk_members(local, size, url)
+    (`tar.members_at_once`), else member by member (which also names whatever is wrong)."""
+    found = tar.members_at_once(local, size)
+    index = _samples_at_once(found) if found is not None else None
+    return index if index is not None else _walk_members(local, size, url)
+
+
+def _samples_at_once(found: tuple[pa.StringArray, np.ndarray, np.ndarray]) -> TarIndex | None:
+    """The index of a plain tar's members ``(names, data offsets, data sizes)``
+    (`tar.members_at_once`) as array operations: keys and extensions by one RE2 pass of the
+    member pattern, samples where the key changes; None where a sample has two members of one
+    extension or a member has the extension ``key`` (`_walk_members` then reads it and names
+    that)."""
+    names, offsets, lengths = found
+    names = pc.replace_substring_regex(names, r"^\./", "", max_replacements=1)
+    parts = pc.extract_regex(names, _MEMBER.pattern)  # the same pattern in RE2
+    hidden = pc.match_substring_regex(names, r"(^|/)[._][^/]*$")
+    keep = parts.is_valid().to_numpy(zero_copy_only=False) & ~hidden.to_numpy(zero_copy_only=False)
+    keys, exts = parts.field("key").filter(keep), parts.field("ext").filter(keep)
+    offsets, lengths = offsets[keep], lengths[keep]
+    if len(keys) == 0 or pc.any(pc.equal(exts, KEY)).as_py():
+        return None
+    new_key = np.ones(len(keys), bool)
+    new_key[1:] = pc.not_equal(keys[1:], keys[:-1]).to_numpy(zero_copy_only=False)
+    row = np.cumsum(new_key) - 1
+    rows = int(row[-1]) + 1
+    encoded = pc.dictionary_encode(exts)
+    codes = encoded.indices.to_numpy()
+    index_offsets, index_sizes = {}, {}
+    for code, ext in enumerate(encoded.dictionary.to_pylist()):
+        members = codes == code
+        where = row[members]
+        if len(np.unique(where)) != len(where):  # a sample with two members of one extension
+            return None
+        index_offsets[ext] = np.full(rows, -1, np.int64)
+        index_sizes[ext] = np.zeros(rows, np.int64)
+        index_offsets[ext][where], index_sizes[ext][where] = offsets[members], lengths[members]
+    return TarIndex(keys=keys.filter(new_key), offsets=index_offsets, sizes=index_sizes)
 
 
 def _walk_members(local: str, size: int, url: str) -> TarIndex:
     keys: list[str] = []
     places: dict[str, dict[int, tuple[int, int]]] = {}
     try:
-        for name, offset, length in _file_members(local, size):
+        for name, offset, length in tar.members(local, size):
             name = name[2:] if name.startswith("./") else name
             found = _MEMBER.match(name)
             if found is None or os.path.basename(name).startswith((".", "_")):
@@ -209,206 +243,6 @@ def npy_type(url: str, local: str, index: TarIndex, ext: str) -> pa.DataType:
             "(token ids); store other arrays under another extension to get their bytes."
         )
     return pa.list_(pa.from_numpy_dtype(dtype.newbyteorder("=")))
-
-
-_BLOCK = 512
-_REGULAR = (b"0", b"\0", b"7")  # regular and contiguous files; links, folders and devices hold no sample data
-
-
-def _file_members(local: str, size: int) -> Iterator[tuple[str, int, int]]:
-    """``(name, data offset, data size)`` of each regular file in the tar at ``local``, read from
-    its 512-byte headers (POSIX ustar, GNU long names, pax ``path``/``size`` records), skipping
-    the data. 8x faster than ``tarfile``'s member objects on WebDataset shards (many small
-    members); a header it does not know (base-256 sizes, sparse files) hands over to ``tarfile``."""
-    if size == 0:
-        return
-    with open(local, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
-        at, long_name, pax = 0, None, {}
-        headers, sums = [], []  # each header's block and stored checksum, checked at the end at once
-        while at + _BLOCK <= size:
-            header = view[at : at + _BLOCK]
-            if header == _ZERO_BLOCK:  # the end-of-archive marker
-                if any(_trailing(local, at)):
-                    raise tarfile.ReadError("data after the end-of-archive marker could not be read")
-                break
-            stored = header[148:156].split(b"\0", 1)[0].strip()
-            if not stored:
-                raise tarfile.ReadError(f"a header without a checksum at byte {at}")
-            headers.append(at // _BLOCK)
-            sums.append(int(stored, 8))
-            kind, raw_size = header[156:157], header[124:136]
-            if raw_size[:1] in (b"\x80", b"\xff") or kind == b"S":
-                yield from _tarfile_members(local)  # rare encodings: tarfile reads them all
-                return
-            length = int(raw_size.split(b"\0", 1)[0].strip() or b"0", 8)
-            data = at + _BLOCK
-            if data + length > size:
-                raise tarfile.ReadError(f"a member at byte {at} ends past the file's end")
-            if kind == b"L":  # GNU: the next member's name is this member's data
-                long_name = view[data : data + length].split(b"\0", 1)[0].decode("utf-8")
-            elif kind == b"x":  # pax: key=value records for the next member
-                pax = _pax_records(view[data : data + length])
-            elif kind in _REGULAR:
-                name = header[:100].split(b"\0", 1)[0]
-                prefix = header[345:500].split(b"\0", 1)[0] if header[257:262] == b"ustar" else b""
-                full = long_name or pax.get("path") or (prefix + b"/" + name if prefix else name).decode("utf-8")
-                length = int(pax.get("size", length))
-                yield full, data, length
-                long_name, pax = None, {}
-            elif kind != b"g":
-                long_name, pax = None, {}
-            at = data + -(-length // _BLOCK) * _BLOCK
-        else:
-            if at != size or long_name is not None or pax:  # no end marker: only whole members may end it
-                raise tarfile.ReadError("the archive ends inside a member; is it cut short?")
-        _check_sums(view, np.asarray(headers, np.int64), np.asarray(sums, np.int64))
-
-
-_USTAR = np.frombuffer(b"ustar", np.uint8)
-_PLAIN_KINDS = np.frombuffer(b"0\x007x5g12", np.uint8)  # files, pax records, folders, links: no long names
-
-
-def _octal(fields: np.ndarray) -> np.ndarray | None:
-    """The values of fixed-width octal fields, one a row (digits only; None if any is not)."""
-    if not ((fields >= ord("0")) & (fields <= ord("7"))).all():
-        return None
-    return (fields.astype(np.int64) - ord("0")) @ (8 ** np.arange(fields.shape[1] - 1, -1, -1, dtype=np.int64))
-
-
-def _index_at_once(local: str, size: int) -> TarIndex | None:
-    """The index of a plain tar (what ``tarfile`` and GNU tar write for a WebDataset: ustar
-    headers with all-digit size and checksum fields, pax records that rename nothing, no GNU
-    long names or ustar prefixes, unique extensions per sample), read from its header blocks as
-    array operations; None for anything else, or anything wrong (`_walk_members` then reads it
-    member by member and names the fault).
-
-    The header blocks are found without walking: every 512-byte block with the ustar magic is a
-    candidate, and the candidates are the headers exactly when each one's data ends where the
-    next begins (a block of data that happens to hold the magic breaks that chain).
-    """
-    if size < _BLOCK:
-        return None
-    with open(local, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
-        found = _headers_at_once(view, size)
-    if found is None:
-        return None
-    names, offsets, lengths = found
-    names = pc.replace_substring_regex(names, r"^\./", "", max_replacements=1)
-    parts = pc.extract_regex(names, _MEMBER.pattern)  # the same pattern in RE2
-    hidden = pc.match_substring_regex(names, r"(^|/)[._][^/]*$")
-    keep = parts.is_valid().to_numpy(zero_copy_only=False) & ~hidden.to_numpy(zero_copy_only=False)
-    keys, exts = parts.field("key").filter(keep), parts.field("ext").filter(keep)
-    offsets, lengths = offsets[keep], lengths[keep]
-    if len(keys) == 0 or pc.any(pc.equal(exts, KEY)).as_py():
-        return None
-    new_key = np.ones(len(keys), bool)
-    new_key[1:] = pc.not_equal(keys[1:], keys[:-1]).to_numpy(zero_copy_only=False)
-    row = np.cumsum(new_key) - 1
-    rows = int(row[-1]) + 1
-    encoded = pc.dictionary_encode(exts)
-    codes = encoded.indices.to_numpy()
-    index_offsets, index_sizes = {}, {}
-    for code, ext in enumerate(encoded.dictionary.to_pylist()):
-        members = codes == code
-        where = row[members]
-        if len(np.unique(where)) != len(where):  # a sample with two members of one extension
-            return None
-        index_offsets[ext] = np.full(rows, -1, np.int64)
-        index_sizes[ext] = np.zeros(rows, np.int64)
-        index_offsets[ext][where], index_sizes[ext][where] = offsets[members], lengths[members]
-    return TarIndex(keys=keys.filter(new_key), offsets=index_offsets, sizes=index_sizes)
-
-
-def _headers_at_once(view: mmap.mmap, size: int) -> tuple[pa.StringArray, np.ndarray, np.ndarray] | None:
-    """``(names, data offsets, data sizes)`` of the regular files of a plain tar (see
-    `_index_at_once`), or None."""
-    blocks = np.frombuffer(view, np.uint8, count=size // _BLOCK * _BLOCK).reshape(-1, _BLOCK)
-    heads = np.flatnonzero(blocks[:, 257] == _USTAR[0])  # one byte of every block first: 5x fewer reads
-    heads = heads[(blocks[heads, 257:262] == _USTAR).all(axis=1)]
-    if len(heads) == 0 or heads[0] != 0:
-        return None
-    header = blocks[heads]  # a copy: (headers, 512)
-    lengths, stored = _octal(header[:, 124:135]), _octal(header[:, 148:154])
-    kinds = header[:, 156]
-    if lengths is None or stored is None or not np.isin(kinds, _PLAIN_KINDS).all():
-        return None
-    after = heads + 1 + (lengths + _BLOCK - 1) // _BLOCK  # the block after each member's data
-    end = int(after[-1]) * _BLOCK
-    if not (heads[1:] == after[:-1]).all() or end > size or kinds[-1] == ord("x"):
-        return None
-    if end < size and np.frombuffer(view, np.uint8, count=size - end, offset=end).any():
-        return None  # anything after the last member but the zero end-of-archive blocks
-    checksums = header.sum(axis=1, dtype=np.int64) - header[:, 148:156].sum(axis=1, dtype=np.int64) + 8 * 32
-    if not (checksums == stored).all():
-        return None
-    pax = kinds == ord("x")
-    width = int(lengths[pax].max(initial=0))
-    if width > _BLOCK:
-        return None
-    # Each pax header's records ("<length> <key>=<value>\n", zero-padded) side by side: one that
-    # renames or resizes its member sends the archive member by member.
-    records = blocks[heads[pax] + 1, :width].tobytes()
-    del blocks
-    if b" path=" in records or b" size=" in records:
-        return None
-    regular = np.isin(kinds, np.frombuffer(b"0\x007", np.uint8))
-    posix = (header[:, 262] == 0) & regular  # "ustar\0": a 155-byte name prefix may lead the name
-    if header[posix][:, 345:500].any():
-        return None
-    fields = header[regular][:, :100]
-    name_lengths = np.where((fields == 0).any(axis=1), np.argmax(fields == 0, axis=1), 100)
-    name_offsets = np.zeros(len(fields) + 1, np.int32)
-    np.cumsum(name_lengths, out=name_offsets[1:])
-    packed = fields[np.arange(100)[None, :] < name_lengths[:, None]]  # row by row: the names back to back
-    raw = pa.Array.from_buffers(pa.binary(), len(fields), [None, pa.py_buffer(name_offsets), pa.py_buffer(packed)])
-    try:
-        names = raw.cast(pa.string())
-    except pa.ArrowInvalid:  # not UTF-8: named member by member
-        return None
-    return names, (heads[regular] + 1) * _BLOCK, lengths[regular]
-
-
-def _check_sums(view: mmap.mmap, blocks: np.ndarray, stored: np.ndarray) -> None:
-    """Every header's checksum (its bytes summed, the checksum field counted as spaces) against
-    the one it stores, in one vectorized pass over the header blocks."""
-    matrix = np.frombuffer(view, dtype=np.uint8, count=(len(view) // _BLOCK) * _BLOCK).reshape(-1, _BLOCK)
-    for first in range(0, len(blocks), 4096):  # 2 MiB of headers a step
-        chunk = matrix[blocks[first : first + 4096]]
-        found = chunk.sum(axis=1, dtype=np.int64) - chunk[:, 148:156].sum(axis=1, dtype=np.int64) + 8 * 32
-        bad = np.flatnonzero(found != stored[first : first + 4096])
-        if len(bad):
-            raise tarfile.ReadError(f"a bad header checksum at byte {int(blocks[first + bad[0]]) * _BLOCK}")
-    del matrix
-
-
-def _pax_records(data: bytes) -> dict[str, str]:
-    """The ``path`` and ``size`` of a pax extended header (``"<length> <key>=<value>\\n"`` records)."""
-    out, at = {}, 0
-    while at < len(data) and data[at : at + 1] != b"\0":
-        space = data.index(b" ", at)
-        end = at + int(data[at:space])
-        key, _, value = data[space + 1 : end - 1].partition(b"=")
-        if key in (b"path", b"size"):
-            out[key.decode()] = value.decode("utf-8")
-        at = end
-    return out
-
-
-def _tarfile_members(local: str) -> Iterator[tuple[str, int, int]]:
-    with tarfile.open(local, mode="r:") as tar:
-        for member in tar:
-            if member.isfile():
-                yield member.name, member.offset_data, member.size
-        end = tar.offset
-    if end < os.path.getsize(local) and any(_trailing(local, end)):
-        raise tarfile.ReadError("data after the end-of-archive marker could not be read")
-
-
-def _trailing(local: str, offset: int) -> bytes:
-    """The bytes after the last header tarfile read (zeros: the end-of-archive blocks)."""
-    with open(local, "rb") as f:
-        f.seek(offset)
-        return f.read(1 << 16).strip(b"\0")
 
 
 @dataclass(frozen=True)
