@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from tests.format_writers import streaming
-from zephon_columnar import Dataset
+from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon_columnar.errors import DatasetFormatError
 
 COLUMNS = {"id": "int", "text": "str", "tokens": "ndarray:int32", "meta": "json", "blob": "bytes", "raw": "ndarray",
@@ -113,3 +113,24 @@ def test_a_cut_compressed_shard_is_named(tmp_path):
     # (its frame states its size: the decompressor stops short of it)
     with pytest.raises(DatasetFormatError, match=r"shard\.00000\.mds\.zstd cannot be decompressed .*; is it cut short"):
         Dataset.from_path("m", folder).open_reader().take(0, np.array([0]))
+
+
+def test_decompressed_shards_keep_to_the_cache_limit_and_are_made_again_after_eviction(tmp_path):
+    folder = write(tmp_path / "mds", n=120, compression="zstd", size_limit=1 << 12)
+    raw = [shard["raw_data"]["bytes"] for shard in json.loads((folder / "index.json").read_text())["shards"]]
+    assert len(raw) >= 4
+    cache_dir, limit = tmp_path / "cache", int(2.5 * max(raw))  # room for two decompressed shards
+
+    def one_pass() -> tuple[list[int], int]:
+        work = StaticMixtureWorkSource([Dataset.from_path("m", folder)], {"m": 1.0}, chunk_size=8, seed=3)
+        options = {"cache": {"enabled": True, "root": str(cache_dir), "limit_bytes": limit}}
+        ids, peak = [], 0
+        for batch in Pipeline(work).batch(8, drop_last=False).options(runner="inline", io_options=options):
+            ids += batch.to_pydict()["id"]
+            peak = max(peak, sum(p.stat().st_size for p in cache_dir.iterdir()))
+        return sorted(ids), peak
+
+    for _ in range(2):  # the second pass decompresses the evicted shards again
+        ids, peak = one_pass()
+        assert ids == list(range(120))
+        assert peak <= limit  # never more than the limit on disk, the shard in use included

@@ -71,14 +71,17 @@ def unzstd(packed: bytes, size: int | None = None) -> bytes:
 def unpacked_copy(url: str, local: str, unpack: Callable[[bytes], bytes], *, size: int | None = None) -> str:
     """A local file with ``unpack(bytes of local)`` (a compressed shard's plain bytes), made once
     in the shard cache and found there after (keyed by ``url`` and the packed or, when known, the
-    unpacked ``size``); a shard that does not unpack, or not to ``size`` bytes, is named."""
+    unpacked ``size``; within the cache's ``limit_bytes``, evicted like a download and made again
+    when next needed); a shard that does not unpack, or not to ``size`` bytes, is named."""
     cache = fs.default_shard_cache()
-    target = cache.cached_path(f"{url}#unpacked", size if size is not None else os.path.getsize(local))
+    key, key_size = f"{url}#unpacked", size if size is not None else os.path.getsize(local)
+    target = cache.cached_path(key, key_size)
     try:
         found: int | None = os.path.getsize(target)
     except OSError:  # not made yet (or evicted)
         found = None
     if found is not None and (size is None or found == size):
+        cache.mark_used(target)
         return target
     with open(local, "rb") as f:
         packed = f.read()
@@ -92,9 +95,7 @@ def unpacked_copy(url: str, local: str, unpack: Callable[[bytes], bytes], *, siz
         raise DatasetFormatError(
             f"{url} decompresses to {len(plain)} bytes where its index says {size}; is it cut short?"
         )
-    os.makedirs(cache.root, exist_ok=True)
-    fs.atomic_write(target, plain)
-    return target
+    return cache.store(key, key_size, plain)
 
 
 def gather_spans(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -520,6 +520,24 @@ class ShardCache:
             self._evict(keep=target)
         return target
 
+    def store(self, url: str, size: int, data: bytes | memoryview) -> str:
+        """Keep ``data``, a copy made from ``url`` (a shard's decompressed bytes), where
+        `cached_path` puts ``url`` of ``size`` bytes, within ``limit_bytes`` as a download is:
+        the least recently used copies are deleted first to make room."""
+        target = self.cached_path(url, size)
+        with self._lock_for(target):
+            os.makedirs(self.root, exist_ok=True)
+            if self.limit_bytes is not None:
+                self._evict(incoming=len(data))
+            atomic_write(target, data)
+        if self.limit_bytes is not None:  # copies made at the same time may overlap
+            self._evict(keep=target)
+        return target
+
+    def mark_used(self, target: str) -> None:
+        """Count a copy found in the cache as a hit and as just used (see `store`)."""
+        self._touch(target)
+
     def _touch(self, target: str) -> None:
         """Mark a copy as just used (its mtime orders the evictions)."""
         self._count("hits")
