@@ -73,29 +73,24 @@ def unpacked_copy(url: str, local: str, unpack: Callable[[bytes], bytes], *, siz
     in the shard cache and found there after (keyed by ``url`` and the packed or, when known, the
     unpacked ``size``; within the cache's ``limit_bytes``, evicted like a download and made again
     when next needed); a shard that does not unpack, or not to ``size`` bytes, is named."""
-    cache = fs.default_shard_cache()
-    key, key_size = f"{url}#unpacked", size if size is not None else os.path.getsize(local)
-    target = cache.cached_path(key, key_size)
-    try:
-        found: int | None = os.path.getsize(target)
-    except OSError:  # not made yet (or evicted)
-        found = None
-    if found is not None and (size is None or found == size):
-        cache.mark_used(target)
-        return target
-    with open(local, "rb") as f:
-        packed = f.read()
-    try:
-        plain = unpack(packed)
-    except (zstandard.ZstdError, OSError, EOFError, ValueError, IndexError, struct.error) as err:
-        if isinstance(err, DatasetFormatError):
-            raise
-        raise DatasetFormatError(f"{url} cannot be decompressed ({err}); is it cut short?") from err
-    if size is not None and len(plain) != size:
-        raise DatasetFormatError(
-            f"{url} decompresses to {len(plain)} bytes where its index says {size}; is it cut short?"
-        )
-    return cache.store(key, key_size, plain)
+
+    def unpacked() -> bytes:
+        with open(local, "rb") as f:
+            packed = f.read()
+        try:
+            plain = unpack(packed)
+        except (zstandard.ZstdError, OSError, EOFError, ValueError, IndexError, struct.error) as err:
+            if isinstance(err, DatasetFormatError):
+                raise
+            raise DatasetFormatError(f"{url} cannot be decompressed ({err}); is it cut short?") from err
+        if size is not None and len(plain) != size:
+            raise DatasetFormatError(
+                f"{url} decompresses to {len(plain)} bytes where its index says {size}; is it cut short?"
+            )
+        return plain
+
+    key_size = size if size is not None else os.path.getsize(local)
+    return fs.default_shard_cache().derived(f"{url}#unpacked", key_size, unpacked, made_size=size)
 
 
 def gather_spans(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

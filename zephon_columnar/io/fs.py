@@ -505,38 +505,51 @@ class ShardCache:
         if size is None:
             size = int(self.remote_call(url, "size request", lambda: fs.size(path)))
         target = self.cached_path(url, size)
-        if _has_size(target, size):
+
+        def download() -> None:
+            self._make_room(size)
+            self._download(fs, path, url, target, size)
+
+        return self._find_or_make(target, lambda: _has_size(target, size), download)
+
+    def derived(self, url: str, size: int, make: Callable[[], bytes], *, made_size: int | None = None) -> str:
+        """A local copy of ``make()``'s bytes (made from ``url``: a shard's decompressed bytes),
+        where `cached_path` puts ``url`` of ``size`` bytes: made once, found there after (when
+        ``made_size`` is given, only a copy of that size counts), kept within ``limit_bytes`` as
+        downloads are, and made again once evicted. Within one process, callers for the same
+        copy wait for one ``make``."""
+        target = self.cached_path(url, size)
+
+        def ready() -> bool:
+            return _has_size(target, made_size) if made_size is not None else os.path.exists(target)
+
+        def keep() -> None:
+            data = make()
+            self._make_room(len(data))
+            atomic_write(target, data)
+
+        return self._find_or_make(target, ready, keep)
+
+    def _find_or_make(self, target: str, ready: Callable[[], bool], make: Callable[[], None]) -> str:
+        """``target`` when ``ready()``, else after ``make()`` (which makes room, then writes it),
+        once per process at a time; the cache is brought back within ``limit_bytes`` after."""
+        if ready():
             self._touch(target)
             return target
         with self._lock_for(target):
-            if _has_size(target, size):  # another thread finished the download meanwhile
+            if ready():  # another thread made it meanwhile
                 self._touch(target)
                 return target
             os.makedirs(self.root, exist_ok=True)
-            if self.limit_bytes is not None:  # make room first: the copies never exceed the limit on disk
-                self._evict(incoming=size)
-            self._download(fs, path, url, target, size)
-        if self.limit_bytes is not None:  # downloads that made room at the same time may overlap
-            self._evict(keep=target)
-        return target
-
-    def store(self, url: str, size: int, data: bytes | memoryview) -> str:
-        """Keep ``data``, a copy made from ``url`` (a shard's decompressed bytes), where
-        `cached_path` puts ``url`` of ``size`` bytes, within ``limit_bytes`` as a download is:
-        the least recently used copies are deleted first to make room."""
-        target = self.cached_path(url, size)
-        with self._lock_for(target):
-            os.makedirs(self.root, exist_ok=True)
-            if self.limit_bytes is not None:
-                self._evict(incoming=len(data))
-            atomic_write(target, data)
+            make()
         if self.limit_bytes is not None:  # copies made at the same time may overlap
             self._evict(keep=target)
         return target
 
-    def mark_used(self, target: str) -> None:
-        """Count a copy found in the cache as a hit and as just used (see `store`)."""
-        self._touch(target)
+    def _make_room(self, incoming: int) -> None:
+        """Evict until ``incoming`` more bytes fit (the copies never exceed the limit on disk)."""
+        if self.limit_bytes is not None:
+            self._evict(incoming=incoming)
 
     def _touch(self, target: str) -> None:
         """Mark a copy as just used (its mtime orders the evictions)."""

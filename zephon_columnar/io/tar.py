@@ -132,8 +132,7 @@ def _headers_at_once(view: mmap.mmap, size: int) -> tuple[pa.StringArray, np.nda
         return None
     if end < size and np.frombuffer(view, np.uint8, count=size - end, offset=end).any():
         return None  # anything after the last member but the zero end-of-archive blocks
-    checksums = header.sum(axis=1, dtype=np.int64) - header[:, 148:156].sum(axis=1, dtype=np.int64) + 8 * 32
-    if not (checksums == stored).all():
+    if not (_checksums(header) == stored).all():
         return None
     pax = kinds == ord("x")
     width = int(lengths[pax].max(initial=0))
@@ -162,15 +161,18 @@ def _headers_at_once(view: mmap.mmap, size: int) -> tuple[pa.StringArray, np.nda
     return names, (heads[regular] + 1) * BLOCK, lengths[regular]
 
 
+def _checksums(headers: np.ndarray) -> np.ndarray:
+    """Each header block's checksum: its bytes summed, the checksum field counted as spaces."""
+    return headers.sum(axis=1, dtype=np.int64) - headers[:, 148:156].sum(axis=1, dtype=np.int64) + 8 * ord(" ")
+
+
 def _check_sums(view: mmap.mmap, blocks: np.ndarray, stored: np.ndarray) -> None:
-    """Every header's checksum (its bytes summed, the checksum field counted as spaces) against
-    the one it stores, in one vectorized pass over the header blocks."""
+    """Every header's checksum (`_checksums`) against the one it stores, in one vectorized pass
+    over the header blocks."""
     matrix = np.frombuffer(view, dtype=np.uint8, count=(len(view) // BLOCK) * BLOCK).reshape(-1, BLOCK)
     bad_block = None
     for first in range(0, len(blocks), 4096):  # 2 MiB of headers a step
-        chunk = matrix[blocks[first : first + 4096]]
-        found = chunk.sum(axis=1, dtype=np.int64) - chunk[:, 148:156].sum(axis=1, dtype=np.int64) + 8 * 32
-        bad = np.flatnonzero(found != stored[first : first + 4096])
+        bad = np.flatnonzero(_checksums(matrix[blocks[first : first + 4096]]) != stored[first : first + 4096])
         if len(bad):
             bad_block = int(blocks[first + bad[0]])
             break
