@@ -59,7 +59,7 @@ def test_a_checkpoint_resumes_in_its_epoch_and_is_refused_in_another():
 
 def test_the_loader_takes_the_epoch_for_its_workers():
     expected = order(build().set_epoch(1))
-    loader = build().to_torch_loader(num_workers=2, timeout=120)
+    loader = build().to_torch_loader(num_workers=2, timeout=120, raw_batches=True)
     loader.dataset.set_epoch(1)
     got = [b.table["x"].to_pylist() for b in loader]
     assert got == expected

@@ -39,7 +39,8 @@ CI: a fixed, derandomized sequence of ``CI_CASES`` cases::
 Long run: ``ZEPHON_ORACLE_CASES=N`` runs N random cases with a random seed, printed on failure
 (``ZEPHON_ORACLE_SEED=S`` replays a seed; ``ZEPHON_ORACLE_SHRINK=0`` skips hypothesis' shrinking;
 ``ZEPHON_ORACLE_REPORT=path.jsonl`` logs every failing case there and goes on instead of
-stopping at the first)::
+stopping at the first; ``ZEPHON_ORACLE_FOCUS=split_pack`` draws only split documents fed to a
+packer with a shuffle_strategy)::
 
     ZEPHON_ORACLE_CASES=500 .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_option_oracle.py
 """
@@ -74,7 +75,7 @@ from tests.extras import require
 from tests.format_writers import litdata, streaming
 from tests.ops._tokenizers import make_texts, make_tokenizer
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
-from zephon_columnar.errors import ConfigError
+from zephon_columnar.errors import ConfigError, StarvedComponentWarning
 from zephon_columnar.io.dataset import InMemoryShard
 from zephon_columnar.testing import signature
 
@@ -102,6 +103,9 @@ STORAGES = ["memory", "tables", "parquet", "jsonl"] + [
     if os.environ.get("ZC_REQUIRE_EXTRAS") == "1" or importlib.util.find_spec(module) is not None
 ]
 STATELESS_STEPS = ["py_map", "py_drop", "pl_map", "pl_filter", "py_filter"]
+#: ``ZEPHON_ORACLE_FOCUS=split_pack`` draws only one shape (with ZEPHON_ORACLE_CASES): documents
+#: split by tokenize (max_length=5) fed to a packer with a shuffle_strategy, the other draws as ever.
+FOCUS = os.environ.get("ZEPHON_ORACLE_FOCUS")
 ORDERED_STEPS = ["shuffle", "stateful", "ensure"]
 PACK_ALGORITHMS = ["wrap", "first_fit", "best_fit", "best_fit_wrap"]
 
@@ -152,14 +156,16 @@ BACKENDS = ["auto", "auto", "tokenizers"] + (
 @st.composite
 def plan_strategy(draw) -> dict:
     """Stateless plans (maps, filters, batch; no tokenize) or ordered ones (tokenize, then a
-    permutation of shuffle / stateful_transform / ensure_mixture with pack_flat somewhere)."""
+    permutation of shuffle / stateful_transform / ensure_mixture with a packer somewhere: which
+    one, pack_flat or pack_sequences, and its shuffle_strategy are drawn last, in `recipes`)."""
     before = draw(st.lists(st.sampled_from(STATELESS_STEPS), max_size=3, unique=True))
-    plan: dict[str, Any] = dict(kind=draw(st.sampled_from(["stateless", "ordered"])), before=before)
+    kind = "ordered" if FOCUS == "split_pack" else draw(st.sampled_from(["stateless", "ordered"]))
+    plan: dict[str, Any] = dict(kind=kind, before=before)
     if plan["kind"] == "ordered":
-        plan["split"] = draw(st.booleans())
+        plan["split"] = FOCUS == "split_pack" or draw(st.booleans())
         plan["backend"] = draw(st.sampled_from(BACKENDS))
         ordered = draw(st.permutations(ORDERED_STEPS))[:draw(st.integers(0, 3))]
-        if draw(st.booleans()):
+        if FOCUS == "split_pack" or draw(st.booleans()):
             ordered.insert(draw(st.integers(0, len(ordered))), "pack")
         plan["ordered"] = ordered
         plan["shuffle"] = dict(buffer=draw(st.sampled_from([1, 3, 16])), seed=draw(st.integers(0, 3)),
@@ -295,6 +301,18 @@ def recipes(draw) -> dict:
     recipe["adapter"] = draw(adapter_strategy(lanes, plan, len(recipe["chain"])))
     # The training epoch (set_epoch), drawn last so the sequence's earlier draws stay as they were.
     recipe["epoch"] = draw(st.sampled_from([0, 0, 0, 1, 2, 7]))
+    # The packer (pack_flat or pack_sequences) and its shuffle_strategy, drawn after the epoch for
+    # the same reason; optional in replays (a recipe printed before has pack_flat, no strategy).
+    # The torch adapter turns token rows into tensors, not pack_sequences' packed_samples.
+    strategies = ["length", "random"] if FOCUS == "split_pack" else [None, "length", "random"]
+    recipe["packer"] = dict(op=draw(st.sampled_from(["pack_flat", "pack_sequences"])),
+                            shuffle_strategy=draw(st.sampled_from(strategies)))
+    if recipe["adapter"] is not None:
+        recipe["packer"]["op"] = "pack_flat"
+    ordered = plan.get("ordered", [])
+    if recipe["packer"]["op"] == "pack_sequences" and "ensure" in ordered and "pack" in ordered \
+            and ordered.index("ensure") > ordered.index("pack"):
+        plan["ensure"]["weight_by"] = "samples"  # 'auto' weighs by a token column; packed_samples is none
     return recipe
 
 
@@ -475,8 +493,14 @@ def build(recipe: dict, run: dict, *, group: int = 0) -> Pipeline:
                 pipe = pipe.ensure_mixture(max_buffer_size=e["max_buffer"], weight_by=e["weight_by"])
             else:
                 p = plan["pack"]
-                bins = {"num_bins": 2} if p["algorithm"] in ("first_fit", "best_fit") else {}
-                pipe = pipe.pack_flat(p["max_length"], algorithm=p["algorithm"], pad_token_id=0, **bins)
+                packer = recipe.get("packer") or dict(op="pack_flat", shuffle_strategy=None)
+                kw: dict[str, Any] = {"num_bins": 2} if p["algorithm"] in ("first_fit", "best_fit") else {}
+                if packer["shuffle_strategy"] is not None:
+                    kw["shuffle_strategy"] = packer["shuffle_strategy"]
+                if packer["op"] == "pack_flat":
+                    pipe = pipe.pack_flat(p["max_length"], algorithm=p["algorithm"], pad_token_id=0, **kw)
+                else:
+                    pipe = pipe.pack_sequences(p["max_length"], algorithm=p["algorithm"], **kw)
     if plan["batch"] is not None:
         pipe = pipe.batch(plan["batch"]["size"], drop_last=plan["batch"]["drop_last"])
     opts: dict[str, Any] = dict(runner=run["runner"], canonical_replicas=recipe["lanes"], max_workers=run["workers"],
@@ -666,11 +690,43 @@ class Case:
         return items
 
     def reference(self) -> list[tuple]:
-        ref = take(build(self.recipe, self.recipe["base"]), self.ref_limit)[0]
+        pipe = build(self.recipe, self.recipe["base"])
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            ref = take(pipe, self.ref_limit)[0]
         if not self.endless and len(ref) >= FINITE_CAP:
             self.fail(f"a source that should end delivered {FINITE_CAP} items or more")
         self.log.append(f"reference: {len(ref)} items")
+        if not self.endless:
+            self.check_realized_mixture(pipe, ref, [w for w in seen if issubclass(w.category, StarvedComponentWarning)])
         return ref
+
+    def check_realized_mixture(self, pipe: Pipeline, ref: list[tuple], starved: list[Any]) -> None:
+        """The realized mixture of a whole pass: a starved component only where an operator drops
+        rows by their content (an exact mixture, a bin packer's oversized documents; the drawn
+        maps and filters drop rows evenly); in a stateless plan, each component's delivered
+        counter is the rows of that dataset in the stream, plus the rows ``drop_last`` left."""
+        plan = self.recipe["plan"]
+        ordered = plan.get("ordered", []) if plan["kind"] == "ordered" else []
+        bin_packer = "pack" in ordered and plan["pack"]["algorithm"] in ("first_fit", "best_fit")
+        by_content = "ensure" in ordered or bin_packer
+        if starved and not by_content:
+            self.fail(f"a starved component where no operator drops rows by content: {starved[0].message}")
+        if plan["kind"] != "stateless":
+            return
+        counters: dict[str, int] = defaultdict(int)
+        for record in pipe.metrics_snapshot().records:
+            counters[record["name"]] += record["value"]
+        names = [d["name"] for d in self.recipe["data"]]
+        in_stream: dict[str, int] = defaultdict(int)
+        for sig in ref:
+            for dataset, _, _ in (sig[2] if sig[0] == "batch" else [sig[2]]):
+                in_stream[names[dataset]] += 1
+        delivered = {n: counters.get(f"component_rows_delivered.{n}", 0) for n in names}
+        left = sum(delivered[n] - in_stream[n] for n in names)
+        if any(delivered[n] < in_stream[n] for n in names) or left != counters.get("batch_dropped_final_rows", 0):
+            self.fail(f"the realized mixture's delivered rows {delivered} do not account for the stream's "
+                      f"{dict(in_stream)} and the {counters.get('batch_dropped_final_rows', 0)} rows drop_last left")
 
     def check_other_options(self, ref: list[tuple]) -> None:
         """Another runner, prefetch depth, fetch size, worker count and number of groups: the same

@@ -358,59 +358,6 @@ def test_state_dict_soon_after_a_restore_that_held_prefetched_rows(lanes, k, mor
     assert head + middle + list(rest) == full
 
 
-def _rank_main(rank: int, port: int, results) -> None:
-    """One rank of a 2-rank gloo group: the warnings a pipeline gives there, and its first ids,
-    without and with data-parallel options."""
-    import warnings
-
-    import torch.distributed as dist
-
-    from zephon_columnar.errors import ConfigurationWarning
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        out = {}
-        for name, options in (("none", {}), ("dp", {"dp_degree": 2, "dp_group_id": rank}),
-                              ("world", {"world_size": 2, "global_rank": rank})):
-            with warnings.catch_warnings(record=True) as seen:
-                warnings.simplefilter("always")
-                pipe = build(lanes=2).options(**options)
-                first = next(iter(pipe)).ids
-                pipe.to_torch_dataset()
-            said = [str(w.message) for w in seen if issubclass(w.category, ConfigurationWarning)]
-            out[name] = (said, first)
-        results.put((rank, out))
-    finally:
-        dist.destroy_process_group()
-
-
-def test_two_torch_distributed_ranks_without_data_parallel_options_are_warned():
-    """Under an initialized 2-rank torch.distributed group with no rank options, both ranks
-    received identical batches and nothing said so; the layout is not guessed (tensor-parallel
-    peers must share data), the options are named."""
-    import multiprocessing
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(rank, port, results)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    got = dict(results.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(30)
-    for rank in range(2):
-        said, _ = got[rank]["none"]
-        assert len(said) == 2 and all("torch.distributed is initialized with 2 ranks" in m and "dp_degree" in m
-                                      and "world_size" in m for m in said), said
-        assert got[rank]["dp"][0] == [] and got[rank]["world"][0] == []
-    assert got[0]["none"][1] == got[1]["none"][1]  # what the warning is about
-    assert got[0]["dp"][1] != got[1]["dp"][1]
-
-
 def test_process_runner_inside_loader_workers_runs_on_threads_with_a_warning():
     """Found by the option oracle: DataLoader workers are daemons, which may not start processes;
     options(runner='process') crashed in them ('daemonic processes are not allowed to have

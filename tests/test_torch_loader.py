@@ -47,9 +47,17 @@ def test_the_loader_yields_each_batch_once_as_tensors_in_the_datasets_order(work
     assert [signature(s) for s in steps] == expected
 
 
-def test_without_keywords_the_loader_yields_the_batches_themselves():
+def test_without_keywords_the_loader_yields_training_tensors():
+    """Found by a new-user probe: with no keyword the "torch loader" yielded SampleBatch objects,
+    with any to_training keyword tensors."""
     steps = list(build().to_torch_loader(loader="plain"))
-    assert len(steps) == 15 and type(steps[0]).__name__ == "SampleBatch"
+    expected = [b.to_training() for b in build()]
+    assert len(steps) == 15 and isinstance(steps[0]["input_ids"], torch.Tensor)
+    assert [s["input_ids"].tolist() for s in steps] == [e["input_ids"].tolist() for e in expected]
+    raw = list(build().to_torch_loader(loader="plain", raw_batches=True))
+    assert len(raw) == 15 and type(raw[0]).__name__ == "SampleBatch"
+    with pytest.raises(TypeError, match="raw batches are not converted"):
+        build().to_torch_loader(raw_batches=True, return_labels=True)
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -70,7 +78,7 @@ def test_the_stateful_loader_resumes_exactly(workers):
 
 
 def test_a_misspelt_to_training_keyword_is_refused_at_once_naming_the_closest():
-    with pytest.raises(TypeError, match=r"to_torch_dataset: 'return_label' is not a to_training keyword; did you mean 'return_labels'\?"):
+    with pytest.raises(TypeError, match=r"to_torch_loader: 'return_label' is not a to_training keyword; did you mean 'return_labels'\?"):
         build().to_torch_loader(return_label=True)
     with pytest.raises(TypeError, match=r"'shuffle' is not a to_training keyword; the keywords are \['tokens_field'"):
         build().to_torch_dataset(shuffle=True)

@@ -9,7 +9,12 @@ pack_flat -> batch (or, with ``--tokens-field``, read already tokenized rows -> 
 with a progress readout, then the first batch's latency, batches/s, real and padded tokens/s and
 the peak RSS. ``--recipe recipe.json`` gives the same settings from a file (its keys are the
 flags' names, ``"paths"`` the datasets; flags given too win). ``torch`` is imported before the
-clock starts, as in a training script. Installed, the command is also ``zephon-columnar``.
+clock starts, as in a training script. When packing or batching dropped tokens (documents longer
+than ``--max-length`` under a bin packer, a final partial row or batch), the summary says how many.
+
+``python -m zephon_columnar cache info``: where the on-disk caches are (downloaded shards, JSONL
+and tar indexes), with their size and file count; ``cache clear`` removes them
+(`zephon_columnar.io.caches`). Installed, the command is also ``zephon-columnar``.
 
 Example:
     >>> import io, contextlib, tempfile, pyarrow as pa, pyarrow.parquet as pq
@@ -26,13 +31,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from zephon_columnar.errors import ZephonError
+from zephon_columnar.errors import ConfigError, ZephonError
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -43,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.name == "bench" and args.recipe is not None:
             _apply_recipe(args, args.recipe)
         return args.command(args)
-    except (ZephonError, FileNotFoundError, ValueError, TypeError) as err:
+    except (ZephonError, OSError, ValueError, TypeError) as err:
         print(f"zephon_columnar {args.name}: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
 
@@ -61,16 +67,42 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     inspect = commands.add_parser("inspect", help="format, shards, rows, schema and a sample row of a dataset")
-    inspect.add_argument("path", help="a folder (or fsspec URL) of Parquet, JSONL or Arrow files")
-    inspect.add_argument("--format", choices=["parquet", "jsonl", "arrow"], help="skip format detection")
-    inspect.add_argument("--shards", type=int, default=5, help="shards to list (default 5)")
+    inspect.add_argument("path", help="a folder, file, glob or fsspec URL of a dataset (any --format)")
+    inspect.add_argument("--format", choices=_format_names(), help="skip format detection")
+    inspect.add_argument("--shards", type=_count, default=5, help="shards to list (default 5)")
     inspect.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     inspect.set_defaults(command=inspect_command, name="inspect")
 
     bench = commands.add_parser("bench", help="a recipe's throughput, first batch and memory on this machine")
     _bench_arguments(bench)
     bench.set_defaults(command=bench_command, name="bench")
+
+    cache = commands.add_parser("cache", help="where the on-disk caches are, and removing them")
+    actions = cache.add_subparsers(required=True, metavar="ACTION")
+    info = actions.add_parser("info", help="each cache folder with its size and file count")
+    info.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    info.set_defaults(command=cache_info_command, name="cache info")
+    clear = actions.add_parser("clear", help="remove the cache folders (they are rebuilt on demand)")
+    clear.set_defaults(command=cache_clear_command, name="cache clear")
     return parser
+
+
+def _format_names() -> list[str]:
+    """Every format ``--format`` may name: the registry's (`zephon_columnar.io.registry`)."""
+    from zephon_columnar.io.registry import formats
+
+    return [f.name for f in formats()]
+
+
+def _count(text: str) -> int:
+    """An argparse type: a whole number >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; pass a count such as 5") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; pass a count >= 0, such as 5")
+    return value
 
 
 def _bench_arguments(bench: argparse.ArgumentParser) -> None:
@@ -78,7 +110,7 @@ def _bench_arguments(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("paths", nargs="*", metavar="PATH", help="datasets: folders, files, globs or fsspec URLs")
     bench.add_argument("--recipe", help="a JSON file of these settings (keys: the flags' names, 'paths')")
     bench.add_argument("--weights", type=_floats, help="mixture weights, one per PATH, comma-separated (default equal)")
-    bench.add_argument("--format", choices=["parquet", "jsonl", "arrow"], help="skip format detection")
+    bench.add_argument("--format", choices=_format_names(), help="skip format detection")
     bench.add_argument("--tokenizer", help="a tokenizer.json file or a save_pretrained folder")
     bench.add_argument("--tokens-field", help="the rows are tokenized already: their token-id column")
     bench.add_argument("--eos-token-id", type=int, help="the EOS id to append, when the tokenizer names none")
@@ -91,7 +123,7 @@ def _bench_arguments(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--num-bins", type=int, default=16, help="open bins for first_fit / best_fit (default 16)")
     bench.add_argument("--batch", type=int, default=8, help="rows per batch (default 8)")
     bench.add_argument("--runner", default="threads", choices=["inline", "threads", "process", "remote"])
-    bench.add_argument("--max-batches", type=int, default=None, help="stop after this many batches")
+    bench.add_argument("--max-batches", type=_count, default=None, help="stop after this many batches")
     bench.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
     bench.add_argument("--json", action="store_true", help="print the figures as one JSON object")
 
@@ -168,7 +200,13 @@ def _floats(text: str) -> list[float]:
 def _apply_recipe(args: argparse.Namespace, path: str) -> None:
     """The settings of a recipe file, where the command line left a flag at its default."""
     with open(path, encoding="utf-8") as f:
-        recipe = json.load(f)
+        try:
+            recipe = json.load(f)
+        except json.JSONDecodeError as err:
+            raise ConfigError(
+                f"--recipe {path}: not valid JSON at line {err.lineno}, column {err.colno} ({err.msg}); fix the "
+                'file: a JSON object of settings, e.g. {"paths": ["data/web"], "shuffle": 8192}.'
+            ) from err
     if not isinstance(recipe, dict):
         raise TypeError(f'--recipe {path}: a JSON object of settings, e.g. {{"paths": [...], "shuffle": 8192}}.')
     flags = argparse.ArgumentParser()
@@ -198,6 +236,11 @@ def bench_command(args: argparse.Namespace) -> int:
         raise ValueError(f"bench: --weights has {len(weights)} numbers for {len(paths)} dataset(s); give one each.")
     t0 = time.perf_counter()
     datasets = [Dataset.from_path(f"d{k}", path, fmt=args.format) for k, path in enumerate(paths)]
+    for ds, path in zip(datasets, paths):
+        if args.tokenizer is not None:
+            _check_field(ds.schema, path, "--field", args.field, text=True)
+        else:
+            _check_field(ds.schema, path, "--tokens-field", args.tokens_field, text=False)
     mixture = {ds.name: w for ds, w in zip(datasets, weights)}
     pipe = Pipeline(StaticMixtureWorkSource(datasets, mixture, seed=args.seed, chunk_size=args.chunk_size))
     tokens_field = args.tokens_field or "input_ids"
@@ -223,6 +266,7 @@ def bench_command(args: argparse.Namespace) -> int:
             break
     seconds = time.perf_counter() - t0
     c = tally.counts
+    dropped = _dropped(pipe.metrics_snapshot(), c.real_tokens)
     report = {
         "paths": paths,
         "weights": weights,
@@ -239,6 +283,7 @@ def bench_command(args: argparse.Namespace) -> int:
         "tokens_per_s": round(c.padded_tokens / seconds),
         "real_tokens_per_s": round(c.real_tokens / seconds),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        **dropped,
     }
     if args.json:
         print(json.dumps(report))
@@ -248,5 +293,95 @@ def bench_command(args: argparse.Namespace) -> int:
             f"{report['real_tokens_per_s']:,} real tokens/s ({report['tokens_per_s']:,} padded, "
             f"{report['padding_share']:.1%} padding), {report['batches_per_s']} batches/s; first batch "
             f"{report['first_batch_s']} s; peak RSS {report['peak_rss_mb']} MB"
+            f"{_dropped_text(dropped, args.max_length)}"
         )
     return 0
+
+
+def _check_field(schema: Any, path: str, flag: str, field: str, *, text: bool) -> None:
+    """A ValueError naming ``flag`` and the dataset's columns when ``field`` is not one of them
+    (before the clock starts, rather than mid-stream); the columns of the right kind come first."""
+    import pyarrow as pa
+
+    names = list(schema.names)
+    if not names or field in names:
+        return
+    fits = pa.types.is_string if text else pa.types.is_list
+    likely = [f.name for f in schema if fits(f.type) or pa.types.is_large_string(f.type)] or names
+    raise ValueError(
+        f"bench: {flag} {field!r} is not a column of {path}; its columns: {names}. Pass e.g. {flag} {likely[0]}."
+    )
+
+
+def _dropped(metrics: Any, delivered: int) -> dict[str, Any]:
+    """What packing and batching dropped, from ``Pipeline.metrics_snapshot()``: tokens of
+    documents longer than max_length, of the final partial row, and final partial batches."""
+    counters = {} if metrics is None else dict(metrics)
+    oversized = int(counters.get("pack_oversized_tokens", 0))
+    final = int(counters.get("pack_dropped_final_tokens", 0))
+    seen = int(counters.get("pack_tokens_seen", 0)) or delivered + oversized + final
+    tokens = oversized + final
+    return {
+        "dropped_tokens": tokens,
+        "dropped_oversized_tokens": oversized,
+        "dropped_final_tokens": final,
+        "dropped_share": round(tokens / seen, 4) if seen else 0.0,
+        "dropped_final_rows": int(counters.get("batch_dropped_final_rows", 0)),
+    }
+
+
+def _dropped_text(dropped: dict[str, Any], max_length: int) -> str:
+    """The summary line's tail about drops ("" when nothing was dropped)."""
+    parts = []
+    if dropped["dropped_tokens"]:
+        why = []
+        if dropped["dropped_oversized_tokens"]:
+            why.append(
+                f"{dropped['dropped_oversized_tokens']:,} in documents longer than --max-length {max_length}: raise "
+                "it, or pack with --algorithm wrap or best_fit_wrap"
+            )
+        if dropped["dropped_final_tokens"]:
+            why.append(f"{dropped['dropped_final_tokens']:,} in the final partial row")
+        share = dropped["dropped_share"]
+        amount = f"{share:.1%} of tokens" if share >= 0.001 else f"{dropped['dropped_tokens']:,} tokens"
+        parts.append(f"{amount} dropped ({'; '.join(why)})")
+    if dropped["dropped_final_rows"]:
+        parts.append(f"{dropped['dropped_final_rows']:,} final row(s) short of a batch dropped")
+    return f"; {', '.join(parts)}" if parts else ""
+
+
+# ---------------------------------------------------------------------- cache
+def cache_info_command(args: argparse.Namespace) -> int:
+    from zephon_columnar.io import caches, fs
+
+    folders = caches.usage()
+    if args.json:
+        print(json.dumps({"root": fs.cache_root(), "folders": [vars(f) for f in folders]}))
+        return 0
+    print(f"cache root: {fs.cache_root()} (set ZEPHON_COLUMNAR_CACHE to move it)")
+    for f in folders:
+        state = f"{f.files:,} files, {_size(f.bytes)}" if os.path.isdir(f.path) else "absent"
+        print(f"  {f.name} ({f.holds}): {state}, {f.path}")
+    print(f"total: {sum(f.files for f in folders):,} files, {_size(sum(f.bytes for f in folders))}")
+    return 0
+
+
+def cache_clear_command(args: argparse.Namespace) -> int:
+    from zephon_columnar.io import caches, fs
+
+    removed = caches.clear()
+    if not removed:
+        print(f"nothing to remove: no cache under {fs.cache_root()}")
+    for f in removed:
+        print(f"removed {f.path} ({f.files:,} files, {_size(f.bytes)})")
+    return 0
+
+
+def _size(n: int) -> str:
+    """``n`` bytes for people: 0 B, 512 B, 1.5 KiB, 3.2 GiB."""
+    value, unit = float(n), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            break
+        value /= 1024
+    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import warnings
 from types import FrameType
 
@@ -132,6 +131,28 @@ class DataDroppedWarning(ZephonWarning):
     row, rows an exact mixture could not place); the counts are in ``metrics_snapshot()``."""
 
 
+class OversizedDocumentWarning(DataDroppedWarning):
+    """A packer dropped documents longer than ``max_length`` (first_fit / best_fit with
+    ``drop_oversized=True``, the default): counts ``pack_oversized_docs`` / ``pack_oversized_tokens``."""
+
+
+class MixtureDropWarning(DataDroppedWarning):
+    """``ensure_mixture(max_buffer_size=None)`` dropped rows it could not place at a flush point
+    to keep the mixture exact: count ``ensure_mixture_dropped``."""
+
+
+class PassTailWarning(DataDroppedWarning):
+    """A routine tail of a pass (a lane's last rows short of a batch, uncapped wrap's final
+    partial row) that is more than 1% of what the pass delivered: small data, where the tail is
+    a real part of it. Under 1%, the tail is logged (logger ``"zephon_columnar"``), not warned."""
+
+
+class StarvedComponentWarning(DataDroppedWarning):
+    """A mixture component delivered far fewer of its rows than the others (or none): operators
+    after the read dropped them (a filter on a column its dataset lacks), so the stream's
+    mixture is not the one asked for. Counts: ``metrics_snapshot()``'s ``component_rows_*``."""
+
+
 class EmptyPassWarning(ZephonWarning):
     """A whole pass over the data delivered no item (every row filtered out, or none read)."""
 
@@ -139,36 +160,3 @@ class EmptyPassWarning(ZephonWarning):
 class ConfigurationWarning(ZephonWarning, RuntimeWarning):
     """A setting that is probably not what was meant (two data-parallel ranks that receive the
     same batches, an option with no effect); also a ``RuntimeWarning``, as Zephon's are."""
-
-
-class Notices:
-    """Warnings given once per pass of a pipeline (an iteration): the first time each ``kind``
-    happens, in whichever lane; later occurrences are only counted (by the caller, in the
-    lanes' stats). Thread-safe.
-
-    Example:
-        >>> notices = Notices()
-        >>> with warnings.catch_warnings(record=True) as seen:
-        ...     warnings.simplefilter("always")
-        ...     for lane in range(3):
-        ...         _ = notices.warn("wrap_tail", f"lane {lane} dropped a partial row", DataDroppedWarning)
-        >>> [str(w.message) for w in seen], notices.given()
-        (['lane 0 dropped a partial row'], ['wrap_tail'])
-    """
-
-    def __init__(self) -> None:
-        self._given: set[str] = set()
-        self._lock = threading.Lock()
-
-    def warn(self, kind: str, message: str, category: type[Warning] = ZephonWarning) -> bool:
-        """Warn unless ``kind`` was warned about already; whether this call warned."""
-        with self._lock:
-            if kind in self._given:
-                return False
-            self._given.add(kind)
-        warn(message, category)
-        return True
-
-    def given(self) -> list[str]:
-        with self._lock:
-            return sorted(self._given)

@@ -19,7 +19,6 @@ import dataclasses
 import difflib
 import importlib.util
 import os
-import sys
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal, TypedDict
 
@@ -215,22 +214,6 @@ class RuntimeOptions:
                 f"options(world_size={self.world_size}, dp_degree={dp}): world_size must be a "
                 "multiple of dp_degree (ranks per data-parallel group = world_size / dp_degree)."
             )
-
-    def unsharded_world(self) -> int | None:
-        """The world size of an initialized ``torch.distributed`` process group of more than one
-        rank when these options name no data-parallel layout (``dp_degree``/``dp_group_id`` or
-        ``world_size``/``global_rank``): every rank then reads the same data. None otherwise.
-        The layout is not guessed from the group: tensor-parallel peers must share data."""
-        if self.world_size > 1 or self.dp_degree is not None or self.dp_group_id is not None:
-            return None
-        dist = sys.modules.get("torch.distributed")  # never imports torch
-        try:
-            if dist is None or not dist.is_available() or not dist.is_initialized():
-                return None
-            world = int(dist.get_world_size())
-        except Exception:  # noqa: BLE001 - a half-initialized or unusual backend: say nothing rather than guess
-            return None
-        return world if world > 1 else None
 
     def validate_fields(self) -> None:
         """The checks of each field on its own."""

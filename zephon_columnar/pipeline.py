@@ -404,7 +404,7 @@ class Pipeline:
         *,
         num_bins: int | None = None,
         max_sequences_per_bin: int | None = None,
-        algorithm: PackingAlgorithm = "first_fit",
+        algorithm: PackingAlgorithm | None = None,
         tokens_field: str = "auto",
         pad_token_id: int | None = None,
         emit_positions: bool = True,
@@ -427,7 +427,9 @@ class Pipeline:
         ``algorithm``: ``"wrap"`` (cut the token stream; uncapped wrap never pads and carries
         its partial row across flush points, so it loses only the stream's final partial row),
         ``"first_fit"`` / ``"best_fit"`` (whole documents into ``num_bins`` open bins, padded),
-        ``"best_fit_wrap"`` (a candidate pool, at most one split per row). Leftover non-token
+        ``"best_fit_wrap"`` (a candidate pool, at most one split per row). None (the default):
+        ``"first_fit"`` when ``num_bins`` is given (Zephon's default), else ``"wrap"``
+        (``pack_flat(2049)`` alone packs without failing or dropping documents). Leftover non-token
         fields (``text``, scalar ids) are dropped by rule, never an error.
 
         Example:
@@ -455,7 +457,7 @@ class Pipeline:
         *,
         num_bins: int | None = None,
         max_sequences_per_bin: int | None = None,
-        algorithm: PackingAlgorithm = "first_fit",
+        algorithm: PackingAlgorithm | None = None,
         tokens_field: str = "auto",
         length_fn: Any = None,
         drop_oversized: bool | None = None,
@@ -653,7 +655,11 @@ class Pipeline:
         first_fit / best_fit dropped as longer than ``max_length``, ``pack_oversized_docs`` /
         ``pack_oversized_tokens``, out of those they were given, ``pack_docs_seen`` /
         ``pack_tokens_seen``; rows exact ``ensure_mixture`` dropped, ``ensure_mixture_dropped``:
-        what the pass's `~zephon_columnar.errors.DataDroppedWarning` s were about); with
+        what the pass's `~zephon_columnar.errors.DataDroppedWarning` s were about); the realized
+        mixture, per component ``<name>``: ``component_rows_read.<name>`` (rows the lane read),
+        ``component_rows_delivered.<name>`` (rows delivered; a packed row counts each document
+        it ends) and ``component_tokens_delivered.<name>`` (packed rows' tokens), which
+        `~zephon_columnar.errors.StarvedComponentWarning` is about; with
         `enable_observability`, one per operator (``stage``, ``index``, ``op``, ``calls``,
         ``rows_in``/``rows_out``, ``bytes_in``/``bytes_out``, ``busy_s``; ordered stages have
         ``stage == "ordered"``) and one per parallel stage (``wait_s``: the lanes' time blocked
@@ -809,13 +815,17 @@ class Pipeline:
         mixture is primed here, in the calling process (as in Zephon), not in each loader worker.
         `to_torch_loader` builds the loader around it.
         """
-        from zephon_columnar.torch import PipelineIterableDataset
         from zephon_columnar.training import TrainingOptions
 
         options = TrainingOptions.from_keywords(to_training, where="to_torch_dataset") if to_training else None
-        self._session.warn_if_every_rank_reads_the_same_data()  # loader workers have no process group to see
+        return self._torch_dataset(stateful=stateful, to_training=options)
+
+    def _torch_dataset(self, *, stateful: bool, to_training: Any) -> Any:
+        from zephon_columnar.torch import PipelineIterableDataset
+
+        self._session.check_layout()  # here, in the trainer: loader workers have no process group to see
         prime_token_mixture(self.spec.work_source, self.spec.ops)  # here, once: loader workers get the primed source
-        return PipelineIterableDataset(self._session, stateful=stateful, to_training=options)
+        return PipelineIterableDataset(self._session, stateful=stateful, to_training=to_training)
 
     def to_torch_loader(
         self,
@@ -826,13 +836,16 @@ class Pipeline:
         timeout: float = 0,
         pin_memory: bool = False,
         prefetch: int | None = None,
+        raw_batches: bool = False,
         **to_training: Any,
     ) -> Any:
         """A torch loader over this pipeline, built as it must be: ``batch_size=None`` (the
         pipeline batches), ``num_workers`` loader workers splitting this rank's lanes, started
         with ``multiprocessing_context`` (default ``"spawn"``: a forked worker inherits Polars'
-        and the tokenizer's thread pools half-initialized), each batch converted by
-        ``SampleBatch.to_training(**to_training)`` (its keywords; none: the batches themselves).
+        and the tokenizer's thread pools half-initialized), each batch converted to training
+        tensors by ``SampleBatch.to_training(**to_training)`` (its keywords; none: its defaults,
+        ``input_ids`` and, for packed rows, ``positions``). ``raw_batches=True``: the
+        `~zephon_columnar.types.SampleBatch` objects themselves (no to_training keywords then).
 
         ``loader``: ``"stateful"`` is torchdata's ``StatefulDataLoader`` (``loader.state_dict()``
         / ``load_state_dict()`` resume exactly, with any ``num_workers``; needs ``torchdata``),
@@ -854,9 +867,16 @@ class Pipeline:
             ('StatefulDataLoader', torch.Size([4, 64]), torch.Size([4, 64]))
         """
         from zephon_columnar.torch import build_loader
+        from zephon_columnar.training import TrainingOptions
 
+        if raw_batches and to_training:
+            raise TypeError(
+                f"to_torch_loader(raw_batches=True, {', '.join(sorted(to_training))}=...): raw batches are not "
+                "converted; drop raw_batches to get tensors, or the to_training keywords to get the batches."
+            )
+        options = None if raw_batches else TrainingOptions.from_keywords(to_training, where="to_torch_loader")
         return build_loader(
-            self.to_torch_dataset(**to_training),
+            self._torch_dataset(stateful=True, to_training=options),
             loader=loader,
             num_workers=num_workers,
             multiprocessing_context=multiprocessing_context,

@@ -103,6 +103,29 @@ def with_state(refs: pa.Table, **columns: Any) -> pa.Table:
     return refs
 
 
+def concat_refs(tables: list[pa.Table]) -> pa.Table:
+    """Reference tables one after another, as the one table a stage's checkpoint holds. A per-row
+    state column (`with_state`) that some of them lack is 0 in their rows, never null: each
+    table's state is read back only for its own rows (the stage slices them apart again by row
+    counts), and a checkpoint refuses a null as damage.
+
+    Example:
+        >>> held = with_state(pa.table({"__chunk": pa.array([3], pa.int64())}), skip=[5])
+        >>> window = pa.table({"__chunk": pa.array([4, 4], pa.int64())})
+        >>> concat_refs([held, window]).to_pydict()
+        {'__chunk': [3, 4, 4], '__s_skip': [5, 0, 0]}
+    """
+    names = list(dict.fromkeys(n for t in tables for n in t.column_names))
+    filled = []
+    for t in tables:
+        for name in names:
+            if name not in t.column_names and name.startswith((STATE_PREFIX, FLOAT_STATE_PREFIX)):
+                dtype = np.float64 if name.startswith(FLOAT_STATE_PREFIX) else np.int64
+                t = t.append_column(name, pa.array(np.zeros(t.num_rows, dtype)))
+        filled.append(t.select([n for n in names if n in t.column_names]))
+    return F.concat_frames(filled).combine_chunks()
+
+
 def state_column(refs: pa.Table, name: str) -> list[Any]:
     """A per-row state column `with_state` added (``f_<name>`` for floats)."""
     column = FLOAT_STATE_PREFIX + name[2:] if name.startswith("f_") else STATE_PREFIX + name

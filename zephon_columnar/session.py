@@ -51,6 +51,8 @@ from zephon_columnar.engine.checkpoint import (
     verify_digests,
 )
 from zephon_columnar.engine.engine import Engine
+from zephon_columnar.engine.layout import unsettled_share
+from zephon_columnar.engine.realized import columns_some_lack, is_mixture_counter, realized_mixture
 from zephon_columnar.engine.run import Run
 from zephon_columnar.engine.spec import PipelineSpec
 from zephon_columnar.engine.warmup import RestoreWarmup
@@ -90,6 +92,9 @@ class Session:
         self._checkpoint_round = 0
         self._created_at = time.time()
         self._progress: dict[str, Any] | None = None  # show_progress() settings
+        self._layout_warned = False  # unsettled_share said once
+        self._columns_checked: tuple[BaseOp, ...] = ()  # the operators check_columns looked at
+        self._partial_warned = False  # a checkpoint of this rank's lanes only, said once
 
     # ------------------------------------------------------------------ the spec
     @property
@@ -154,10 +159,11 @@ class Session:
                 "before starting another."
             )
         spec = self._spec
-        self.warn_if_every_rank_reads_the_same_data()
+        self.check_layout()
         self.auto_validate()
         prime_token_mixture(spec.work_source, spec.ops)
         engine = spec.build_engine()
+        self.check_columns(engine)
         cursors = None
         if self._pending is not None:
             check_recipe(self._pending_recipe, engine.recipe())
@@ -198,19 +204,39 @@ class Session:
                 raise ValidationError(report)
             self._validated = user_ops
 
-    def warn_if_every_rank_reads_the_same_data(self) -> None:
-        world = self._spec.options.unsharded_world()
-        if world is not None:
-            warn(
-                f"torch.distributed is initialized with {world} ranks, but this pipeline has no data-parallel "
-                "options, so every rank receives the same batches. Pass options(dp_degree=..., dp_group_id=...) "
-                "(data-parallel groups; tensor-parallel peers share a group) or options(world_size=..., "
-                "global_rank=...) when every rank is its own data-parallel group.",
-                ConfigurationWarning,
-            )
+    def check_columns(self, engine: Engine) -> None:
+        """Warn, once per set of operators, where one reads a column only some datasets of the
+        mixture have (`zephon_columnar.engine.realized.columns_some_lack`)."""
+        if self._columns_checked == self._spec.ops:
+            return
+        self._columns_checked = self._spec.ops
+        datasets = self._spec.work_source.datasets_by_id
+        names = {did: ds.name for did, ds in datasets.items()}
+        schemas = {did: datasets[did].schema for did in engine.fields}  # datasets whose columns differ
+        for message in columns_some_lack(self._spec.ops, schemas, names):
+            warn(message, ConfigurationWarning)
+
+    def check_layout(self) -> None:
+        """Settle the data-parallel layout for the world this process is in (a `ConfigError`
+        where ranks would read the same data: `zephon_columnar.engine.layout`); warn, once, when
+        no world decides it and these options read one group's share of several."""
+        said = unsettled_share(self._spec.settled().options)
+        if said is not None and not self._layout_warned:
+            self._layout_warned = True
+            warn(said, ConfigurationWarning)
 
     def show_progress(self, every_s: float | None, *, file: Any = None, use_tqdm: bool | None = None) -> None:
         """Report progress every ``every_s`` seconds of each pass (None: off)."""
+        if every_s is not None and (
+            isinstance(every_s, bool)
+            or not isinstance(every_s, (int, float))
+            or not every_s >= 0
+            or math.isinf(every_s)
+        ):
+            raise ConfigError(
+                f"show_progress: every_s={every_s!r} is not a number of seconds >= 0; pass e.g. every_s=10.0 "
+                "(0: a line per item), or every_s=None to turn progress off."
+            )
         self._progress = None if every_s is None else {"every_s": every_s, "file": file, "use_tqdm": use_tqdm}
 
     @property
@@ -240,7 +266,7 @@ class Session:
         """The lanes this rank (data-parallel group) reads."""
         from zephon_columnar.engine.ownership import owned_lanes
 
-        o = self._spec.options
+        o = self._spec.settled().options
         return owned_lanes(
             canonical_replicas=o.resolved_canonical_replicas(),
             dp_degree=o.resolved_dp_degree(),
@@ -266,8 +292,18 @@ class Session:
         if inert:
             text += "\nAccepted for Zephon compatibility, no effect here:" + "".join(f"\n  {line}" for line in inert)
         counters = self.counters()
-        if counters:
-            text += "\nCounters of the last run: " + ", ".join(f"{k}={v}" for k, v in sorted(counters.items()))
+        shares = realized_mixture(counters)
+        if shares:
+            text += (
+                "\nMixture of the last run, rows read -> delivered (a packed row: each document it ends): "
+                + ", ".join(
+                    f"{s.name} {s.read:,} ({s.read_share:.0%}) -> {s.delivered:,} ({s.delivered_share:.0%})"
+                    for s in shares
+                )
+            )
+        other = {k: v for k, v in counters.items() if not is_mixture_counter(k)}
+        if other:
+            text += "\nCounters of the last run: " + ", ".join(f"{k}={v}" for k, v in sorted(other.items()))
         return text
 
     def metrics_snapshot(self) -> PipelineSummary | None:
@@ -337,24 +373,60 @@ class Session:
                 lanes={lane: delivered[lane] for lane in engine.lanes if lane in delivered},
             )
         )
-        opts = self._spec.options
-        if opts.world_size == 1 or not collective:
+        everything = range(engine.canonical_replicas)
+        if not collective or engine.rank_lanes == list(everything):
             return local
+        return self._merged(local, engine)
+
+    def _merged(self, local: dict[str, Any], engine: Engine) -> dict[str, Any]:
+        """Every data-parallel group's lanes merged with this rank's ``local`` part: through the
+        shared directory (``aggregate_dir``; only the ranks that iterate take part, as in
+        Megatron, where tensor-parallel peers are not loader ranks), else the
+        ``torch.distributed`` group (every rank of it takes part). With neither, this rank's
+        part alone, with a warning: it restores on this layout only."""
+        opts = engine.options  # settled: the layout this run read
         self._checkpoint_round += 1
-        if torch_distributed_ready():
-            return gather_torch(local)
         if opts.aggregate_dir:
-            return gather_directory(
+            merged = gather_directory(
                 local,
                 directory=opts.aggregate_dir,
                 run_id=opts.run_id,
                 round_id=self._checkpoint_round,
-                rank=opts.global_rank,
-                world_size=opts.world_size,
+                part=(
+                    f"rank-{opts.global_rank:05d}"
+                    if opts.world_size > 1
+                    else f"group-{opts.resolved_dp_group_id():05d}"
+                ),
+                parts_needed=opts.world_size,
+                lanes_needed=engine.canonical_replicas,
                 timeout_s=opts.aggregate_timeout_s,
                 not_before=self._created_at,
             )
-        return local
+        elif torch_distributed_ready():
+            merged = gather_torch(local)
+        else:
+            if not self._partial_warned:
+                self._partial_warned = True
+                warn(
+                    f"checkpoint() holds this rank's lanes {engine.rank_lanes} of {engine.canonical_replicas} only "
+                    f"(options(dp_degree={opts.resolved_dp_degree()}, dp_group_id={opts.resolved_dp_group_id()})), "
+                    "with neither a torch.distributed group nor options(aggregate_dir=...) to merge the ranks' "
+                    "parts: it restores on this same layout only. Initialize torch.distributed or set aggregate_dir "
+                    "(a directory every rank sees), or merge every rank's checkpoint with "
+                    "Pipeline.merge_checkpoints([...]) before restoring on another number of ranks.",
+                    ConfigurationWarning,
+                )
+            return local
+        covered = sorted(int(lane) for lane in merged["lanes"])
+        if covered != list(range(engine.canonical_replicas)):
+            missing = sorted(set(range(engine.canonical_replicas)) - set(covered))
+            raise CheckpointError(
+                f"checkpoint(): the ranks' parts cover lanes {covered} of {engine.canonical_replicas} (missing "
+                f"{missing}), so the checkpoint would not be whole: ranks named the same data-parallel group "
+                "(and read the same data) or a group did not take part. Give every data-parallel rank its own "
+                "options(dp_group_id=...) (or global_rank), and call checkpoint() on every rank at the same step."
+            )
+        return merged
 
     def _delivered(self, engine: Engine) -> dict[int, Any]:
         if self._run is not None:
@@ -429,6 +501,7 @@ class Session:
     # ------------------------------------------------------------------ copies
     def _idle_state(self) -> dict[str, Any]:
         state = dict(self.__dict__)
+        state["_spec"] = self._spec.settled()  # a loader worker has no process group to settle it with
         state["_run"] = None
         state["_warmup"] = None
         return state
@@ -527,8 +600,16 @@ class RunIterator:
 def _owned_cursors(engine: Engine, lanes: Mapping[int, LaneState]) -> dict[int, LaneState]:
     missing = [lane for lane in engine.lanes if lane not in lanes]
     if missing:
+        partial = (
+            f" It holds {len(lanes)} of the run's {engine.canonical_replicas} lanes: one rank's share, saved where "
+            "checkpoint() had neither torch.distributed nor aggregate_dir to merge every rank's part."
+            if len(lanes) < engine.canonical_replicas
+            else ""
+        )
         raise CheckpointError(
-            f"checkpoint has lanes {sorted(lanes)} but this rank owns {engine.lanes} (missing {missing}). "
-            "Restore a checkpoint merged from all ranks (Pipeline.merge_checkpoints or aggregate_dir)."
+            f"checkpoint has lanes {sorted(lanes)} but this rank owns {engine.lanes} (missing {missing}).{partial} "
+            "Restore a checkpoint merged from all ranks (Pipeline.merge_checkpoints, aggregate_dir or an "
+            "initialized torch.distributed group when checkpoint() is called), or restore on the layout it was "
+            "taken on."
         )
     return {lane: lanes[lane] for lane in engine.lanes}

@@ -333,7 +333,7 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         if info is not None:
             session = self._worker_session_of(info.id, info.num_workers)
             ckpt = None if session is None else session.checkpoint(collective=False)
-            o = self.session.spec.options
+            o = self.session.spec.settled().options
             phase = self._phase
             if ckpt is not None and phase is not None and o.aggregate_dir:
                 write_loader_part(
@@ -424,7 +424,7 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         delivered as many. Every rank's worker snapshots at that cut are then read from the
         aggregate directory and merged; this worker takes its share of this rank's lanes,
         starting from the worker the loader asks first."""
-        o = self.session.spec.options
+        o = self.session.spec.settled().options
         saved_phase = restored.get("loader_phase")
         if not o.aggregate_dir or saved_phase is None:
             _refuse_other_layout(self.session, restored)
@@ -463,7 +463,7 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         restored checkpoint, a cut of an earlier phase) and the layout it runs on, so that two
         jobs under one run_id keep their snapshots apart unless they deliver the same items;
         the loader asks worker ``first`` first."""
-        o = self.session.spec.options
+        o = self.session.spec.settled().options
         layout = (o.resolved_canonical_replicas(), o.resolved_dp_degree(), o.resolved_mapping(), workers)
         name = hashlib.sha256(f"{start}|{layout}".encode()).hexdigest()[:16]
         active = active_workers(len(self.session.rank_lanes()), workers)
@@ -567,7 +567,7 @@ def _refuse_other_layout(session: Session, state: Mapping[str, Any]) -> NoReturn
     """A worker state from another layout without the aggregate directory that holds the
     other ranks' snapshots: its lanes are not this rank's, and going on would deliver another
     rank's data or stop early."""
-    o = session.spec.options
+    o = session.spec.settled().options
     saved = [int(lane) for lane in state.get("rank_lanes", state["lanes"])]
     raise CheckpointError(
         f"load_state_dict(): this DataLoader worker state was saved by a rank owning lanes {saved}, but under "

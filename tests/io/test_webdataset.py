@@ -128,7 +128,7 @@ def test_a_cut_or_corrupt_shard_is_named(tmp_path):
     ):
         Dataset.from_path("w", folder)
     (folder / "shard-000.tar").write_bytes(b"not a tar at all" * 100)
-    with pytest.raises(DatasetFormatError, match=r"shard-000\.tar is not a readable WebDataset tar shard"):
+    with pytest.raises(DatasetFormatError, match=r"shard-000\.tar is not a tar archive \(no tar header at byte 0"):
         Dataset.from_path("w", folder)
 
 

@@ -45,34 +45,41 @@ def gather_directory(
     directory: str,
     run_id: str,
     round_id: int,
-    rank: int,
-    world_size: int,
+    part: str,
+    parts_needed: int,
+    lanes_needed: int,
     timeout_s: float,
     not_before: float,
 ) -> dict[str, Any]:
-    """Write this rank's part under ``directory/run_id/round-N/`` and merge all ranks' parts.
+    """Write this rank's part as ``directory/run_id/round-N/<part>.json`` and merge every
+    rank's once at least ``parts_needed`` parts are there and they hold all ``lanes_needed``
+    lanes. Ranks name their part by ``global_rank`` when ``world_size`` is known, else by their
+    data-parallel group (tensor-parallel peers then write the same part: either restores the
+    same continuation).
 
     Parts written before ``not_before`` (this job's start, a wall-clock time) are left-overs of an
     earlier job that used the same ``run_id`` and are ignored; give each job its own run_id anyway.
     """
     round_dir = Path(directory) / run_id / f"round-{round_id:06d}"
     round_dir.mkdir(parents=True, exist_ok=True)
-    tmp = round_dir / f".rank-{rank:05d}.json.tmp"
+    tmp = round_dir / f".{part}.{os.getpid()}.json.tmp"
     tmp.write_text(json.dumps(local))
-    os.replace(tmp, round_dir / f"rank-{rank:05d}.json")
+    os.replace(tmp, round_dir / f"{part}.json")
     deadline = time.monotonic() + timeout_s
     while True:
-        parts = sorted(p for p in round_dir.glob("rank-*.json") if _mtime(p) >= not_before - CLOCK_SKEW_S)
-        if len(parts) >= world_size:
-            break
+        paths = sorted(p for p in round_dir.glob("*.json") if _mtime(p) >= not_before - CLOCK_SKEW_S)
+        if len(paths) >= parts_needed:
+            parts = [json.loads(p.read_text()) for p in paths]
+            if {int(lane) for part_ in parts for lane in part_.get("lanes", {})} >= set(range(lanes_needed)):
+                return merge_checkpoints(parts)
         if time.monotonic() > deadline:
-            have = sorted(p.stem for p in parts)
+            have = sorted(p.stem for p in paths)
             raise CheckpointError(
-                f"checkpoint aggregation in {round_dir}: waited {timeout_s:.0f}s for {world_size} ranks, found "
-                f"{have}. Every rank must call checkpoint() at the same step (or raise aggregate_timeout_s)."
+                f"checkpoint aggregation in {round_dir}: waited {timeout_s:.0f}s for the parts of {parts_needed} "
+                f"rank(s) holding all {lanes_needed} lanes, found {have}. Every rank must call checkpoint() at the "
+                "same step (or raise aggregate_timeout_s)."
             )
         time.sleep(0.02)
-    return merge_checkpoints(json.loads(p.read_text()) for p in parts[:world_size])
 
 
 def _mtime(path: Path) -> float:

@@ -31,10 +31,18 @@ from zephon_columnar.engine.lane import LaneChain, LaneItem
 from zephon_columnar.engine.metrics import Metrics
 from zephon_columnar.engine.ownership import next_lane, owned_lanes
 from zephon_columnar.engine.plan import OrderedStage, ParallelStage, Plan, compile_plan
+from zephon_columnar.engine.realized import starved_components, starved_message
 from zephon_columnar.engine.runners import InlineRunner, ProcessRunner, ThreadRunner
-from zephon_columnar.errors import ConfigurationWarning, EmptyPassWarning, Notices, PipelineError, warn
+from zephon_columnar.errors import (
+    ConfigurationWarning,
+    EmptyPassWarning,
+    PipelineError,
+    StarvedComponentWarning,
+    warn,
+)
 from zephon_columnar.io.dataset import Dataset
 from zephon_columnar.io.readers import ReaderPool
+from zephon_columnar.losses import Notices, Said, say, summed
 from zephon_columnar.ops.accumulators.lane import restorable_by_reference
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.fetch import FetchOp, shard_cache_settings
@@ -69,12 +77,13 @@ class Engine:
         self.options = options
         self.plan: Plan = compile_plan(ops, flush_every_k_chunks=options.flush_every_k_chunks)
         self.canonical_replicas = options.resolved_canonical_replicas()
-        self.lanes = owned_lanes(
+        self.rank_lanes = owned_lanes(
             canonical_replicas=self.canonical_replicas,
             dp_degree=options.resolved_dp_degree(),
             dp_group_id=options.resolved_dp_group_id(),
             mapping=options.resolved_mapping(),
         )
+        self.lanes = list(self.rank_lanes)  # those this engine reads
         if lane_subset is not None:
             # A torch DataLoader worker serves only its share of the rank's lanes.
             subset = set(lane_subset)
@@ -198,15 +207,28 @@ class Engine:
         )
 
     def start(
-        self, cursors: Mapping[int, LaneCursor | LaneSnapshot] | None = None, *, readers: ReaderPool | None = None
+        self,
+        cursors: Mapping[int, LaneCursor | LaneSnapshot] | None = None,
+        *,
+        readers: ReaderPool | None = None,
+        says_losses: bool = True,
     ) -> EngineRun:
         """Run from ``cursors`` (the start of every lane not given); ``readers``: the shared
-        readers fetch uses (a restore warm-up's, already reading), else fresh ones."""
+        readers fetch uses (a restore warm-up's, already reading), else fresh ones.
+        ``says_losses``: whether the run says what its pass dropped when the pass ends
+        (`zephon_columnar.losses`); a side process leaves it to the trainer (`EngineRun.pass_losses`)."""
         cursors = dict(cursors or {})
         for lane in self.lanes:
             if lane not in cursors:
                 cursors[lane] = self.initial_cursor(lane)
-        return EngineRun(self, cursors, readers)
+        return EngineRun(self, cursors, readers, says_losses=says_losses)
+
+
+def _lanes_text(lanes: list[int]) -> str:
+    """``0-3`` for consecutive lanes, else the list."""
+    if lanes and lanes == list(range(lanes[0], lanes[-1] + 1)) and len(lanes) > 2:
+        return f"{lanes[0]}-{lanes[-1]}"
+    return ", ".join(map(str, lanes))
 
 
 def fields_by_dataset(datasets: Mapping[int, Any]) -> dict[int, frozenset[str]]:
@@ -285,9 +307,15 @@ class EngineRun:
     """
 
     def __init__(
-        self, engine: Engine, cursors: dict[int, LaneCursor | LaneSnapshot], readers: ReaderPool | None = None
+        self,
+        engine: Engine,
+        cursors: dict[int, LaneCursor | LaneSnapshot],
+        readers: ReaderPool | None = None,
+        *,
+        says_losses: bool = True,
     ) -> None:
         self.engine = engine
+        self.says_losses = says_losses
         # Replay mode: the cursor of the last item delivered per lane. Reference mode: items
         # delivered per lane (the state itself is read from the chains when asked for).
         self.delivered: dict[int, LaneCursor | LaneSnapshot] = dict(cursors)
@@ -327,7 +355,9 @@ class EngineRun:
             "collect_stats": tracking,
         }
         self.metrics = Metrics() if tracking else None
-        self.notices = Notices()  # warnings about dropped data: once per pass, whichever lane
+        # What the pass drops on purpose, said once (zephon_columnar.losses): at the pass's end, or
+        # at once when the stream has none (a finite stream is one whose samples have positions).
+        self.notices = Notices(pass_ends=engine.ws.supports_indexing())
         self._runner = RUNNERS[runner_kind](
             stages, services, engine.workers(), metrics=self.metrics, time_limit_s=engine.options.op_timeout_s
         )
@@ -370,8 +400,9 @@ class EngineRun:
 
     def stats(self) -> dict[int, dict[str, int]]:
         """Per lane, the counters its ordered stages keep (tokens uncapped wrap dropped at the
-        end, oversized documents first_fit/best_fit dropped, rows strict ensure_mixture dropped)."""
-        return {lane: dict(chain.shared.ctx.stats) for lane, chain in self.chains.items()}
+        end, oversized documents first_fit/best_fit dropped, rows strict ensure_mixture dropped)
+        and the realized mixture's (`zephon_columnar.engine.realized`)."""
+        return {lane: {**chain.shared.ctx.stats, **chain.shared.mixture.stats()} for lane, chain in self.chains.items()}
 
     def tracked_records(self) -> list[dict[str, Any]]:
         """Execution tracking's per-operator and per-stage records ([] when off)."""
@@ -453,6 +484,8 @@ class EngineRun:
             self.close()
             if not stopped:
                 self._check_empty_pass()
+                if self.says_losses:
+                    say(self.pass_losses())
             raise
         except BaseException:
             stopped = self._stop.is_set()
@@ -475,6 +508,20 @@ class EngineRun:
                 exhausted=self.chains[item.lane].shared.exhausted_before(item.epoch),
             )
         return item
+
+    def pass_losses(self) -> list[Said]:
+        """What the pass dropped on purpose, to say at its end (`zephon_columnar.losses`): the
+        notes of its lanes worded with the pass's totals, and the mixture components starved in
+        the lanes that started the pass (a restored lane delivers rows read before the
+        checkpoint, so its counts do not compare)."""
+        stats = self.stats()
+        lanes = sorted(self.chains)
+        said = self.notices.pass_report(summed(stats), scope=f"in this pass (lanes {_lanes_text(lanes)})")
+        fresh = [lane for lane in lanes if self.chains[lane].shared.fresh]
+        starved = starved_components(summed({lane: stats[lane] for lane in fresh}))
+        if starved:
+            said.append(Said(category=StarvedComponentWarning, message=starved_message(starved, fresh)))
+        return said
 
     def _check_empty_pass(self) -> None:
         """At the end of a pass: an `EmptyPassWarning` when rows were read and not one came out of

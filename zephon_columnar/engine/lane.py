@@ -45,14 +45,15 @@ from zephon_columnar.engine.checkpoint import (
     StageState,
 )
 from zephon_columnar.engine.plan import ParallelStage
+from zephon_columnar.engine.realized import ROWS_BATCHED, MixtureCounts
 from zephon_columnar.errors import (
     CheckpointError,
-    DataDroppedWarning,
-    Notices,
+    PassTailWarning,
     PipelineError,
     ZephonError,
     operator_failure,
 )
+from zephon_columnar.losses import Notice, Notices, share_text
 from zephon_columnar.ops.accumulators.lane import (
     NO_EXHAUSTION,
     ChunkExhaustion,
@@ -119,6 +120,7 @@ class LaneShared:
             [] if restore is None else [(restore.epoch, restore.exhausted)]
         )
         names = {cid: name for name, cid in ws.component_ids().items()}
+        self.mixture = MixtureCounts(names)  # the realized mixture: rows read and delivered per component
         seed = recipe.get("seed", 0) if isinstance(recipe.get("seed", 0), int) else 0
         self.ctx = LaneContext(
             lane=lane,
@@ -134,6 +136,9 @@ class LaneShared:
             exhausted_before=self.exhausted_before,
         )
         self.restore = restore
+        # Whether the lane starts its pass at the beginning (no item delivered before): only then
+        # do its rows read and delivered compare (`zephon_columnar.engine.realized`). Set by the chain.
+        self.fresh = True
         self.carries: dict[int, dict[int, pa.Table]] = {} if restore is None else {restore.epoch: dict(restore.carries)}
 
     def note_chunk(self, chunk_id: int, chunk: WorkChunk) -> None:
@@ -298,12 +303,14 @@ class Source:
             else (last.chunk + 1, 0, (last.chunk + 1) % self.k == 0)
         )
         sizes = [p.end - p.start for p in pieces]
+        components = np.concatenate([p.components[p.start : p.end] for p in pieces])
+        self.shared.mixture.read(components)
         return F.pointer_frame(
             lane=lane,
             chunk_id=np.repeat([p.chunk for p in pieces], sizes),
             offsets=np.concatenate([np.arange(p.start, p.end) for p in pieces]),
             pointers=np.concatenate([p.pointers[p.start : p.end] for p in pieces]),
-            components=np.concatenate([p.components[p.start : p.end] for p in pieces]),
+            components=components,
         )
 
     def _chunks_ahead(self, chunk_id: int) -> Iterator[tuple[int, Any]]:
@@ -626,6 +633,8 @@ class Collector:
         return [e[0].refs if isinstance(e[0], _LazyRows) else F.refs_of(e[0]) for e in self.pending if e[0].num_rows]
 
     def __iter__(self) -> Iterator[LaneItem]:
+        """The lane's items; their rows are counted in the realized mixture as they reach the
+        batcher (`zephon_columnar.engine.realized`)."""
         engine = self.engine
         lane = self.shared.ctx.lane
         batch = engine.plan.batch
@@ -656,6 +665,7 @@ class Collector:
                 rows_in_epoch += dropped
             if frame.num_rows == 0:
                 continue
+            self.shared.mixture.delivered(frame)  # counted whole frames at a time (a batch's worth waits)
             pending.append([frame, epoch, state, rows_in_epoch, carries])
             rows_in_epoch += frame.num_rows
             pending_rows += frame.num_rows
@@ -677,17 +687,23 @@ class Collector:
 
     def _dropped_final_rows(self, rows: int, size: int) -> None:
         """``drop_last=True`` (Zephon's default) at the end of the lane: the rows short of a batch
-        are counted, and warned about once per pass."""
+        are counted, and noted: a routine tail (`zephon_columnar.losses`)."""
         ctx = self.shared.ctx
-        ctx.stats["batch_dropped_final_rows"] = ctx.stats.get("batch_dropped_final_rows", 0) + rows
-        ctx.notices.warn(
-            "batch_dropped_final_rows",
-            f"batch({size}) dropped the last {rows} row(s) of lane {ctx.lane}, fewer than a batch "
-            "(drop_last=True, the default; warned once per pass, every lane's count is in "
-            f"metrics_snapshot() as batch_dropped_final_rows); pass batch({size}, drop_last=False) to "
-            "get them as a short batch.",
-            DataDroppedWarning,
-        )
+        ctx.stats[DROPPED_FINAL_ROWS] = ctx.stats.get(DROPPED_FINAL_ROWS, 0) + rows
+
+        def text(c: Mapping[str, int], scope: str) -> str:
+            dropped, batched = c.get(DROPPED_FINAL_ROWS, 0), c.get(ROWS_BATCHED, 0)
+            return (
+                f"batch({size}) dropped {dropped} of {batched} rows ({share_text(dropped, batched)}) {scope}: each "
+                "lane's last rows short of a batch (drop_last=True, the default). Counted in metrics_snapshot() as "
+                f"{DROPPED_FINAL_ROWS}; pass batch({size}, drop_last=False) to get them as a short batch."
+            )
+
+        def share(c: Mapping[str, int]) -> float:
+            return c.get(DROPPED_FINAL_ROWS, 0) / max(1, c.get(ROWS_BATCHED, 0))
+
+        notice = Notice(kind=DROPPED_FINAL_ROWS, category=PassTailWarning, text=text, share=share)
+        ctx.notices.note(notice, ctx.stats, lane=ctx.lane)
 
     def _epoch_reached(self, epoch: int) -> Mapping[int, pa.Table]:
         return self.shared.epoch_reached(epoch, epoch * self.engine.plan.flush_every)
@@ -747,6 +763,10 @@ def _drain_records(lane: int, pending: deque, by_input: bool, fields: Any) -> It
         pending.popleft()
 
 
+#: Lane counter: rows ``batch(drop_last=True)`` dropped at the ends of lanes, short of a batch.
+DROPPED_FINAL_ROWS = "batch_dropped_final_rows"
+
+
 # ---------------------------------------------------------------------- the chain
 class LaneChain:
     """A lane's source, steps (aligned with the plan's stages) and collector."""
@@ -765,6 +785,7 @@ class LaneChain:
             resume = start.resume
             ws.load_state_dict(resume.source_state)
             self.shared = LaneShared(lane, ws, None, per_item, notices, engine.canonical_replicas)
+            self.shared.fresh = False
             self.shared.targets.update(start.targets)
             self.shared.exhaustion.update(start.exhaustion)
             self.source = Source(engine, self.shared, ws, resume.chunk, resume.offset, resume.marker)
@@ -773,6 +794,7 @@ class LaneChain:
         else:
             ws.load_state_dict(start.source_state)
             self.shared = LaneShared(lane, ws, start, per_item, notices, engine.canonical_replicas)
+            self.shared.fresh = start.items == 0
             self.source = Source(engine, self.shared, ws, start.epoch * k, start.inputs, True)
             epoch, skip, state = start.epoch, start.rows, start.source_state
             epochs = [epoch] * (len(engine.plan.stages) + 1)  # by ordered stage, then the collector

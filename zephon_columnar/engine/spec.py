@@ -2,7 +2,8 @@
 
 A `~zephon_columnar.pipeline.Pipeline` builds one step by step; a
 session (``zephon_columnar.session``) runs it; an mtp-mode side process and each torch loader
-worker get one of their own (`for_side_process`, `for_lanes`). A spec is frozen: a change is a
+worker get one of their own (`for_side_process`, `for_lanes`), its data-parallel layout settled
+in the trainer (`settled`). A spec is frozen: a change is a
 new spec (``dataclasses.replace``), so a run never sees its recipe change under it. It pickles
 by value (cloudpickle), so the lambdas of ``map_transform`` and friends reach spawned processes.
 
@@ -34,6 +35,7 @@ from typing import Any
 import cloudpickle
 
 from zephon_columnar.engine.engine import Engine
+from zephon_columnar.engine.layout import current_world, settle_layout
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.batch import BatchOp
 from zephon_columnar.options import RuntimeOptions
@@ -57,9 +59,18 @@ class PipelineSpec:
     lane_subset: tuple[int, ...] | None = None
     ignored: tuple[str, ...] = ()
 
+    def settled(self) -> PipelineSpec:
+        """This spec with its data-parallel layout explicit for the world this process is in
+        (`zephon_columnar.engine.layout.settle_layout`; a `ConfigError` where ranks would read the
+        same data): what a loader worker or side process, which has no process group, is given."""
+        options = settle_layout(self.options, current_world())
+        return self if options is self.options else dataclasses.replace(self, options=options)
+
     def build_engine(self) -> Engine:
-        """The engine of a run of this spec (cheap: compiling the plan, no thread started)."""
+        """The engine of a run of this spec (cheap: compiling the plan, no thread started), on
+        the layout `settled` gives."""
         self.options.validate()
+        options = settle_layout(self.options, current_world())
         prefetcher = None
         if self.prefetch is not None:
             from zephon_columnar.engine.prefetch import ShardPrefetcher
@@ -71,7 +82,7 @@ class PipelineSpec:
         return Engine(
             self.work_source,
             list(self.ops),
-            self.options,
+            options,
             prefetcher=prefetcher,
             lane_subset=None if self.lane_subset is None else list(self.lane_subset),
         )
@@ -83,7 +94,9 @@ class PipelineSpec:
     def for_side_process(self) -> PipelineSpec:
         """What an mtp-mode side process runs: the operators up to ``batch`` (``map_batch``
         after it runs in the trainer), in that process."""
-        return dataclasses.replace(self, ops=ops_up_to_batch(self.ops), options=self.options.updated(mtp_mode=False))
+        settled = self.settled()
+        options = settled.options.updated(mtp_mode=False)
+        return dataclasses.replace(settled, ops=ops_up_to_batch(self.ops), options=options)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # By value: the operators may hold lambdas that a spawned process cannot import.

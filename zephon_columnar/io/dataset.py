@@ -82,6 +82,7 @@ class Dataset:
             >>> Dataset.from_path("web", ["data/web/part-001.parquet", "data/web/part-000.parquet"]).total()
             32
         """
+        _check_name_and_path(name, path)
         found = discover(name, path, fmt=fmt)
         if not isinstance(path, (str, os.PathLike)):
             listed = [os.fspath(p) for p in path]
@@ -236,6 +237,46 @@ class Dataset:
     def format_name(self) -> str | None:
         """The format's name (``"parquet"``, ``"jsonl"``, ``"inmem"``...); None without one."""
         return None if self.format is None else self.format.name
+
+
+def _check_name_and_path(name: Any, path: Any) -> None:
+    """``from_path``'s arguments, checked at the call: ``name`` a non-empty str (the mixture's
+    key), ``path`` a str, an ``os.PathLike`` or a list of them. A TypeError (a ConfigError for
+    an empty name) naming the argument otherwise.
+
+    Example:
+        >>> _check_name_and_path("web", 42)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        TypeError: Dataset.from_path('web', path=42): path is not a path but an int; pass a folder, ...
+    """
+    if not isinstance(name, str):
+        raise TypeError(
+            f"Dataset.from_path(name={name!r}): name is not a str but {_a(name)}; pass the dataset's name in the "
+            'mixture, e.g. Dataset.from_path("web", "data/web").'
+        )
+    if not name:
+        raise ConfigError(
+            "Dataset.from_path(name=''): the name is empty; pass the dataset's name in the mixture, e.g. "
+            'Dataset.from_path("web", "data/web").'
+        )
+    what = "a folder, file, glob or URL as a str (or os.PathLike), or a list of them"
+    if isinstance(path, (str, os.PathLike)):
+        return
+    if isinstance(path, (bytes, bytearray)) or not isinstance(path, Sequence):
+        raise TypeError(f"Dataset.from_path({name!r}, path={path!r}): path is not a path but {_a(path)}; pass {what}.")
+    for k, item in enumerate(path):
+        if not isinstance(item, (str, os.PathLike)):
+            raise TypeError(
+                f"Dataset.from_path({name!r}, path=[...]): path[{k}]={item!r} is not a path but {_a(item)}; "
+                f"pass {what}."
+            )
+
+
+def _a(value: Any) -> str:
+    """``value``'s type name with its article: "an int", "a list"."""
+    kind = type(value).__name__
+    return f"{'an' if kind[:1].lower() in 'aeiou' else 'a'} {kind}"
 
 
 def _check_shard_id(name: str, shard_id: Any) -> int:

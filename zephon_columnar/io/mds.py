@@ -99,6 +99,13 @@ class MdsFormat(FileFormat):
         return isinstance(shards, list) and all(isinstance(s, dict) and s.get("format") == "mds" for s in shards)
 
     def discover(self, name: str, files: Sequence[str]) -> Discovered:
+        index = files[0].rstrip("/").rsplit("/", 1)[0] + "/" + INDEX  # beside the first shard
+        if fs.exists(index):  # there, but `recognises_folder` found no MDS shards in it
+            raise DatasetFormatError(
+                f'Dataset {name!r}: {index} lists no MDS shards (each entry of its "shards" needs '
+                f'"format": "mds"), so the shards beside it ({fs.basename(files[0])}...) cannot be read; '
+                "re-write the folder with MDSWriter, or fix the index."
+            )
         raise DatasetFormatError(
             f"Dataset {name!r}: MDS shards ({fs.basename(files[0])}...) are read through their folder's {INDEX}, "
             f"which is missing; point at the folder MDSWriter wrote (with its {INDEX})."

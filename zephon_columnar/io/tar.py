@@ -4,7 +4,8 @@ members; `zephon_columnar.io.webdataset` groups them into samples).
 
 `members` walks the headers one at a time (POSIX ustar, GNU long names, pax ``path``/``size``
 records; ``tarfile`` for the rare encodings) and raises ``tarfile.ReadError`` naming what is
-wrong; `members_at_once` reads a plain archive's headers as array operations, or says None.
+wrong (`NotATarError` when the file does not start with a tar header); `members_at_once` reads
+a plain archive's headers as array operations, or says None.
 
 Example:
     >>> import io, tarfile
@@ -43,6 +44,9 @@ def members(local: str, size: int) -> Iterator[tuple[str, int, int]]:
     members); a header it does not know (base-256 sizes, sparse files) hands over to ``tarfile``."""
     if size == 0:
         return
+    if size < BLOCK:
+        with open(local, "rb") as f:
+            raise _no_header(0, f"the file is {size} bytes, shorter than one 512-byte header", f.read(6))
     with open(local, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
         at, long_name, pax = 0, None, {}
         headers, sums = [], []  # each header's block and stored checksum, checked at the end at once
@@ -54,14 +58,14 @@ def members(local: str, size: int) -> Iterator[tuple[str, int, int]]:
                 break
             stored = header[148:156].split(b"\0", 1)[0].strip()
             if not stored:
-                raise tarfile.ReadError(f"a header without a checksum at byte {at}")
+                raise _no_header(at, "it has no checksum", bytes(header[:6]))
             headers.append(at // BLOCK)
-            sums.append(int(stored, 8))
+            sums.append(_octal_field(stored, "checksum", at, bytes(header[:6])))
             kind, raw_size = header[156:157], header[124:136]
             if raw_size[:1] in (b"\x80", b"\xff") or kind == b"S":
                 yield from _tarfile_members(local)  # rare encodings: tarfile reads them all
                 return
-            length = int(raw_size.split(b"\0", 1)[0].strip() or b"0", 8)
+            length = _octal_field(raw_size.split(b"\0", 1)[0].strip() or b"0", "size", at, bytes(header[:6]))
             data = at + BLOCK
             if data + length > size:
                 raise tarfile.ReadError(f"a member at byte {at} ends past the file's end")
@@ -83,6 +87,33 @@ def members(local: str, size: int) -> Iterator[tuple[str, int, int]]:
             if at != size or long_name is not None or pax:  # no end marker: only whole members may end it
                 raise tarfile.ReadError("the archive ends inside a member; is it cut short?")
         _check_sums(view, np.asarray(headers, np.int64), np.asarray(sums, np.int64))
+
+
+class NotATarError(tarfile.ReadError):
+    """The file does not start with a tar header: it is not a tar archive at all (another format,
+    a compressed tar under a plain ``.tar`` name, random bytes)."""
+
+
+_COMPRESSED = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"BZh": "bzip2", b"\xfd7zXZ": "xz"}
+
+
+def _no_header(at: int, why: str, first: bytes = b"") -> tarfile.ReadError:
+    """The error for the block at byte ``at`` that should be a tar header and is not (``why``);
+    ``first``: the file's first bytes, to name a compressed file."""
+    if at == 0:
+        packed = next((kind for magic, kind in _COMPRESSED.items() if first.startswith(magic)), None)
+        hint = f"; it starts as a {packed}-compressed file does: decompress it first" if packed else ""
+        return NotATarError(f"no tar header at byte 0: {why}{hint}")
+    return tarfile.ReadError(f"no tar header at byte {at}, where the previous member ends ({why}); is it damaged?")
+
+
+def _octal_field(digits: bytes, what: str, at: int, first: bytes) -> int:
+    """The octal number of a header field (``what``) of the header at byte ``at`` (``first``:
+    the header's first bytes, for `_no_header`)."""
+    try:
+        return int(digits, 8)
+    except ValueError:
+        raise _no_header(at, f"the {what} field {bytes(digits[:12])!r} is not an octal number", first) from None
 
 
 _USTAR = np.frombuffer(b"ustar", np.uint8)
@@ -179,6 +210,8 @@ def _check_sums(view: mmap.mmap, blocks: np.ndarray, stored: np.ndarray) -> None
     # The view of the map goes before the error does: a traceback holding it would keep the
     # map from closing (BufferError) and hide the error.
     del matrix
+    if bad_block == 0:
+        raise _no_header(0, "its checksum does not match its bytes", bytes(view[:6]))
     if bad_block is not None:
         raise tarfile.ReadError(f"a bad header checksum at byte {bad_block * BLOCK}")
 

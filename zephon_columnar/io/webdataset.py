@@ -182,6 +182,11 @@ def _walk_members(local: str, size: int, url: str) -> TarIndex:
     except (tarfile.TarError, EOFError, UnicodeDecodeError, ValueError) as err:
         if isinstance(err, DatasetFormatError):
             raise
+        if isinstance(err, tar.NotATarError):
+            raise DatasetFormatError(
+                f"{url} is not a tar archive ({err}). A WebDataset shard is an uncompressed tar of each sample's "
+                "files (tar -cf, webdataset.TarWriter); re-write the file as one, or move it out of the dataset."
+            ) from err
         raise DatasetFormatError(f"{url} is not a readable WebDataset tar shard ({err}); is it cut short?") from err
     rows = len(keys)
     offsets, sizes = {}, {}

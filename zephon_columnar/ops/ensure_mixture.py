@@ -42,12 +42,13 @@ import pyarrow.compute as pc
 from zephon_columnar import frame as F
 from zephon_columnar.errors import (
     ConfigError,
-    DataDroppedWarning,
     MissingFieldError,
+    MixtureDropWarning,
     PipelineError,
     operator_failure,
     warn,
 )
+from zephon_columnar.losses import Notice
 from zephon_columnar.ops.accumulators.lane import LaneContext
 from zephon_columnar.ops.base import OpTraits, OrderedOp
 from zephon_columnar.ops.store import RowStore
@@ -56,6 +57,16 @@ from zephon_columnar.references import schema_from_json, schema_to_json, state_c
 from zephon_columnar.types import TOKEN_FIELD_CANDIDATES
 
 WARN_WARMUP = 1000
+#: Lane counter: rows ``ensure_mixture(max_buffer_size=None)`` dropped at flush points.
+MIXTURE_DROPPED = "ensure_mixture_dropped"
+
+
+def _dropped_text(counters: Mapping[str, int], scope: str) -> str:
+    return (
+        f"ensure_mixture(max_buffer_size=None) dropped {counters.get(MIXTURE_DROPPED, 0)} row(s) {scope} at flush "
+        f"points to keep the mixture exact (counted in metrics_snapshot() as {MIXTURE_DROPPED}); raise "
+        "flush_every_k_chunks to drop fewer, or pass a max_buffer_size."
+    )
 
 
 class EnsureMixtureOp(OrderedOp):
@@ -406,16 +417,11 @@ class MixtureBuffer:
         if self.op.max_buffer_size is None:
             self._release_run_out(out)
             if self.buffered:
-                self.ctx.stats["ensure_mixture_dropped"] = (
-                    self.ctx.stats.get("ensure_mixture_dropped", 0) + self.buffered
-                )
-                self.ctx.notices.warn(
-                    "ensure_mixture_dropped",
-                    f"ensure_mixture(max_buffer_size=None) dropped {self.buffered} row(s) of lane {self.ctx.lane} at a "
-                    "flush point to keep the mixture exact (warned once per pass; every drop is counted in "
-                    "metrics_snapshot() as ensure_mixture_dropped); raise flush_every_k_chunks to drop fewer, or pass "
-                    "a max_buffer_size.",
-                    DataDroppedWarning,
+                self.ctx.stats[MIXTURE_DROPPED] = self.ctx.stats.get(MIXTURE_DROPPED, 0) + self.buffered
+                self.ctx.notices.note(
+                    Notice(kind=MIXTURE_DROPPED, category=MixtureDropWarning, text=_dropped_text),
+                    self.ctx.stats,
+                    lane=self.ctx.lane,
                 )
         else:
             self._force_out(out, lambda: self.buffered > 0)

@@ -91,7 +91,14 @@ class FetchOp(FrameOp):
         self._groups: list[tuple[tuple[str, int, int, int], dict[str, int]]] | None = None  # None: not tracking
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1, emits="one")
+        # It writes each dataset's own columns, the ones the engine knows (fields_by_dataset).
+        return OpTraits(
+            preserves_cursor_order=True,
+            parallelism=self.parallelism or 1,
+            emits="one",
+            reads=frozenset(),
+            writes=frozenset(),
+        )
 
     def setup(self, ctx: OpContext) -> None:
         super().setup(ctx)

@@ -44,6 +44,20 @@ def _is_arrow_expr(obj: Any) -> bool:
     return isinstance(obj, __import__("pyarrow.compute", fromlist=["Expression"]).Expression)
 
 
+def _root_columns(exprs: list[Any]) -> frozenset[str]:
+    """The columns Polars expressions read."""
+    return frozenset(name for e in exprs for name in e.meta.root_names())
+
+
+def _output_columns(exprs: list[Any]) -> frozenset[str] | None:
+    """The columns Polars expressions write (None: an expression without one output name,
+    such as ``pl.all()``)."""
+    try:
+        return frozenset(e.meta.output_name() for e in exprs)
+    except Exception:  # noqa: BLE001 - polars raises ComputeError for multi-output expressions
+        return None
+
+
 def _describe(fn: Any) -> str:
     if _is_polars_expr(fn) or _is_arrow_expr(fn):
         return str(fn)
@@ -73,7 +87,13 @@ class MapOp(FrameOp):
     def traits(self) -> OpTraits:
         # A callable's None drops its row (unless drop_none=False); expressions map every row.
         emits: Emits = "at_most_one" if self.drop_none and not self.is_expr else "one"
-        return OpTraits(preserves_cursor_order=True, parallelism=self.parallelism or 1, emits=emits)
+        return OpTraits(
+            preserves_cursor_order=True,
+            parallelism=self.parallelism or 1,
+            emits=emits,
+            reads=_root_columns(self.fn) if self.is_expr else None,
+            writes=_output_columns(self.fn) if self.is_expr else None,
+        )
 
     def fingerprint(self) -> dict[str, Any]:
         out: dict[str, Any] = {"op": self.name, "fn": _describe(self.fn)}
@@ -120,11 +140,38 @@ class FilterOp(FrameOp):
     def traits(self) -> OpTraits:
         # not indexable: a dropped row leaves its position without a sample
         return OpTraits(
-            preserves_cursor_order=True, indexable=False, parallelism=self.parallelism or 1, emits="at_most_one"
+            preserves_cursor_order=True,
+            indexable=False,
+            parallelism=self.parallelism or 1,
+            emits="at_most_one",
+            reads=_root_columns([self.predicate]) if _is_polars_expr(self.predicate) else None,
+            writes=frozenset(),
         )
 
     def fingerprint(self) -> dict[str, Any]:
         return {"op": self.name, "predicate": _describe(self.predicate)}
+
+    def keeps_null_row(self, columns: pa.Schema) -> bool | None:
+        """Whether a row whose ``columns`` are null passes (`~zephon_columnar.ops.traits.KeepsRows`):
+        a Polars predicate is evaluated on one such row; None for other predicates, or when it
+        cannot be evaluated there.
+
+        Example:
+            >>> import polars as pl, pyarrow as pa
+            >>> schema = pa.schema([("text", pa.string())])
+            >>> FilterOp(pl.col("text").str.len_chars() > 3).keeps_null_row(schema)
+            False
+            >>> FilterOp(pl.col("text").fill_null("a long default").str.len_chars() > 3).keeps_null_row(schema)
+            True
+        """
+        if not _is_polars_expr(self.predicate):
+            return None
+        row = pa.table({f.name: pa.nulls(1, f.type) for f in columns})
+        try:
+            kept = polars_frame(row).select(self.predicate.fill_null(False)).to_series().to_list()
+        except Exception:  # noqa: BLE001 - a predicate that needs more than these columns: cannot tell
+            return None
+        return bool(kept[0]) if len(kept) == 1 else None
 
     def process_frame(self, frame: pa.Table) -> pa.Table:
         pred = self.predicate

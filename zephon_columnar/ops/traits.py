@@ -12,7 +12,10 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 #: How many rows an operator emits for each row it takes: exactly ``"one"`` (a map),
 #: ``"at_most_one"`` (a filter, a map that may drop), or ``"any"`` number (a split, a fan-out).
@@ -32,6 +35,10 @@ class OpTraits:
     ``emits``: rows out per row in (`Emits`). Zephon's operators do not say, so the default is
     the safe ``"any"``; an operator that emits at most one row per input row says so, and a
     checkpoint then resumes from the first row not delivered instead of replaying its chunk.
+    ``reads``: the payload columns the operator reads (a Polars expression's root columns);
+    ``writes``: those it adds or replaces. None: not known (a Python callable may read or write
+    anything). The engine checks them against each dataset's columns: a column only some
+    datasets of a mixture have is null in the others' rows (`zephon_columnar.engine.realized`).
     """
 
     preserves_cursor_order: bool
@@ -41,6 +48,8 @@ class OpTraits:
     batch_shape_sensitive: bool = False
     requires_serial_state: bool = False
     emits: Emits = "any"
+    reads: frozenset[str] | None = None
+    writes: frozenset[str] | None = None
 
     @property
     def fans_out(self) -> bool:
@@ -52,4 +61,15 @@ class OpTraits:
         return 1 if self.requires_serial_state else max(1, int(self.parallelism))
 
 
-__all__ = ["Emits", "OpTraits"]
+@runtime_checkable
+class KeepsRows(Protocol):
+    """An operator that keeps or drops rows by their values (a filter): the engine asks it, before
+    the first row is read, whether a row whose ``columns`` are all null is kept, to warn when a
+    mixture component lacks a column it reads (`zephon_columnar.engine.realized`)."""
+
+    def keeps_null_row(self, columns: pa.Schema) -> bool | None:
+        """Whether a row whose ``columns`` (those it reads) are all null is kept; None: cannot tell."""
+        ...
+
+
+__all__ = ["Emits", "KeepsRows", "OpTraits"]

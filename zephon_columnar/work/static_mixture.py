@@ -528,6 +528,33 @@ class StaticMixtureWorkSource(WorkSource):
         total = sum(cfg.units)
         return max((-(-rows * total // units) for rows, units in zip(cfg.rows, cfg.units) if units > 0), default=0)
 
+    #: Chunks `stream_rows` plans at most (a fraction of a second); a longer stream is not counted.
+    STREAM_ROWS_PLAN_LIMIT = 200_000
+
+    def stream_rows(self) -> int | None:
+        """Rows the whole stream reads (every lane, from its first chunk), planned exactly; None
+        when it never ends or would take more than `STREAM_ROWS_PLAN_LIMIT` chunks to count.
+        `rows_per_pass` bounds a pass from above; this is what is read.
+
+        Example:
+            >>> from zephon_columnar.io.dataset import Dataset
+            >>> a = Dataset.from_dict("a", {0: [{"x": 1}] * 60})
+            >>> b = Dataset.from_dict("b", {0: [{"x": 1}] * 50})
+            >>> src = StaticMixtureWorkSource([a, b], {"a": 0.5, "b": 0.5}, chunk_size=7)
+            >>> src.rows_per_pass(), src.stream_rows()
+            (120, 119)
+        """
+        cur = self._start_cursor()
+        if self._planner.unbounded(cur):
+            return None
+        total = 0
+        for _ in range(self.STREAM_ROWS_PLAN_LIMIT):
+            plan = self._planner.plan(cur)
+            if plan is None:
+                return total
+            total += plan.size
+        return None
+
     @property
     def total_samples(self) -> int | float:
         """Pointers this lane will still return: exact (the plan step is run to the end on a
@@ -852,6 +879,16 @@ class StaticMixtureWorkSource(WorkSource):
             global_index=plan.g,
         )
 
+    def _stream_length(self) -> str:
+        """What explain() says of the stream's length: the rows it reads when it ends (and a
+        pass's bound when that differs), else that it does not end."""
+        per_pass, read = self.rows_per_pass(), self.stream_rows()
+        if read is None:
+            ends = not self._planner.unbounded(self._start_cursor())
+            return f"a pass is at most {per_pass:,} rows" + ("" if ends else ", and the stream repeats without end")
+        bound = "" if read == per_pass else f" (a pass is at most {per_pass:,})"
+        return f"the stream reads {read:,} rows{bound}"
+
     def describe_data(self) -> list[str]:
         """What ``explain()`` shows of the data: each dataset (format, place, shards, rows, weight,
         what happens when it runs out), chunk size, seed and what a pass is.
@@ -860,7 +897,7 @@ class StaticMixtureWorkSource(WorkSource):
             >>> a = Dataset.from_dict("a", {0: [{"x": 1}] * 60})
             >>> for line in StaticMixtureWorkSource([a], {"a": 1.0}, chunk_size=16, seed=3).describe_data():
             ...     print(line)
-            StaticMixtureWorkSource: chunk_size=16, seed=3, samples mixed by rows; a pass is 60 rows
+            StaticMixtureWorkSource: chunk_size=16, seed=3, samples mixed by rows; the stream reads 60 rows
               a: inmem in memory, 1 shard(s), 60 rows, weight 1.000, repeats (stop_after_passes=1)
         """
         cfg = self._planner.cfg
@@ -875,7 +912,7 @@ class StaticMixtureWorkSource(WorkSource):
             f"StaticMixtureWorkSource: chunk_size={cfg.chunk_size}, seed={self._base_seed}"
             + (f", epoch {self._epoch}" if self._epoch else "")
             + f", samples mixed by {unit}; "
-            f"a pass is {self.rows_per_pass():,} rows"
+            + self._stream_length()
         ]
         for k, (name, ds) in enumerate(zip(cfg.names, self._datasets)):
             where = (

@@ -1,7 +1,10 @@
-"""Packing is loud, not silent (issue 25): documents first_fit / best_fit drop as longer than
-max_length and the final partial row uncapped wrap drops are each warned about once per pass of
-a pipeline (not once per lane), with counts that match ``metrics_snapshot()``; and pack_flat
-refuses, when it is built, a max_length whose rows train on nothing."""
+"""Packing is loud, not silent (issue 25), and not noisy (issue 44): documents first_fit /
+best_fit drop as longer than max_length are warned about once per pass of a pipeline (not once
+per lane), at its end, with the pass's totals that match ``metrics_snapshot()``, under their own
+class; uncapped wrap's final partial rows, a routine tail, are warned the same way only when
+they are more than 1% of the pass's tokens, and logged otherwise; an endless stream is warned
+at the first drop, with the lane's counts so far. pack_flat refuses, when it is built, a
+max_length whose rows train on nothing."""
 
 from __future__ import annotations
 
@@ -15,14 +18,16 @@ import pytest
 
 from tests.ops._tokenizers import make_texts, make_tokenizer
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
-from zephon_columnar.errors import ConfigError, DataDroppedWarning
+from zephon_columnar.errors import ConfigError, DataDroppedWarning, OversizedDocumentWarning, PassTailWarning
 
 OVERSIZED = re.compile(
     r"(?P<op>pack_flat|pack_sequences)\(max_length=(?P<max_length>\d+), algorithm='(?P<algorithm>\w+)'\) "
     r"dropped (?P<docs>\d+) of (?P<docs_seen>\d+) documents \((?P<docs_pct>[\d.]+)%\) and (?P<tokens>\d+) of "
-    r"(?P<tokens_seen>\d+) tokens \((?P<tokens_pct>[\d.]+)%\) longer than max_length in lane (?P<lane>\d+) so far")
-FINAL_ROW = re.compile(r"pack_flat\(algorithm='wrap'\) dropped the final partial row of lane (?P<lane>\d+) "
-                       r"\((?P<tokens>\d+) tokens, fewer than max_length=(?P<max_length>\d+)\)")
+    r"(?P<tokens_seen>\d+) tokens \((?P<tokens_pct>[\d.]+)%\) longer than max_length (?P<scope>in this pass \(lanes "
+    r"[\d, -]+\)|in lane \d+ so far)")
+FINAL_ROW = re.compile(r"pack_flat\(algorithm='wrap'\) dropped (?P<tokens>\d+) of (?P<seen>\d+) tokens \([\d.]+%\) "
+                       r"in this pass \(lanes [\d, -]+\), each lane's final partial row \(fewer than "
+                       r"max_length=(?P<max_length>\d+)")
 
 
 def token_source(docs: Sequence[Sequence[int]]) -> StaticMixtureWorkSource:
@@ -81,38 +86,37 @@ def test_oversized_documents_are_warned_about_once_per_pass_with_two_lanes(op, a
     for seen in (first, second):
         oversized = matching(seen, OVERSIZED)
         assert len(oversized) == 1, [str(w.message) for w in seen]
-        assert oversized[0].category is DataDroppedWarning
+        assert oversized[0].category is OversizedDocumentWarning and issubclass(DataDroppedWarning, UserWarning)
         assert oversized[0].filename == __file__  # points at the loop that iterates, not at the engine
+        assert "in this pass (lanes 0, 1)" in str(oversized[0].message)
     lanes = counters(pipe)
     assert sorted(lanes) == [0, 1] and all(c["pack_oversized_docs"] > 0 for c in lanes.values())  # both lanes drop
 
 
 @pytest.mark.parametrize("runner", ["inline", "threads", "process"])
 def test_oversized_warning_reports_the_shares_metrics_snapshot_counts(runner):
-    # 80 documents, 64 of them longer than max_length; each lane reads 40, all in its first frame
-    # (a pass's first frame holds up to 64 rows), so the counts "so far" at the first drop are
-    # the lane's final counts.
+    # 80 documents, 64 of them longer than max_length, over two lanes: the warning at the end of
+    # the pass gives the pass's totals.
     docs = [[7] * (200 if i % 5 else 50) for i in range(80)]
     pipe = Pipeline(token_source(docs)).pack_flat(129, algorithm="best_fit", num_bins=4).batch(2) \
         .options(canonical_replicas=2, runner=runner)
-    with pytest.warns(DataDroppedWarning) as seen:
+    with pytest.warns(OversizedDocumentWarning) as seen:
         rows = sum(len(b) for b in pipe)
     assert rows == 8  # the 16 short documents, two per row
     [warning] = matching(list(seen), OVERSIZED)
     message = str(warning.message)
     found = OVERSIZED.match(message)
-    lane = counters(pipe)[int(found["lane"])]
+    names = ("pack_oversized_docs", "pack_docs_seen", "pack_oversized_tokens", "pack_tokens_seen")
+    totals = {name: sum(c[name] for c in counters(pipe).values()) for name in names}
+    assert totals == {"pack_oversized_docs": 64, "pack_docs_seen": 80, "pack_oversized_tokens": 12800,
+                      "pack_tokens_seen": 13600}
     assert (int(found["docs"]), int(found["docs_seen"]), int(found["tokens"]), int(found["tokens_seen"])) == (
-        lane["pack_oversized_docs"], lane["pack_docs_seen"], lane["pack_oversized_tokens"], lane["pack_tokens_seen"])
-    assert (int(found["docs"]), int(found["docs_seen"])) == (32, 40)
-    assert found["docs_pct"] == f"{100 * 32 / 40:.1f}" and found["tokens_pct"] == f"{100 * 6400 / 6800:.1f}"
-    assert "pack_flat(max_length=129, algorithm='best_fit') dropped 32 of 40 documents (80.0%)" in message
+        64, 80, 12800, 13600)
+    assert found["docs_pct"] == "80" and found["tokens_pct"] == f"{100 * 12800 / 13600:.3g}"
+    assert "pack_flat(max_length=129, algorithm='best_fit') dropped 64 of 80 documents (80%)" in message
     for way_out in ("drop_oversized=False", "tokenize(split_long_samples=True)", "algorithm='wrap'",
                     "metrics_snapshot()", "pack_oversized_docs/pack_oversized_tokens"):
         assert way_out in message
-    totals = {name: sum(c[name] for c in counters(pipe).values()) for name in lane}
-    assert totals == {"pack_oversized_docs": 64, "pack_docs_seen": 80, "pack_oversized_tokens": 12800,
-                      "pack_tokens_seen": 13600}
 
 
 def test_no_oversized_warning_when_every_document_fits():
@@ -120,7 +124,7 @@ def test_no_oversized_warning_when_every_document_fits():
     pipe = Pipeline(token_source(docs)).pack_flat(64, algorithm="first_fit", num_bins=4).batch(2) \
         .options(canonical_replicas=2)
     [seen] = passes(pipe, 1)
-    assert matching(seen, OVERSIZED) == [] and [w for w in seen if w.category is DataDroppedWarning] == []
+    assert matching(seen, OVERSIZED) == [] and [w for w in seen if issubclass(w.category, DataDroppedWarning)] == []
     lanes = counters(pipe)
     assert sum(c["pack_docs_seen"] for c in lanes.values()) == 80
     assert all("pack_oversized_docs" not in c for c in lanes.values())
@@ -130,7 +134,7 @@ def test_drop_oversized_false_refuses_instead_of_warning():
     docs = [[7] * 200] + [[7] * 10] * 9
     pipe = Pipeline(token_source(docs)).pack_flat(129, algorithm="first_fit", num_bins=4, drop_oversized=False)
     with warnings.catch_warnings():
-        warnings.simplefilter("error", DataDroppedWarning)  # no warning before the error
+        warnings.simplefilter("error", DataDroppedWarning)  # no warning before the error (any subclass)
         with pytest.raises(ValueError, match="200 tokens, longer than max_length=129"):
             for _batch in pipe:
                 pass
@@ -139,23 +143,55 @@ def test_drop_oversized_false_refuses_instead_of_warning():
 # ---------------------------------------------------------------------- uncapped wrap's final row
 @pytest.mark.parametrize("runner", ["inline", "threads", "process"])
 def test_wrap_final_row_warning_is_given_once_per_pass_with_two_lanes(runner):
-    # 20 documents of 5 tokens: each lane reads 10 (50 tokens), makes 6 rows of 8, drops 2.
+    # 20 documents of 5 tokens: each lane reads 10 (50 tokens), makes 6 rows of 8, drops 2: 4%
+    # of the pass's tokens, more than a routine tail's 1%, so warned.
     pipe = Pipeline(token_source([[3] * 5] * 20)).pack_flat(8, algorithm="wrap").batch(1) \
         .options(canonical_replicas=2, runner=runner)
     first, second = passes(pipe, 2)
     for seen in (first, second):
         [warning] = matching(seen, FINAL_ROW)
-        assert warning.category is DataDroppedWarning and issubclass(warning.category, UserWarning)
+        assert warning.category is PassTailWarning and issubclass(warning.category, DataDroppedWarning)
         found = FINAL_ROW.match(str(warning.message))
-        assert (found["tokens"], found["max_length"]) == ("2", "8")
-        assert "metrics_snapshot()" in str(warning.message)
-    assert counters(pipe) == {0: {"pack_dropped_final_tokens": 2}, 1: {"pack_dropped_final_tokens": 2}}
+        assert (found["tokens"], found["seen"], found["max_length"]) == ("4", "100", "8")
+        assert "metrics_snapshot()" in str(warning.message) and warning.filename == __file__
+    assert {lane: c["pack_dropped_final_tokens"] for lane, c in counters(pipe).items()} == {0: 2, 1: 2}
 
 
-def test_wrap_final_row_warning_still_names_lane_and_tokens_for_one_lane():
+def test_wrap_final_row_warning_gives_the_tokens_for_one_lane():
     pipe = Pipeline(token_source([[1] * 5] * 7)).pack_flat(8, algorithm="wrap").batch(1)
-    with pytest.warns(UserWarning, match=r"dropped the final partial row of lane 0 \(3 tokens"):
+    with pytest.warns(PassTailWarning, match=r"dropped 3 of 35 tokens \(8.57%\) in this pass \(lanes 0\)"):
         assert sum(len(b) for b in pipe) == 4  # 35 tokens: 4 rows of 8, 3 dropped
+
+
+def test_a_routine_tail_under_one_percent_is_logged_not_warned(caplog):
+    # 2,000 documents of 5 tokens in one lane: 10,000 tokens, 1,250 rows of 8, nothing dropped;
+    # one more document of 3 tokens: 3 of 10,003 tokens dropped (0.03%), and 1,250 rows into
+    # batches of 7 leave 4 rows (0.32%).
+    docs = [[3] * 5] * 2000 + [[3] * 3]
+    pipe = Pipeline(token_source(docs)).pack_flat(8, algorithm="wrap").batch(7)
+    with caplog.at_level("INFO", logger="zephon_columnar"):
+        [seen] = passes(pipe, 1)
+    assert [w for w in seen if issubclass(w.category, DataDroppedWarning)] == []
+    logged = [r.getMessage() for r in caplog.records if r.name == "zephon_columnar"]
+    assert any("dropped 3 of 10003 tokens (0.03%)" in m for m in logged), logged
+    assert any("batch(7) dropped 4 of 1250 rows (0.32%)" in m for m in logged), logged
+
+
+def test_an_endless_stream_is_warned_at_the_first_drop_with_the_counts_so_far():
+    docs = [[7] * (200 if i % 5 else 50) for i in range(80)]
+    table = pa.table({"input_ids": pa.array(docs, pa.list_(pa.int32()))})
+    source = StaticMixtureWorkSource([Dataset.from_dict("docs", {0: table})], {"docs": 1.0}, chunk_size=40,
+                                     exhausted_policy="repeat")
+    pipe = Pipeline(source).pack_flat(129, algorithm="best_fit", num_bins=4).batch(2)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        it = iter(pipe)
+        for _ in range(30):
+            next(it)
+        it.close()
+    [warning] = matching(list(seen), OVERSIZED)
+    assert OVERSIZED.match(str(warning.message))["scope"] == "in lane 0 so far"
+    assert "the stream has no end" in str(warning.message) and warning.category is OversizedDocumentWarning
 
 
 # ---------------------------------------------------------------------- max_length refused at build time
@@ -192,3 +228,20 @@ def test_pack_sequences_max_length_1_is_allowed_and_its_rows_hold_a_token(algori
         assert sorted(kept) == [1, 4]  # whole documents only
     else:
         assert sorted(kept) == [1, 2, 3, 4, 5, 6, 7]  # sliced, nothing lost
+
+
+# ---------------------------------------------------------------------- the default path
+def test_pack_flat_with_only_max_length_packs_without_failing_or_dropping_a_document():
+    """Found by a new-user probe: pack_flat(128) failed (first_fit needs num_bins) and, once
+    num_bins was given, dropped the long documents. Alone, max_length now means wrap: every
+    token but each lane's final partial row is delivered; with num_bins, first_fit as in Zephon."""
+    docs = [[5] * (300 if i % 4 == 0 else 40) for i in range(60)]
+    pipe = Pipeline(token_source(docs)).pack_flat(128).batch(2, drop_last=False)
+    [seen] = passes(pipe, 1)
+    tokens = sum(int(t) for b in pipe for t in b.to_training()["input_ids"].shape[:1]) * 128
+    dropped = sum(c.get("pack_dropped_final_tokens", 0) for c in counters(pipe).values())
+    assert tokens + dropped == sum(map(len, docs)) and dropped < 128
+    assert [w for w in seen if issubclass(w.category, OversizedDocumentWarning)] == []
+    assert Pipeline(token_source(docs)).pack_flat(128, num_bins=4).spec.ops[-1].spec.algorithm == "first_fit"
+    with pytest.raises(ConfigError, match="num_bins is required"):
+        Pipeline(token_source(docs)).pack_sequences(128)  # as in Zephon

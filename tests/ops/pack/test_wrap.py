@@ -104,11 +104,13 @@ def test_small_example_by_hand():
     assert packer.ctx.stats["pack_dropped_final_tokens"] == 3  # [9, 10, 11]: the final partial row
 
 
-def test_the_final_partial_row_is_dropped_with_a_warning():
+def test_the_final_partial_row_is_dropped_and_noted():
     packer = wrap(4)
     packer.push(docs_table([[1, 2, 3, 4, 5, 6]]))
-    with pytest.warns(UserWarning, match=r"dropped the final partial row of lane 0 \(2 tokens"):
-        assert packer.flush(reset=True, end=True) == []
+    assert packer.flush(reset=True, end=True) == []
+    assert packer.ctx.stats["pack_dropped_final_tokens"] == 2
+    [said] = packer.ctx.notices.pass_report(packer.ctx.stats, scope="in this pass")
+    assert "dropped 2 of 6 tokens (33.3%) in this pass, each lane's final partial row" in said.message
 
 
 def test_segments_say_what_each_row_holds():
@@ -443,18 +445,18 @@ def test_pipeline_reports_the_dropped_final_row_in_explain_and_metrics():
     ds = Dataset.from_tables("d", [pa.table({"input_ids": pa.array([[1] * 5] * 7, pa.list_(pa.int32()))})])
     pipe = Pipeline(StaticMixtureWorkSource([ds], {"d": 1.0}, chunk_size=4)).pack_flat(8, algorithm="wrap").batch(1)
     assert pipe.metrics_snapshot() is None
-    with pytest.warns(UserWarning, match="dropped the final partial row of lane 0 \\(3 tokens"):
+    with pytest.warns(UserWarning, match="dropped 3 of 35 tokens"):
         rows = sum(len(b) for b in pipe)
     assert rows == 4  # 35 tokens: 4 rows of 8, 3 dropped
     assert "pack_dropped_final_tokens=3" in pipe.explain()
-    assert pipe.metrics_snapshot().to_records() == [{"lane": 0, "name": "pack_dropped_final_tokens", "value": 3}]
+    assert {"lane": 0, "name": "pack_dropped_final_tokens", "value": 3} in pipe.metrics_snapshot().to_records()
 
 
 @pytest.mark.parametrize("runner", ["inline", "threads"])
 def test_the_drop_warning_points_at_the_loop_that_iterates(runner):
     ds = Dataset.from_tables("d", [pa.table({"input_ids": pa.array([[1] * 5] * 7, pa.list_(pa.int32()))})])
     pipe = Pipeline(StaticMixtureWorkSource([ds], {"d": 1.0}, chunk_size=4)).pack_flat(8, algorithm="wrap").batch(1)
-    with pytest.warns(UserWarning, match="dropped the final partial row") as seen:
+    with pytest.warns(UserWarning, match="each lane's final partial row") as seen:
         for _ in pipe.options(runner=runner):
             pass
     assert [w.filename for w in seen] == [__file__]  # not the engine's frame that flushed the packer

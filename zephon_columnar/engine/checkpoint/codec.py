@@ -168,22 +168,28 @@ def _table_from_json(where: str, value: Any) -> pa.Table | None:
             raise CheckpointError(
                 f"checkpoint {where}: column {name!r} holds a negative value; the checkpoint is damaged."
             )
-        if name == F.LINEAGE and any(v < 0 for row in column.to_pylist() for v in row):
+        if name == F.LINEAGE and not all(_is_lineage(row) for row in column.to_pylist()):
             raise CheckpointError(
-                f"checkpoint {where}: column {name!r} holds a negative value; the checkpoint is damaged."
+                f"checkpoint {where}: column {name!r} holds a null or negative value inside a row; "
+                "the checkpoint is damaged."
             )
         if name == F.SEGMENTS and any(
-            seg[k] is None or (k in _SEGMENT_COUNTS and seg[k] < 0)
+            (not _is_lineage(seg[k]) if k == "lineage" else seg[k] is None or (k in _SEGMENT_COUNTS and seg[k] < 0))
             for row in column.to_pylist()
             for seg in row
             for k in seg
-            if k != "lineage"
         ):
             raise CheckpointError(
                 f"checkpoint {where}: a segment of column {name!r} has a missing or negative "
                 "field; the checkpoint is damaged."
             )
     return table
+
+
+def _is_lineage(value: Any) -> bool:
+    """Whether ``value`` is a lineage as a checkpoint writes it: a list of child indices, each an
+    int >= 0 (a row of the table has passed `_all_ints`; a null inside it is refused here)."""
+    return isinstance(value, list) and all(v is not None and v >= 0 for v in value)
 
 
 def _segment_fields(rows: Any) -> list[Any]:

@@ -31,7 +31,7 @@ from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 import pyarrow as pa
 
-from zephon_columnar.errors import Notices
+from zephon_columnar.losses import Notices
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,10 +33,8 @@ import pyarrow as pa
 
 from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.ops.pack.packer import (
-    DOCS_SEEN,
     OVERSIZED_DOCS,
     OVERSIZED_TOKENS,
-    TOKENS_SEEN,
     Emission,
     HeldDocs,
     LazyRun,
@@ -73,11 +71,6 @@ class FitPacker(Packer):
         rid = self._docs.add(run)
         closed: list[tuple[_Bin, int]] = []
         seg_lengths = run.seg_lengths()
-        if spec.drop_oversized:
-            # Every document given, dropped or placed: what the oversized warning reports the
-            # drops as a share of (two numpy sums per frame, no per-document work).
-            self.count(DOCS_SEEN, len(seg_lengths))
-            self.count(TOKENS_SEEN, int(seg_lengths.sum()))
         lengths = seg_lengths.tolist()
         for i, n in enumerate(lengths):
             if n > L:

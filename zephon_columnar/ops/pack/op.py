@@ -54,7 +54,7 @@ class PackFlatOp(OrderedOp):
         self,
         max_length: int,
         *,
-        algorithm: PackingAlgorithm = "first_fit",
+        algorithm: PackingAlgorithm | None = None,
         parallelism: int | None = None,
         **options: Any,
     ) -> None:
@@ -62,7 +62,7 @@ class PackFlatOp(OrderedOp):
         self.spec = resolve_spec(
             self.name, max_length, algorithm=algorithm, min_max_length=self.min_max_length, **options
         )
-        self.algorithm = algorithm
+        self.algorithm = self.spec.algorithm
         self.max_length = self.spec.max_length
         self.parallelism = parallelism
 
@@ -92,7 +92,7 @@ class PackSequencesOp(PackFlatOp):
         self,
         max_length: int,
         *,
-        algorithm: PackingAlgorithm = "first_fit",
+        algorithm: PackingAlgorithm | None = None,
         pack_payloads: Any = "keep_list",
         parallelism: int | None = None,
         **options: Any,

@@ -10,7 +10,7 @@ what keeps the output independent of how documents were cut into frames.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,13 +18,15 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
-from zephon_columnar.errors import DataDroppedWarning
+from zephon_columnar.errors import OversizedDocumentWarning, PassTailWarning
+from zephon_columnar.losses import Notice, share_text
 from zephon_columnar.ops.accumulators.lane import LaneContext
 from zephon_columnar.ops.pack.emit import emit_rows
 from zephon_columnar.ops.pack.sequences import PACKED
 from zephon_columnar.ops.pack.spec import POSITIONS, PackSpec
 from zephon_columnar.ops.pack.stream import TOKEN_SKIP, FrameReader, Run, gather, is_list
 from zephon_columnar.records import PYTHON_LISTS_KEY, as_python_lists
+from zephon_columnar.references import concat_refs
 
 
 def _packed_columns(schema: pa.Schema, docs: pa.Table) -> list[str]:
@@ -43,18 +45,15 @@ def _packed_columns(schema: pa.Schema, docs: pa.Table) -> list[str]:
     return names
 
 
-#: Lane counters (``ctx.stats``) of the packers that drop documents longer than max_length
-#: (first_fit / best_fit with ``drop_oversized=True``): what they dropped, and every non-empty
-#: document and token they were given (dropped or placed), the denominators of the share the
-#: oversized warning reports.
+#: Lane counters (``ctx.stats``) of the packers: documents longer than max_length first_fit /
+#: best_fit dropped (``drop_oversized=True``), and every non-empty document and token a packer
+#: was given (dropped or placed), the denominators of the shares the losses are said as.
 OVERSIZED_DOCS = "pack_oversized_docs"
 OVERSIZED_TOKENS = "pack_oversized_tokens"
 DOCS_SEEN = "pack_docs_seen"
 TOKENS_SEEN = "pack_tokens_seen"
-
-
-def _percent(part: int, whole: int) -> str:
-    return f"{100.0 * part / whole:.1f}%" if whole else "n/a"
+#: Lane counter: the tokens of the final partial rows uncapped wrap dropped at the ends of lanes.
+DROPPED_FINAL_TOKENS = "pack_dropped_final_tokens"
 
 
 def _arrow_type(name: str) -> pa.DataType:
@@ -218,14 +217,8 @@ class LanePacker:
         self.op = op
         self.keep_payload = keep_payload
         self.reader = FrameReader(spec, op=op, keep_payload=keep_payload)
-        emit_table = emit or (lambda run, lengths: emit_rows(spec, run, lengths, op=op))
-
-        def emit_kept(run: Run, lengths: np.ndarray) -> pa.Table:
-            # packed_samples keep the kind of the tokens they were packed from (records.py)
-            table = emit_table(run, lengths)
-            return as_python_lists(table, [PACKED]) if self.reader.python_lists else table
-
-        self._emit = emit_kept
+        self._emit_table = emit or (lambda run, lengths: emit_rows(spec, run, lengths, op=op))
+        self._emit = lambda run, lengths: self._emit_read_by(self.reader, run, lengths)
         self._make = make
         self._packers: dict[Any, Packer] = {}
         names = ctx.component_names
@@ -242,6 +235,12 @@ class LanePacker:
         self._window = _ShuffleWindow(spec, ctx) if spec.shuffle_strategy is not None else None
         self._skip = 0
         self._rewound_to: dict[str, Any] | None = None  # a rewind state restored, nothing pushed since
+
+    def _emit_read_by(self, reader: FrameReader, run: Run, lengths: np.ndarray) -> pa.Table:
+        """Rows of ``run`` read by ``reader``: packed_samples keep the kind of the tokens that
+        reader found (Python lists for tokenize's ids, `records.PYTHON_LISTS_KEY`)."""
+        table = self._emit_table(run, lengths)
+        return as_python_lists(table, [PACKED]) if reader.python_lists else table
 
     def _packer(self, group: Any) -> Packer:
         packer = self._packers.get(group)
@@ -262,7 +261,14 @@ class LanePacker:
             run, self._skip = run.sub(self._skip), 0
         # A carried frame (`carry()`, with its token skips) primes a fresh lane with rows that were
         # placed before the flush point: they go back to their packers, not through the window.
-        if self._window is not None and TOKEN_SKIP not in frame.column_names:
+        carried = TOKEN_SKIP in frame.column_names
+        if not carried:
+            # Every document given, dropped or placed: what the losses are a share of (two numpy
+            # sums per frame, no per-document work).
+            lengths, stats = run.seg_lengths(), self.ctx.stats
+            stats[DOCS_SEEN] = stats.get(DOCS_SEEN, 0) + len(lengths)
+            stats[TOKENS_SEEN] = stats.get(TOKENS_SEEN, 0) + int(lengths.sum())
+        if self._window is not None and not carried:
             out: list[pa.Table] = []
             for ready in self._window.push(run):
                 out.extend(self._place(ready))
@@ -277,29 +283,28 @@ class LanePacker:
         return out
 
     def _warn_oversized(self) -> None:
-        """Warn (once per pass, whichever lane is first) that documents longer than max_length
-        were dropped, with this lane's counts so far.
+        """Note (`zephon_columnar.losses`) that documents longer than max_length were dropped: said
+        at the end of a pass with its totals, or at the first drop when the stream never ends (a
+        source with ``stop_after_passes=None`` repeats forever, and a training loop usually stops
+        after N steps, not at the end of the data)."""
+        op, spec = self.op, self.spec
 
-        Why at the first drop and not at the end of the lane with final counts: the end may never
-        come (a source with ``stop_after_passes=None`` repeats forever, and a training loop
-        usually stops after N steps, not at the end of the data), and flush points are off by
-        default, so a warning kept for the end would often never be given: the silent drop this
-        warning exists to end. The counts are this lane's through the whole frame in which the
-        first drop happened (not just up to that document), so the share is an estimate over a
-        frame of documents, and the message says "so far" and where the running totals are."""
-        stats, spec = self.ctx.stats, self.spec
-        docs, tokens = stats.get(OVERSIZED_DOCS, 0), stats.get(OVERSIZED_TOKENS, 0)
-        seen_docs, seen_tokens = stats.get(DOCS_SEEN, 0), stats.get(TOKENS_SEEN, 0)
-        self.ctx.notices.warn(
-            f"{self.op}_oversized",
-            f"{self.op}(max_length={spec.max_length}, algorithm={spec.algorithm!r}) dropped {docs} of {seen_docs} "
-            f"documents ({_percent(docs, seen_docs)}) and {tokens} of {seen_tokens} tokens "
-            f"({_percent(tokens, seen_tokens)}) longer than max_length in lane {self.ctx.lane} so far (warned once "
-            f"per pass; every drop is counted in metrics_snapshot() as {OVERSIZED_DOCS}/{OVERSIZED_TOKENS}, out of "
-            f"{DOCS_SEEN}/{TOKENS_SEEN}). To keep such documents, split them upstream "
-            "(tokenize(split_long_samples=True)) or pack with algorithm='wrap' (or 'best_fit_wrap'); to stop at the "
-            "first one instead, pass drop_oversized=False.",
-            DataDroppedWarning,
+        def text(c: Mapping[str, int], scope: str) -> str:
+            docs, tokens = c.get(OVERSIZED_DOCS, 0), c.get(OVERSIZED_TOKENS, 0)
+            seen_docs, seen_tokens = c.get(DOCS_SEEN, 0), c.get(TOKENS_SEEN, 0)
+            return (
+                f"{op}(max_length={spec.max_length}, algorithm={spec.algorithm!r}) dropped {docs} of {seen_docs} "
+                f"documents ({share_text(docs, seen_docs)}) and {tokens} of {seen_tokens} tokens "
+                f"({share_text(tokens, seen_tokens)}) longer than max_length {scope} (counted in metrics_snapshot() "
+                f"as {OVERSIZED_DOCS}/{OVERSIZED_TOKENS}, out of {DOCS_SEEN}/{TOKENS_SEEN}). To keep such documents, "
+                "split them upstream (tokenize(split_long_samples=True)) or pack with algorithm='wrap' (or "
+                "'best_fit_wrap'); to stop at the first one instead, pass drop_oversized=False."
+            )
+
+        self.ctx.notices.note(
+            Notice(kind=f"{op}_oversized", category=OversizedDocumentWarning, text=text),
+            self.ctx.stats,
+            lane=self.ctx.lane,
         )
 
     def _place_in_groups(self, run: Run) -> list[pa.Table]:
@@ -328,7 +333,7 @@ class LanePacker:
     def flush(self, *, reset: bool, end: bool = False) -> list[pa.Table]:
         out: list[pa.Table] = []
         self._rewound_to = None
-        dropped_before = self.ctx.stats.get("pack_dropped_final_tokens", 0)
+        dropped_before = self.ctx.stats.get(DROPPED_FINAL_TOKENS, 0)
         if self._window is not None:
             for ready in self._window.flush():
                 out.extend(self._place(ready))
@@ -343,22 +348,33 @@ class LanePacker:
             self._packers = {}
         elif reset:
             self._packers = {k: p for k, p in self._packers.items() if p.carry() is not None}
-        if end:
-            dropped = self.ctx.stats.get("pack_dropped_final_tokens", 0) - dropped_before
-            if dropped:
-                # Once per pass, not per lane: every lane of a pass ends with a partial row, and as
-                # many warnings as lanes would bury the one thing to know (the counts of all lanes
-                # are in metrics_snapshot()).
-                self.ctx.notices.warn(
-                    "pack_wrap_final_row",
-                    f"{self.op}(algorithm='wrap') dropped the final partial row of lane {self.ctx.lane} ({dropped} "
-                    f"tokens, fewer than max_length={self.spec.max_length}): uncapped wrap emits only full rows "
-                    "(warned once per pass; every lane's drop is counted in metrics_snapshot() as "
-                    "pack_dropped_final_tokens). To keep it, use algorithm='best_fit_wrap' or a capped wrap "
-                    "(max_sequences_per_bin=...): both pad their final row instead.",
-                    DataDroppedWarning,
-                )
+        if end and self.ctx.stats.get(DROPPED_FINAL_TOKENS, 0) > dropped_before:
+            self._note_final_row()
         return out
+
+    def _note_final_row(self) -> None:
+        """Note uncapped wrap's final partial row of a lane: a routine tail (`zephon_columnar.losses`),
+        every lane of a pass ends with one, said once with the pass's totals."""
+        op, max_length = self.op, self.spec.max_length
+
+        def text(c: Mapping[str, int], scope: str) -> str:
+            dropped, seen = c.get(DROPPED_FINAL_TOKENS, 0), c.get(TOKENS_SEEN, 0)
+            return (
+                f"{op}(algorithm='wrap') dropped {dropped} of {seen} tokens ({share_text(dropped, seen)}) {scope}, "
+                f"each lane's final partial row (fewer than max_length={max_length}; uncapped wrap emits only full "
+                f"rows). Counted in metrics_snapshot() as {DROPPED_FINAL_TOKENS}, out of {TOKENS_SEEN}. "
+                "To keep them, use algorithm='best_fit_wrap' or a capped wrap (max_sequences_per_bin=...): both pad "
+                "their final row instead."
+            )
+
+        def share(c: Mapping[str, int]) -> float:
+            return c.get(DROPPED_FINAL_TOKENS, 0) / max(1, c.get(TOKENS_SEEN, 0))
+
+        self.ctx.notices.note(
+            Notice(kind="pack_wrap_final_row", category=PassTailWarning, text=text, share=share),
+            self.ctx.stats,
+            lane=self.ctx.lane,
+        )
 
     # ------------------------------------------------------------------ checkpoints (by reference)
     def snapshot(self) -> tuple[dict[str, Any], pa.Table | None]:
@@ -385,7 +401,9 @@ class LanePacker:
             parts.append(F.refs_of(held.book.take(pa.array(held.seg_book))))
             window = len(held.seg_starts)
         state = {"reader": reader, "groups": groups, "window": window}
-        return state, F.concat_frames(parts).combine_chunks() if parts else None
+        # The packers' refs carry their per-row state (`with_state`), the window's none: joined
+        # with `concat_refs`, never null-filled (a checkpoint refuses nulls as damage).
+        return state, concat_refs(parts) if parts else None
 
     def rewind(self, first_out: pa.Table | None) -> tuple[tuple[int, int] | None, dict[str, Any]]:
         """For a wrap packer whose input is the source one row per sample: where to read the
@@ -532,7 +550,9 @@ class LanePacker:
         run = self._read_docs(docs, reader)
         p = np.array(pieces, np.int64).reshape(-1, 3)
         cut = gather([run], np.zeros(len(p), np.int64), p[:, 0], p[:, 1], p[:, 2])
-        return self._emit(cut, np.array(row_lengths, np.int64))
+        # Emitted with the kind its own reader found in the documents: the lane's reader may have
+        # been reset at a flush point since these rows were packed (it decides nothing then).
+        return self._emit_read_by(reader, cut, np.array(row_lengths, np.int64))
 
     def carry(self) -> pa.Table | None:
         carried = (p.carry() for _, p in sorted(self._packers.items(), key=lambda kv: repr(kv[0])))

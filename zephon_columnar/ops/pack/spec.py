@@ -87,7 +87,7 @@ def resolve_spec(
     *,
     num_bins: Any = None,
     max_sequences_per_bin: Any = None,
-    algorithm: Any = "first_fit",
+    algorithm: Any = None,
     tokens_field: Any = "auto",
     pad_token_id: Any = None,
     emit_positions: Any = True,
@@ -104,6 +104,12 @@ def resolve_spec(
 ) -> PackSpec:
     """Check every argument (errors name the option and say what to pass) and resolve defaults
     that depend on the algorithm (``drop_oversized``, ``max_candidate_age``).
+
+    ``algorithm=None``: ``"first_fit"`` (Zephon's default) when ``num_bins`` is given or for
+    ``pack_sequences`` (which then refuses the call without ``num_bins``, as Zephon does), and
+    ``"wrap"`` for ``pack_flat(max_length)`` alone: Zephon refuses that call; wrap needs no
+    sizing, pads nothing and drops no document, only each lane's final partial row (counted,
+    and said: `zephon_columnar.losses`).
 
     ``min_max_length``: the shortest row the operator's output is any use at (not a user
     option): 2 for ``pack_flat``, whose rows go to ``to_training(return_labels=True)``, which
@@ -134,6 +140,8 @@ def resolve_spec(
             "sequence length you train on, 2048): to_training(return_labels=True) predicts each token from the one "
             f"before it, so rows shorter than {min_max_length} tokens give (B, 0) inputs and labels."
         )
+    if algorithm is None:
+        algorithm = "first_fit" if num_bins is not None or op != "pack_flat" else "wrap"
     literal("algorithm", algorithm, ALGORITHMS)
     num_bins = positive("num_bins", num_bins)
     cap = positive("max_sequences_per_bin", max_sequences_per_bin)

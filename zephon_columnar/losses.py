@@ -1,0 +1,148 @@
+"""Data a pass drops on purpose, said once: serious losses warned, routine tails logged.
+
+Operators count every row or token they drop in their lane's counters (``metrics_snapshot()``)
+and note the loss here (`Notices.note`), once per kind and pass, whichever lane meets it first.
+What is said, and when:
+
+- a stream that ends: at the end of the pass, in the process that iterates (its ``next()`` that
+  ends the pass, so the warning points at the training loop), worded with the pass's totals over
+  every lane (`Notices.pass_report`, then `say`);
+- an endless stream (a source that repeats with no pass limit): at the first loss, with the
+  lane's counts so far, because the end never comes.
+
+Serious losses (documents longer than ``max_length``, rows an exact mixture cannot place, a
+starved mixture component) are warned with their own `~zephon_columnar.errors.DataDroppedWarning`
+subclass, so that each can be filtered alone. Routine tails (a lane's last rows short of a batch
+under ``drop_last=True``, uncapped wrap's final partial row) are logged at INFO on the logger
+``"zephon_columnar"``, and warned (`~zephon_columnar.errors.PassTailWarning`) only when they are
+more than `ROUTINE_SHARE` of what the pass delivered: small data, where the tail is a real part.
+
+Example:
+    >>> import warnings
+    >>> from zephon_columnar.errors import OversizedDocumentWarning
+    >>> notices = Notices(pass_ends=True)
+    >>> big = Notice(kind="oversized", category=OversizedDocumentWarning,
+    ...              text=lambda c, scope: f"dropped {c['docs']} documents {scope}")
+    >>> for lane in range(3):
+    ...     notices.note(big, {"docs": 1}, lane=lane)
+    >>> with warnings.catch_warnings(record=True) as seen:
+    ...     warnings.simplefilter("always")
+    ...     say(notices.pass_report({"docs": 3}, scope="in this pass"))
+    >>> [str(w.message) for w in seen]
+    ['dropped 3 documents in this pass']
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from zephon_columnar.errors import warn
+
+#: The logger routine tails are logged on.
+LOGGER = logging.getLogger("zephon_columnar")
+#: A routine tail is warned about only above this share of what its pass delivered.
+ROUTINE_SHARE = 0.01
+
+
+@dataclass(frozen=True, kw_only=True)
+class Notice:
+    """One kind of loss: ``text(counters, scope)`` words it from counters (the pass's totals, or
+    a lane's so far) and a scope ("in this pass", "in lane 2 so far"); ``share(counters)``, for
+    a routine tail, is its share of what the pass delivered (None: a serious loss)."""
+
+    kind: str
+    category: type[Warning]
+    text: Callable[[Mapping[str, int], str], str]
+    share: Callable[[Mapping[str, int]], float] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Said:
+    """A loss as it is said: warned (``category``) or, routine and small, logged. Plain values,
+    so a side process can hand its pass's report to the trainer."""
+
+    category: type[Warning]
+    message: str
+    logged: bool = False
+
+
+class Notices:
+    """The losses of one pass (an iteration of a pipeline), a kind at a time. Thread-safe.
+
+    ``pass_ends``: whether the stream ends (the losses are then said at its end, with totals)."""
+
+    def __init__(self, *, pass_ends: bool = True) -> None:
+        self.pass_ends = pass_ends
+        self._noted: dict[str, Notice] = {}  # kept for the end of the pass (or said, endless)
+        self._warned: set[str] = set()  # said at once (`warn`)
+        self._lock = threading.Lock()
+
+    def note(self, notice: Notice, so_far: Mapping[str, int], *, lane: int) -> None:
+        """A loss of ``notice``'s kind in ``lane`` (``so_far``: that lane's counters): kept for the
+        end of the pass, or, in an endless stream, said now if it is the first of its kind."""
+        with self._lock:
+            if notice.kind in self._noted or notice.kind in self._warned:
+                return
+            self._noted[notice.kind] = notice
+        if not self.pass_ends:
+            scope = f"in lane {lane} so far (the stream has no end; running totals are in metrics_snapshot())"
+            say([_said(notice, so_far, scope)])
+
+    def warn(self, kind: str, message: str, category: type[Warning]) -> bool:
+        """Warn now, unless ``kind`` was noted or warned already this pass; whether this warned."""
+        with self._lock:
+            if kind in self._noted or kind in self._warned:
+                return False
+            self._warned.add(kind)
+        warn(message, category)
+        return True
+
+    def given(self) -> list[str]:
+        """The kinds noted or warned so far this pass."""
+        with self._lock:
+            return sorted(set(self._noted) | self._warned)
+
+    def pass_report(self, totals: Mapping[str, int], *, scope: str) -> list[Said]:
+        """What to say at the end of the pass of what was noted, from the pass's ``totals``
+        (every lane's counters summed). Empty for an endless stream (said as they came)."""
+        if not self.pass_ends:
+            return []
+        with self._lock:
+            noted = list(self._noted.values())
+        return [_said(n, totals, scope) for n in noted]
+
+
+def _said(notice: Notice, counters: Mapping[str, int], scope: str) -> Said:
+    logged = notice.share is not None and notice.share(counters) <= ROUTINE_SHARE
+    return Said(category=notice.category, message=notice.text(counters, scope), logged=logged)
+
+
+def say(report: Iterable[Said]) -> None:
+    """Warn (attributed to the first frame outside the package: the training loop) or log each."""
+    for said in report:
+        if said.logged:
+            LOGGER.info("%s", said.message)
+        else:
+            warn(said.message, said.category)
+
+
+def share_text(part: int, whole: int) -> str:
+    """``part`` of ``whole`` as a percentage for a message ("n/a" of nothing).
+
+    Example:
+        >>> share_text(3, 400), share_text(1, 0)
+        ('0.75%', 'n/a')
+    """
+    return f"{100.0 * part / whole:.3g}%" if whole else "n/a"
+
+
+def summed(counters_by_lane: Mapping[int, Mapping[str, int]]) -> dict[str, int]:
+    """Every lane's counters summed by name."""
+    totals: dict[str, int] = {}
+    for counters in counters_by_lane.values():
+        for name, value in counters.items():
+            totals[name] = totals.get(name, 0) + value
+    return totals
