@@ -1,6 +1,7 @@
 # Two commands set up everything on a fresh machine:
-#   make demo   builds .venv if missing, installs, writes a small real-text dataset, runs the demo
-#   make test   builds .venv if missing, installs, runs the tests
+#   make demo   builds .venv if missing with the core package only (torch, the package, its required
+#               dependencies), writes a small real-text dataset, runs the demo
+#   make test   builds .venv if missing, installs every extra the tests use, runs the tests
 #   make lint   the linter, the formatter's check and the type checker on the package (CI runs it)
 PYTHON ?= python3
 VENV ?= .venv
@@ -10,11 +11,16 @@ PY := $(VENV)/bin/python
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# The core: what the demo (and a user's training loop) needs, nothing optional.
+$(VENV)/.core: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
 	# torch is pinned to the CPU wheel on local disk; install it first so nothing pulls another build.
 	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.core
 	# The tests start a local Ray cluster (the remote runner) and a local S3 server (object storage)
 	# and write Hugging Face datasets: those optional extras are part of the test setup, with
 	# the pinned linter and type checker.
@@ -27,7 +33,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) compat/zephon_suite.py fetch
 	touch $@
 
-demo: venv
+demo: $(VENV)/.core
 	$(PY) examples/demo.py
 
 test: venv

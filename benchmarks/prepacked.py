@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prepacked job: zephon_columnar vs Zephon 0.2.0 vs the physical floor, interleaved, as ratios.
 
-The job (same code for both libraries, as in /work/shared/bench/compare.py --job prepacked):
+The job (same code for both libraries, as in ../shared/bench/compare.py --job prepacked):
 
     ds = Dataset.from_path("train", "<corpus>/prepacked")        # rows of exactly 2048 int32 ids
     ws = StaticMixtureWorkSource(datasets=[ds], mixture=MixtureSpec({"train": 1.0}),
@@ -64,7 +64,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 L, B = 2048, 8
-SHARED_BENCH = "/work/shared/bench"
+# The shared benchmark tools (corpus, tokenizer, limit.py, compare.py): ZC_SHARED_BENCH, else the
+# `shared/bench` folder next to this checkout (where the workplace keeps it).
+SHARED_BENCH = os.environ.get("ZC_SHARED_BENCH", str(REPO.parent / "shared" / "bench"))
 
 
 # ------------------------------------------------------------------ helpers (children)
@@ -351,7 +353,7 @@ def _ensure_prepacked(corpus: str, shared_bench: str) -> None:
     if any(Path(corpus, "prepacked").glob("*.parquet")):
         return
     sys.path.insert(0, shared_bench)
-    import compare  # /work/shared/bench/compare.py: rows of exactly 2048 int32 ids from <corpus>/pretok
+    import compare  # ../shared/bench/compare.py: rows of exactly 2048 int32 ids from <corpus>/pretok
 
     compare.ensure_prepacked(corpus)
 
@@ -438,7 +440,7 @@ def main() -> None:
     _ensure_prepacked(a.corpus, a.shared_bench)
     files = sorted(glob.glob(os.path.join(a.corpus, "prepacked", "*.parquet")))
     me = str(Path(__file__).resolve())
-    # Environment: as /work/shared/bench/compare.py does for the prepacked job, the children inherit
+    # Environment: as ../shared/bench/compare.py does for the prepacked job, the children inherit
     # the caller's environment (no tokenization in this job, so RAYON_NUM_THREADS does not matter;
     # it is recorded).  Ours gets the repo on PYTHONPATH; Zephon's venv gets no PYTHONPATH.
     # Bytecode: this sandbox sets PYTHONDONTWRITEBYTECODE=1, so a source checkout recompiles every

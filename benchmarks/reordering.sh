@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 7's throughput runs: /work/shared/bench/compare.py (ours, Zephon 0.2.0 and the limit in
+# Issue 7's throughput runs: ../shared/bench/compare.py (ours, Zephon 0.2.0 and the limit in
 # fresh processes, side by side in every round) for each "JOB ALGORITHM SHUFFLE" given.
 #
 #   benchmarks/reordering.sh "pretok first_fit 0" "pretok best_fit_wrap 0" "text wrap 8192"
@@ -20,7 +20,7 @@ if [ -z "${TREE:-}" ]; then
   trap 'git -C "$ROOT" worktree remove --force "$TREE"' EXIT
 fi
 echo "ours: $(git -C "$TREE" rev-parse --short HEAD) ($TREE)" >&2
-cd /work/shared/bench
+cd "${ZC_SHARED_BENCH:-$ROOT/../shared/bench}"
 for spec in "$@"; do
   read -r job alg shuffle <<< "$spec"
   dest="$OUT${CORPUS}_${job}_${alg}_s${shuffle}"

@@ -7,7 +7,7 @@
   pretok_bfw    pre-tokenized -> pack_flat(2048, best_fit_wrap, pad_token_id=0) -> batch(8)
   text_shuffle  text -> tokenize -> shuffle(8192, seed=7) -> pack_flat(2048, wrap) -> batch(8)
 
-(StaticMixtureWorkSource(chunk_size=1024, seed=42), as /work/shared/bench/compare.py.)
+(StaticMixtureWorkSource(chunk_size=1024, seed=42), as ../shared/bench/compare.py.)
 Per library and round, three fresh processes, the clock starting after `import torch` and the
 library (a training script has both):
 

@@ -3,7 +3,7 @@
 per-round ratios after/before. The proof that a refactor (issue 28's architecture) costs nothing.
 
 Jobs (``StaticMixtureWorkSource(chunk_size=1024, seed=42)`` over the small corpus, as
-``/work/shared/bench/compare.py``; ``to_training(return_padding_mask=True)`` on every batch):
+``../shared/bench/compare.py``; ``to_training(return_padding_mask=True)`` on every batch):
 
   prepacked   <corpus>/prepacked (rows of 2048 int32 ids) -> batch(8)
   pretok      <corpus>/pretok -> pack_flat(2048, wrap) -> batch(8)

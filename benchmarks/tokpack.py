@@ -2,7 +2,7 @@
 """Text and pre-tokenized jobs: zephon_columnar vs Zephon 0.2.0 vs the physical limit, interleaved,
 as ratios (issue 3's two benchmarks). A sibling of prepacked.py; it shares its helpers.
 
-The jobs (the same code for both libraries, as /work/shared/bench/compare.py):
+The jobs (the same code for both libraries, as ../shared/bench/compare.py):
 
     ds = Dataset.from_path("train", "<corpus>/parquet")          # --job text  (id, text)
     ds = Dataset.from_path("train", "<corpus>/pretok")           # --job pretok (input_ids: ids + EOS per doc)
@@ -21,7 +21,7 @@ Each round runs, back to back, one fresh process per variant (order rotated per 
                  child processes), peak RSS, first-batch time. The clock starts after
                  `import torch` and `import zephon_columnar` (a training job has both).
   zephon         Zephon 0.2.0 (--z-python), same job; text: tokenize(parallelism=--zephon-tok-par,
-                 default 2 = its best configuration, "tok2" in /work/shared/bench/RESULTS.md).
+                 default 2 = its best configuration, "tok2" in ../shared/bench/RESULTS.md).
                  The clock starts after `import torch, zephon, transformers` (Zephon imports
                  transformers lazily to load the tokenizer), as zephon_baseline.py does.
   limit          text job: raw `tokenizers.Tokenizer.encode_batch_fast(add_special_tokens=False)`
@@ -227,7 +227,7 @@ def child_floor(a) -> dict:
 def child_minimal(a) -> dict:
     """limit.py's e2e child (minimal columnar text pipeline), run in this process."""
     sys.path.insert(0, a.shared_bench)
-    import limit  # /work/shared/bench/limit.py
+    import limit  # ../shared/bench/limit.py
 
     ns = argparse.Namespace(corpus=a.corpus, tokenizer=a.tokenizer, encode_chunk=ENCODE_CHUNK)
     r = limit.child_e2e(ns)
@@ -270,7 +270,7 @@ def summarize(out: dict) -> None:
         if k != "ours":
             per_round[f"{k}_over_ours_tok_s"] = [ratio(r, k, "tokens_per_s", "ours", "tokens_per_s") for r in R]
     if job == "pretok":
-        # The floor as /work/shared/bench/compare.py measures it (limit.py --child pretok --reps 1):
+        # The floor as ../shared/bench/compare.py measures it (limit.py --child pretok --reps 1):
         # one fresh-process pass that includes read_table's lazy `import pyarrow.dataset`.
         for k in ours_keys + (["zephon"] if have_z else []):
             per_round[f"{k}_over_limit_incl_lazy_import_tok_s"] = [

@@ -31,7 +31,7 @@ def train_tokenizer(texts_dir: Path, out: Path) -> str:
     tok = Tokenizer(models.BPE(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel()
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts.to_pylist(), trainers.BpeTrainer(vocab_size=4000, special_tokens=["[PAD]", "[EOS]", "[UNK]"]))
+    tok.train_from_iterator(texts.to_pylist(), trainers.BpeTrainer(vocab_size=4000, special_tokens=["[PAD]", "[EOS]", "[UNK]"], show_progress=False))
     tok.save(str(out))
     return str(out)
 
@@ -74,8 +74,11 @@ def main() -> int:
         if i == cut:
             ckpt = json.dumps(pipe.checkpoint())  # what a trainer saves next to its weights
     dt = time.perf_counter() - t0
-    print(f"{len(signatures)} batches, {rows} rows, {tokens} tokens in {dt:.2f} s: {rows / dt:,.0f} rows/s, "
-          f"{tokens / dt:,.0f} tokens/s")
+    # A row of 257 tokens trains on 256: each input predicts the next token (labels are the row
+    # shifted by one), so the trained tokens are one a row fewer than the tokens the progress
+    # line above counts.
+    print(f"{len(signatures)} batches, {rows} rows, {tokens:,} trained tokens (256 of each row's 257) in {dt:.2f} s: "
+          f"{rows / dt:,.0f} rows/s, {tokens / dt:,.0f} trained tokens/s")
 
     resumed = build(parquet_dir, jsonl_dir, tok_path)
     resumed.restore(json.loads(ckpt))

@@ -1,8 +1,9 @@
 """Elastic resume: 2 data-parallel groups take a checkpoint, 4 groups continue from it.
 
-Each group is simulated in this process with options(world_size=..., global_rank=...); in a real
-job each rank builds the same pipeline with its own rank and calls checkpoint() collectively
-(merged through torch.distributed or options(aggregate_dir=...)).
+Each group is simulated in this process with options(world_size=..., global_rank=...), takes its
+own lanes' checkpoint (checkpoint(collective=False)) and the parts are merged here; in a real job
+each rank builds the same pipeline with its own rank and calls checkpoint() collectively (merged
+through options(aggregate_dir=...) or torch.distributed).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def main() -> None:
         pipe = build(2, rank)
         it = iter(pipe)
         delivered += rows(next(it) for _ in range(5))
-        parts.append(json.loads(json.dumps(pipe.checkpoint())))
+        parts.append(json.loads(json.dumps(pipe.checkpoint(collective=False))))  # this group's lanes
         it.close()
     merged = zephon.Pipeline.merge_checkpoints(parts)
     rest = []

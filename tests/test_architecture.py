@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     (
         "core",
         frozenset(
-            {"compatibility", "device", "errors", "frame", "records", "references", "memory", "recipes", "training", "types", "observability"}
+            {"compatibility", "device", "errors", "frame", "keywords", "losses", "records", "references", "memory", "recipes", "training", "types", "observability"}
         ),
     ),
     ("io", frozenset({"io"})),

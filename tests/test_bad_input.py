@@ -118,6 +118,16 @@ def _mds_index_of_no_mds_shards(tmp_path):
     return Dataset.from_path("m", str(tmp_path))
 
 
+def _one_batch():
+    return next(iter(_pipe().batch(2)))
+
+
+def _ws(**kwargs):
+    return StaticMixtureWorkSource([Dataset.from_dict("d", {0: InMemoryShard([{"x": 1}])})], {"d": 1.0}, **kwargs)
+
+
+ALGORITHMS = r"\['first_fit', 'best_fit', 'wrap', 'best_fit_wrap'\]"
+
 #: (id, call(tmp_path), the exact exception class, words the message must hold (a regex each)).
 BAD_CALLS = [
     ("progress-every-not-a-number", lambda t: _pipe().show_progress(every_s="fast"), ConfigError,
@@ -141,6 +151,52 @@ BAD_CALLS = [
      [r"shard-000\.tar is not a tar archive", "gzip-compressed", "decompress it"]),
     ("mds-index-of-no-mds-shards", _mds_index_of_no_mds_shards, DatasetFormatError,
      [r"index\.json lists no MDS shards", r'"format": "mds"']),
+    # A misspelt keyword: still Python's TypeError, naming the keyword meant (or listing them).
+    ("tokenize-keyword-typo",
+     lambda t: _pipe().tokenize(tokenizer_id="tok", field="text", add_special_token=True), TypeError,
+     [r"Pipeline\.tokenize\(\) got an unexpected keyword argument 'add_special_token'",
+      r"did you mean 'special_tokens'\?"]),
+    ("shuffle-keyword-typo", lambda t: _pipe().shuffle(buffer=8), TypeError,
+     [r"Pipeline\.shuffle\(\) got an unexpected keyword argument 'buffer'", r"did you mean 'buffer_size'\?"]),
+    ("pack-flat-keyword-typo", lambda t: _pipe().pack_flat(8, pad_token=0), TypeError,
+     [r"pack_flat\(\) got an unexpected keyword argument 'pad_token'", r"did you mean 'pad_token_id'\?"]),
+    ("ensure-mixture-keyword-typo", lambda t: _pipe().ensure_mixture(buffer_size=8), TypeError,
+     [r"ensure_mixture\(\) got an unexpected keyword argument 'buffer_size'", r"did you mean 'max_buffer_size'\?"]),
+    ("batch-keyword-unlike-any", lambda t: _pipe().batch(4, size=2), TypeError,
+     [r"batch\(\) got an unexpected keyword argument 'size'",
+      r"its keywords are \['microbatch_size', 'drop_last', 'placement'\]"]),
+    ("work-source-keyword-typo", lambda t: _ws(chunksize=4), TypeError,
+     [r"StaticMixtureWorkSource\(\) got an unexpected keyword argument 'chunksize'", r"did you mean 'chunk_size'\?"]),
+    ("from-path-keyword-typo", lambda t: Dataset.from_path("web", _parquet(t), format="parquet"), TypeError,
+     [r"Dataset\.from_path\(\) got an unexpected keyword argument 'format'", r"did you mean 'fmt'\?"]),
+    ("from-tables-keyword-typo", lambda t: Dataset.from_tables("web", [pa.table({"x": [1]})], shard_id=[0]), TypeError,
+     [r"Dataset\.from_tables\(\) got an unexpected keyword argument 'shard_id'", r"did you mean 'shard_ids'\?"]),
+    ("to-training-keyword-typo", lambda t: _one_batch().to_training(return_label=True), TypeError,
+     [r"SampleBatch\.to_training\(\) got an unexpected keyword argument 'return_label'",
+      r"did you mean 'return_labels'\?"]),
+    ("to-torch-loader-keyword-typo", lambda t: _pipe().batch(2).to_torch_loader(num_worker=0), TypeError,
+     [r"to_torch_loader: 'num_worker' is neither one of to_torch_loader's keywords nor a to_training keyword",
+      r"did you mean 'num_workers'\?"]),
+    # A string option with a fixed set of values: the option, the value, the closest value, all of them.
+    ("pack-flat-algorithm-typo", lambda t: _pipe().pack_flat(8, algorithm="wrapp"), ConfigError,
+     [r"pack_flat\(algorithm='wrapp'\)", r"did you mean 'wrap'\?", ALGORITHMS]),
+    ("pack-sequences-algorithm-typo", lambda t: _pipe().pack_sequences(8, algorithm="firstfit"), ConfigError,
+     [r"pack_sequences\(algorithm='firstfit'\)", r"did you mean 'first_fit'\?", ALGORITHMS]),
+    ("shuffle-algorithm-typo", lambda t: _pipe().shuffle(8, algorithm="blok"), ConfigError,
+     [r"shuffle\(algorithm='blok'\)", r"did you mean 'block'\?", r"\['streaming', 'block', 'block_warmup'\]"]),
+    ("tokenize-special-tokens-typo",
+     lambda t: _pipe().tokenize(tokenizer_id="tok", field="text", special_tokens="eoss"), ConfigError,
+     [r"tokenize\(special_tokens='eoss'\)", r"did you mean 'eos'\?", r"'bos_eos', 'bos', 'eos', 'none'"]),
+    ("pack-flat-shuffle-strategy-true", lambda t: _pipe().pack_flat(8, shuffle_strategy=True), ConfigError,
+     [r"pack_flat\(shuffle_strategy=True\) \(a bool\)", r"for True pass 'random'", r"\[None, 'random', 'length'\]"]),
+    ("tokenize-chat-loss-scope-typo", lambda t: _pipe().tokenize_chat(tokenizer_id="tok", loss_scope="last"),
+     ConfigError, [r"tokenize_chat\(loss_scope='last'\)", r"did you mean 'last_span'\?", r"None, 'all_assistant'"]),
+    ("to-training-position-mode-typo", lambda t: _one_batch().to_training(position_mode="seq"), ConfigError,
+     [r"to_training\(position_mode='seq'\)", r"did you mean 'sequence'\?", r"\['preserve', 'sequence'\]"]),
+    ("batch-drop-last-a-string", lambda t: _pipe().batch(2, drop_last="yes"), ConfigError,
+     [r"batch\(drop_last='yes'\) \(a str\): pass True or False"]),
+    ("map-transform-drop-none-a-string", lambda t: _pipe().map_transform(lambda p: p, drop_none="no"), ConfigError,
+     [r"map_transform\(drop_none='no'\) \(a str\): pass True or False"]),
 ]
 
 

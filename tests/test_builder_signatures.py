@@ -72,3 +72,12 @@ def test_to_training_takes_exactly_the_fields_of_training_options_with_their_def
     from zephon_columnar.types import SampleBatch
 
     assert parameters(SampleBatch.to_training) == {f.name: f.default for f in fields(TrainingOptions)}
+
+
+def test_the_keyword_check_keeps_every_builder_signature():
+    """`zephon_columnar.keywords` wraps the builders; their signatures are still their own."""
+    assert list(inspect.signature(Pipeline.tokenize).parameters)[:4] == ["self", "tokenizer", "tokenizer_id", "field"]
+    for name, fn in vars(Pipeline).items():
+        if callable(fn) and not name.startswith("_"):
+            kinds = {p.kind for p in inspect.signature(fn).parameters.values()}
+            assert kinds != {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}, name

@@ -75,6 +75,7 @@ from tests.extras import require
 from tests.format_writers import litdata, streaming
 from tests.ops._tokenizers import make_texts, make_tokenizer
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+from zephon_columnar.engine.realized import starved_components
 from zephon_columnar.errors import ConfigError, StarvedComponentWarning
 from zephon_columnar.io.dataset import InMemoryShard
 from zephon_columnar.testing import signature
@@ -703,13 +704,16 @@ class Case:
 
     def check_realized_mixture(self, pipe: Pipeline, ref: list[tuple], starved: list[Any]) -> None:
         """The realized mixture of a whole pass: a starved component only where an operator drops
-        rows by their content (an exact mixture, a bin packer's oversized documents; the drawn
-        maps and filters drop rows evenly); in a stateless plan, each component's delivered
-        counter is the rows of that dataset in the stream, plus the rows ``drop_last`` left."""
+        rows by their content (a drawn filter or dropping map: with datasets of a row or two it
+        may drop a whole component; an exact mixture; a bin packer's oversized documents). In a
+        stateless plan, each component's delivered counter is the rows of that dataset in the
+        stream, plus the rows ``drop_last`` left, and the pass warns of a starved component
+        exactly when those counters say one is."""
         plan = self.recipe["plan"]
         ordered = plan.get("ordered", []) if plan["kind"] == "ordered" else []
         bin_packer = "pack" in ordered and plan["pack"]["algorithm"] in ("first_fit", "best_fit")
-        by_content = "ensure" in ordered or bin_packer
+        by_content = bool({"py_drop", "pl_filter", "py_filter"} & set(plan["before"])) or "ensure" in ordered \
+            or bin_packer
         if starved and not by_content:
             self.fail(f"a starved component where no operator drops rows by content: {starved[0].message}")
         if plan["kind"] != "stateless":
@@ -727,6 +731,9 @@ class Case:
         if any(delivered[n] < in_stream[n] for n in names) or left != counters.get("batch_dropped_final_rows", 0):
             self.fail(f"the realized mixture's delivered rows {delivered} do not account for the stream's "
                       f"{dict(in_stream)} and the {counters.get('batch_dropped_final_rows', 0)} rows drop_last left")
+        if bool(starved_components(counters)) != bool(starved):
+            self.fail(f"the pass warned of {len(starved)} starved component(s), its counters {dict(counters)} say "
+                      f"{[s.name for s in starved_components(counters)]}")
 
     def check_other_options(self, ref: list[tuple]) -> None:
         """Another runner, prefetch depth, fetch size, worker count and number of groups: the same

@@ -17,11 +17,43 @@ def test_each_differing_leaf_is_named_with_both_values():
     assert recipe_differences(saved, current) == [
         "new: absent in the checkpoint, 2 here",
         "old: 1 in the checkpoint, absent here",
-        "ops[0].field: 'text' in the checkpoint, 'body' here",
+        "ops[0] (tokenize).field: 'text' in the checkpoint, 'body' here",
         "seed: 3 in the checkpoint, 4 here",
     ]
 
 
 def test_lists_of_other_lengths_differ_as_a_whole():
     assert recipe_differences({"lanes": [0, 1]}, {"lanes": [0, 1, 2]}) == [
-        "lanes: [0, 1] in the checkpoint, [0, 1, 2] here"]
+        "lanes: [0, 1] in the checkpoint, [0, 1, 2] here"
+    ]
+
+
+SHUFFLE = {"op": "shuffle", "seed": 1, "buffer_size": 8}
+PACK = {"op": "pack_flat", "max_length": 8, "algorithm": "wrap"}
+BATCH = {"op": "batch", "microbatch_size": 2}
+
+
+def test_an_operator_with_another_argument_is_named_by_position_and_name():
+    saved = {"ops": [{"op": "fetch"}, SHUFFLE, PACK, BATCH]}
+    current = {"ops": [{"op": "fetch"}, SHUFFLE, {**PACK, "algorithm": "first_fit"}, BATCH]}
+    assert recipe_differences(saved, current) == [
+        "ops[2] (pack_flat).algorithm: 'wrap' in the checkpoint, 'first_fit' here"
+    ]
+
+
+def test_an_operator_removed_or_added_is_named_alone_not_the_lists():
+    saved, current = {"ops": [{"op": "fetch"}, SHUFFLE, PACK, BATCH]}, {"ops": [{"op": "fetch"}, PACK, BATCH]}
+    assert recipe_differences(saved, current) == [
+        "ops[1] (shuffle): in the checkpoint, absent here (shuffle(buffer_size=8, seed=1))"
+    ]
+    assert recipe_differences(current, saved) == [
+        "ops[1] (shuffle): absent in the checkpoint, here (shuffle(buffer_size=8, seed=1))"
+    ]
+
+
+def test_another_operator_in_the_same_place_names_both():
+    saved = {"ops": [{"op": "fetch"}, SHUFFLE, BATCH]}
+    current = {"ops": [{"op": "fetch"}, {"op": "filter", "predicate": "x > 1"}, BATCH]}
+    (diff,) = recipe_differences(saved, current)
+    assert diff.startswith("ops[1]: shuffle in the checkpoint, filter here")
+    assert "'x > 1'" in diff and "seed=1" in diff and "pack_flat" not in diff

@@ -78,7 +78,8 @@ def test_the_stateful_loader_resumes_exactly(workers):
 
 
 def test_a_misspelt_to_training_keyword_is_refused_at_once_naming_the_closest():
-    with pytest.raises(TypeError, match=r"to_torch_loader: 'return_label' is not a to_training keyword; did you mean 'return_labels'\?"):
+    with pytest.raises(TypeError, match=r"to_torch_loader: 'return_label' is neither one of to_torch_loader's keywords nor a "
+                                        r"to_training keyword; did you mean 'return_labels'\?"):
         build().to_torch_loader(return_label=True)
     with pytest.raises(TypeError, match=r"'shuffle' is not a to_training keyword; the keywords are \['tokens_field'"):
         build().to_torch_dataset(shuffle=True)

@@ -16,8 +16,9 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
-    """``warnings.warn`` attributed to the first frame outside this package: a warning raised
-    while a pipeline is iterated points at the user's loop, not at the engine (or at the
+    """``warnings.warn`` attributed to the first frame outside this package and the loops that
+    drive it (torch's DataLoader, torchdata, ``runpy``): a warning raised while a pipeline is
+    iterated points at the user's loop, not at the engine or at torch's fetch (or at the
     package, when no user code is on the stack: a prefetch thread).
 
     Example:
@@ -30,9 +31,23 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
     """
     frame: FrameType | None = sys._getframe(1)  # noqa: SLF001 - the caller's frame, as warnings itself does
     level = 2
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE):
+    while frame is not None and _drives_the_pipeline(frame):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level if frame is not None else 2)
+
+
+#: Loops that call into a pipeline for the user (their frames sit between the user's loop and
+#: the package): torch's DataLoader and torchdata's, and ``python -m``.
+_DRIVERS = (f"{os.sep}torch{os.sep}utils{os.sep}data{os.sep}", f"{os.sep}torchdata{os.sep}", "<frozen runpy>")
+
+
+def _drives_the_pipeline(frame: FrameType) -> bool:
+    """Whether ``frame`` is the package's (its files, or code it generated: a dataclass's
+    ``__init__``) or one of the `_DRIVERS`'."""
+    filename = frame.f_code.co_filename
+    if filename.startswith(_PACKAGE) or str(frame.f_globals.get("__name__", "")).startswith("zephon_columnar."):
+        return True
+    return any(d in filename for d in _DRIVERS) or filename.endswith("runpy.py")
 
 
 class ZephonError(Exception):

@@ -4,9 +4,10 @@ Operators count every row or token they drop in their lane's counters (``metrics
 and note the loss here (`Notices.note`), once per kind and pass, whichever lane meets it first.
 What is said, and when:
 
-- a stream that ends: at the end of the pass, in the process that iterates (its ``next()`` that
-  ends the pass, so the warning points at the training loop), worded with the pass's totals over
-  every lane (`Notices.pass_report`, then `say`);
+- a stream that ends: at the end of the pass, in the process the training loop runs in (its
+  ``next()`` that ends the pass, so the warning points at the loop), worded with the pass's
+  totals over every lane, loader workers' included
+  (`zephon_columnar.engine.pass_report.PassReport`, then `say`);
 - an endless stream (a source that repeats with no pass limit): at the first loss, with the
   lane's counts so far, because the end never comes.
 
@@ -27,7 +28,7 @@ Example:
     ...     notices.note(big, {"docs": 1}, lane=lane)
     >>> with warnings.catch_warnings(record=True) as seen:
     ...     warnings.simplefilter("always")
-    ...     say(notices.pass_report({"docs": 3}, scope="in this pass"))
+    ...     say([said_of(n, {"docs": 3}, "in this pass") for n in notices.noted()])
     >>> [str(w.message) for w in seen]
     ['dropped 3 documents in this pass']
 """
@@ -89,7 +90,7 @@ class Notices:
             self._noted[notice.kind] = notice
         if not self.pass_ends:
             scope = f"in lane {lane} so far (the stream has no end; running totals are in metrics_snapshot())"
-            say([_said(notice, so_far, scope)])
+            say([said_of(notice, so_far, scope)])
 
     def warn(self, kind: str, message: str, category: type[Warning]) -> bool:
         """Warn now, unless ``kind`` was noted or warned already this pass; whether this warned."""
@@ -105,18 +106,21 @@ class Notices:
         with self._lock:
             return sorted(set(self._noted) | self._warned)
 
-    def pass_report(self, totals: Mapping[str, int], *, scope: str) -> list[Said]:
-        """What to say at the end of the pass of what was noted, from the pass's ``totals``
-        (every lane's counters summed). Empty for an endless stream (said as they came)."""
+    def noted(self) -> tuple[Notice, ...]:
+        """The notices kept for the end of the pass (none for an endless stream: said as they
+        came), one per kind, to word with the pass's totals (`said_of`)."""
         if not self.pass_ends:
-            return []
+            return ()
         with self._lock:
-            noted = list(self._noted.values())
-        return [_said(n, totals, scope) for n in noted]
+            return tuple(self._noted.values())
 
 
-def _said(notice: Notice, counters: Mapping[str, int], scope: str) -> Said:
-    logged = notice.share is not None and notice.share(counters) <= ROUTINE_SHARE
+def said_of(notice: Notice, counters: Mapping[str, int], scope: str, *, whole: bool = True) -> Said:
+    """``notice`` worded from ``counters`` for ``scope``: logged when it is a routine tail of
+    at most `ROUTINE_SHARE`, or of a pass that is not ``whole`` (restored from a checkpoint: its
+    counters do not hold the pass's start, so the tail's share of the pass is not known), else
+    warned."""
+    logged = notice.share is not None and (not whole or notice.share(counters) <= ROUTINE_SHARE)
     return Said(category=notice.category, message=notice.text(counters, scope), logged=logged)
 
 

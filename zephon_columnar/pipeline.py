@@ -23,8 +23,8 @@ starts from the beginning unless `restore()` was called.
 
 import copy
 import dataclasses
+import inspect
 import sys
-import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -39,7 +39,9 @@ from zephon_columnar.engine.spec import PipelineSpec
 from zephon_columnar.errors import (
     ConfigError,
     WrongTypeError,
+    warn,
 )
+from zephon_columnar.keywords import suggest_keywords_of
 from zephon_columnar.observability import (
     FetchTimingSummary,
     PrefetchTimingSummary,
@@ -87,6 +89,7 @@ def _op_arguments(call_locals: Mapping[str, Any], *, leave_out: tuple[str, ...] 
     return {k: v for k, v in call_locals.items() if k not in ("self", "placement", *leave_out)}
 
 
+@suggest_keywords_of  # a misspelt keyword names the one meant (`zephon_columnar.keywords`)
 class Pipeline:
     """Fluent builder: work source -> fetch -> your transforms -> batch -> training loop."""
 
@@ -516,9 +519,7 @@ class Pipeline:
         g.validate_against(names)
         loose = sorted(set(names) - set(g.to_member_map()))
         if loose:
-            warnings.warn(
-                f"pack_flat(groups=...): components {loose} are in no group; each packs on its own.", stacklevel=3
-            )
+            warn(f"pack_flat(groups=...): components {loose} are in no group; each packs on its own.")
 
     def add_op(
         self,
@@ -779,16 +780,19 @@ class Pipeline:
         return self._session.mtp_queue_stats()
 
     # ------------------------------------------------------------------ checkpoints
-    def checkpoint(self, *, as_bytes: bool = False) -> dict[str, Any] | bytes:
+    def checkpoint(self, *, as_bytes: bool = False, collective: bool = True) -> dict[str, Any] | bytes:
         """A JSON-serializable state of what has been delivered so far (size independent of
         how far the stream went). With several data-parallel ranks it merges every rank's
-        lanes through ``torch.distributed`` or ``options(aggregate_dir=...)``; without either
-        it returns this rank's lanes (merge them with `Pipeline.merge_checkpoints`).
+        lanes through ``options(aggregate_dir=...)`` or ``torch.distributed`` (every rank calls
+        it at the same step); without either it returns this rank's lanes with a
+        `~zephon_columnar.errors.ConfigurationWarning` (merge them with
+        `Pipeline.merge_checkpoints`). ``collective=False``: this rank's lanes, on purpose, no
+        merging and no warning (ranks simulated in one process, a merge of your own).
 
         Plain Python types only, so ``pickle.dumps``, ``json.dumps`` and ``torch.save`` /
         ``torch.load(weights_only=True)`` all store it. ``as_bytes=True`` (Zephon 0.2.1):
         compact bytes (zstandard-compressed JSON) that ``restore`` takes as they are."""
-        ckpt = self._session.checkpoint()
+        ckpt = self._session.checkpoint(collective=collective)
         return checkpoint_bytes(ckpt) if as_bytes else ckpt
 
     merge_checkpoints = staticmethod(merge_checkpoints)
@@ -874,7 +878,8 @@ class Pipeline:
                 f"to_torch_loader(raw_batches=True, {', '.join(sorted(to_training))}=...): raw batches are not "
                 "converted; drop raw_batches to get tensors, or the to_training keywords to get the batches."
             )
-        options = None if raw_batches else TrainingOptions.from_keywords(to_training, where="to_torch_loader")
+        own = [n for n in inspect.signature(Pipeline.to_torch_loader).parameters if n not in ("self", "to_training")]
+        options = None if raw_batches else TrainingOptions.from_keywords(to_training, where="to_torch_loader", own=own)
         return build_loader(
             self._torch_dataset(stateful=True, to_training=options),
             loader=loader,

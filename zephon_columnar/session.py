@@ -95,6 +95,9 @@ class Session:
         self._layout_warned = False  # unsettled_share said once
         self._columns_checked: tuple[BaseOp, ...] = ()  # the operators check_columns looked at
         self._partial_warned = False  # a checkpoint of this rank's lanes only, said once
+        # Whether a pass says what it dropped when it ends (zephon_columnar.losses); a loader
+        # worker's session hands its run's pass_report() to the training process instead.
+        self.says_losses = True
 
     # ------------------------------------------------------------------ the spec
     @property
@@ -175,14 +178,14 @@ class Session:
             if self._warmup is not None:  # the side process reads through its own readers
                 self._warmup.cancel()
                 self._warmup = None
-            self._run = MtpRun(spec.for_side_process(), engine, cursors)
+            self._run = MtpRun(spec.for_side_process(), engine, cursors, says_losses=self.says_losses)
         else:
             if spec.options.mtp_mode:  # a daemon (a DataLoader worker) may not start a process
                 warn(
                     "options(mtp_mode=True) inside a daemon process (a DataLoader worker?): it cannot "
                     "start the engine's side process, so the engine runs in this process."
                 )
-            self._run = engine.start(cursors, readers=self._take_warmup(engine))
+            self._run = engine.start(cursors, readers=self._take_warmup(engine), says_losses=self.says_losses)
         observers: list[PassObserver] = [] if self._progress is None else [self.new_progress()]
         sink = spec.options.metrics_sink()
         if sink is not None:

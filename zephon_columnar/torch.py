@@ -54,6 +54,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, NoReturn, cast, get_args
 
+import cloudpickle
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -64,7 +65,9 @@ from zephon_columnar import frame as F
 from zephon_columnar.device import Checkpointable, DeviceLoader
 from zephon_columnar.engine.aggregate import read_loader_parts, write_loader_part
 from zephon_columnar.engine.checkpoint import load_checkpoint, parse_checkpoint
+from zephon_columnar.engine.pass_report import PassReport
 from zephon_columnar.errors import CheckpointError, ConfigError
+from zephon_columnar.losses import say
 from zephon_columnar.ops.config import LoaderKind
 from zephon_columnar.progress import COUNTS_FIELDS, SharedCounts, Tally, report_shared
 from zephon_columnar.training import TrainingOptions
@@ -197,6 +200,11 @@ def build_loader(
     context = multiprocessing_context if num_workers > 0 else None
     if context is not None:
         check_main_module_guarded(context, num_workers)
+    if num_workers > 0:
+        dataset.open_worker_reports(
+            multiprocessing.get_context(context) if isinstance(context, str) or context is None else context
+        )
+        cls = _reporting_loader(cls)
     built = cls(
         dataset,
         batch_size=None,
@@ -216,6 +224,42 @@ def build_loader(
     return DeviceLoader(
         built, dataset.to_training.transfer, prefetch=2 if prefetch is None else prefetch, checkpoints=checkpoints
     )
+
+
+_REPORTING_LOADERS: dict[type, type] = {}
+
+
+def _reporting_loader(base: type[torch.utils.data.DataLoader]) -> type[torch.utils.data.DataLoader]:
+    """``base`` (torch's DataLoader or torchdata's StatefulDataLoader), whose passes end by saying
+    once, in this process, what the loader workers' passes dropped
+    (`PipelineIterableDataset.say_worker_losses`). Same name, same behaviour otherwise."""
+
+    def __iter__(self: Any) -> Iterator[Any]:
+        self.dataset.next_pass()
+        return _ReportingIterator(base.__iter__(self), self.dataset)
+
+    if base not in _REPORTING_LOADERS:
+        namespace = {"__iter__": __iter__, "__module__": base.__module__, "__doc__": base.__doc__}
+        _REPORTING_LOADERS[base] = type(base.__name__, (base,), namespace)
+    return _REPORTING_LOADERS[base]
+
+
+class _ReportingIterator:
+    """A loader's iterator that, when its pass ends, has the dataset say the workers' losses."""
+
+    def __init__(self, inner: Iterator[Any], dataset: PipelineIterableDataset) -> None:
+        self._inner = inner
+        self._dataset = dataset
+
+    def __iter__(self) -> _ReportingIterator:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._inner)
+        except StopIteration:
+            self._dataset.say_worker_losses()
+            raise
 
 
 def check_main_module_guarded(context: str | multiprocessing.context.BaseContext, workers: int) -> None:
@@ -275,6 +319,11 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         # sum, one readout, from a thread started as the workers start (`_start_progress`).
         self._progress_slots: Any = multiprocessing.Array("q", MAX_LOADER_WORKERS * COUNTS_FIELDS, lock=False)
         self._progress_thread: threading.Thread | None = None
+        # What each loader worker's pass dropped (its run's PassReport), to say once in the
+        # trainer process with the rank's totals (`say_worker_losses`): a queue of the loader's
+        # multiprocessing context, opened by `build_loader` (None: the workers say their own).
+        self._reports: Any = None
+        self._pass_token = 0  # which pass of the loader a report belongs to
         # in a loader worker: its engine, and the state a StatefulDataLoader restored into it
         self._worker_session: Session | None = None
         self._worker_lanes: list[int] | None = None
@@ -316,6 +365,9 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
                 yield item
             else:
                 yield LoaderBatch(item.to_training_with(self.to_training, on_host=self.on_host))
+        report = session.run.pass_report() if session.run is not None else None
+        if info is not None and self._reports is not None and report is not None:
+            self._reports.put((self._pass_token, cloudpickle.dumps(report)))  # before torch hears the end
 
     def set_epoch(self, epoch: int) -> None:
         """The pipeline's `~zephon_columnar.pipeline.Pipeline.set_epoch`, for the next pass
@@ -408,6 +460,7 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
                 return None
             share = self.session.for_lanes(lanes)
             share.show_progress(None)  # the trainer process shows the workers' counts together
+            share.says_losses = self._reports is None  # else the trainer says them, for the rank
             if ckpt is not None:
                 share.restore(ckpt)
             self._worker_session = share
@@ -495,11 +548,36 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
                 )
             time.sleep(0.01)
 
+    def open_worker_reports(self, context: multiprocessing.context.BaseContext) -> None:
+        """Have loader workers started with ``context`` hand what their passes dropped to this
+        process, which says it once per pass (`say_worker_losses`)."""
+        if self._reports is None:
+            self._reports = context.SimpleQueue()
+
+    def next_pass(self) -> None:
+        """The loader starts a pass (its workers are about to start): reports of earlier passes
+        left unread are not this one's."""
+        self._pass_token += 1
+
+    def say_worker_losses(self) -> None:
+        """The loader's pass ended: say what the workers' passes dropped, merged into one report
+        with the rank's totals (`zephon_columnar.engine.pass_report`), from the training loop's
+        ``next()``."""
+        if self._reports is None:
+            return
+        reports = []
+        while not self._reports.empty():
+            token, blob = self._reports.get()
+            if token == self._pass_token:
+                reports.append(cloudpickle.loads(blob))
+        if reports:
+            say(PassReport.merged(reports).said())
+
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         if multiprocessing.context.get_spawning_popen() is None:
             # shared memory travels only to processes being started
-            state["_worker_pass"] = state["_cut_slots"] = state["_progress_slots"] = None
+            state["_worker_pass"] = state["_cut_slots"] = state["_progress_slots"] = state["_reports"] = None
         else:
             self._start_progress()  # a loader worker is starting: its counts are shown here
         state["_worker_session"] = state["_worker_lanes"] = state["_progress_thread"] = None

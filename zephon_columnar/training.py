@@ -12,20 +12,20 @@ Example:
 
 from __future__ import annotations
 
-import difflib
 import functools
 import warnings
 from collections.abc import Mapping, Sequence, Sized
 from dataclasses import dataclass, fields
 from itertools import pairwise
 from numbers import Integral
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, get_args
 
 import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
-from zephon_columnar.errors import ConfigError, WrongTypeError
+from zephon_columnar.errors import ConfigError, WrongTypeError, warn
+from zephon_columnar.keywords import choice, closest
 from zephon_columnar.records import SampleMeta, SampleRecord
 
 if TYPE_CHECKING:
@@ -73,15 +73,17 @@ class TrainingOptions:
     non_blocking: bool = False
 
     @classmethod
-    def from_keywords(cls, keywords: Mapping[str, Any], *, where: str) -> TrainingOptions:
+    def from_keywords(cls, keywords: Mapping[str, Any], *, where: str, own: Sequence[str] = ()) -> TrainingOptions:
         """Options from ``keywords`` (a call's ``**to_training``); an unknown name is a
-        TypeError from ``where`` that names the closest keyword, or lists them all."""
+        TypeError from ``where`` that names the closest keyword, or lists them all. ``own``:
+        ``where``'s other keywords, also offered (``num_worker`` meant ``num_workers``)."""
         known = [f.name for f in fields(cls)]
         for name in keywords:
             if name not in known:
-                close = difflib.get_close_matches(name, known, n=1)
-                hint = f"did you mean {close[0]!r}?" if close else f"the keywords are {known}."
-                raise TypeError(f"{where}: {name!r} is not a to_training keyword; {hint}")
+                meant = closest(name, [*own, *known])
+                hint = f"did you mean {meant!r}?" if meant else f"the keywords are {known}."
+                what = f"neither one of {where}'s keywords nor" if own else "not"
+                raise TypeError(f"{where}: {name!r} is {what} a to_training keyword; {hint}")
         return cls(**keywords)
 
     @functools.cached_property
@@ -131,10 +133,7 @@ class TrainingOptions:
                 "to_training: extra_fields cannot include 'padding_mask' with return_padding_mask=True; drop one "
                 "of them."
             )
-        if self.position_mode not in ("preserve", "sequence"):
-            raise ConfigError(
-                f"to_training: position_mode must be 'preserve' or 'sequence', not {self.position_mode!r}."
-            )
+        choice("to_training", "position_mode", self.position_mode, get_args(PositionMode))
         if self.eos_token_id is not None and (
             isinstance(self.eos_token_id, bool) or not isinstance(self.eos_token_id, Integral) or self.eos_token_id < 0
         ):
@@ -151,11 +150,10 @@ class TrainingOptions:
                 "to_training: eos_mask_loss requires an explicit eos_token_id (the id of your EOS token)."
             )
         if self.eos_token_id is not None and not self.eos_mask_loss:
-            warnings.warn(
+            warn(
                 "to_training: eos_token_id is ignored when eos_mask_loss=False; pass eos_mask_loss=True to "
                 "mask the labels predicted from EOS tokens.",
                 UserWarning,
-                stacklevel=3,
             )
         if self.return_cu_seqlens and {"cu_seqlens", "max_seqlen"}.intersection(self.extra_fields):
             raise ConfigError(

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
+from zephon_columnar.keywords import suggest_keywords
 from zephon_columnar.training import PADDING_LENGTH, TOKEN_FIELD_CANDIDATES, PositionMode, TrainingOptions, to_training
 
 if TYPE_CHECKING:
@@ -163,6 +164,7 @@ class SampleBatch:
         return F.payload_of(self.table).to_pydict()
 
     # ------------------------------------------------------------------ training tensors
+    @suggest_keywords
     def to_training(
         self,
         *,

@@ -74,9 +74,9 @@ REFERENCE_CASES = {
     "resume chunk": (set_in(lambda c: lane0(c)["resume"], "chunk", 10**15), "resume.chunk = 10{15} is past"),
     "resume offset": (set_in(lambda c: lane0(c)["resume"], "offset", float("nan")), "resume.offset = nan"),
     "a row past its shard": (set_in(lambda c: lane0(c)["stages"][0]["rows"]["cols"]["__row"], 0, 10**9),
-                             "row 1000000000 of shard .* which has 100 rows"),
+                             r"row 1000000000 of shard .* of dataset 'a' \(id 0\), which has 100 rows"),
     "an unknown shard": (set_in(lambda c: lane0(c)["stages"][0]["rows"]["cols"]["__shard"], 0, 7),
-                         "shard 7 of dataset id 0, which has no such shard"),
+                         r"shard 7 of dataset 'a' \(id 0\), which has no such shard"),
     "an unknown dataset": (set_in(lambda c: lane0(c)["stages"][0]["rows"]["cols"]["__dataset"], 0, 9),
                            "dataset id 9, not one of"),
     "another lane's row": (set_in(lambda c: lane0(c)["stages"][0]["rows"]["cols"]["__lane"], 0, 1),
@@ -191,3 +191,42 @@ def test_a_packer_bin_moved_is_refused():
     lane0(ckpt)["stages"][0]["state"]["groups"] = json.loads(moved)
     with pytest.raises(CheckpointError, match=r"lanes\.0: its content does not match its digest"):
         by_bins().restore(ckpt)
+
+
+def test_a_recipe_with_an_operator_removed_names_that_operator_not_both_lists():
+    ckpt = checkpoint_after(by_reference, 2)
+    ws = StaticMixtureWorkSource([DS], {"a": 1.0}, seed=1, chunk_size=16, shuffle_within_shard=True)
+    without_shuffle = Pipeline(ws).pack_flat(8, algorithm="wrap").batch(2).options(canonical_replicas=2)
+    with pytest.raises(CheckpointError, match="different data recipe") as info:
+        without_shuffle.restore(ckpt)
+    assert "ops[1] (shuffle): in the checkpoint, absent here (shuffle(" in str(info.value)
+    assert "pack_flat" not in str(info.value)  # the operators that agree are not dumped
+
+
+def test_a_recipe_with_an_operator_argument_changed_names_the_operator_and_the_argument():
+    ckpt = checkpoint_after(by_reference, 2)
+    ws = StaticMixtureWorkSource([DS], {"a": 1.0}, seed=1, chunk_size=16, shuffle_within_shard=True)
+    other_seed = Pipeline(ws).shuffle(8, seed=2).pack_flat(8, algorithm="wrap").batch(2).options(canonical_replicas=2)
+    with pytest.raises(CheckpointError, match=r"ops\[1\] \(shuffle\)\.seed: 1 in the checkpoint, 2 here"):
+        other_seed.restore(ckpt)
+
+
+def test_a_row_past_its_shard_names_the_dataset_and_the_shard_file(tmp_path):
+    import pyarrow.parquet as pq
+
+    for s in range(2):
+        pq.write_table(pa.table({"input_ids": [[i, i + 1] for i in range(s * 50, s * 50 + 50)]}),
+                       tmp_path / f"part-{s}.parquet")
+
+    def build() -> Pipeline:
+        ws = StaticMixtureWorkSource([Dataset.from_path("web", str(tmp_path))], {"web": 1.0}, seed=1, chunk_size=16)
+        return Pipeline(ws).shuffle(8, seed=1).pack_flat(8, algorithm="wrap").batch(2).options(canonical_replicas=2)
+
+    ckpt = checkpoint_after(build, 2)
+    cols = lane0(ckpt)["stages"][0]["rows"]["cols"]
+    shard = cols["__shard"][0]
+    cols["__row"][0] = 10**9
+    with pytest.raises(CheckpointError) as info:
+        build().restore(ckpt)
+    assert f"row 1000000000 of shard {tmp_path / f'part-{shard}.parquet'} ({shard}) of dataset 'web' (id 0)" in str(
+        info.value), str(info.value)

@@ -256,3 +256,17 @@ def test_a_missing_shard_fails_at_once_naming_it(tmp_path, s3, server, cache_dir
             pass
     requests = server.stats()["requests"]
     assert sum(n for k, n in requests.items() if k.endswith(gone)) <= 3  # not retried
+
+
+def test_missing_credentials_name_the_url_and_where_credentials_come_from(tmp_path, s3, server, monkeypatch):
+    """Found by a new-user probe: s3:// without credentials gave botocore's text alone, with
+    neither the dataset's URL nor what to set."""
+    _, url, _ = upload(tmp_path, s3)
+    for name in TEST_CREDENTIALS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    s3fs.S3FileSystem.clear_instance_cache()
+    with pytest.raises(PermissionError, match=rf"{url}.*needs credentials.*AWS_ACCESS_KEY_ID"):
+        Dataset.from_path("web", url)

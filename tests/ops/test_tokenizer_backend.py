@@ -312,7 +312,7 @@ def test_tokenize_chat_without_a_template_takes_the_backend():
         op = TokenizeChatOp(tok, apply_chat_template=False, eos_token="</s>", backend=backend)
         for _ in range(2):  # the first frame, then the proof's choice
             assert rows_of(op.process_frame(chat_frame(convs))) == want
-    with pytest.raises(ConfigError, match="tokenize_chat: backend='rust'"):
+    with pytest.raises(ConfigError, match=r"tokenize_chat\(backend='rust'\)"):
         TokenizeChatOp(tok, apply_chat_template=False, backend="rust")
 
 

@@ -59,8 +59,8 @@ class DatasetInspector:
         bad = rows[(rows < 0) | (rows >= info.num_rows)]
         if len(bad):
             raise IndexError(
-                f"DatasetInspector: row {int(bad[0])} is out of range for shard {shard_id} of dataset "
-                f"{self._dataset.name!r} ({info.num_rows} rows)."
+                f"DatasetInspector: row {int(bad[0])} is out of range for {self._dataset.shard_label(int(shard_id))} "
+                f"of dataset {self._dataset.name!r} ({info.num_rows} rows)."
             )
         if self._reader is None:
             self._reader = self._dataset.open_reader()

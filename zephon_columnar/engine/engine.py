@@ -30,19 +30,13 @@ from zephon_columnar.engine.checkpoint import HeldRows, LaneCursor, LaneSnapshot
 from zephon_columnar.engine.lane import LaneChain, LaneItem
 from zephon_columnar.engine.metrics import Metrics
 from zephon_columnar.engine.ownership import next_lane, owned_lanes
+from zephon_columnar.engine.pass_report import PassReport
 from zephon_columnar.engine.plan import OrderedStage, ParallelStage, Plan, compile_plan
-from zephon_columnar.engine.realized import starved_components, starved_message
 from zephon_columnar.engine.runners import InlineRunner, ProcessRunner, ThreadRunner
-from zephon_columnar.errors import (
-    ConfigurationWarning,
-    EmptyPassWarning,
-    PipelineError,
-    StarvedComponentWarning,
-    warn,
-)
+from zephon_columnar.errors import ConfigurationWarning, EmptyPassWarning, PipelineError, warn
 from zephon_columnar.io.dataset import Dataset
 from zephon_columnar.io.readers import ReaderPool
-from zephon_columnar.losses import Notices, Said, say, summed
+from zephon_columnar.losses import Notices, say, summed
 from zephon_columnar.ops.accumulators.lane import restorable_by_reference
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.fetch import FetchOp, shard_cache_settings
@@ -216,19 +210,13 @@ class Engine:
         """Run from ``cursors`` (the start of every lane not given); ``readers``: the shared
         readers fetch uses (a restore warm-up's, already reading), else fresh ones.
         ``says_losses``: whether the run says what its pass dropped when the pass ends
-        (`zephon_columnar.losses`); a side process leaves it to the trainer (`EngineRun.pass_losses`)."""
+        (`zephon_columnar.losses`); a side process or a loader worker leaves it to the training
+        process (`EngineRun.pass_report`)."""
         cursors = dict(cursors or {})
         for lane in self.lanes:
             if lane not in cursors:
                 cursors[lane] = self.initial_cursor(lane)
         return EngineRun(self, cursors, readers, says_losses=says_losses)
-
-
-def _lanes_text(lanes: list[int]) -> str:
-    """``0-3`` for consecutive lanes, else the list."""
-    if lanes and lanes == list(range(lanes[0], lanes[-1] + 1)) and len(lanes) > 2:
-        return f"{lanes[0]}-{lanes[-1]}"
-    return ", ".join(map(str, lanes))
 
 
 def fields_by_dataset(datasets: Mapping[int, Any]) -> dict[int, frozenset[str]]:
@@ -316,6 +304,7 @@ class EngineRun:
     ) -> None:
         self.engine = engine
         self.says_losses = says_losses
+        self.ended = False  # the pass ended (its last item was delivered), not closed early
         # Replay mode: the cursor of the last item delivered per lane. Reference mode: items
         # delivered per lane (the state itself is read from the chains when asked for).
         self.delivered: dict[int, LaneCursor | LaneSnapshot] = dict(cursors)
@@ -483,9 +472,11 @@ class EngineRun:
             stopped = self._stop.is_set()
             self.close()
             if not stopped:
+                self.ended = True
                 self._check_empty_pass()
-                if self.says_losses:
-                    say(self.pass_losses())
+                report = self.pass_report()
+                if self.says_losses and report is not None:
+                    say(report.said())
             raise
         except BaseException:
             stopped = self._stop.is_set()
@@ -509,19 +500,21 @@ class EngineRun:
             )
         return item
 
-    def pass_losses(self) -> list[Said]:
-        """What the pass dropped on purpose, to say at its end (`zephon_columnar.losses`): the
-        notes of its lanes worded with the pass's totals, and the mixture components starved in
-        the lanes that started the pass (a restored lane delivers rows read before the
-        checkpoint, so its counts do not compare)."""
+    def pass_report(self) -> PassReport | None:
+        """What the pass dropped on purpose, to say once (`zephon_columnar.engine.pass_report`):
+        the notes of its lanes with their counters, and the counters of the lanes that started
+        the pass. None until the pass ended."""
+        if not self.ended:
+            return None
         stats = self.stats()
-        lanes = sorted(self.chains)
-        said = self.notices.pass_report(summed(stats), scope=f"in this pass (lanes {_lanes_text(lanes)})")
-        fresh = [lane for lane in lanes if self.chains[lane].shared.fresh]
-        starved = starved_components(summed({lane: stats[lane] for lane in fresh}))
-        if starved:
-            said.append(Said(category=StarvedComponentWarning, message=starved_message(starved, fresh)))
-        return said
+        fresh = tuple(lane for lane in sorted(self.chains) if self.chains[lane].shared.fresh)
+        return PassReport(
+            notices=self.notices.noted(),
+            totals=summed(stats),
+            lanes=tuple(sorted(self.chains)),
+            fresh_totals=summed({lane: stats[lane] for lane in fresh}),
+            fresh_lanes=fresh,
+        )
 
     def _check_empty_pass(self) -> None:
         """At the end of a pass: an `EmptyPassWarning` when rows were read and not one came out of

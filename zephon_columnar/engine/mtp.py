@@ -43,7 +43,9 @@ import pyarrow as pa
 from zephon_columnar.engine.checkpoint import LaneCursor, LaneSnapshot, lane_from_json, lane_to_json
 from zephon_columnar.engine.children import die_with_parent, main_module_hidden
 from zephon_columnar.engine.engine import deliver
+from zephon_columnar.engine.pass_report import PassReport
 from zephon_columnar.errors import PipelineError
+from zephon_columnar.losses import say
 
 if TYPE_CHECKING:
     from zephon_columnar.engine.engine import Engine
@@ -69,11 +71,17 @@ _SPIN_S = 50e-6
 class MtpRun:
     """The trainer's side of an mtp-mode pass (a `~zephon_columnar.engine.run.Run`, as `EngineRun`)."""
 
-    def __init__(self, side: PipelineSpec, engine: Engine, cursors: Mapping[int, Any] | None) -> None:
+    def __init__(
+        self, side: PipelineSpec, engine: Engine, cursors: Mapping[int, Any] | None, *, says_losses: bool = True
+    ) -> None:
         """``side``: what the side process runs (`PipelineSpec.for_side_process`: the operators
         up to ``batch``, without mtp_mode). ``engine``: this side's, for the lanes and the
-        operators after ``batch``. ``cursors``: where to start."""
+        operators after ``batch``. ``cursors``: where to start. ``says_losses``: whether the end
+        of the pass says what it dropped here (the side process never does: it hands its
+        `~zephon_columnar.engine.pass_report.PassReport` over)."""
         self.engine = engine
+        self.says_losses = says_losses
+        self._report: PassReport | None = None
         opts = engine.options
         self.capacity = opts.mtp_buffer or DEFAULT_MTP_BUFFER
         self._closed = False
@@ -287,9 +295,16 @@ class MtpRun:
                 self._final_stats = self._ask("stats")
                 self._final_tracked = self._ask("tracked")
                 self._final_fetch_groups = self._ask("fetch_groups")
+                self._report = cloudpickle.loads(self._ask("pass_report"))
             except PipelineError:
                 pass
         self._close()
+        if self._report is not None and self.says_losses:
+            say(self._report.said())
+
+    def pass_report(self) -> PassReport | None:
+        """What the ended pass dropped, from the side process (None before the end)."""
+        return self._report
 
     def close(self) -> None:
         self._stopped = True  # asked for (maybe from another thread): a wait it cuts short is the end
@@ -368,7 +383,7 @@ class _Child:
             None if state is None else {int(lane): lane_from_json(f"lanes.{lane}", js) for lane, js in state.items()}
         )
         self.engine: Engine = side.build_engine()
-        self.run = self.engine.start(cursors)
+        self.run = self.engine.start(cursors, says_losses=False)  # the trainer says them
         self.replay = self.engine.mode == "replay"
         self.delivered = dict(self.run.delivered)  # replay mode: cursors as of the trainer's items
         self.in_transit: deque = deque()  # (sequence number, LaneItem, its cursor) not taken yet
@@ -453,6 +468,8 @@ class _Child:
                 reply = self.run.in_flight_by_stage()
             elif kind == "fetch_groups":
                 reply = self.run.fetch_groups()
+            elif kind == "pass_report":
+                reply = cloudpickle.dumps(self.run.pass_report())
             else:
                 raise ValueError(f"unknown request {kind!r}")
             self.ctrl.send(("ok", reply))

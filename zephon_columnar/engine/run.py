@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from zephon_columnar.engine.checkpoint import LaneCursor, LaneSnapshot
     from zephon_columnar.engine.engine import Engine
+    from zephon_columnar.engine.pass_report import PassReport
 
 
 class Run(Protocol):
@@ -28,7 +29,9 @@ class Run(Protocol):
     state after the last item delivered to the caller. The counters (``stats``,
     ``tracked_records``, ``fetch_groups``, ``in_flight_by_stage``) are those of the pass so
     far, or of its end once closed; ``queue_stats()`` is the side process's ring (None in
-    process). ``close()`` stops it promptly and may be called from any thread.
+    process); ``pass_report()`` what the pass dropped on purpose, once it ended (None before;
+    `zephon_columnar.engine.pass_report`). ``close()`` stops it promptly and may be called from
+    any thread.
     """
 
     engine: Engine
@@ -51,5 +54,7 @@ class Run(Protocol):
     def in_flight_by_stage(self) -> dict[int, dict[int, int]] | None: ...
 
     def queue_stats(self) -> dict[str, int] | None: ...
+
+    def pass_report(self) -> PassReport | None: ...
 
     def close(self) -> None: ...

@@ -32,6 +32,7 @@ from zephon_columnar.io.hf import table_of_hf
 from zephon_columnar.io.memory import InMemoryShard, InMemoryTables
 from zephon_columnar.io.registry import DatasetFormat
 from zephon_columnar.io.tables import check_same_schema, in_column_order
+from zephon_columnar.keywords import suggest_keywords
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -64,6 +65,7 @@ class Dataset:
 
     # ---------------------------------------------------------------- constructors
     @classmethod
+    @suggest_keywords
     def from_path(cls, name: str, path: DatasetPath, *, fmt: DatasetFormat | str | None = None) -> Dataset:
         """Discover a directory (local path or fsspec URL) of Parquet, JSONL (``.jsonl``,
         ``.jsonl.gz``, ``.jsonl.zst``) or Arrow files (a Hugging Face ``save_to_disk`` folder),
@@ -98,6 +100,7 @@ class Dataset:
         )
 
     @classmethod
+    @suggest_keywords
     def from_dict(cls, name: str, shards: Mapping[int, InMemoryShard]) -> Dataset:
         """A dataset of in-memory shards keyed by shard id (an int >= 0).
 
@@ -121,6 +124,7 @@ class Dataset:
         return cls.from_tables(name, tables, shard_ids=ids)
 
     @classmethod
+    @suggest_keywords
     def from_hf(cls, name: str, hf_dataset: Any) -> Dataset:
         """A one-shard dataset over an in-process ``datasets.Dataset``, zero-copy over its Arrow
         table (`zephon_columnar.io.hf.table_of_hf` says when it is not).
@@ -133,6 +137,7 @@ class Dataset:
         return cls.from_tables(name, [table_of_hf(hf_dataset)])
 
     @classmethod
+    @suggest_keywords
     def from_tables(cls, name: str, tables: Sequence[pa.Table], *, shard_ids: Sequence[int] | None = None) -> Dataset:
         """A dataset over in-memory Arrow tables, one shard each.
 
@@ -176,6 +181,17 @@ class Dataset:
         """The :class:`ShardInfo` of the shard with id ``shard_id`` (an IndexError naming the
         ids otherwise)."""
         return shard_info(self.shards, shard_id, dataset=self.name)
+
+    def shard_label(self, shard_id: int) -> str:
+        """A shard as an error names it: ``shard <path> (<id>)``, or ``shard <id>`` for a shard
+        held in memory or an id the dataset does not have.
+
+        Example:
+            >>> Dataset.from_dict("toy", {3: InMemoryShard([{"x": 1}])}).shard_label(3)
+            'shard 3'
+        """
+        path = next((s.path for s in self.shards if s.shard_id == shard_id), None)
+        return f"shard {shard_id}" if path is None else f"shard {path} ({shard_id})"
 
     def counts(self) -> np.ndarray:
         """Rows per shard, in the order of ``ids()`` (read-only)."""

@@ -129,6 +129,24 @@ def is_transient(err: BaseException) -> bool:
     return False
 
 
+#: The exceptions storage clients raise when they find no credentials (botocore, google-auth),
+#: by class name: the clients are optional extras, not imported here.
+CREDENTIAL_ERRORS = frozenset(
+    {"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError", "DefaultCredentialsError"}
+)
+
+
+def credentials_missing(err: BaseException) -> bool:
+    """Whether ``err`` says the storage client found no credentials (never transient).
+
+    Example:
+        >>> class NoCredentialsError(Exception): ...
+        >>> credentials_missing(NoCredentialsError("Unable to locate credentials")), credentials_missing(OSError())
+        (True, False)
+    """
+    return any(cls.__name__ in CREDENTIAL_ERRORS for cls in type(err).__mro__)
+
+
 def retrying(
     call: Callable[[], T],
     *,
@@ -148,6 +166,14 @@ def retrying(
         try:
             return call()
         except Exception as err:  # classified just below
+            if credentials_missing(err):
+                raise PermissionError(
+                    f"{url}: {what} needs credentials, and the storage client found none ({type(err).__name__}: "
+                    f"{err}). Give them as the client reads them: for s3://, AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, ~/.aws/credentials, an instance role); for gs://, "
+                    "GOOGLE_APPLICATION_CREDENTIALS. A public bucket reads without them with "
+                    "fsspec.config.conf['s3'] = {'anon': True}."
+                ) from err
             if not is_transient(err):
                 raise
             elapsed = time.monotonic() - start

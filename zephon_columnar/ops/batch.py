@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from zephon_columnar.errors import ConfigError
+from zephon_columnar.keywords import flag
 from zephon_columnar.ops.base import BaseOp, OpTraits
 
 
@@ -23,7 +24,7 @@ class BatchOp(BaseOp):
         if not isinstance(microbatch_size, int) or microbatch_size < 1:
             raise ConfigError(f"batch: microbatch_size={microbatch_size!r}; pass a positive int.")
         self.microbatch_size = microbatch_size
-        self.drop_last = drop_last
+        self.drop_last = flag("batch", "drop_last", drop_last)
 
     def traits(self) -> OpTraits:
         return OpTraits(preserves_cursor_order=True)

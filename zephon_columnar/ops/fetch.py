@@ -197,7 +197,8 @@ class FetchOp(FrameOp):
         if table.num_rows != len(rows):
             ds = self._datasets[dataset_id]
             raise DatasetFormatError(
-                f"dataset {ds.name!r} shard {shard_id}: asked for {len(rows)} rows, the reader returned "
+                f"dataset {ds.name!r} ({dataset_id}), {ds.shard_label(shard_id)}: asked for {len(rows)} rows, the "
+                f"reader returned "
                 f"{table.num_rows}; the file changed after discovery? Re-create the Dataset."
             )
         return table

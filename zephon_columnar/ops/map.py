@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError, WrongTypeError, ZephonError, operator_failure
+from zephon_columnar.keywords import flag
 from zephon_columnar.ops.base import BaseOp, FrameOp, OpTraits
 from zephon_columnar.ops.polars_frames import polars_frame
 from zephon_columnar.ops.rows import payload_rows, run_payload_fn, sample_of
@@ -82,7 +83,7 @@ class MapOp(FrameOp):
             )
         self.fn: Any = exprs if self.is_expr else exprs[0]  # the expressions, or the one callable
         self.parallelism = parallelism
-        self.drop_none = drop_none
+        self.drop_none = flag("map_transform", "drop_none", drop_none)
 
     def traits(self) -> OpTraits:
         # A callable's None drops its row (unless drop_none=False); expressions map every row.
@@ -237,7 +238,7 @@ class MapBatchOp(BaseOp):
         if not callable(fn):
             raise ConfigError(f"map_batch: got {type(fn).__name__}; pass a callable SampleBatch -> SampleBatch | None.")
         self.fn = fn
-        self.drop_none = drop_none
+        self.drop_none = flag("map_batch", "drop_none", drop_none)
 
     def traits(self) -> OpTraits:
         return OpTraits(preserves_cursor_order=True, indexable=False, emits="at_most_one")

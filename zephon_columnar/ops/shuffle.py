@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
+from zephon_columnar.keywords import choice
 from zephon_columnar.ops.accumulators.lane import LaneContext, RowSource
 from zephon_columnar.ops.base import OpTraits, OrderedOp
 from zephon_columnar.ops.config import ShuffleAlgorithm
@@ -83,8 +84,7 @@ class ShuffleOp(OrderedOp):
             )
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ConfigError(f"shuffle(seed={seed!r}): pass an int >= 0.")
-        if algorithm not in ("streaming", "block", "block_warmup"):
-            raise ConfigError(f"shuffle(algorithm={algorithm!r}): use 'streaming', 'block' or 'block_warmup'.")
+        choice("shuffle", "algorithm", algorithm, get_args(ShuffleAlgorithm))
         if not isinstance(warmup_growth, (int, float)) or isinstance(warmup_growth, bool) or not warmup_growth > 1:
             raise ConfigError(
                 f"shuffle(warmup_growth={warmup_growth!r}): pass a number > 1 (block size growth per "

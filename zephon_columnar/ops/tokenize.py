@@ -67,6 +67,7 @@ import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError, DatasetFormatError, MissingFieldError, WrongTypeError
+from zephon_columnar.keywords import choice
 from zephon_columnar.ops.base import FrameOp, OpContext, OpTraits
 from zephon_columnar.ops.config import MissingFieldMode, SpecialTokensMode, TokenizerBackend
 from zephon_columnar.ops.rows import sample_of
@@ -116,10 +117,8 @@ class TokenizeOp(TokenizerOwner, FrameOp):
         self._choose_backend(backend)
         if not isinstance(field, str) or not field:
             raise ConfigError(f"tokenize: field= must be a column name, got {field!r}.")
-        if missing_field not in ("error", "empty"):
-            raise ConfigError(f"tokenize: missing_field={missing_field!r}; use 'error' or 'empty'.")
-        if special_tokens not in SPECIAL_MODES:
-            raise ConfigError(f"tokenize: special_tokens={special_tokens!r}; use one of {list(SPECIAL_MODES)}.")
+        choice("tokenize", "missing_field", missing_field, ("error", "empty"))
+        choice("tokenize", "special_tokens", special_tokens, SPECIAL_MODES)
         if return_tensors not in (None, "pt", "np", "tf"):
             raise ConfigError(
                 f"tokenize: return_tensors={return_tensors!r}; use None, 'pt', 'np' or 'tf' "

@@ -56,6 +56,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 
 from zephon_columnar.errors import ConfigError
+from zephon_columnar.keywords import choice
 from zephon_columnar.ops.config import TokenizerBackend
 from zephon_columnar.ops.tokenizer_backend import (
     FastokensProof,
@@ -631,9 +632,7 @@ def _flatten(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 def check_backend(backend: Any, where: str) -> TokenizerBackend:
     """``backend`` when it is one of `TokenizerBackend`'s values, else a ConfigError naming ``where``."""
-    if backend not in get_args(TokenizerBackend):
-        raise ConfigError(f"{where}: backend={backend!r}; use one of {list(get_args(TokenizerBackend))}.")
-    return backend
+    return choice(where, "backend", backend, get_args(TokenizerBackend))
 
 
 def _fastokens_refused(note: str) -> ConfigError:

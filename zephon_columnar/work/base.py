@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import copy
 import math
-import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning
+from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning, warn
 from zephon_columnar.work.chunk import WorkChunk
 from zephon_columnar.work.read_order import (
     ComponentOrder,
@@ -136,13 +135,12 @@ class WorkSource:
                 "clone the source you built, not a clone."
             )
         if canonical_replicas > 1 and lane_id == 0:
-            warnings.warn(
+            warn(
                 f"{type(self).__name__} uses WorkSource's default clone_for_lane for {canonical_replicas} lanes: "
                 "each lane gets a copy bound to its lane (self._lane). Its next_chunk must yield only that "
                 "lane's chunks, or every lane reads the same data; override clone_for_lane to say how the "
                 "stream splits.",
                 ConfigurationWarning,
-                stacklevel=2,
             )
         clone = copy.deepcopy(self)
         clone._cloned = True  # noqa: SLF001 - a copy of this very object

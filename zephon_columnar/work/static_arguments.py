@@ -6,13 +6,12 @@ Every error names the argument and says what to pass instead.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from zephon_columnar.errors import ConfigError, ConfigurationWarning
+from zephon_columnar.errors import ConfigError, ConfigurationWarning, warn
 
 if TYPE_CHECKING:
     from zephon_columnar.io.dataset import Dataset
@@ -194,18 +193,16 @@ def resolve_exhaustion(
         if isinstance(given, Mapping):
             for n, v in given.items():
                 if v != unset and policies[n] != "repeat":
-                    warnings.warn(
+                    warn(
                         f"{where}: {option}[{n!r}]={v!r} has no effect with exhausted_policy[{n!r}]="
                         f"{policies[n]!r}; it applies to repeating datasets only.",
                         ConfigurationWarning,
-                        stacklevel=4,
                     )
         elif given is not UNSET and given != unset and "repeat" not in policies.values():
-            warnings.warn(
+            warn(
                 f"{where}: {option}={given!r} has no effect without a repeat component; set "
                 "exhausted_policy='repeat' for the datasets it should apply to.",
                 ConfigurationWarning,
-                stacklevel=4,
             )
     repeats = {n: r if policies[n] == "repeat" else None for n, r in repeats.items()}
     return policies, reshuffle, repeats, stop_after_passes

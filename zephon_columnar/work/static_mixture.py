@@ -38,8 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning, DataDroppedWarning
+from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning, DataDroppedWarning, warn
 from zephon_columnar.io.dataset import Dataset
+from zephon_columnar.keywords import suggest_keywords
 from zephon_columnar.recipes import recipe_differences
 from zephon_columnar.work.base import WorkSource, check_lane
 from zephon_columnar.work.chunk import WorkChunk
@@ -139,6 +140,7 @@ class StaticMixtureWorkSource(WorkSource):
         32
     """
 
+    @suggest_keywords
     def __init__(
         self,
         datasets: Sequence[Dataset],
@@ -385,11 +387,10 @@ class StaticMixtureWorkSource(WorkSource):
                 else TokenRatio(float(est.fallback_tokens_per_byte), "fallback")
             )
         if unmeasured:
-            warnings.warn(
+            warn(
                 f"StaticMixtureWorkSource: no tokens counted for {unmeasured}; their mixture weights use "
                 f"TokenEstimation(fallback_tokens_per_byte={est.fallback_tokens_per_byte}). Put a tokenize "
-                "step in the pipeline or pass TokenEstimation(measure=...) or primer=...",
-                stacklevel=2,
+                "step in the pipeline or pass TokenEstimation(measure=...) or primer=..."
             )
         self._use_ratios(measured)
 
@@ -441,13 +442,12 @@ class StaticMixtureWorkSource(WorkSource):
         }
         if unread:
             self._warned_unread = True
-            warnings.warn(
+            warn(
                 f"StaticMixtureWorkSource: the source ended at the first chunk a dataset could not fill "
                 f"(exhausted_policy 'stop', or 'repeat' with max_repeats), so every chunk kept the mixture; "
                 f"rows not read: {unread}. Use the default stop_after_passes=1 (or 'redistribute') to "
                 "read every row.",
                 DataDroppedWarning,
-                stacklevel=3,
             )
 
     def component_ids(self) -> dict[str, int]:
@@ -783,12 +783,11 @@ class StaticMixtureWorkSource(WorkSource):
             raise CheckpointError(f"{where}: the state is malformed: {err}.") from err
         if source is not self:
             self.__dict__.update(source.__dict__)
-            warnings.warn(
+            warn(
                 f"{where}: this source's arguments contradict the checkpoint (" + "; ".join(diffs) + "); it "
                 "continues with the checkpoint's, so the stream goes on exactly as it would have without the "
                 "interruption (as in Zephon). Build the source with the checkpoint's arguments to silence this.",
                 ConfigurationWarning,
-                stacklevel=2,
             )
         if self._estimation is not None:
             stored = state.get("token_ratios")  # None: the state was not primed

@@ -36,7 +36,7 @@ from typing import Any, Literal
 import cloudpickle
 import numpy as np
 
-from zephon_columnar.errors import CheckpointError, ConfigError
+from zephon_columnar.errors import CheckpointError, ConfigError, warn
 from zephon_columnar.recipes import callable_identity
 
 Primer = Literal["measure"] | Mapping[str, float] | float
@@ -193,7 +193,6 @@ class PerShardTokenCost:
     """
 
     def __init__(self, datasets: Mapping[str, Any], ratios: Mapping[str, TokenRatio]) -> None:
-        import warnings
 
         self._by_shard: dict[str, dict[int, float]] = {}
         self._mean: dict[str, float] = {}
@@ -213,11 +212,10 @@ class PerShardTokenCost:
             }
             self._mean[name] = max(1.0, float(stored[known].sum() / rows[known].sum()) * ratio)
         if flat:
-            warnings.warn(
+            warn(
                 f"token-aware mixture: no byte metadata (shard sizes) for datasets {sorted(flat)}; each "
                 "is costed with one flat per-sample estimate (differences between its shards are invisible).",
                 RuntimeWarning,
-                stacklevel=2,
             )
 
     def cost(self, name: str, sample_id: tuple[int, int, int]) -> float:
@@ -256,7 +254,6 @@ def prime_token_ratios(
         >>> prime_token_ratios(datasets=[], dataset_ids={"a": 0}, estimation=est)
         {'a': TokenRatio(tokens_per_byte=0.3, source='pinned')}
     """
-    import warnings
 
     if isinstance(estimation.primer, (int, float)) and not isinstance(estimation.primer, bool):
         return dict.fromkeys(dataset_ids, TokenRatio(float(estimation.primer), "pinned"))
@@ -301,13 +298,12 @@ def prime_token_ratios(
             else TokenRatio(estimation.fallback_tokens_per_byte, "fallback")
         )
     if failed:
-        warnings.warn(
+        warn(
             "token-aware mixture: "
             + "; ".join(f"{n!r} ({why})" for n, why in sorted(failed.items()))
             + f" fell back to fallback_tokens_per_byte={estimation.fallback_tokens_per_byte}; the "
             "mixture's token shares may be off for them.",
             RuntimeWarning,
-            stacklevel=2,
         )
     return {name: ratios[name] for name in dataset_ids}
 

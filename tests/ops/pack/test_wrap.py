@@ -22,6 +22,7 @@ from tests.ops.pack._helpers import (
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError, DatasetFormatError
+from zephon_columnar.losses import said_of
 from zephon_columnar.ops.pack import PackFlatOp
 from zephon_columnar.ops.pack.packer import LanePacker
 from zephon_columnar.testing import assert_resumes_exactly
@@ -109,7 +110,8 @@ def test_the_final_partial_row_is_dropped_and_noted():
     packer.push(docs_table([[1, 2, 3, 4, 5, 6]]))
     assert packer.flush(reset=True, end=True) == []
     assert packer.ctx.stats["pack_dropped_final_tokens"] == 2
-    [said] = packer.ctx.notices.pass_report(packer.ctx.stats, scope="in this pass")
+    [notice] = packer.ctx.notices.noted()
+    said = said_of(notice, packer.ctx.stats, "in this pass")
     assert "dropped 2 of 6 tokens (33.3%) in this pass, each lane's final partial row" in said.message
 
 
@@ -292,7 +294,7 @@ def test_uncapped_flush_carries_and_a_fresh_packer_primed_with_the_carry_continu
     (dict(max_length=2.5), "max_length=2.5"),
     (dict(algorithm="first_fit"), "algorithm='first_fit'.*num_bins is required"),
     (dict(algorithm="best_fit"), "num_bins is required"),
-    (dict(algorithm="greedy"), "algorithm='greedy'.*unknown"),
+    (dict(algorithm="greedy"), "algorithm='greedy'.*not one of its values"),
     (dict(num_bins=4), "num_bins=4.*wrap"),
     (dict(num_bins=0), "num_bins=0"),
     (dict(max_sequences_per_bin=0), "max_sequences_per_bin=0"),
@@ -303,14 +305,14 @@ def test_uncapped_flush_carries_and_a_fresh_packer_primed_with_the_carry_continu
     (dict(drop_oversized="yes"), "drop_oversized"),
     (dict(min_sequence_length=0), "min_sequence_length"),
     (dict(min_sequence_length=100), "min_sequence_length"),
-    (dict(shuffle_strategy="sorted"), "shuffle_strategy='sorted'.*unknown"),
+    (dict(shuffle_strategy="sorted"), "shuffle_strategy='sorted'.*not one of its values"),
     (dict(shuffle_seed=1.5), "shuffle_seed"),
     (dict(flush_strategy="lifo"), "flush_strategy"),
     (dict(candidate_pool_size=-1), "candidate_pool_size"),
     (dict(candidate_pool_size=8), "candidate_pool_size.*best_fit_wrap"),
     (dict(max_candidate_age=0), "max_candidate_age"),
     (dict(homogeneity="group"), "homogeneity='group'.*needs groups"),
-    (dict(homogeneity="bogus"), "homogeneity='bogus'.*unknown"),
+    (dict(homogeneity="bogus"), "homogeneity='bogus'.*not one of its values"),
     (dict(groups={"a": ["x"]}), "groups"),
 ])
 def test_argument_errors(kwargs, message):
@@ -319,10 +321,14 @@ def test_argument_errors(kwargs, message):
         PackFlatOp(kwargs.pop("max_length"), **kwargs)
 
 
-def test_pipeline_default_algorithm_is_first_fit_and_needs_num_bins():
+def test_pipeline_default_algorithm_is_wrap_alone_and_first_fit_with_num_bins():
     ws = StaticMixtureWorkSource([Dataset.from_tables("d", [pa.table({"input_ids": [[1]]})])], {"d": 1.0})
+    assert Pipeline(ws).pack_flat(8).spec.ops[-1].spec.algorithm == "wrap"
+    assert Pipeline(ws).pack_flat(8, num_bins=2).spec.ops[-1].spec.algorithm == "first_fit"
     with pytest.raises(ConfigError, match="algorithm='first_fit'.*num_bins"):
-        Pipeline(ws).pack_flat(8)
+        Pipeline(ws).pack_flat(8, algorithm="first_fit")
+    with pytest.raises(ConfigError, match="algorithm='first_fit'.*num_bins"):
+        Pipeline(ws).pack_sequences(8)
 
 
 def test_operator_traits_and_fingerprint():

@@ -95,13 +95,17 @@ def _check_references(lane: int, snapshot: LaneSnapshot, datasets_by_id: Mapping
                 pos = np.searchsorted(ids, cols["__shard"][at])
                 known = (pos < len(ids)) & (ids[np.minimum(pos, len(ids) - 1)] == cols["__shard"][at])
                 if not known.all():
-                    bad = f"shard {int(cols['__shard'][at][~known][0])} of dataset id {d}, which has no such shard"
+                    bad = (
+                        f"shard {int(cols['__shard'][at][~known][0])} of {_dataset_label(datasets_by_id[d], d)}, "
+                        "which has no such shard"
+                    )
                     break
                 over = cols["__row"][at] >= counts[pos]
                 if over.any():
                     k = int(np.flatnonzero(over)[0])
+                    shard = _shard_label(datasets_by_id[d], int(cols["__shard"][at][k]))
                     bad = (
-                        f"row {int(cols['__row'][at][k])} of shard {int(cols['__shard'][at][k])} of dataset id {d}, "
+                        f"row {int(cols['__row'][at][k])} of {shard} of {_dataset_label(datasets_by_id[d], d)}, "
                         f"which has {int(counts[pos][k])} rows"
                     )
                     break
@@ -109,6 +113,18 @@ def _check_references(lane: int, snapshot: LaneSnapshot, datasets_by_id: Mapping
             raise CheckpointError(
                 f"checkpoint lane {lane}: {where} refers to {bad}; the checkpoint is corrupt or belongs to other data."
             )
+
+
+def _dataset_label(ds: Any, dataset_id: int) -> str:
+    """``dataset 'web' (id 0)``; ``dataset id 0`` for one without a name."""
+    name = getattr(ds, "name", None)
+    return f"dataset id {dataset_id}" if name is None else f"dataset {name!r} (id {dataset_id})"
+
+
+def _shard_label(ds: Any, shard_id: int) -> str:
+    """``shard <path> (<id>)`` where the dataset knows the shard's path, else ``shard <id>``."""
+    label = getattr(ds, "shard_label", None)
+    return str(label(shard_id)) if callable(label) else f"shard {shard_id}"
 
 
 def _shard_rows(ds: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -8,14 +8,14 @@ import hashlib
 import itertools
 import json
 import os
-import warnings
 from typing import Any, get_args
 
 import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
-from zephon_columnar.errors import ConfigError
+from zephon_columnar.errors import ConfigError, warn
+from zephon_columnar.keywords import choice
 from zephon_columnar.ops.base import FrameOp, OpContext, OpTraits
 from zephon_columnar.ops.chat.conversations import Conversations, row_values
 from zephon_columnar.ops.chat.masks import concat_messages, select_messages, spans_to_token_mask
@@ -83,16 +83,13 @@ class TokenizeChatOp(TokenizerOwner, FrameOp):
                 f"tokenize_chat: max_length={max_length!r}; pass an int >= 2 (conversations of fewer "
                 "than 2 tokens are dropped) or None."
             )
-        if span_source not in SPAN_SOURCES:
-            raise ConfigError(f"tokenize_chat: span_source={span_source!r}; use one of {list(SPAN_SOURCES)}.")
-        if loss_scope is not None and loss_scope not in LOSS_SCOPES:
-            raise ConfigError(f"tokenize_chat: loss_scope={loss_scope!r}; use None or one of {list(LOSS_SCOPES)}.")
+        choice("tokenize_chat", "span_source", span_source, SPAN_SOURCES)
+        choice("tokenize_chat", "loss_scope", loss_scope, (None, *LOSS_SCOPES))
         if loss_on_last_turn_only is not None:
-            warnings.warn(
+            warn(
                 "tokenize_chat: loss_on_last_turn_only is deprecated; use loss_scope='last_span' "
                 "(True) or loss_scope='all_assistant' (False).",
                 DeprecationWarning,
-                stacklevel=3,
             )
             alias: LossScope = "last_span" if loss_on_last_turn_only else "all_assistant"
             if loss_scope is not None and loss_scope != alias:

@@ -20,6 +20,7 @@ import numpy as np
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
+from zephon_columnar.keywords import choice
 from zephon_columnar.ops.config import FlushStrategy, Homogeneity, PackingAlgorithm, ShuffleStrategy
 from zephon_columnar.ops.grouping import DomainGroups
 from zephon_columnar.types import TOKEN_FIELD_CANDIDATES
@@ -128,9 +129,7 @@ def resolve_spec(
         return None if value is None else int(value)
 
     def literal(name: str, value: Any, allowed: tuple[Any, ...]) -> Any:
-        if value not in allowed:
-            raise ConfigError(f"{op}({name}={value!r}): unknown value; use one of {list(allowed)}.")
-        return value
+        return choice(op, name, value, allowed)
 
     if not _is_int(max_length) or max_length < max(1, min_max_length):
         if min_max_length < 2:
