@@ -604,8 +604,9 @@ def _owned_cursors(engine: Engine, lanes: Mapping[int, LaneState]) -> dict[int, 
     missing = [lane for lane in engine.lanes if lane not in lanes]
     if missing:
         partial = (
-            f" It holds {len(lanes)} of the run's {engine.canonical_replicas} lanes: one rank's share, saved where "
-            "checkpoint() had neither torch.distributed nor aggregate_dir to merge every rank's part."
+            f" It holds {len(lanes)} of the run's {engine.canonical_replicas} lanes: one rank's share (taken with "
+            "checkpoint(collective=False), or with neither torch.distributed nor aggregate_dir to merge every "
+            "rank's part)."
             if len(lanes) < engine.canonical_replicas
             else ""
         )
