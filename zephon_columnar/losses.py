@@ -143,10 +143,10 @@ def share_text(part: int, whole: int) -> str:
     return f"{100.0 * part / whole:.3g}%" if whole else "n/a"
 
 
-def summed(counters_by_lane: Mapping[int, Mapping[str, int]]) -> dict[str, int]:
-    """Every lane's counters summed by name."""
+def summed(counter_sets: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """Counters (a lane's, a run's) summed by name."""
     totals: dict[str, int] = {}
-    for counters in counters_by_lane.values():
+    for counters in counter_sets:
         for name, value in counters.items():
             totals[name] = totals.get(name, 0) + value
     return totals

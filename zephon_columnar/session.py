@@ -166,7 +166,7 @@ class Session:
         self.auto_validate()
         prime_token_mixture(spec.work_source, spec.ops)
         engine = spec.build_engine()
-        self.check_columns(engine)
+        self.check_columns()
         cursors = None
         if self._pending is not None:
             check_recipe(self._pending_recipe, engine.recipe())
@@ -207,16 +207,13 @@ class Session:
                 raise ValidationError(report)
             self._validated = user_ops
 
-    def check_columns(self, engine: Engine) -> None:
+    def check_columns(self) -> None:
         """Warn, once per set of operators, where one reads a column only some datasets of the
         mixture have (`zephon_columnar.engine.realized.columns_some_lack`)."""
         if self._columns_checked == self._spec.ops:
             return
         self._columns_checked = self._spec.ops
-        datasets = self._spec.work_source.datasets_by_id
-        names = {did: ds.name for did, ds in datasets.items()}
-        schemas = {did: datasets[did].schema for did in engine.fields}  # datasets whose columns differ
-        for message in columns_some_lack(self._spec.ops, schemas, names):
+        for message in columns_some_lack(self._spec.ops, self._spec.work_source.datasets_by_id):
             warn(message, ConfigurationWarning)
 
     def check_layout(self) -> None:

@@ -510,9 +510,9 @@ class EngineRun:
         fresh = tuple(lane for lane in sorted(self.chains) if self.chains[lane].shared.fresh)
         return PassReport(
             notices=self.notices.noted(),
-            totals=summed(stats),
+            totals=summed(stats.values()),
             lanes=tuple(sorted(self.chains)),
-            fresh_totals=summed({lane: stats[lane] for lane in fresh}),
+            fresh_totals=summed(stats[lane] for lane in fresh),
             fresh_lanes=fresh,
         )
 

@@ -53,9 +53,9 @@ class PassReport:
                 notices.setdefault(notice.kind, notice)
         return cls(
             notices=tuple(notices.values()),
-            totals=summed(dict(enumerate(r.totals for r in reports))),
+            totals=summed(r.totals for r in reports),
             lanes=tuple(sorted(lane for r in reports for lane in r.lanes)),
-            fresh_totals=summed(dict(enumerate(r.fresh_totals for r in reports))),
+            fresh_totals=summed(r.fresh_totals for r in reports),
             fresh_lanes=tuple(sorted(lane for r in reports for lane in r.fresh_lanes)),
         )
 

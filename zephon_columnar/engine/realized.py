@@ -34,12 +34,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from zephon_columnar import frame as F
 from zephon_columnar.ops.base import BaseOp
+from zephon_columnar.ops.fetch import mixture_fields
 from zephon_columnar.ops.traits import KeepsRows
 
 ROWS_READ = "component_rows_read."
@@ -175,40 +177,41 @@ def starved_message(starved: list[ComponentShare], lanes: list[int]) -> str:
     )
 
 
-def columns_some_lack(ops: Sequence[BaseOp], schemas: Mapping[int, pa.Schema], names: Mapping[int, str]) -> list[str]:
+def columns_some_lack(ops: Sequence[BaseOp], datasets: Mapping[int, Any]) -> list[str]:
     """One message per filter that drops every row of a dataset of the mixture because the
-    dataset lacks a column it reads (``schemas``: dataset id -> its schema, for datasets whose
-    schema is known; ``names``: dataset id -> name). Operators are followed in order while they
-    declare what they write (a column an earlier operator writes is every dataset's); after
+    dataset lacks a column it reads (``datasets``: the work source's, by id; nothing is said
+    when their columns agree or one's schema is unknown). Operators are followed in order while
+    they declare what they write (a column an earlier operator writes is every dataset's); after
     one that does not (a Python callable), nothing more is said. A filter that keeps rows where
     the column is null (``fill_null``, ``coalesce``) is not named.
 
     Example:
         >>> import polars as pl
+        >>> from zephon_columnar.io.dataset import Dataset
         >>> from zephon_columnar.ops.map import FilterOp
-        >>> schemas = {0: pa.schema([("text", pa.string())]), 1: pa.schema([("content", pa.string())])}
-        >>> [m[:48] for m in columns_some_lack([FilterOp(pl.col("text") != "")], schemas, {0: "web", 1: "code"})]
+        >>> web = Dataset.from_path("web", "data/web")  # a 'text' column
+        >>> code = Dataset.from_tables("code", [pa.table({"content": ["x = 1"]})])
+        >>> [m[:48] for m in columns_some_lack([FilterOp(pl.col("text") != "")], {0: web, 1: code})]
         ["filter reads column 'text', which dataset 'code'"]
     """
-    if len(schemas) < 2:
+    union_schema = mixture_fields(datasets)  # the union of their columns, or None when they agree
+    if union_schema is None:
         return []
-    union: dict[str, pa.Field] = {}
-    for _, schema in sorted(schemas.items()):
-        for fld in schema:
-            union.setdefault(fld.name, fld)
+    union = {fld.name: fld for fld in union_schema}
     written: set[str] = set()
     out = []
     for op in ops:
         traits = op.traits()
         reads = sorted((traits.reads or frozenset()) - written)
         if reads and isinstance(op, KeepsRows):
-            for did, schema in sorted(schemas.items()):
-                lacking = [c for c in reads if c in union and c not in schema.names]
-                probe = pa.schema([union[c] for c in reads if c in union])
-                if lacking and op.keeps_null_row(probe) is False:
+            probe = pa.schema([union[c] for c in reads if c in union])  # the row a lacking dataset gives it
+            drops_nulls = op.keeps_null_row(probe) is False
+            for _, dataset in sorted(datasets.items()):
+                lacking = [c for c in reads if c in union and c not in dataset.schema.names]
+                if lacking and drops_nulls:
                     columns = ", ".join(map(repr, lacking))
                     out.append(
-                        f"{op.name} reads column {columns}, which dataset {names.get(did, str(did))!r} of the mixture "
+                        f"{op.name} reads column {columns}, which dataset {dataset.name!r} of the mixture "
                         f"lacks: its rows see null there, which this {op.name} drops, so it would deliver none of "
                         "them and the stream's mixture would not be the one asked for. Name a column every dataset "
                         "has, or fill_null()/coalesce() the column."
