@@ -120,9 +120,13 @@ def datasets_strategy(draw) -> list[dict]:
     for i in range(n):
         rows = draw(st.sampled_from(DATASET_ROWS))
         shards = min(rows, draw(st.integers(1, 3)))
-        out.append(dict(name="abc"[i], rows=rows, shards=shards, start=start, weight=draw(st.integers(1, 3)),
-                        storage=draw(st.sampled_from(STORAGES)), text_seed=draw(st.integers(0, 3)),
-                        row_group=draw(st.sampled_from([1, 4, 64]))))
+        spec = dict(name="abc"[i], rows=rows, shards=shards, start=start, weight=draw(st.integers(1, 3)),
+                    storage=draw(st.sampled_from(STORAGES)), text_seed=draw(st.integers(0, 3)),
+                    row_group=draw(st.sampled_from([1, 4, 64])))
+        if spec["storage"] == "jsonl" and draw(st.booleans()):
+            # Damaged lines between the rows, read with on_bad_record="skip": the same rows result.
+            spec["bad_every"] = draw(st.sampled_from([1, 2, 7]))
+        out.append(spec)
         start += 1000
     return out
 
@@ -375,7 +379,9 @@ def on_disk(spec: dict) -> Path:
                                 "text": row["text"].encode()})
         else:
             with open(tmp / f"part-{i:03d}.jsonl", "w") as f:
-                for row in table.to_pylist():
+                for j, row in enumerate(table.to_pylist()):
+                    if spec.get("bad_every") and j % spec["bad_every"] == 0:
+                        f.write(["[1, 2]", '{"id": ', "NaN"][j % 3] + "\n")
                     f.write(json.dumps(row) + "\n")
     if spec["storage"] == "litdata":  # chunks of a fixed count (the writer's choice, not shard_bounds)
         writer = litdata().streaming.writer.BinaryWriter(str(tmp), chunk_size=-(-spec["rows"] // spec["shards"]))
@@ -394,7 +400,8 @@ def make_dataset(spec: dict) -> Dataset:
         return Dataset.from_dict(spec["name"], {i: InMemoryShard(t.to_pylist()) for i, t in enumerate(shard_tables(spec))})
     if spec["storage"] == "tables":
         return Dataset.from_tables(spec["name"], shard_tables(spec))
-    return Dataset.from_path(spec["name"], str(on_disk(spec)))
+    policy = "skip" if spec.get("bad_every") else "raise"
+    return Dataset.from_path(spec["name"], str(on_disk(spec)), on_bad_record=policy)
 
 
 def make_source(recipe: dict) -> StaticMixtureWorkSource:

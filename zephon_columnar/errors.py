@@ -168,6 +168,12 @@ class StarvedComponentWarning(DataDroppedWarning):
     mixture is not the one asked for. Counts: ``metrics_snapshot()``'s ``component_rows_*``."""
 
 
+class SkippedRecordWarning(DataDroppedWarning):
+    """A dataset read with ``on_bad_record="skip"`` left records it could not read out of its
+    rows (JSON Lines lines that are not one JSON object in UTF-8): said once per pass, with the
+    count and the first lines; ``Dataset.skipped_records()`` has them."""
+
+
 class EmptyPassWarning(ZephonWarning):
     """A whole pass over the data delivered no item (every row filtered out, or none read)."""
 

@@ -133,7 +133,7 @@ def test_blank_lines_are_skipped_and_errors_keep_physical_line_numbers(tmp_path)
     assert ds.total() == 4
     assert ds.open_reader().take(0, np.array([2, 1, 3, 0])).column("id").to_pylist() == [2, 1, 3, 0]
     path.write_text(text.replace('{"id": 3}', '{"id": 3,}'))
-    with pytest.raises(DatasetFormatError, match=rf"^{path}:7: not valid JSON \(.*: column 10\)\. Fix or remove the line\."):
+    with pytest.raises(DatasetFormatError, match=rf"^{path}:7: not valid JSON \(.*: column 10\)\. Fix or remove the line, or pass on_bad_record='skip'"):
         Dataset.from_path("x", str(path))
 
 
@@ -242,8 +242,8 @@ def test_invalid_utf8_names_file_and_line(tmp_path, suffix):
     reader = Dataset.from_path("x", str(path)).open_reader()
     assert reader.take(0, np.arange(990, 1002)).column("id").to_pylist() == list(range(990, 1002))
     for rows in (np.arange(995, 1006), np.array([1004, 1002, 3])):
-        with pytest.raises(DatasetFormatError, match=rf"^{path}:1003: field 'text' is not valid UTF-8 "
-                                                     r"\(byte 0xff at byte 13 of the line\).*re-encode") as e:
+        with pytest.raises(DatasetFormatError, match=rf"^{path}:1003: not UTF-8 "
+                                                     r"\(byte 0xff at byte 13 of the line.*re-encode") as e:
             reader.take(0, rows)
         assert isinstance(e.value.__cause__, UnicodeDecodeError)
     # In the schema sample: discovery itself fails the same way.
@@ -252,20 +252,23 @@ def test_invalid_utf8_names_file_and_line(tmp_path, suffix):
         Dataset.from_path("x", str(path))
 
 
-def test_invalid_utf8_inside_a_list_is_found_and_outside_the_projection_is_ignored(tmp_path):
+def test_invalid_utf8_inside_a_list_is_found_whatever_the_projection(tmp_path):
     lines = lines_of(rows_of(1010)).encode().splitlines(keepends=True)
-    lines[1003] = b'{"id": 1003, "other": "\xfe ignored: not projected"}\n'
+    lines[1003] = b'{"id": 1003, "other": "\xfe not projected"}\n'
     lines[1006] = b'{"id": 1006, "tags": ["a", "b\xc3"]}\n'  # a truncated 2-byte sequence
     path = tmp_path / "a.jsonl"
     path.write_bytes(b"".join(lines))
     ds = Dataset.from_path("x", str(path))
     reader = JsonlReader(ds, columns=["id", "tags"])
-    assert reader.take(0, np.arange(1000, 1006)).column("id").to_pylist() == list(range(1000, 1006))
-    with pytest.raises(DatasetFormatError, match=rf"^{path}:1007: field 'tags' is not valid UTF-8 \(byte 0xc3"):
-        reader.take(0, np.arange(1000, 1010))
-    # Every field is a column, so without a projection the bad bytes of 'other' are found too.
-    with pytest.raises(DatasetFormatError, match=rf"^{path}:1004: field 'other' is not valid UTF-8 \(byte 0xfe"):
-        ds.open_reader().take(0, np.arange(1000, 1006))
+    assert reader.take(0, np.arange(1004, 1006)).column("id").to_pylist() == [1004, 1005]
+    with pytest.raises(DatasetFormatError, match=rf"^{path}:1007: not UTF-8 \(byte 0xc3"):
+        reader.take(0, np.arange(1004, 1010))
+    # A line is a row or not whatever the columns read (as under on_bad_record="skip", where it
+    # is left out): the bad bytes of 'other' fail a projection without it too.
+    for columns in (["id", "tags"], None):
+        with pytest.raises(DatasetFormatError, match=rf"^{path}:1004: not UTF-8 \(byte 0xfe"):
+            JsonlReader(ds, columns=columns).take(0, np.arange(1000, 1006))
+    assert "other" not in ds.schema.names  # a field seen only on a bad line is no column
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])

@@ -30,7 +30,7 @@ from zephon_columnar.engine.checkpoint import HeldRows, LaneCursor, LaneSnapshot
 from zephon_columnar.engine.lane import LaneChain, LaneItem
 from zephon_columnar.engine.metrics import Metrics
 from zephon_columnar.engine.ownership import next_lane, owned_lanes
-from zephon_columnar.engine.pass_report import PassReport
+from zephon_columnar.engine.pass_report import PassReport, skipped_record_notices
 from zephon_columnar.engine.plan import OrderedStage, ParallelStage, Plan, compile_plan
 from zephon_columnar.engine.runners import InlineRunner, ProcessRunner, ThreadRunner
 from zephon_columnar.errors import ConfigurationWarning, EmptyPassWarning, PipelineError, warn
@@ -347,6 +347,8 @@ class EngineRun:
         # What the pass drops on purpose, said once (zephon_columnar.losses): at the pass's end, or
         # at once when the stream has none (a finite stream is one whose samples have positions).
         self.notices = Notices(pass_ends=engine.ws.supports_indexing())
+        for notice in skipped_record_notices(engine.ws.datasets_by_id):
+            self.notices.note(notice, {}, lane=min(engine.lanes, default=0))
         self._runner = RUNNERS[runner_kind](
             stages, services, engine.workers(), metrics=self.metrics, time_limit_s=engine.options.op_timeout_s
         )

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 from zephon_columnar.engine.realized import starved_components, starved_message
-from zephon_columnar.errors import StarvedComponentWarning
+from zephon_columnar.errors import SkippedRecordWarning, StarvedComponentWarning
+from zephon_columnar.io.dataset import Dataset
 from zephon_columnar.losses import Notice, Said, said_of, summed
 
 
@@ -69,6 +72,32 @@ class PassReport:
         if starved:
             out.append(Said(category=StarvedComponentWarning, message=starved_message(starved, list(self.fresh_lanes))))
         return out
+
+
+def skipped_record_notices(datasets: Mapping[int, Any]) -> list[Notice]:
+    """A notice per dataset of the work source that left bad records out of its rows
+    (``on_bad_record="skip"``): a pass reads without them, so every pass says so once.
+
+    Example:
+        >>> skipped_record_notices({0: Dataset.from_path("chat", "data/chat", on_bad_record="skip")})
+        []
+    """
+    notices = []
+    for dataset in datasets.values():
+        message = dataset.skipped_records().message(dataset.name) if isinstance(dataset, Dataset) else ""
+        if message:
+            notices.append(
+                Notice(
+                    kind=f"skipped_records.{dataset.name}",
+                    category=SkippedRecordWarning,
+                    text=partial(_said_as_is, message),
+                )
+            )
+    return notices
+
+
+def _said_as_is(message: str, counters: Mapping[str, int], scope: str) -> str:
+    return message
 
 
 def _lanes_text(lanes: tuple[int, ...]) -> str:

@@ -9,10 +9,41 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import pyarrow as pa
+
+#: What reading does with a record it cannot read (``Dataset.from_path(on_bad_record=...)``):
+#: ``"raise"`` an error naming the file and line, or ``"skip"`` it (counted and warned).
+BadRecordPolicy = Literal["raise", "skip"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SkippedRecords:
+    """The records a dataset's discovery left out under ``on_bad_record="skip"``: how many,
+    and where and why for the first few (``"path:line: why"``).
+
+    Example:
+        >>> SkippedRecords(count=0).message("web")
+        ''
+        >>> SkippedRecords(count=2, first=("a.jsonl:3: not valid JSON",)).message("web")[:60]
+        "Dataset 'web' left out 2 bad records (on_bad_record='skip'):"
+    """
+
+    count: int
+    first: tuple[str, ...] = ()
+
+    def message(self, dataset: str) -> str:
+        """What a warning says of them ('' when there are none)."""
+        if not self.count:
+            return ""
+        more = f"; and {self.count - len(self.first)} more" if self.count > len(self.first) else ""
+        return (
+            f"Dataset {dataset!r} left out {self.count} bad records (on_bad_record='skip'): {'; '.join(self.first)}"
+            f"{more}. They are not rows of the dataset: every pass reads without them. Fix or remove those lines "
+            "to read them, or pass on_bad_record='raise' to stop at the first."
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,20 +19,22 @@ import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import pyarrow as pa
 
 from zephon_columnar.errors import ConfigError
-from zephon_columnar.io.base import ShardInfo, ShardReader, shard_info
+from zephon_columnar.io.base import BadRecordPolicy, ShardInfo, ShardReader, SkippedRecords, shard_info
 from zephon_columnar.io.discovery import DatasetPath, discover
 from zephon_columnar.io.format import Format
 from zephon_columnar.io.hf import table_of_hf
 from zephon_columnar.io.memory import InMemoryShard, InMemoryTables
 from zephon_columnar.io.registry import DatasetFormat
 from zephon_columnar.io.tables import check_same_schema, in_column_order
-from zephon_columnar.keywords import suggest_keywords
+from zephon_columnar.keywords import choice, suggest_keywords
+
+SHOWN_SKIPPED = 5  # locations of skipped records a dataset's message shows
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -66,7 +68,14 @@ class Dataset:
     # ---------------------------------------------------------------- constructors
     @classmethod
     @suggest_keywords
-    def from_path(cls, name: str, path: DatasetPath, *, fmt: DatasetFormat | str | None = None) -> Dataset:
+    def from_path(
+        cls,
+        name: str,
+        path: DatasetPath,
+        *,
+        fmt: DatasetFormat | str | None = None,
+        on_bad_record: BadRecordPolicy = "raise",
+    ) -> Dataset:
         """Discover a directory (local path or fsspec URL) of Parquet, JSONL (``.jsonl``,
         ``.jsonl.gz``, ``.jsonl.zst``) or Arrow files (a Hugging Face ``save_to_disk`` folder),
         or of a format registered with `zephon_columnar.io.register_format`; or one file, a
@@ -75,6 +84,13 @@ class Dataset:
 
         The format is detected from file suffixes unless ``fmt`` is given
         (`zephon_columnar.io.discovery` has the rules).
+
+        ``on_bad_record``: what to do with a JSON Lines line that is not one JSON object in
+        UTF-8: ``"raise"`` (the default) fails when its row is read (or at discovery, in the
+        first 1,000 rows), naming the file and line; ``"skip"`` leaves it out of the dataset's
+        rows (found when the file is indexed, so every pass, runner and resume reads the same
+        rows), counted in `skipped_records` and warned once per pass with the first lines.
+        Other formats have no record that can be damaged alone: "skip" is a ConfigError.
 
         Example:
             >>> Dataset.from_path("web", "data/web")
@@ -85,7 +101,8 @@ class Dataset:
             32
         """
         _check_name_and_path(name, path)
-        found = discover(name, path, fmt=fmt)
+        choice("Dataset.from_path", "on_bad_record", on_bad_record, get_args(BadRecordPolicy))
+        found = discover(name, path, fmt=fmt, on_bad_record=on_bad_record)
         if not isinstance(path, (str, os.PathLike)):
             listed = [os.fspath(p) for p in path]
             path = ", ".join(listed) if len(listed) <= 3 else f"{listed[0]}, ... ({len(listed)} files)"
@@ -204,6 +221,18 @@ class Dataset:
 
     def total(self) -> int:
         return int(sum(s.num_rows for s in self.shards))
+
+    def skipped_records(self) -> SkippedRecords:
+        """The records discovery left out of the rows under ``on_bad_record="skip"``, over every
+        shard, with the first few locations.
+
+        Example:
+            >>> Dataset.from_path("chat", "data/chat", on_bad_record="skip").skipped_records().count
+            0
+        """
+        found = [s.extra["skipped"] for s in self.shards if "skipped" in s.extra]
+        first = tuple(where for f in found for where in f.first)[:SHOWN_SKIPPED]
+        return SkippedRecords(count=sum(f.count for f in found), first=first)
 
     def __len__(self) -> int:
         return self.total()

@@ -41,6 +41,7 @@ from typing import TypeAlias
 
 from zephon_columnar.errors import DatasetFormatError, DatasetNotFoundError
 from zephon_columnar.io import fs
+from zephon_columnar.io.base import BadRecordPolicy
 from zephon_columnar.io.format import Discovered, FileFormat
 from zephon_columnar.io.registry import format_named, formats
 
@@ -60,8 +61,11 @@ def format_of(file_name: str, *, chosen: bool) -> FileFormat | None:
 DatasetPath: TypeAlias = "str | os.PathLike[str] | Sequence[str | os.PathLike[str]]"
 
 
-def discover(name: str, path: DatasetPath, *, fmt: str | None = None) -> Discovered:
-    """Discover the dataset at ``path`` (see the module docstring for the rules).
+def discover(
+    name: str, path: DatasetPath, *, fmt: str | None = None, on_bad_record: BadRecordPolicy = "raise"
+) -> Discovered:
+    """Discover the dataset at ``path`` (see the module docstring for the rules), with its
+    format reading under ``on_bad_record`` (`Format.with_bad_record_policy`).
 
     Example:
         >>> found = discover("chat", "memory://corpus/chat", fmt="jsonl")
@@ -75,18 +79,21 @@ def discover(name: str, path: DatasetPath, *, fmt: str | None = None) -> Discove
     chosen = None if fmt is None else format_named(fmt, where=f"Dataset {name!r}")
     if not isinstance(path, (str, os.PathLike)):
         files = _listed_files(name, [os.fspath(p) for p in path])
-        return _check_rows(name, f"{len(files)} files", _discover_files(name, files, chosen))
+        return _check_rows(name, f"{len(files)} files", _discover_files(name, files, chosen, on_bad_record))
     path = os.fspath(path)
     if fs.is_glob(path) and not fs.exists(path):
         files = fs.glob_files(path)
         if not files:
             raise DatasetNotFoundError(f"Dataset {name!r}: no file matches {path}. Check the pattern.")
-        return _check_rows(name, path, _discover_files(name, files, chosen))
+        return _check_rows(name, path, _discover_files(name, files, chosen, on_bad_record))
     if not fs.exists(path):
         relative = fs.is_local(path) and not path.startswith("file://") and not os.path.isabs(path)
         where = f" (resolved to {fs.to_local(path)})" if relative else ""
         raise DatasetNotFoundError(f"Dataset {name!r}: {path}{where} does not exist. Check the path or URL.")
-    found = _discover_dir(name, path, chosen) if fs.isdir(path) else _discover_files(name, [path], chosen)
+    if fs.isdir(path):
+        found = _discover_dir(name, path, chosen, on_bad_record)
+    else:
+        found = _discover_files(name, [path], chosen, on_bad_record)
     return _check_rows(name, path, found)
 
 
@@ -115,7 +122,9 @@ def _listed_files(name: str, paths: list[str]) -> list[str]:
     return paths
 
 
-def _discover_files(name: str, paths: list[str], chosen: FileFormat | None) -> Discovered:
+def _discover_files(
+    name: str, paths: list[str], chosen: FileFormat | None, on_bad_record: BadRecordPolicy
+) -> Discovered:
     """Existing files (a list, a glob's matches, one path): one shard each, in order, all of one
     format."""
     urls: list[str] = []
@@ -137,14 +146,14 @@ def _discover_files(name: str, paths: list[str], chosen: FileFormat | None) -> D
             "dataset, or pass fmt= to read them all as one."
         )
     fmt = next(iter(by_format.values()))[0]
-    return fmt.discover(name, urls)
+    return fmt.with_bad_record_policy(on_bad_record, dataset=name).discover(name, urls)
 
 
-def _discover_dir(name: str, path: str, chosen: FileFormat | None) -> Discovered:
+def _discover_dir(name: str, path: str, chosen: FileFormat | None, on_bad_record: BadRecordPolicy) -> Discovered:
     known = formats()
     for candidate in known if chosen is None else (chosen,):
         if candidate.recognises_folder(path):
-            return candidate.discover_folder(name, path)
+            return candidate.with_bad_record_policy(on_bad_record, dataset=name).discover_folder(name, path)
     try:
         files = fs.list_data_files(path)
     except OSError as err:
@@ -172,10 +181,10 @@ def _discover_dir(name: str, path: str, chosen: FileFormat | None) -> Discovered
     if not present and not files:
         partitioned = _partition_files(path)
         if partitioned:  # a Hive-partitioned folder (key=value subfolders): every data file below
-            return _discover_files(name, partitioned, chosen)
+            return _discover_files(name, partitioned, chosen, on_bad_record)
     found = f"found: {_names(files) or 'nothing'}"
     if chosen is not None and groups[chosen.name]:
-        return chosen.discover(name, groups[chosen.name])
+        return chosen.with_bad_record_policy(on_bad_record, dataset=name).discover(name, groups[chosen.name])
     if chosen is not None:
         raise DatasetFormatError(
             f"Dataset {name!r}: {path} holds no {chosen.name} data ({found}); fmt={chosen.name!r} reads "

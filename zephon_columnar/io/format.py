@@ -11,7 +11,9 @@ a format goes through this interface:
 - `Format.open_reader`: a :class:`~zephon_columnar.io.base.ShardReader` that turns ``(shard id,
   row indices)`` into an Arrow table of the requested columns;
 - `Format.shared_readers`: whether one reader per process, shared by the worker threads, serves
-  better than one each (readers that cache decoded data).
+  better than one each (readers that cache decoded data);
+- `Format.with_bad_record_policy`: the format reading under ``on_bad_record="skip"``, for the
+  formats whose discovery finds records that cannot be read one by one (JSON Lines).
 
 The file formats are listed once, in `zephon_columnar.io.registry`; adding one is a module with a
 `FileFormat` subclass and a line there. In-memory tables are a format too
@@ -35,9 +37,11 @@ from typing import TYPE_CHECKING, ClassVar
 import pyarrow as pa
 
 from zephon_columnar.errors import ConfigError
-from zephon_columnar.io.base import ShardInfo, ShardReader
+from zephon_columnar.io.base import BadRecordPolicy, ShardInfo, ShardReader
 
 if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11; annotations only
+
     from zephon_columnar.io.dataset import Dataset
 
 
@@ -52,6 +56,21 @@ class Format(ABC):
     #: threads of a process should share: the engine then opens one per process and serializes
     #: its takes; otherwise each thread opens its own (JSONL parsing gains from parallel readers).
     shared_readers: ClassVar[bool] = False
+    #: What the format does with a record it cannot read: "raise" (its reader names it), or
+    #: "skip" (discovery leaves it out of the rows, `skipped_records` says which).
+    on_bad_record: BadRecordPolicy = "raise"
+
+    def with_bad_record_policy(self, policy: BadRecordPolicy, *, dataset: str) -> Self:
+        """This format reading with ``on_bad_record=policy``. Only formats that find bad records
+        one by one when they index a file can skip them; for the others a damaged file fails as
+        a whole, and "skip" is a ConfigError naming ``dataset``."""
+        if policy == "raise":
+            return self
+        raise ConfigError(
+            f"Dataset {dataset!r}: on_bad_record={policy!r} is for JSON Lines files, whose lines are read one by "
+            f"one; {self.name} data has no record that can be damaged alone (a damaged file fails as a whole, "
+            "naming it). Leave on_bad_record at 'raise'."
+        )
 
     @abstractmethod
     def open_reader(self, dataset: Dataset, *, columns: Sequence[str] | None = None) -> ShardReader:

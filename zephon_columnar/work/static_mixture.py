@@ -924,9 +924,11 @@ class StaticMixtureWorkSource(WorkSource):
                 ends += "" if cfg.max_passes[k] is None else f" (at most {cfg.max_passes[k]} passes)"
             else:
                 ends = f"exhausted_policy={cfg.policies[k]!r}"
+            skipped = ds.skipped_records().count if isinstance(ds, Dataset) else 0
             lines.append(
-                f"  {name}: {where}, {len(ds.counts())} shard(s), {cfg.rows[k]:,} rows, "
-                f"weight {cfg.weights[k]:.3f}, {ends}"
+                f"  {name}: {where}, {len(ds.counts())} shard(s), {cfg.rows[k]:,} rows"
+                + (f" ({skipped:,} bad records left out, on_bad_record='skip')" if skipped else "")
+                + f", weight {cfg.weights[k]:.3f}, {ends}"
             )
         return lines
 
