@@ -76,6 +76,18 @@ def test_missing_field_in_a_transform_reaches_next(tmp_path):
         collect(pipe)
 
 
+@pytest.mark.parametrize("runner", ["threads", "process"])
+def test_a_failing_user_function_names_the_dataset_and_file_of_the_row(tmp_path, runner):
+    for i in range(2):
+        pq.write_table(pa.table({"text": ["a", "b", "c"]}), tmp_path / f"part-{i}.parquet")
+    web = Dataset.from_path("web", str(tmp_path))
+    pipe = Pipeline(StaticMixtureWorkSource([web], {"web": 1.0}, chunk_size=4, seed=3)).options(runner=runner)
+    with pytest.raises(KeyError, match=rf"failed on sample \(dataset 'web', shard {tmp_path}/part-\d.parquet \(\d\), row \d\)"):
+        collect(pipe.filter(lambda row: row["body"]))
+    with pytest.raises(KeyError, match=rf"failed on sample \(dataset 'web', shard {tmp_path}/part-\d.parquet"):
+        collect(pipe.map_transform(lambda row: {"y": row["body"]}))
+
+
 # ------------------------------------------------------------------ bad calls: one row each
 def _pipe() -> Pipeline:
     ds = Dataset.from_dict("d", {0: InMemoryShard([{"text": "a b"}] * 8)})

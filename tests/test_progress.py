@@ -115,3 +115,45 @@ def test_records_are_counted_as_rows_with_their_tokens():
     tokens = sum(1 + i % 3 for i in range(40))
     assert last.startswith(f"zephon_columnar: 40 items, 40 rows | {tokens} tokens ({tokens} padded: 0.0% padding)")
     assert "| pass 1/1: 100% of 40 rows" in last
+
+
+def mixture_pipeline(drop_b: bool = False) -> Pipeline:
+    a = Dataset.from_tables("a", [pa.table({"input_ids": [[i, i] for i in range(60)], "keep": [True] * 60})])
+    b = Dataset.from_tables("b", [pa.table({"input_ids": [[i] for i in range(20)], "keep": [not drop_b] * 20})])
+    source = StaticMixtureWorkSource([a, b], {"a": 3.0, "b": 1.0}, chunk_size=8, seed=0)
+    return Pipeline(source).filter(lambda row: row["keep"]).batch(4, drop_last=False)
+
+
+def delivered_shares(batches: list) -> dict[int, float]:
+    counts: dict[int, int] = {}
+    for batch in batches:
+        for record in batch.records:
+            for cid, n in record.meta.component_sample_counts.items():
+                counts[cid] = counts.get(cid, 0) + n
+    total = sum(counts.values())
+    return {cid: n / total for cid, n in counts.items()}
+
+
+@pytest.mark.parametrize("drop_b", [False, True])
+def test_the_readout_shows_the_delivered_mixture_next_to_its_target(drop_b):
+    out = io.StringIO()
+    batches = list(mixture_pipeline(drop_b).show_progress(every_s=3600, file=out, use_tqdm=False))
+    shares = delivered_shares(batches)
+    last = out.getvalue().splitlines()[-1]
+    expected = f"| mixture a {shares.get(0, 0):.1%} (target 75%), b {shares.get(1, 0):.1%} (target 25%)"
+    assert expected in last, last
+    assert ("b 0.0%" in last) == drop_b  # a starved component shows as such while the run goes on
+
+
+def test_loader_workers_add_up_the_mixture_in_the_trainer_process():
+    out = io.StringIO()
+    expected = delivered_shares(list(mixture_pipeline()))
+    pipe = mixture_pipeline().options(canonical_replicas=2).show_progress(every_s=0.05, file=out, use_tqdm=False)
+    batches = list(pipe.to_torch_loader(num_workers=2, raw_batches=True, timeout=120))
+    assert delivered_shares(batches) == pytest.approx(expected, abs=0.03)
+    shares = delivered_shares(batches)
+    want = f"| mixture a {shares[0]:.1%} (target 75%), b {shares[1]:.1%} (target 25%)"
+    deadline = time.monotonic() + 10
+    while want not in out.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the trainer's thread reports what the workers counted
+    assert want in out.getvalue().splitlines()[-1], out.getvalue().splitlines()[-1]

@@ -4,7 +4,8 @@ Every ``every_s`` seconds (and at the end of the pass) one line: items and rows 
 tokens, real (what the documents hold) and padded (what the trainer's tensors hold: a batch's rows
 at its longest row's length), the padding share and the rate of each; where the stream is in its
 pass and an ETA (from the work source's rows per pass; the position is the furthest row
-delivered, from its chunk and its place in the chunk); each lane's position. On a terminal with
+delivered, from its chunk and its place in the chunk); the mixture delivered: each component's
+share of the documents delivered, next to its target weight; each lane's position. On a terminal with
 tqdm installed it is the postfix of a bar; elsewhere (a log file, a job's captured output) a plain
 line.
 
@@ -39,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from zephon_columnar import frame as F
+from zephon_columnar.engine.realized import MixtureCounts
 from zephon_columnar.records import SampleRecord
 from zephon_columnar.training import TOKEN_FIELD_CANDIDATES
 
@@ -46,27 +48,35 @@ from zephon_columnar.training import TOKEN_FIELD_CANDIDATES
 @dataclass(frozen=True, kw_only=True)
 class StreamShape:
     """How long this process's share of the stream is, as the work source knows: rows per pass
-    (None: unknown), rows per chunk, and the passes the stream runs (None: endless or unknown)."""
+    (None: unknown), rows per chunk, and the passes the stream runs (None: endless or unknown);
+    the mixture's ``components`` (names by component id) and their ``targets`` (weights, by
+    the same ids; empty when the work source states none)."""
 
     rows_per_pass: int | None = None
     chunk_size: int = 1
     passes: int | None = None
+    components: tuple[str, ...] = ()
+    targets: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
 class Counts:
     """What the items delivered so far hold. ``position``: the rows of the stream read, summed
     over the lanes: each lane's furthest source row delivered (every document of a packed row),
-    from the chunk of the lane it is in and its place there (exact while chunks are full)."""
+    from the chunk of the lane it is in and its place there (exact while chunks are full).
+    ``documents``: the documents delivered per mixture component id (a packed row counts those
+    it ends; `zephon_columnar.engine.realized.MixtureCounts`)."""
 
     items: int = 0
     rows: int = 0
     real_tokens: int = 0
     padded_tokens: int = 0
     position: int = 0
+    documents: tuple[int, ...] = ()
 
 
-COUNTS_FIELDS = len(fields(Counts))  # int64 slots a worker's counts take in `SharedCounts`
+COUNTS_FIELDS = len(fields(Counts)) - 1  # int64 slots a worker's counts take in `SharedCounts`, and
+# one more per mixture component (`documents`)
 
 
 class Tally:
@@ -77,13 +87,14 @@ class Tally:
         >>> from zephon_columnar.frame import frame_of
         >>> tally = Tally(chunk_size=4)
         >>> tally.add(SampleBatch(frame_of({"input_ids": [[1, 2, 3], [4]]})))
-        Counts(items=1, rows=2, real_tokens=4, padded_tokens=6, position=2)
+        Counts(items=1, rows=2, real_tokens=4, padded_tokens=6, position=2, documents=())
     """
 
-    def __init__(self, *, chunk_size: int) -> None:
+    def __init__(self, *, chunk_size: int, components: int = 0) -> None:
         self.chunk_size = chunk_size
-        self.counts = Counts()
+        self.counts = Counts(documents=(0,) * components)
         self._reads: dict[int, int] = {}  # lane -> rows it has read (its furthest row delivered)
+        self._mixture = MixtureCounts({cid: str(cid) for cid in range(components)})
 
     def add(self, value: Any) -> Counts:
         """Count one delivered item, a batch or a record; the totals so far."""
@@ -94,10 +105,14 @@ class Tally:
             tokens = payload[name] if name is not None else ()
             padded = len(tokens) if hasattr(tokens, "__len__") else 0
             self._read(np.array([meta.lane_id]), np.array([meta.chunk_id]), np.array([meta.chunk_offset]))
+            for cid, n in meta.component_sample_counts.items():
+                if 0 <= cid < len(self._mixture.rows_delivered):
+                    self._mixture.rows_delivered[cid] += n
             return self._count(rows=1, real=padded - (meta.padding_length or 0), padded=padded)
         table = getattr(value, "table", None)
         if not isinstance(table, pa.Table) or not table.num_rows:
             return self._count(rows=0, real=0, padded=0)
+        self._mixture.delivered(table)
         real = padded = 0
         name = next((f for f in TOKEN_FIELD_CANDIDATES if table.schema.get_field_index(f) >= 0), None)
         if name is not None:
@@ -130,6 +145,7 @@ class Tally:
             real_tokens=c.real_tokens + real,
             padded_tokens=c.padded_tokens + padded,
             position=sum(self._reads.values()),
+            documents=tuple(self._mixture.rows_delivered.tolist()),
         )
         return self.counts
 
@@ -155,7 +171,7 @@ class Progress:
         self.file = file if file is not None else sys.stderr
         self.stream = stream or StreamShape()
         self.counts = Counts()
-        self._tally = Tally(chunk_size=self.stream.chunk_size)
+        self._tally = Tally(chunk_size=self.stream.chunk_size, components=len(self.stream.components))
         self.lanes: dict[int, tuple[int, int]] = {}  # lane -> (items, chunk of its last row)
         self.start = self.last = time.perf_counter()
         self._first: tuple[float, int] | None = None  # (time, position) when the first item came
@@ -206,6 +222,9 @@ class Progress:
         where = self._where()
         if where:
             parts.append(where)
+        mixture = self._mixture()
+        if mixture:
+            parts.append(mixture)
         if self.lanes:
             parts.append("lanes " + " ".join(f"{lane}:{n}@chunk{ch}" for lane, (n, ch) in sorted(self.lanes.items())))
         return " | ".join(parts)
@@ -229,6 +248,19 @@ class Progress:
             if rate > 0 and end > position:
                 text += f", ETA {_duration((end - position) / rate)}" + ("" if passes else " (this pass)")
         return text
+
+    def _mixture(self) -> str:
+        """'mixture web 70.2% (target 70%), code 29.8% (target 30%)': each component's share of
+        the documents delivered; empty for a single component or before any."""
+        documents, names, targets = self.counts.documents, self.stream.components, self.stream.targets
+        total = sum(documents)
+        if len(names) < 2 or len(documents) != len(names) or not total:
+            return ""
+        shown = []
+        for cid, name in enumerate(names):
+            target = f" (target {targets[cid]:.0%})" if len(targets) == len(names) else ""
+            shown.append(f"{name} {documents[cid] / total:.1%}{target}")
+        return "mixture " + ", ".join(shown)
 
     def _report(self) -> None:
         if self._bar is not None:
@@ -257,22 +289,30 @@ class SharedCounts:
 
     Example:
         >>> import multiprocessing
-        >>> shared = SharedCounts(multiprocessing.Array("q", 2 * COUNTS_FIELDS, lock=False))
-        >>> shared.put(0, Counts(items=2, rows=8, position=8))
-        >>> shared.put(1, Counts(items=1, rows=4, position=4))
+        >>> shared = SharedCounts(multiprocessing.Array("q", SharedCounts.slots(2, 2), lock=False), components=2)
+        >>> shared.put(0, Counts(items=2, rows=8, position=8, documents=(6, 2)))
+        >>> shared.put(1, Counts(items=1, rows=4, position=4, documents=(3, 1)))
         >>> shared.total()
-        Counts(items=3, rows=12, real_tokens=0, padded_tokens=0, position=12)
+        Counts(items=3, rows=12, real_tokens=0, padded_tokens=0, position=12, documents=(9, 3))
     """
 
-    def __init__(self, array: Any) -> None:
+    def __init__(self, array: Any, *, components: int = 0) -> None:
         self.array = array
+        self.width = COUNTS_FIELDS + components  # int64 slots per worker
+
+    @staticmethod
+    def slots(workers: int, components: int) -> int:
+        """The int64 slots ``array`` needs for ``workers`` workers and ``components`` components."""
+        return workers * (COUNTS_FIELDS + components)
 
     def put(self, worker: int, counts: Counts) -> None:
-        self.array[worker * COUNTS_FIELDS : (worker + 1) * COUNTS_FIELDS] = astuple(counts)
+        *scalars, documents = astuple(counts)
+        self.array[worker * self.width : (worker + 1) * self.width] = (*scalars, *documents)
 
     def total(self) -> Counts:
-        sums = np.frombuffer(self.array, dtype=np.int64).reshape(-1, COUNTS_FIELDS).sum(axis=0)
-        return Counts(**dict(zip((f.name for f in fields(Counts)), map(int, sums))))
+        sums = np.frombuffer(self.array, dtype=np.int64).reshape(-1, self.width).sum(axis=0).tolist()
+        scalars = dict(zip((f.name for f in fields(Counts)), sums[:COUNTS_FIELDS]))
+        return Counts(**scalars, documents=tuple(sums[COUNTS_FIELDS:]))
 
 
 def report_shared(fresh: Callable[[], Progress], shared: SharedCounts, alive: Callable[[], bool]) -> threading.Thread:

@@ -253,14 +253,26 @@ class Session:
         """How long this rank's share of the stream is, as the work source knows (what progress
         counts against): the rows of a pass its lanes read, at most (lanes own whole chunks)."""
         source, o = self._spec.work_source, self._spec.options
+        components = self.mixture_components()
+        weights = source.target_weights()
+        mixture = StreamShape(
+            components=components,
+            targets=tuple(weights[n] for n in components) if set(weights) == set(components) else (),
+        )
         chunk, per_pass = source.chunk_size_hint(), source.rows_per_pass()
         if not chunk or per_pass is None:
-            return StreamShape(chunk_size=chunk or 1)
+            return replace(mixture, chunk_size=chunk or 1)
         lanes, mine = o.resolved_canonical_replicas(), len(self.rank_lanes())
         if mine < lanes:  # lanes own whole chunks: at most this rank's lanes' rounds of them
             chunks_a_lane = math.ceil(math.ceil(per_pass / chunk) / lanes)
             per_pass = min(per_pass, chunks_a_lane * chunk * mine)
-        return StreamShape(rows_per_pass=per_pass, chunk_size=chunk, passes=source.stream_passes())
+        return replace(mixture, rows_per_pass=per_pass, chunk_size=chunk, passes=source.stream_passes())
+
+    def mixture_components(self) -> tuple[str, ...]:
+        """The work source's component names by component id (ids without a name: ``"#id"``)."""
+        ids = self._spec.work_source.component_ids()
+        by_id = {cid: name for name, cid in ids.items()}
+        return tuple(by_id.get(cid, f"#{cid}") for cid in range(max(by_id, default=-1) + 1))
 
     def rank_lanes(self) -> list[int]:
         """The lanes this rank (data-parallel group) reads."""

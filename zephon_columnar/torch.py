@@ -69,7 +69,7 @@ from zephon_columnar.engine.pass_report import PassReport
 from zephon_columnar.errors import CheckpointError, ConfigError
 from zephon_columnar.losses import say
 from zephon_columnar.ops.config import LoaderKind
-from zephon_columnar.progress import COUNTS_FIELDS, SharedCounts, Tally, report_shared
+from zephon_columnar.progress import SharedCounts, Tally, report_shared
 from zephon_columnar.training import TrainingOptions
 from zephon_columnar.types import SampleBatch
 
@@ -317,7 +317,10 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         self._cut_slots: Any = multiprocessing.Array("q", MAX_LOADER_WORKERS, lock=False)
         # Per loader worker, its progress counts (show_progress): the trainer process shows their
         # sum, one readout, from a thread started as the workers start (`_start_progress`).
-        self._progress_slots: Any = multiprocessing.Array("q", MAX_LOADER_WORKERS * COUNTS_FIELDS, lock=False)
+        self._components = len(session.mixture_components())
+        self._progress_slots: Any = multiprocessing.Array(
+            "q", SharedCounts.slots(MAX_LOADER_WORKERS, self._components), lock=False
+        )
         self._progress_thread: threading.Thread | None = None
         # What each loader worker's pass dropped (its run's PassReport), to say once in the
         # trainer process with the rank's totals (`say_worker_losses`): a queue of the loader's
@@ -350,8 +353,8 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             return  # an idle worker: the lanes do not split that many ways
         count: Callable[[Any], None] | None = None  # a worker's progress, into its shared slot
         if info is not None and self.session.shows_progress:
-            shared, worker = SharedCounts(self._progress_slots), info.id
-            tally = Tally(chunk_size=session.stream_shape().chunk_size)
+            shared, worker = SharedCounts(self._progress_slots, components=self._components), info.id
+            tally = Tally(chunk_size=session.stream_shape().chunk_size, components=self._components)
 
             def count(item: Any) -> None:
                 shared.put(worker, tally.add(item))
@@ -588,7 +591,9 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         if self.session.shows_progress and self._progress_thread is None:
             alive = weakref.ref(self)
             self._progress_thread = report_shared(
-                self.session.new_progress, SharedCounts(self._progress_slots), lambda: alive() is not None
+                self.session.new_progress,
+                SharedCounts(self._progress_slots, components=self._components),
+                lambda: alive() is not None,
             )
 
 

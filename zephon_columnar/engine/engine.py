@@ -41,6 +41,7 @@ from zephon_columnar.ops.accumulators.lane import restorable_by_reference
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.fetch import FetchOp, shard_cache_settings
 from zephon_columnar.ops.pack import PackFlatOp
+from zephon_columnar.ops.rows import name_samples
 from zephon_columnar.options import RuntimeOptions
 from zephon_columnar.work.base import WorkSource
 
@@ -480,11 +481,12 @@ class EngineRun:
                 if self.says_losses and report is not None:
                     say(report.said())
             raise
-        except BaseException:
+        except BaseException as err:
             stopped = self._stop.is_set()
             self.close()
             if stopped:  # closed from another thread: a cancelled wait is not an error
                 raise StopIteration from None
+            name_samples(err, self.engine.ws.datasets_by_id)
             raise
         if self._stop.is_set():
             self.close()

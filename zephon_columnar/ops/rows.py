@@ -6,7 +6,8 @@ frame each way; the rest of the engine stays columnar.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import pyarrow as pa
 
 from zephon_columnar import frame as F
 from zephon_columnar.errors import WrongTypeError, operator_failure
+from zephon_columnar.io.dataset import Dataset
 from zephon_columnar.records import (
     SampleRecord,
     check_records,
@@ -62,12 +64,37 @@ def rebuild(frame: pa.Table, keep: Sequence[int], payloads: list[dict[str, Any]]
 
 
 def sample_of(frame: pa.Table, i: int) -> str:
-    """Where row ``i`` of a frame came from, for error messages."""
+    """Where row ``i`` of a frame came from, for error messages (by dataset and shard id: an
+    operator does not know the datasets; `name_samples` names them where the error surfaces)."""
     get = lambda col: frame.column(col)[i].as_py()  # noqa: E731
     return (
         f"sample (dataset {get(F.DATASET)}, shard {get(F.SHARD)}, row {get(F.ROW)}) "
         f"at lane {get(F.LANE)}, chunk {get(F.CHUNK)}, offset {get(F.OFFSET)}"
     )
+
+
+_SAMPLE = re.compile(r"sample \(dataset (\d+), shard (\d+), row (\d+)\)")
+
+
+def name_samples(err: BaseException, datasets: Mapping[int, Any]) -> None:
+    """Name the dataset and shard file of each `sample_of` location in ``err``'s message, in
+    place (the engine calls it where an operator's error leaves the run, knowing the datasets).
+
+    Example:
+        >>> err = ValueError("failed on sample (dataset 0, shard 1, row 7) at lane 0")
+        >>> name_samples(err, {0: Dataset.from_path("web", "data/web")})
+        >>> str(err)  # doctest: +ELLIPSIS
+        "failed on sample (dataset 'web', shard .../data/web/part-001.parquet (1), row 7) at lane 0"
+    """
+
+    def named(found: re.Match[str]) -> str:
+        dataset = datasets.get(int(found[1]))
+        if not isinstance(dataset, Dataset):
+            return found[0]
+        return f"sample (dataset {dataset.name!r}, {dataset.shard_label(int(found[2]))}, row {found[3]})"
+
+    if err.args and isinstance(err.args[0], str) and _SAMPLE.search(err.args[0]):
+        err.args = (_SAMPLE.sub(named, err.args[0]), *err.args[1:])
 
 
 def run_payload_fn(

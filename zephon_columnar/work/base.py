@@ -188,6 +188,11 @@ class WorkSource:
         """Typical number of pointers per chunk, or None when unknown."""
         return None
 
+    def target_weights(self) -> dict[str, float]:
+        """``{component_name: weight}`` the mixture aims at (summing to 1), what progress and
+        ``explain()`` compare the delivered mixture with; {} when the source states none."""
+        return {}
+
     def for_epoch(self, epoch: int) -> WorkSource:
         """This source at the start of epoch ``epoch``, its order seeded for that epoch
         (`Pipeline.set_epoch`). Epoch 0 is the source itself; a source whose order no seed sets

@@ -453,6 +453,17 @@ class StaticMixtureWorkSource(WorkSource):
     def component_ids(self) -> dict[str, int]:
         return {n: i for i, n in enumerate(self._planner.cfg.names)}
 
+    def target_weights(self) -> dict[str, float]:
+        """The mixture's weights, normalized (of samples, or of tokens with a token estimation).
+
+        Example:
+            >>> a, b = Dataset.from_dict("a", {0: [{"x": 1}] * 6}), Dataset.from_dict("b", {0: [{"x": 2}] * 2})
+            >>> StaticMixtureWorkSource([a, b], {"a": 3, "b": 1}).target_weights()
+            {'a': 0.75, 'b': 0.25}
+        """
+        cfg = self._planner.cfg
+        return dict(zip(cfg.names, cfg.weights))
+
     @property
     def dataset_ids(self) -> dict[str, int]:
         """``{name: dataset_id}`` (Zephon's name for :meth:`component_ids`)."""
