@@ -205,7 +205,7 @@ def test_option_conflicts_are_rejected_before_reading_rows():
         {"ids": [], "texts": [], "num_valid_tokens": 0}
     for options, message in [({"return_loss_mask": True}, "return_loss_mask requires return_labels=True"),
                              ({"return_num_valid_tokens": True}, "requires return_labels=True"),
-                             ({"position_mode": "doc"}, r"to_training\(position_mode='doc'\): not one of its values"),
+                             ({"position_mode": "doc"}, r"to_training\(position_mode='doc'\): position_mode must be one of"),
                              ({"eos_token_id": -1}, "nonnegative integer"),
                              ({"return_labels": True, "extra_fields": ["loss_mask"]}, "not label-aligned")]:
         with pytest.raises(ConfigError, match=message):

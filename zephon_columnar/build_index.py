@@ -4,7 +4,8 @@ The index lists each shard file with its size and row count (``{"format_version"
 [{"basename", "bytes", "num_rows", "hashes", "extra"}, ...]}``), what Zephon reads to skip
 opening every file at discovery. Directory discovery never reads ``index.json`` as data.
 
-CLI: ``python -m zephon_columnar.build_index <format> <dataset_dir>``.
+CLI: ``python -m zephon_columnar.build_index <format> <dataset_dir>`` (`_cli` reads
+``sys.argv`` and exits with status 1 on a usage error or a failure, as Zephon's entry does).
 
 Example:
     >>> import json, os, tempfile
@@ -28,7 +29,7 @@ from zephon_columnar.errors import ConfigError
 from zephon_columnar.io import fs
 from zephon_columnar.io.discovery import discover
 
-INDEXABLE_FORMATS = ("jsonl", "parquet")
+INDEXABLE_FORMATS = ("jsonl", "parquet", "vortex")
 FORMAT_VERSION = 1
 
 
@@ -68,23 +69,25 @@ def build_index(
     return target
 
 
-def _cli(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print(
-            f"Usage: python -m zephon_columnar.build_index <format> <dataset_dir>\nFormats: "
-            f"{', '.join(INDEXABLE_FORMATS)}"
-        )
-        return 1
+def _cli(argv: list[str] | None = None) -> None:
+    """The command line: ``<format> <dataset_dir>`` from ``argv`` (default ``sys.argv[1:]``);
+    exits with status 1, after a usage note or an ``Error:`` line, when it cannot index."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2:
+        print("Usage: python -m zephon_columnar.build_index <format> <dataset_dir>")
+        print()
+        print("Creates index.json for fast dataset discovery.")
+        print(f"Indexable formats: {', '.join(INDEXABLE_FORMATS)}")
+        sys.exit(1)
     try:
-        build_index(argv[0], argv[1])
+        build_index(args[0], args[1])
     except Exception as exc:  # noqa: BLE001 - a CLI: report, do not trace back
         print(f"Error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+        sys.exit(1)
 
 
 if __name__ == "__main__":
-    sys.exit(_cli(sys.argv[1:]))
+    _cli()
 
 
 __all__ = ["build_index"]

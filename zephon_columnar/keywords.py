@@ -20,7 +20,7 @@ Example:
     ...     choice("shuffle", "algorithm", "blok", ("streaming", "block"))
     ... except ValueError as err:  # a ConfigError
     ...     print(err)
-    shuffle(algorithm='blok'): not one of its values; did you mean 'block'? Use one of ['streaming', 'block'].
+    shuffle(algorithm='blok'): algorithm must be one of ['streaming', 'block']; did you mean 'block'?
 """
 
 from __future__ import annotations
@@ -144,11 +144,12 @@ def choice(where: str, option: str, value: Any, values: Iterable[Any]) -> Any:
         return value
     strings = [v for v in values if isinstance(v, str)]
     meant = closest(value, strings, aliases={}) if isinstance(value, str) else None
-    hint = f"did you mean {meant!r}? Use" if meant else "use"
+    hint = f"; did you mean {meant!r}?" if meant else "."
     if isinstance(value, bool) and None in values and strings:  # shuffle_strategy=True: a switch, not a value
-        hint = f"for {value} pass {strings[0] if value else None!r}; use"
+        hint = f"; for {value} pass {strings[0] if value else None!r}."
     kind = "" if isinstance(value, str) or value is None else f" (a {type(value).__name__})"
-    raise ConfigError(f"{where}({option}={value!r}){kind}: not one of its values; {hint} one of {values}.")
+    # "<option> must be one of" is Zephon's wording, which its users' tests match.
+    raise ConfigError(f"{where}({option}={value!r}){kind}: {option} must be one of {values}{hint}")
 
 
 def flag(where: str, option: str, value: Any) -> bool:

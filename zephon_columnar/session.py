@@ -378,15 +378,18 @@ class Session:
         # run; after it, the last run still describes what was delivered).
         engine = self.engine()
         delivered = self._delivered(engine)
+        whole = engine.rank_lanes == list(range(engine.canonical_replicas))
+        world = engine.world()
+        if whole:  # the run's state, the same on every rank (tensor-parallel peers, dp_degree=1)
+            world = dict(world, global_rank=None, dp_group_id=None)
         local = build_checkpoint(
             PipelineState(
                 recipe=engine.recipe(),
-                world=engine.world(),
+                world=world,
                 lanes={lane: delivered[lane] for lane in engine.lanes if lane in delivered},
             )
         )
-        everything = range(engine.canonical_replicas)
-        if not collective or engine.rank_lanes == list(everything):
+        if not collective or whole:
             return local
         return self._merged(local, engine)
 

@@ -145,8 +145,13 @@ def _rank(rank: int, world: int, port: int, out: str, steps: int, lanes: int) ->
             result["pair"] = [signature(next(it)) for _ in range(steps + rank % 3)]  # ranks at different depths
             result["pair_ckpt"] = pipe.checkpoint()
             it.close()
-            # Every rank reading everything, said on purpose: no warning, no collective needed.
-            result["same"] = signature(next(iter(build(dp_degree=1))))
+            # Every rank reading everything, said on purpose (tensor-parallel peers): no warning, no
+            # collective needed, and every rank's checkpoint is the same one.
+            pipe = build(dp_degree=1)
+            it = iter(pipe)
+            result["same"] = signature(next(it))
+            result["same_ckpt"] = pipe.checkpoint()
+            it.close()
         result["warnings"] = [str(w.message) for w in seen if issubclass(w.category, ConfigurationWarning)]
         for name, options in (("none", {}), ("world_only", {"world_size": world})):
             try:
@@ -180,7 +185,7 @@ def _check_world(tmp_path: Path, world: int, lanes: int, resume_on: tuple[int, .
         # an unset global_rank is 0: right on rank 0 only, refused on every other
         assert result["world_only"] == "read" if r == 0 else "not this rank" in result["world_only"]
         assert "cover lanes" in result["overlap"] and "same data-parallel group" in result["overlap"]
-        assert result["same"] == got[0]["same"]
+        assert result["same"] == got[0]["same"] and result["same_ckpt"] == got[0]["same_ckpt"]
         assert result["half_ckpt"] == got[0]["half_ckpt"] and result["pair_ckpt"] == got[0]["pair_ckpt"]
     for kind in ("half", "pair"):
         heads = [json.dumps(sig) for result in got for sig in result[kind]]

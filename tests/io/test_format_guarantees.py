@@ -11,6 +11,7 @@ Each format's writer is in `WRITERS`: the same three shards (30, 25 and 35 rows 
 from __future__ import annotations
 
 import json
+import pickle
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -133,6 +134,18 @@ def test_a_shuffled_pass_reads_every_row_once_with_its_values(corpora, fmt):
     assert sorted(r["id"] for r in rows) == list(range(sum(SIZES)))
     assert all(r["text"] == TEXTS[r["id"]] for r in rows)
     assert [r["id"] for r in rows] != sorted(r["id"] for r in rows)  # shuffled: the order is the recipe's
+
+
+@pytest.mark.parametrize("fmt", sorted(WRITERS))
+def test_a_pickled_dataset_reads_the_same_rows(corpora, fmt):
+    """Process workers receive datasets by pickle (a compact one: shards as columns)."""
+    ds = dataset(corpora, fmt)
+    back = pickle.loads(pickle.dumps(ds))
+    assert (back.name, back.path, back.shards, back.schema, back.format) == (ds.name, ds.path, ds.shards, ds.schema,
+                                                                             ds.format)
+    for shard in ds.shards:
+        rows = np.arange(shard.num_rows)[::-2]
+        assert back.open_reader().take(shard.shard_id, rows).equals(ds.open_reader().take(shard.shard_id, rows))
 
 
 @pytest.mark.parametrize("fmt", sorted(WRITERS))

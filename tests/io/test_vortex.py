@@ -14,6 +14,7 @@ import pytest
 from tests.extras import require
 from zephon_columnar import Dataset
 from zephon_columnar.errors import DatasetFormatError
+from zephon_columnar.io.vortex import VortexReader
 
 vortex = require("vortex", "vortex")
 
@@ -92,3 +93,21 @@ def test_both_read_paths_return_the_rows_asked(tmp_path, whole_file_bytes, cache
         got = reader.take(shard, np.array(rows))
         assert got.column_names == ["id", "text"]
         assert got.column("id").to_pylist() == [12 * shard + r for r in rows]
+
+
+@pytest.mark.parametrize("values", [
+    pa.array([10, None, 30, 40], pa.int16()),
+    pa.array(["zero", None, "two", "three"]),
+    pa.array([[1, 2], None, [], [3]], pa.list_(pa.int16())),
+], ids=["int16", "string", "list"])
+def test_a_file_of_bare_values_reads_as_one_value_column(tmp_path, values):
+    """A root that is not a struct: one column, ``value``, in its plain type, whole or by index."""
+    vortex.io.write(vortex.array(values), str(tmp_path / "bare.vortex"))
+    ds = Dataset.from_path("bare", str(tmp_path), fmt="vortex")
+    plain = values.cast(pa.list_(pa.int16()) if pa.types.is_list(values.type) else values.type)
+    assert ds.schema == pa.schema([pa.field("value", plain.type)]) and ds.total() == 4
+    rows = np.array([3, 0, 3, 1])
+    assert ds.open_reader().take(0, rows).column("value").to_pylist() == [values[i].as_py() for i in rows]
+    big = VortexReader(ds, whole_file_bytes=0)  # read by index, not decoded whole
+    assert big.take(0, rows).equals(ds.open_reader().take(0, rows))
+    assert ds.open_reader(columns=[]).take(0, rows).num_rows == 4

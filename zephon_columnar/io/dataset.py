@@ -283,6 +283,73 @@ class Dataset:
         """The format's name (``"parquet"``, ``"jsonl"``, ``"inmem"``...); None without one."""
         return None if self.format is None else self.format.name
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickles compactly (process workers receive datasets by pickle): the shard list as
+        columns, file paths after their common folder, per-shard ``extra`` as value tuples when
+        every shard's has the same keys. 50 JSONL files pickle to about 2 KB, not 8 KB.
+
+        Example:
+            >>> import pickle
+            >>> web = Dataset.from_path("web", "data/web")
+            >>> back = pickle.loads(pickle.dumps(web))
+            >>> back.shards == web.shards, back.schema == web.schema, back.total()
+            (True, True, 32)
+        """
+        columns = _ShardColumns.of(self.shards)
+        return (_restore, (self.name, self.backend, self.path, self.format, self.schema, columns))
+
+
+@dataclass(frozen=True)
+class _ShardColumns:
+    """A dataset's shards as columns, as `Dataset.__reduce__` pickles them: ``folder`` + each
+    name is the shard's path (a None name: a shard held in memory); ``extras`` holds the value
+    tuples for ``keys`` when every shard's ``extra`` has the same keys, else the dicts."""
+
+    folder: str
+    ids: tuple[int, ...]
+    names: tuple[str | None, ...]
+    rows: tuple[int, ...]
+    sizes: tuple[int, ...]
+    keys: tuple[str, ...] | None
+    extras: tuple[Any, ...]
+
+    @staticmethod
+    def of(shards: Sequence[ShardInfo]) -> _ShardColumns:
+        paths = [s.path for s in shards if s.path is not None]
+        # Character-wise on purpose: paths may be URLs (commonpath folds "s3://" to "s3:/").
+        folder = os.path.commonprefix(paths) if paths else ""  # noqa: RUF071
+        folder = folder[: folder.rfind("/") + 1]  # a whole folder, never part of a file name
+        key_sets = {tuple(s.extra) for s in shards}
+        keys = key_sets.pop() if len(key_sets) == 1 else None
+        return _ShardColumns(
+            folder=folder,
+            ids=tuple(s.shard_id for s in shards),
+            names=tuple(None if s.path is None else s.path[len(folder) :] for s in shards),
+            rows=tuple(s.num_rows for s in shards),
+            sizes=tuple(s.num_bytes for s in shards),
+            keys=keys,
+            extras=tuple(tuple(s.extra.values()) if keys is not None else dict(s.extra) for s in shards),
+        )
+
+    def shards(self) -> tuple[ShardInfo, ...]:
+        extras = self.extras if self.keys is None else [dict(zip(self.keys, v)) for v in self.extras]
+        return tuple(
+            ShardInfo(shard_id=i, path=None if n is None else self.folder + n, num_rows=r, num_bytes=b, extra=x)
+            for i, n, r, b, x in zip(self.ids, self.names, self.rows, self.sizes, extras)
+        )
+
+
+def _restore(
+    name: str,
+    backend: Mapping[str, Any],
+    path: str | None,
+    fmt: Format | None,
+    schema: pa.Schema,
+    columns: _ShardColumns,
+) -> Dataset:
+    """The `Dataset` that `Dataset.__reduce__` pickled."""
+    return Dataset(name=name, backend=backend, path=path, shards=columns.shards(), format=fmt, schema=schema)
+
 
 def _check_name_and_path(name: Any, path: Any) -> None:
     """``from_path``'s arguments, checked at the call: ``name`` a non-empty str (the mixture's

@@ -7,9 +7,11 @@ over Vortex files too) and returns them in the order asked.
 
 Vortex hands strings and bytes back as Arrow's view types; the dataset's schema is the plain
 one (``string_view`` -> ``string``, ``binary_view`` -> ``binary``, nested too), which is what
-every other format returns and the operators expect. Remote files are downloaded once into the
-shard cache. Reading needs the ``vortex`` extra (``pip install 'zephon_columnar[vortex]'``);
-recognising the files does not.
+every other format returns and the operators expect. A file whose root is not a struct (a bare
+array of numbers, strings or lists, as ``vortex.io.write(vortex.array(pa.array([...])))``
+writes) reads as one column, `BARE_COLUMN` (``value``, as LitData's bare leaves). Remote files
+are downloaded once into the shard cache. Reading needs the ``vortex`` extra
+(``pip install 'zephon_columnar[vortex]'``); recognising the files does not.
 
 Example:
     >>> VORTEX.recognises_file("part-000.vortex", chosen=False), plain_type(pa.string_view())
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from zephon_columnar.io.dataset import Dataset
 
 
+BARE_COLUMN = "value"  # the one column of a file whose root is not a struct
 DEFAULT_WHOLE_FILE_BYTES = 64 << 20  # files up to this size on disk are decoded whole and kept
 DEFAULT_DECODED_CACHE_BYTES = 256 << 20  # decoded files kept per reader (at least the one in use)
 
@@ -72,6 +75,18 @@ def _open(url: str, local: str) -> Any:
         ) from err
 
 
+def _is_bare(handle: Any) -> bool:
+    """Whether the file's root is not a struct (its rows are bare values, one column)."""
+    return not pa.types.is_struct(handle.dtype.to_arrow_type())
+
+
+def _schema(handle: Any) -> pa.Schema:
+    """The file's columns in plain types: a struct root's fields, or `BARE_COLUMN` alone."""
+    if _is_bare(handle):
+        return pa.schema([pa.field(BARE_COLUMN, plain_type(handle.dtype.to_arrow_type()))])
+    return pa.schema([f.with_type(plain_type(f.type)) for f in handle.dtype.to_arrow_schema()])
+
+
 @dataclass(frozen=True)
 class VortexFormat(FileFormat):
     """``*.vortex`` files, one shard each; row counts and the schema from each file's footer."""
@@ -87,8 +102,7 @@ class VortexFormat(FileFormat):
         for i, url in enumerate(files):
             size = fs.file_size(url)
             handle = _open(url, fs.default_shard_cache().ensure_local(url, size))
-            arrow = handle.dtype.to_arrow_schema()
-            schemas.append(pa.schema([f.with_type(plain_type(f.type)) for f in arrow]))
+            schemas.append(_schema(handle))
             shards.append(ShardInfo(shard_id=i, path=url, num_rows=int(handle.footer.row_count), num_bytes=size))
         check_same_schema(name, [(f"shard {i} ({fs.basename(f)})", s) for i, (f, s) in enumerate(zip(files, schemas))])
         return Discovered(format=self, shards=tuple(shards), schema=schemas[0] if schemas else pa.schema([]))
@@ -158,6 +172,10 @@ class VortexReader:
     def _read(self, shard_id: int, indices: Any) -> pa.Table:
         url, handle = self._open(shard_id)
         try:
+            if _is_bare(handle):
+                values = handle.scan(indices=indices).read_all().to_arrow_array()
+                bare = pa.table({BARE_COLUMN: values.cast(plain_type(values.type))})
+                return bare.select(self.schema.names)
             table = handle.to_arrow(self.schema.names, indices=indices, schema=self.schema).read_all()
         except (ValueError, OSError, RuntimeError) as err:
             raise DatasetFormatError(

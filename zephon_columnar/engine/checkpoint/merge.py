@@ -39,5 +39,5 @@ def merge_checkpoints(ckpts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
                     )
                 continue
             lanes[lane] = cur
-    world = dict(first.world, dp_degree=None, dp_group_id=None, merged_from=len(ckpts))
+    world = dict(first.world, global_rank=None, dp_degree=None, dp_group_id=None, merged_from=len(ckpts))
     return build_checkpoint(PipelineState(recipe=first.recipe, world=world, lanes=lanes))
