@@ -432,8 +432,9 @@ def payload_values(table: pa.Table, name: str) -> list[Any]:
 
 
 def _is_numeric_list(t: pa.DataType) -> bool:
-    """``list<int|float>`` (or large_list): what record views hold as numpy views."""
-    return (pa.types.is_list(t) or pa.types.is_large_list(t)) and (
+    """``list<int|float>`` (large or fixed-size too: a vector column): what record views hold
+    as numpy views."""
+    return (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)) and (
         pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)
     )
 
@@ -476,11 +477,19 @@ def _numeric_list_views(column: pa.ChunkedArray) -> list[np.ndarray | None] | No
     out: list[np.ndarray | None] = []
     for chunk in column.chunks:
         values = chunk.values  # the whole child array; the chunk's offsets index into it
-        if values.null_count:
-            return None
-        flat = values.to_numpy(zero_copy_only=True)
-        bounds = chunk.offsets.to_numpy()
         valid = np.ones(len(chunk), bool) if not chunk.null_count else chunk.is_valid().to_numpy(zero_copy_only=False)
+        if isinstance(chunk, pa.FixedSizeListArray):  # row i holds values [i * size, (i + 1) * size)
+            bounds = (np.arange(len(chunk) + 1) + chunk.offset) * chunk.type.list_size
+            if values.null_count:  # a null row's slots may be null; a value within a row may not
+                held = values.is_valid().to_numpy(zero_copy_only=False)[bounds[0] : bounds[-1]]
+                if not held.reshape(len(chunk), chunk.type.list_size)[valid].all():
+                    return None
+                values = values.fill_null(0)  # a copy, only where null rows hold slots
+        else:
+            if values.null_count:
+                return None
+            bounds = chunk.offsets.to_numpy()
+        flat = values.to_numpy(zero_copy_only=True)
         out.extend(flat[a:b] if ok else None for a, b, ok in zip(bounds[:-1].tolist(), bounds[1:].tolist(), valid))
     return out
 

@@ -3,7 +3,6 @@ shards up by id, and every record's sample id carries the id its shard was given
 
 from __future__ import annotations
 
-import pickle
 import re
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -16,7 +15,6 @@ import pytest
 import zephon_columnar
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.io import Dataset, InMemoryShard
-from zephon_columnar.io.base import ShardInfo
 from zephon_columnar.work import StaticMixtureWorkSource
 
 
@@ -139,29 +137,3 @@ def test_rows_without_fields_are_rows_through_fetch_and_a_map():
     ws = StaticMixtureWorkSource([ds], {"d": 1.0}, chunk_size=2, seed=3)
     texts = [r.payload["text"] for r in zephon_columnar.Pipeline(ws).map_transform(lambda row: {"text": "x"})]
     assert texts == ["x"] * 4  # every row of one pass, fetched in any grouping
-
-
-def test_a_pickled_file_dataset_is_small_and_equal(tmp_path):
-    """Shards pickle as columns after their common folder: 50 files in a long folder in < 4 KB."""
-    root = tmp_path / ("a-long-folder-name-" * 4)
-    root.mkdir()
-    for i in range(50):
-        (root / f"shard{i:03d}.jsonl").write_text('{"id":1}\n{"id":2}\n{"id":3}\n', encoding="utf-8")
-    ds = Dataset.from_path("many", str(root))
-    blob = pickle.dumps(ds)
-    assert len(blob) < 4096
-    back = pickle.loads(blob)
-    assert (back.shards, back.schema, back.backend, back.path) == (ds.shards, ds.schema, ds.backend, ds.path)
-    assert back.open_reader().take(7, np.array([2, 0])).to_pylist() == [{"id": 3}, {"id": 1}]
-
-
-def test_a_pickled_dataset_keeps_shards_of_mixed_extras_and_memory_shards():
-    shards = (
-        ShardInfo(shard_id=0, path="s3://b/x/a.parquet", num_rows=2, num_bytes=9, extra={"groups": (1, 1)}),
-        ShardInfo(shard_id=3, path="s3://b/y/a.parquet", num_rows=1, num_bytes=5),
-        ShardInfo(shard_id=4, path=None, num_rows=1),
-    )
-    ds = Dataset("mixed", {"kind": "parquet"}, None, shards)
-    assert pickle.loads(pickle.dumps(ds)).shards == shards
-    memory = Dataset.from_dict("m", {5: InMemoryShard(shard_rows(5, 3))})
-    assert pickle.loads(pickle.dumps(memory)).open_reader().take(5, np.array([1])).to_pylist() == shard_rows(5, 3)[1:2]

@@ -138,7 +138,7 @@ def test_a_shuffled_pass_reads_every_row_once_with_its_values(corpora, fmt):
 
 @pytest.mark.parametrize("fmt", sorted(WRITERS))
 def test_a_pickled_dataset_reads_the_same_rows(corpora, fmt):
-    """Process workers receive datasets by pickle (a compact one: shards as columns)."""
+    """Process workers receive datasets by pickle."""
     ds = dataset(corpora, fmt)
     back = pickle.loads(pickle.dumps(ds))
     assert (back.name, back.path, back.shards, back.schema, back.format) == (ds.name, ds.path, ds.shards, ds.schema,

@@ -8,10 +8,6 @@ counted, and row indices skip them, as Lance's own fragment ``take`` does). A re
 rows of a fragment by index (random access, so ``to_indexable_torch_dataset`` works over Lance
 too) and returns them in the order asked.
 
-A fixed-size list of numbers (a vector column, Lance's usual embedding layout) is read as a
-plain list of the same numbers (`record_type`): records hold it as a read-only numpy array, as
-Zephon gives Lance's numeric lists (its Parquet rules), rather than a Python list.
-
 Lance reads local folders and the object stores it knows itself (``s3://``, ``gs://``,
 ``az://``; credentials and endpoint from the environment, e.g. ``AWS_ENDPOINT_URL``), not through
 the shard cache; other fsspec URLs are refused by name.
@@ -23,8 +19,6 @@ Example:
     >>> found = LANCE.discover_folder("corpus", "corpus.lance")
     >>> [s.num_rows for s in found.shards], found.schema.names
     ([2, 1], ['id'])
-    >>> record_type(pa.list_(pa.float32(), 4)), record_type(pa.list_(pa.string(), 4))
-    (ListType(list<item: float>), FixedSizeListType(fixed_size_list<item: string>[4]))
 """
 
 from __future__ import annotations
@@ -76,30 +70,6 @@ def open_version(url: str, version: int | None) -> Any:
         ) from err
 
 
-def record_type(t: pa.DataType) -> pa.DataType:
-    """A top-level column's type as the dataset's schema holds it: ``fixed_size_list<int|float>``
-    as ``list<int|float>`` (the same values; records view those as numpy arrays), others as is."""
-    if pa.types.is_fixed_size_list(t) and (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)):
-        return pa.list_(t.value_field)
-    return t
-
-
-def _as_list(column: pa.ChunkedArray, to: pa.DataType) -> pa.ChunkedArray:
-    """``column`` (a fixed-size list when ``to`` is a list, else already of type ``to``) as
-    ``to``, a null row holding no values (so the other rows' values have no nulls between
-    them and records still view them as one numpy buffer)."""
-    if column.type == to:
-        return column
-    chunks = []
-    for chunk in column.chunks:
-        valid = chunk.is_valid().to_numpy(zero_copy_only=False)
-        offsets = np.zeros(len(chunk) + 1, np.int32)
-        np.cumsum(np.where(valid, chunk.type.list_size, 0), out=offsets[1:])
-        mask = None if chunk.null_count == 0 else pa.array(~valid)
-        chunks.append(pa.ListArray.from_arrays(pa.array(offsets), chunk.flatten(), type=to, mask=mask))
-    return pa.chunked_array(chunks, type=to)
-
-
 @dataclass(frozen=True)
 class LanceFormat(FileFormat):
     """A Lance dataset folder: one shard per fragment of the version found at discovery."""
@@ -126,8 +96,7 @@ class LanceFormat(FileFormat):
             shards.append(
                 ShardInfo(shard_id=i, path=path, num_rows=int(fragment.count_rows()), num_bytes=size, extra=extra)
             )
-        schema = pa.schema([f.with_type(record_type(f.type)) for f in handle.schema], metadata=handle.schema.metadata)
-        return Discovered(format=self, shards=tuple(shards), schema=schema)
+        return Discovered(format=self, shards=tuple(shards), schema=handle.schema)
 
     def open_reader(self, dataset: Dataset, *, columns: Sequence[str] | None = None) -> ShardReader:
         return LanceReader(dataset, columns=columns)
@@ -170,10 +139,6 @@ class LanceReader:
         except (ValueError, OSError, RuntimeError) as err:
             raise DatasetFormatError(f"{url}: reading rows of fragment {shard_id} failed ({err}).") from err
         table = in_column_order(table, self.schema.names)
-        if not table.schema.equals(self.schema):  # vector columns, as plain lists (`record_type`)
-            table = pa.Table.from_arrays(
-                [_as_list(c, f.type) for c, f in zip(table.columns, self.schema)], schema=self.schema
-            )
         if len(wanted) == len(rows) and bool(np.all(where == np.arange(len(rows)))):
             return table
         return table.take(pa.array(where, pa.int64()))

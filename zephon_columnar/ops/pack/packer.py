@@ -298,7 +298,8 @@ class LanePacker:
                 f"({share_text(tokens, seen_tokens)}) longer than max_length {scope} (counted in metrics_snapshot() "
                 f"as {OVERSIZED_DOCS}/{OVERSIZED_TOKENS}, out of {DOCS_SEEN}/{TOKENS_SEEN}). To keep such documents, "
                 "split them upstream (tokenize(split_long_samples=True)) or pack with algorithm='wrap' (or "
-                "'best_fit_wrap'); to stop at the first one instead, pass drop_oversized=False."
+                "'best_fit_wrap'); to keep their first tokens, tokenize(max_length=..., truncation=True); to stop "
+                "at the first one instead, pass drop_oversized=False."
             )
 
         self.ctx.notices.note(
