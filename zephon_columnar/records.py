@@ -329,6 +329,7 @@ def records_of(table: pa.Table, fields: FieldsByDataset | None = None) -> list[S
             tokens: dict[int, int] | None = None
             if segments is not None:  # a packed row: counts and contributors from its pieces
                 samples, tokens, tags["_contributors"] = _packed_meta(segments[i])
+                tags["_packing_metadata"] = _packing_metadata(segments[i], None if pad is None else pad[i])
             elif lineage[i]:
                 tags.update(_child_tags(chunk[i], offset[i], (dataset[i], shard[i], row[i]), lineage[i], opened[i]))
             metas.append(
@@ -380,6 +381,24 @@ def _packed_meta(pieces: list[dict[str, Any]]) -> tuple[dict[int, int], dict[int
         cursor = SampleCursor(p["chunk"], p["offset"], (p["dataset"], p["shard"], p["row"]), tuple(p["lineage"]))
         refs.append(ContributorRef(cursor, bool(p["closes"]), component=c, start=p["start"], length=p["length"]))
     return samples, tokens, tuple(refs)
+
+
+def _packing_metadata(pieces: list[dict[str, Any]], pad: int | None) -> dict[str, Any]:
+    """Zephon's ``tags["_packing_metadata"]`` of a packed row: its pieces, real tokens, the
+    share of the row they fill and the pad tail (None where the row has no pad column).
+
+    Example:
+        >>> _packing_metadata([{"length": 3}, {"length": 4}], 2)
+        {'num_sequences': 2, 'total_length': 7, 'packing_efficiency': 0.7777777777777778, 'padding_length': 2}
+    """
+    total = sum(int(p["length"]) for p in pieces)
+    row = total + (pad or 0)
+    return {
+        "num_sequences": len(pieces),
+        "total_length": total,
+        "packing_efficiency": total / row if row else 0.0,
+        "padding_length": pad,
+    }
 
 
 #: Field metadata asking record views for Python lists instead of numpy views: on tokenize's

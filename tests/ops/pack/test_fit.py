@@ -142,6 +142,13 @@ def test_packed_records_report_their_contributors_and_counts():
         assert [c.length for c in m.contributors] and all(c.is_last_child for c in m.contributors)
         assert sum(c.length for c in m.contributors) == 8 - m.padding_length
         assert m.sample_id == m.contributors[0].cursor.sample_id
+        real = 8 - m.padding_length  # Zephon's tag on a packed record, as its tests read it
+        assert m.tags["_packing_metadata"] == {
+            "num_sequences": len(m.contributors),
+            "total_length": real,
+            "packing_efficiency": real / 8,
+            "padding_length": m.padding_length,
+        }
     assert {c for m in metas for c in m.component_token_counts} == {0, 1}  # both components counted
 
 
