@@ -110,7 +110,7 @@ RUNNERS = ["inline"] * 4 + ["threads"] * 4 + ["process"]  # process workers cost
 
 
 # CI runs a fixed sequence of cases (reproducible); a long run (ZC_FUZZ_CASES, --hypothesis-seed) explores.
-@settings(max_examples=int(os.environ.get("ZC_FUZZ_CASES", "300")), deadline=None,
+@settings(max_examples=int(os.environ.get("ZC_FUZZ_CASES", "200")), deadline=None,
           derandomize="ZC_FUZZ_CASES" not in os.environ, suppress_health_check=[HealthCheck.too_slow])
 @given(recipe=recipes(), saved_on=st.sampled_from(RUNNERS), restored_on=st.sampled_from(RUNNERS),
        groups=st.sampled_from([1, 2]), data=st.data())
