@@ -105,9 +105,7 @@ class Tally:
             tokens = payload[name] if name is not None else ()
             padded = len(tokens) if hasattr(tokens, "__len__") else 0
             self._read(np.array([meta.lane_id]), np.array([meta.chunk_id]), np.array([meta.chunk_offset]))
-            for cid, n in meta.component_sample_counts.items():
-                if 0 <= cid < len(self._mixture.rows_delivered):
-                    self._mixture.rows_delivered[cid] += n
+            self._mixture.delivered_record(meta.component_sample_counts)
             return self._count(rows=1, real=padded - (meta.padding_length or 0), padded=padded)
         table = getattr(value, "table", None)
         if not isinstance(table, pa.Table) or not table.num_rows:

@@ -109,6 +109,13 @@ class MixtureCounts:
                 ids = ids[~table.column(open_at).fill_null(False).to_numpy(zero_copy_only=False)]
             self.rows_delivered += np.bincount(ids, minlength=size)[:size]
 
+    def delivered_record(self, component_samples: Mapping[int, int]) -> None:
+        """Count a delivered record by its ``meta.component_sample_counts`` (documents per
+        component id)."""
+        for cid, n in component_samples.items():
+            if 0 <= cid < len(self.rows_delivered):
+                self.rows_delivered[cid] += n
+
     def stats(self) -> dict[str, int]:
         """The counters by name, for ``metrics_snapshot()`` (components read or delivered)."""
         out: dict[str, int] = {ROWS_BATCHED: self.rows} if self.rows else {}
