@@ -19,6 +19,10 @@ import pyarrow as pa
 BadRecordPolicy = Literal["raise", "skip"]
 
 
+#: How many skipped records' locations an index keeps and a message shows (the first ones).
+SHOWN_SKIPPED = 5
+
+
 @dataclass(frozen=True, kw_only=True)
 class SkippedRecords:
     """The records a dataset's discovery left out under ``on_bad_record="skip"``: how many,

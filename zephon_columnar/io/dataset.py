@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_columnar.errors import ConfigError
-from zephon_columnar.io.base import BadRecordPolicy, ShardInfo, ShardReader, SkippedRecords, shard_info
+from zephon_columnar.io.base import SHOWN_SKIPPED, BadRecordPolicy, ShardInfo, ShardReader, SkippedRecords, shard_info
 from zephon_columnar.io.discovery import DatasetPath, discover
 from zephon_columnar.io.format import Format
 from zephon_columnar.io.hf import table_of_hf
@@ -33,8 +33,6 @@ from zephon_columnar.io.memory import InMemoryShard, InMemoryTables
 from zephon_columnar.io.registry import DatasetFormat
 from zephon_columnar.io.tables import check_same_schema, in_column_order
 from zephon_columnar.keywords import choice, suggest_keywords
-
-SHOWN_SKIPPED = 5  # locations of skipped records a dataset's message shows
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:

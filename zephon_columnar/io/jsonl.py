@@ -56,6 +56,7 @@ import pyarrow.json as pajson
 from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
 from zephon_columnar.io.base import (
+    SHOWN_SKIPPED,
     BadRecordPolicy,
     ShardInfo,
     ShardReader,
@@ -80,7 +81,6 @@ _COMPRESSIONS: dict[str, Compression] = {"": None, ".gz": "gzip", ".zst": "zstd"
 JSONL_SUFFIXES = tuple(b + c for b in _BASES for c in _COMPRESSIONS)
 
 SCHEMA_SAMPLE_ROWS = 1000
-SHOWN_BAD_LINES = 5  # bad lines whose reasons an index keeps (the first ones), for messages
 DEFAULT_DECODED_CACHE_BYTES = 512 << 20  # decompressed .gz/.zst files kept per reader
 DEFAULT_MAX_OPEN_FILES = 16
 _SCAN_BLOCK = 16 << 20  # bytes per block when counting lines
@@ -121,7 +121,7 @@ class LineIndex:
     says; rows pyarrow cannot parse are left out, the reader reports them). ``bad_rows`` are
     those rows, increasing: a line that is not one JSON object in UTF-8 that pyarrow parses
     (``on_bad_record="skip"`` leaves them out of the dataset); ``bad_reasons`` say why for the
-    first `SHOWN_BAD_LINES` of them, as ``"line N: why"``.
+    first `SHOWN_SKIPPED` of them, as ``"line N: why"``.
     """
 
     offsets: np.ndarray
@@ -615,7 +615,7 @@ class _SchemaSoFar:
         self.schema = pa.schema([])  # of this file's rows
         self._seed = seed if seed is not None else pa.schema([])  # types of the files before it
         self.bad_rows: list[int] = []  # rows left out of the schema, increasing
-        self.bad_reasons: list[str] = []  # "line N: why", for the first SHOWN_BAD_LINES of them
+        self.bad_reasons: list[str] = []  # "line N: why", for the first SHOWN_SKIPPED of them
 
     def widen(
         self,
@@ -663,7 +663,7 @@ class _SchemaSoFar:
             ) from None
         for i in sorted(bad):
             self.bad_rows.append(int(rows[i]))
-            if len(self.bad_reasons) < SHOWN_BAD_LINES:
+            if len(self.bad_reasons) < SHOWN_SKIPPED:
                 self.bad_reasons.append(f"line {lines_of_rows[i]}: {bad[i]}")
 
     def _merge(self, found: pa.Schema) -> None:
