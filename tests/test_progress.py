@@ -157,3 +157,15 @@ def test_loader_workers_add_up_the_mixture_in_the_trainer_process():
     while want not in out.getvalue() and time.monotonic() < deadline:
         time.sleep(0.05)  # the trainer's thread reports what the workers counted
     assert want in out.getvalue().splitlines()[-1], out.getvalue().splitlines()[-1]
+
+
+def test_a_mixture_of_many_components_shows_those_furthest_behind_first():
+    from zephon_columnar.progress import SHOWN_COMPONENTS, Counts, Progress, StreamShape
+
+    names = tuple(f"d{i}" for i in range(20))
+    readout = Progress(every_s=3600, file=io.StringIO(), use_tqdm=False,
+                       stream=StreamShape(components=names, targets=(0.05,) * 20))
+    readout.show(Counts(items=1, documents=(10,) * 13 + (0,) + (10,) * 6))
+    mixture = next(part for part in readout.line().split(" | ") if part.startswith("mixture "))
+    assert mixture.startswith("mixture d13 0.0% (target 5%), ")  # the starved one first
+    assert mixture.count("(target") == SHOWN_COMPONENTS and mixture.endswith(f"and {20 - SHOWN_COMPONENTS} more")

@@ -75,6 +75,9 @@ class Counts:
     documents: tuple[int, ...] = ()
 
 
+#: Components a readout line shows (a mixture of hundreds: those furthest behind their targets).
+SHOWN_COMPONENTS = 8
+
 COUNTS_FIELDS = len(fields(Counts)) - 1  # int64 slots a worker's counts take in `SharedCounts`, and
 # one more per mixture component (`documents`)
 
@@ -254,11 +257,16 @@ class Progress:
         total = sum(documents)
         if len(names) < 2 or len(documents) != len(names) or not total:
             return ""
+        has_targets = len(targets) == len(names)
+        order = list(range(len(names)))
+        if len(names) > SHOWN_COMPONENTS and has_targets:  # the furthest behind their targets first
+            order.sort(key=lambda cid: documents[cid] / total - targets[cid])
         shown = []
-        for cid, name in enumerate(names):
-            target = f" (target {targets[cid]:.0%})" if len(targets) == len(names) else ""
-            shown.append(f"{name} {documents[cid] / total:.1%}{target}")
-        return "mixture " + ", ".join(shown)
+        for cid in order[:SHOWN_COMPONENTS]:
+            target = f" (target {targets[cid]:.0%})" if has_targets else ""
+            shown.append(f"{names[cid]} {documents[cid] / total:.1%}{target}")
+        more = f" and {len(names) - SHOWN_COMPONENTS} more" if len(names) > SHOWN_COMPONENTS else ""
+        return "mixture " + ", ".join(shown) + more
 
     def _report(self) -> None:
         if self._bar is not None:
