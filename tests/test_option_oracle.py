@@ -62,6 +62,7 @@ import tempfile
 import threading
 import warnings
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -274,6 +275,14 @@ def adapter_strategy(draw, lanes: int, plan: dict, chain_length: int) -> dict | 
     # The device stage (to_torch_loader(device=..., prefetch=k), on the CPU here): batches are
     # taken k ahead of the trainer, and the loader's state must still be the trainer's position.
     adapter["device_prefetch"] = rng.choice([None, None, 0, 1, 3])
+    if "resume_groups" in adapter:
+        # Elastic, the loader built by to_torch_loader (as the device stage always is): its state
+        # carries every lane, gathered at state_dict() through aggregate_dir, and resumes with any
+        # number of loader workers; else a StatefulDataLoader built by hand over
+        # to_torch_dataset(), through the workers' snapshots in aggregate_dir, on as many workers.
+        built = adapter["device_prefetch"] is not None or rng.randrange(2)
+        adapter["via"] = "to_torch_loader" if built else "hand"
+        adapter["resume_workers"] = rng.choice([0, 1, 2, 3]) if built else workers
     return adapter
 
 
@@ -581,25 +590,25 @@ def adapter_dataset(pipe: Pipeline, adapter: dict) -> Any:
     return pipe.to_torch_dataset(**adapter["to_training"], **device)
 
 
-def make_loader(adapter: dict, ds: Any) -> Any:
-    """The adapter's loader: batch_size=None (the pipeline batches). Loader workers are spawned:
-    a forked worker of a process that ran Polars can deadlock, and the adapter refuses it. With a
-    drawn device prefetch, to_torch_loader's DeviceLoader around it."""
-    if adapter.get("device_prefetch") is not None:
+def make_loader(adapter: dict, ds: Any, workers: int | None = None) -> Any:
+    """The adapter's loader (with ``workers`` loader workers, default the adapter's):
+    batch_size=None (the pipeline batches). Loader workers are spawned: a forked worker of a
+    process that ran Polars can deadlock, and the adapter refuses it. With a drawn device
+    prefetch, to_torch_loader's DeviceLoader around it; built by to_torch_loader when drawn so."""
+    workers = adapter["workers"] if workers is None else workers
+    spawn = dict(multiprocessing_context="spawn", timeout=120) if workers else {}
+    if adapter.get("device_prefetch") is not None or adapter.get("via") == "to_torch_loader":
         from zephon_columnar.torch import build_loader
 
-        spawn = dict(multiprocessing_context="spawn", timeout=120) if adapter["workers"] else {}
         kind = "plain" if adapter["loader"] == "dataloader" else "stateful"
-        return build_loader(ds, loader=kind, num_workers=adapter["workers"], prefetch=adapter["device_prefetch"],
-                            **spawn)
+        return build_loader(ds, loader=kind, num_workers=workers, prefetch=adapter.get("device_prefetch"), **spawn)
     if adapter["loader"] == "dataloader":
         from torch.utils.data import DataLoader
 
         return DataLoader(ds, batch_size=None)
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    spawn = dict(multiprocessing_context="spawn", timeout=120) if adapter["workers"] else {}
-    return StatefulDataLoader(ds, batch_size=None, num_workers=adapter["workers"], **spawn)
+    return StatefulDataLoader(ds, batch_size=None, num_workers=workers, **spawn)
 
 
 def loader_take(loader: Any, limit: int) -> tuple[Any, list[dict]]:
@@ -888,7 +897,7 @@ class Case:
         state_dict; then ``resume_groups`` ranks, rank g loading the state of rank g % groups,
         run to the end. The workers keep their snapshots in a folder of this case
         (aggregate_dir). Returns the reference items the adapter's items are."""
-        from zephon_columnar.torch import active_workers, worker_lanes
+        from zephon_columnar.engine.checkpoint.loader import active_workers, worker_lanes
 
         run, workers = adapter["options"], adapter["workers"]
         resume = dict(run, groups=adapter["resume_groups"])
@@ -899,7 +908,7 @@ class Case:
             ds = adapter_dataset(ds, adapter)
             if state is not None:
                 ds.load_state_dict({"pipeline": state})
-            return ds, make_loader(adapter, ds)
+            return ds, make_loader(adapter, ds, workers if job == 0 else adapter.get("resume_workers", workers))
 
         if self.endless:
             cap = self.group_limit(run)
@@ -912,18 +921,26 @@ class Case:
                 pipe = build(self.recipe, run, group=g)
                 if ckpt is not None:
                     pipe.restore(ckpt)
-                shares = [worker_lanes(pipe.session, w, workers) for w in range(workers)]
+                pending = pipe.session.pending or {}
+                emitted = {lane: state.items for lane, state in pending.items()}
+                shares = [worker_lanes(pipe.session.rank_lanes(), w, workers, first_worker=0, emitted=emitted)
+                          for w in range(workers)]
                 live = [sum(left.get(lane, 0) for lane in share) for share in shares if share]
                 cap = min(cap, active_workers(len(sum(shares, [])), workers) * min(live))
         k = int(adapter["fraction"] * cap)
-        head, states = [], []
+        head, taking = [], []
         try:
             for g in range(run["groups"]):
                 _, dl = loader(run, g, 0, ckpt)
                 it, got = loader_take(dl, k)
-                states.append(json_round_trip(dl.state_dict()))
-                close_loader_iterator(it)
+                taking.append((dl, it))
                 head += got
+            # Every rank saves at the same step, at once: a to_torch_loader state gathers the
+            # ranks' parts through aggregate_dir as it is taken (the ranks are threads here).
+            with ThreadPoolExecutor(len(taking)) as pool:
+                states = list(pool.map(lambda taken: json_round_trip(taken[0].state_dict()), taking))
+            for _, it in taking:
+                close_loader_iterator(it)
             rest = []
             for g in range(resume["groups"]):
                 _, dl = loader(resume, g, 1, None)
@@ -933,8 +950,9 @@ class Case:
                 rest += got
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-        self.log.append(f"{what} stateful workers={workers} {run} take={k}/group, resumed on {resume['groups']} "
-                        f"groups -> {len(head)} items, then {len(rest)} more")
+        self.log.append(f"{what} stateful workers={workers} via {adapter.get('via')} {run} take={k}/group, resumed on "
+                        f"{resume['groups']} groups with {adapter.get('resume_workers')} workers -> {len(head)} items, "
+                        f"then {len(rest)} more")
         views = [training_view(t) for t in head + rest]
         return self.attribute(views, ref, delivered, adapter["to_training"], what)
 
@@ -1122,9 +1140,9 @@ def test_option_oracle(recipe):
 
 
 
-# An elastic adapter case (loader workers on 1 rank, resumed on 2 through aggregate_dir) inside the
-# device stage, at epoch 1: the derandomized sequence rarely draws the elastic path (it broke in
-# session 31 unnoticed), so it runs in every CI run as well.
+# An elastic adapter case (2 loader workers on 1 rank, resumed on 2 ranks of 3 workers, the state
+# gathered through aggregate_dir) inside the device stage, at epoch 1: the derandomized sequence
+# rarely draws the elastic path (it broke in session 31 unnoticed), so it runs in every CI run.
 ELASTIC_DEVICE_CASE = (
     "{\"data\":[{\"name\":\"a\",\"rows\":13,\"shards\":2,\"start\":0,\"weight\":2,\"storage\":\"parquet\",\"text_seed\":1,\"ro"
     "w_group\":64},{\"name\":\"b\",\"rows\":13,\"shards\":1,\"start\":1000,\"weight\":2,\"storage\":\"tables\",\"text_seed\""
@@ -1145,7 +1163,9 @@ ELASTIC_DEVICE_CASE = (
 
 
 def test_an_elastic_adapter_case_through_the_device_stage():
-    run_case(json.loads(ELASTIC_DEVICE_CASE))
+    recipe = json.loads(ELASTIC_DEVICE_CASE)
+    recipe["adapter"].update(via="to_torch_loader", resume_workers=3)
+    run_case(recipe)
 
 if __name__ == "__main__":  # python -m tests.test_option_oracle '<recipe json>'
     run_case(json.loads(sys.argv[1]))

@@ -166,12 +166,19 @@ class StagingRing:
 
 
 class Checkpointable(Protocol):
-    """What keeps a loader's position: a torchdata ``StatefulDataLoader``, or the dataset of a
-    plain ``DataLoader``."""
+    """What keeps a loader's position: a torchdata ``StatefulDataLoader`` built by
+    ``to_torch_loader``, or the dataset of a plain ``DataLoader``. ``state_dict()`` is
+    ``completed(position())``: `position` is this rank's state after the last batch taken, at
+    once (a `DeviceLoader` records it with every batch it takes); `completed` merges it with
+    every rank's part of the same step (a collective across ranks, so only when asked)."""
 
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+    def position(self) -> dict[str, Any]: ...
+
+    def completed(self, position: Mapping[str, Any]) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -312,13 +319,13 @@ class DeviceLoader:
                     feeder.join(timeout=0.01)
 
     def _state_now(self) -> dict[str, Any] | None:
-        return None if self._checkpoints is None else self._checkpoints.state_dict()
+        return None if self._checkpoints is None else self._checkpoints.position()
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch handed to the trainer (before the first: the
-        loader's own)."""
+        loader's own), completed across ranks now (`Checkpointable`)."""
         if self._delivered_state is not None:
-            return self._delivered_state
+            return self._checkpointer().completed(self._delivered_state)
         return self._checkpointer().state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

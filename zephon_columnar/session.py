@@ -389,16 +389,20 @@ class Session:
                 lanes={lane: delivered[lane] for lane in engine.lanes if lane in delivered},
             )
         )
-        if not collective or whole:
-            return local
-        return self._merged(local, engine)
+        return self.gathered(local) if collective else local
 
-    def _merged(self, local: dict[str, Any], engine: Engine) -> dict[str, Any]:
-        """Every data-parallel group's lanes merged with this rank's ``local`` part: through the
+    def gathered(self, local: dict[str, Any]) -> dict[str, Any]:
+        """Every data-parallel group's lanes merged with ``local``, this rank's part of one step
+        (`checkpoint(collective=False)`, or its loader workers' parts merged): through the
         shared directory (``aggregate_dir``; only the ranks that iterate take part, as in
         Megatron, where tensor-parallel peers are not loader ranks), else the
-        ``torch.distributed`` group (every rank of it takes part). With neither, this rank's
-        part alone, with a warning: it restores on this layout only."""
+        ``torch.distributed`` group (every rank of it takes part). A collective: every rank
+        calls it at the same step. With one data-parallel group, ``local`` already holds every
+        lane; with neither a directory nor a group, this rank's part alone, with a warning: it
+        restores on this layout only."""
+        engine = self.engine()
+        if engine.rank_lanes == list(range(engine.canonical_replicas)):
+            return local
         opts = engine.options  # settled: the layout this run read
         self._checkpoint_round += 1
         if opts.aggregate_dir:

@@ -14,16 +14,19 @@ step. Every batch is delivered once.
 
 A plain ``DataLoader`` never tells the dataset which batches the training loop took (its
 workers run ahead), so after a worker pass ``ds.state_dict()`` refuses. torchdata's
-``StatefulDataLoader`` does tell: each worker's state is its engine's checkpoint, and
-``loader.state_dict()`` / ``loader.load_state_dict()`` resume exactly mid-epoch.
+``StatefulDataLoader`` does tell: each worker's state is a `WorkerState` (its lanes and their
+checkpoint), and ``loader.state_dict()`` / ``loader.load_state_dict()`` resume exactly mid-epoch.
 
-A worker's state holds its own lanes only. To resume it on another data-parallel layout
-(checkpoint on 8 ranks, resume on 4), set ``options(aggregate_dir=...)`` (a directory every
-rank sees): each worker snapshot also keeps its lanes' checkpoint there (`write_loader_part`,
-nothing waits for other ranks), and a worker resumed on another layout first learns from its
-rank's other workers which snapshot each of them was at (the loader's cut), then merges every
-rank's snapshots at that cut (`read_loader_parts`). As with any data-parallel checkpoint, every
-rank takes it at the same step. Without ``aggregate_dir`` another layout is refused.
+A worker's state holds its own lanes only. To resume on another layout (checkpoint on 8 ranks
+with 4 workers each, resume on 4 ranks with 2), build the loader with
+``pipe.to_torch_loader(num_workers=...)``: its ``state_dict()`` also carries every lane's
+checkpoint at that step (`PipelineLoaderState`: the workers' parts merged, then every rank's
+through the ``torch.distributed`` group or ``options(aggregate_dir=...)``, so every rank calls it
+at the same step, as with any data-parallel checkpoint), and it resumes on any number of ranks
+and workers. A ``StatefulDataLoader`` built over ``to_torch_dataset()`` by hand resumes on
+another number of ranks (the same number of workers) through ``aggregate_dir`` only, where each
+worker keeps its snapshots (`zephon_columnar.engine.checkpoint.loader` says how both forms find
+every lane).
 
 Example:
     >>> pipe = pipe.tokenize(tokenizer_id="tok/", field="text", special_tokens="eos")
@@ -51,7 +54,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, NoReturn, cast, get_args
 
 import cloudpickle
@@ -63,8 +66,27 @@ from torch.utils.data._utils.collate import default_collate_fn_map
 
 from zephon_columnar import frame as F
 from zephon_columnar.device import Checkpointable, DeviceLoader
-from zephon_columnar.engine.aggregate import read_loader_parts, write_loader_part
 from zephon_columnar.engine.checkpoint import load_checkpoint, parse_checkpoint
+from zephon_columnar.engine.checkpoint.loader import (
+    LOADER_STATE_KEY,
+    MAX_LOADER_WORKERS,
+    CutExchange,
+    LoaderLayout,
+    LoaderPhase,
+    LoaderState,
+    WorkerState,
+    active_workers,
+    is_worker_state,
+    loader_cut,
+    loader_state_from_json,
+    loader_state_to_json,
+    rank_part,
+    read_loader_parts,
+    worker_lanes,
+    worker_state_from_json,
+    worker_state_to_json,
+    write_loader_part,
+)
 from zephon_columnar.engine.pass_report import PassReport
 from zephon_columnar.errors import CheckpointError, ConfigError
 from zephon_columnar.losses import say
@@ -77,58 +99,6 @@ if TYPE_CHECKING:
     from zephon_columnar.engine.indexed import IndexedPipeline
     from zephon_columnar.records import SampleRecord
     from zephon_columnar.session import Session
-
-
-@dataclass(frozen=True, kw_only=True)
-class LoaderPhase:
-    """Where a DataLoader worker stands in its loader's worker round robin, which is what
-    lines up the snapshots of every worker on every rank into one cut.
-
-    The loader asks its workers in turn, each for one item, starting with worker
-    ``(last yielded + 1)``; idle workers (no lanes) drop out. So the ``delivered``-th item of
-    the worker at ``position`` among the ``active`` ones is item ``(delivered - 1) * active +
-    position`` of its rank's stream, the same on every rank at the same step. ``name`` tells
-    phases apart: one from the start of a pass (`PipelineIterableDataset._new_phase`), then
-    one per resume on another layout (a resume on the same layout continues its phase).
-
-    Example:
-        >>> LoaderPhase(name="0", position=1, active=2, delivered=3).rank_item()
-        5
-        >>> LoaderPhase(name="0", position=1, active=2).delivered_at(6)  # items 1, 3, 5
-        3
-    """
-
-    name: str
-    position: int  # -1: an idle worker
-    active: int
-    delivered: int = 0
-
-    def rank_item(self) -> int:
-        """The rank's item index (from 0, in this phase) of this worker's latest item; -1 before its first."""
-        return (self.delivered - 1) * self.active + self.position if self.delivered else -1
-
-    def delivered_at(self, rank_items: int) -> int:
-        """How many items this worker had delivered once its rank had delivered ``rank_items``."""
-        return (rank_items - 1 - self.position) // self.active + 1 if rank_items > self.position else 0
-
-
-#: Most DataLoader workers per rank a resume on another layout coordinates (slots in shared memory).
-MAX_LOADER_WORKERS = 256
-
-
-def _cut_word(generation: int, delivered: int, position: int) -> int:
-    """(generation < 2**15, delivered < 2**39, -1 <= position < 511) as one int64 (a store of
-    one word is seen whole by another process, as three separate stores need not be).
-
-    Example:
-        >>> _cut_word_parts(_cut_word(3, 12345, -1))
-        (3, 12345, -1)
-    """
-    return generation << 48 | (position + 1) << 39 | delivered
-
-
-def _cut_word_parts(word: int) -> tuple[int, int, int]:
-    return word >> 48, word & ((1 << 39) - 1), ((word >> 39) & 511) - 1
 
 
 class LoaderBatch(dict):
@@ -204,7 +174,10 @@ def build_loader(
         dataset.open_worker_reports(
             multiprocessing.get_context(context) if isinstance(context, str) or context is None else context
         )
-        cls = _reporting_loader(cls)
+    stateful = cls is not torch.utils.data.DataLoader
+    dataset.completed_by_loader = stateful
+    if stateful or num_workers > 0:
+        cls = _pipeline_loader(cls)
     built = cls(
         dataset,
         batch_size=None,
@@ -217,7 +190,7 @@ def build_loader(
         return built
     dataset.on_host = True  # the DeviceLoader moves each batch, in this process
     checkpoints: Checkpointable | None = None  # a plain DataLoader with workers cannot checkpoint
-    if cls is not torch.utils.data.DataLoader:
+    if stateful:
         checkpoints = cast("Checkpointable", built)  # torchdata's StatefulDataLoader
     elif num_workers == 0:
         checkpoints = dataset
@@ -226,22 +199,88 @@ def build_loader(
     )
 
 
-_REPORTING_LOADERS: dict[type, type] = {}
+_PIPELINE_LOADERS: dict[type, type] = {}
 
 
-def _reporting_loader(base: type[torch.utils.data.DataLoader]) -> type[torch.utils.data.DataLoader]:
-    """``base`` (torch's DataLoader or torchdata's StatefulDataLoader), whose passes end by saying
-    once, in this process, what the loader workers' passes dropped
-    (`PipelineIterableDataset.say_worker_losses`). Same name, same behaviour otherwise."""
+def _pipeline_loader(base: type[torch.utils.data.DataLoader]) -> type[torch.utils.data.DataLoader]:
+    """``base`` (torch's DataLoader or torchdata's StatefulDataLoader) as `build_loader` makes
+    it: same name, same behaviour, but that its passes end by saying once, in this process, what
+    the loader workers' passes dropped (`PipelineIterableDataset.say_worker_losses`), and that a
+    stateful one's state carries the checkpoint of every lane (`PipelineLoaderState`)."""
 
     def __iter__(self: Any) -> Iterator[Any]:
         self.dataset.next_pass()
         return _ReportingIterator(base.__iter__(self), self.dataset)
 
-    if base not in _REPORTING_LOADERS:
+    if base not in _PIPELINE_LOADERS:
         namespace = {"__iter__": __iter__, "__module__": base.__module__, "__doc__": base.__doc__}
-        _REPORTING_LOADERS[base] = type(base.__name__, (base,), namespace)
-    return _REPORTING_LOADERS[base]
+        bases = (base,) if base is torch.utils.data.DataLoader else (PipelineLoaderState, base)
+        _PIPELINE_LOADERS[base] = type(base.__name__, bases, namespace)
+    return _PIPELINE_LOADERS[base]
+
+
+class PipelineLoaderState:
+    """The state methods of a stateful loader built by ``to_torch_loader`` (torchdata's
+    ``StatefulDataLoader`` over a `PipelineIterableDataset`): its ``state_dict()`` is
+    torchdata's, plus a `LoaderState` under `LOADER_STATE_KEY` that holds every lane's checkpoint
+    at the step it was taken (its workers' parts merged, then every rank's through the
+    ``torch.distributed`` group or ``aggregate_dir``: a collective, at the step the trainer
+    checkpoints). ``load_state_dict()`` gives each worker its own state back on the layout it
+    was saved on (the same lanes, the same number of workers), and on any other layout starts
+    a fresh loader from that checkpoint, its workers splitting this rank's lanes anew."""
+
+    num_workers: int
+    dataset: PipelineIterableDataset
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.completed(self.position())
+
+    def position(self) -> dict[str, Any]:
+        """torchdata's state after the last batch taken: at once, no collective (what a
+        `DeviceLoader` records with each batch it takes)."""
+        state: dict[str, Any] = cast("Any", super()).state_dict()  # the StatefulDataLoader's
+        return state
+
+    def completed(self, position: Mapping[str, Any]) -> dict[str, Any]:
+        """``position`` with every lane's checkpoint at its step (a collective across ranks)."""
+        dataset = self.dataset
+        if "_snapshot" not in position:  # no workers: the dataset's own state, in this process
+            own = position.get("dataset_state")
+            return dict(position, dataset_state=None if own is None else dataset.completed(own))
+        snapshots = position["_snapshot"]["_worker_snapshots"].values()
+        states = sorted(
+            (worker_state_from_json(s["dataset_state"]) for s in snapshots if s.get("dataset_state") is not None),
+            key=lambda state: state.worker,
+        )
+        if len(states) != self.num_workers:
+            states = []  # before the workers' first states: where the next pass starts
+        whole = dataset.loader_state(states, self.num_workers)
+        return dict(position, **{LOADER_STATE_KEY: loader_state_to_json(whole)})
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        dataset = self.dataset
+        saved_workers = int(state["_snapshot"]["_main_snapshot"]["_num_workers"]) if "_snapshot" in state else 0
+        checkpoint: Mapping[str, Any] | None = None
+        if LOADER_STATE_KEY in state:
+            saved = loader_state_from_json(state[LOADER_STATE_KEY])
+            layout = saved.layout
+            same = layout.workers == self.num_workers and layout.rank_lanes == tuple(dataset.session.rank_lanes())
+            checkpoint = saved.checkpoint
+        else:  # saved by a loader over to_torch_dataset(), or before loader states were whole
+            same = saved_workers == self.num_workers
+            own = state.get("dataset_state") if saved_workers == 0 else None
+            checkpoint = own.get("pipeline") if isinstance(own, Mapping) else None
+        if same:  # each worker its own state back
+            cast("Any", super()).load_state_dict({k: v for k, v in state.items() if k != LOADER_STATE_KEY})
+        elif checkpoint is None:
+            raise CheckpointError(
+                f"load_state_dict(): this state was saved by a StatefulDataLoader with num_workers={saved_workers} "
+                "over to_torch_dataset(); each of its workers' states holds that worker's lanes only, so it resumes "
+                f"with num_workers={saved_workers}, not {self.num_workers}. A loader built with "
+                "pipe.to_torch_loader(num_workers=...) saves every lane and resumes with any number of workers."
+            )
+        else:  # another layout: a fresh loader from every lane's checkpoint
+            dataset.load_state_dict({"pipeline": checkpoint})
 
 
 class _ReportingIterator:
@@ -330,7 +369,11 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         # in a loader worker: its engine, and the state a StatefulDataLoader restored into it
         self._worker_session: Session | None = None
         self._worker_lanes: list[int] | None = None
-        self._worker_restore: Mapping[str, Any] | None = None
+        self._worker_restore: WorkerState | None = None
+        # True under a stateful loader built by to_torch_loader: torchdata asks this dataset for
+        # its state after every batch, and the loader's own state_dict() merges the ranks' parts
+        # once, when the trainer asks (`PipelineLoader`), instead of at every batch.
+        self.completed_by_loader = False
         self._phase: LoaderPhase | None = None
         self._start = "fresh"  # or the digest of the checkpoint load_state_dict restored
 
@@ -379,36 +422,20 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """The checkpoint of what was delivered: ``{"pipeline": ...}`` in the main process;
-        in a loader worker (torchdata's ``StatefulDataLoader`` asks there), that worker's lanes
-        and their checkpoint."""
+        """The checkpoint of what was delivered: ``{"pipeline": ...}`` in the main process
+        (merged across ranks, `Session.gathered`); in a loader worker (torchdata's
+        ``StatefulDataLoader`` asks there), that worker's `WorkerState`."""
         if not self.stateful:
             raise ConfigError("state_dict(): this dataset was built with to_torch_dataset(stateful=False).")
         info = torch.utils.data.get_worker_info()
         if info is not None:
-            session = self._worker_session_of(info.id, info.num_workers)
-            ckpt = None if session is None else session.checkpoint(collective=False)
-            o = self.session.spec.settled().options
-            phase = self._phase
-            if ckpt is not None and phase is not None and o.aggregate_dir:
-                write_loader_part(
-                    ckpt,
-                    directory=o.aggregate_dir,
-                    run_id=o.run_id,
-                    phase=phase.name,
-                    group=o.resolved_dp_group_id(),
-                    worker=info.id,
-                    delivered=phase.delivered,
-                )
-            return {
-                "worker": info.id,
-                "lanes": list(self._worker_lanes or []),
-                "rank_lanes": self.session.rank_lanes(),
-                "pipeline": ckpt,
-                "loader_phase": None if phase is None else asdict(phase),
-                "dp_degree": o.resolved_dp_degree(),
-                "run_id": o.run_id,
-            }
+            return worker_state_to_json(self._worker_state(info.id, info.num_workers))
+        position = self.position()
+        return position if self.completed_by_loader else self.completed(position)
+
+    def position(self) -> dict[str, Any]:
+        """This rank's checkpoint after the last item taken, at once and without a collective:
+        what a `DeviceLoader` records with each batch it takes (`completed` makes it whole)."""
         if self._worker_pass is not None and self._worker_pass.value:
             raise ConfigError(
                 "state_dict(): the last pass ran in DataLoader worker processes, which read ahead of "
@@ -416,21 +443,65 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
                 "torchdata's StatefulDataLoader (exact with num_workers > 0) or "
                 "DataLoader(num_workers=0): the pipeline runs its own workers."
             )
-        return {"pipeline": self.session.checkpoint()}
+        return {"pipeline": self.session.checkpoint(collective=False)}
+
+    def completed(self, position: Mapping[str, Any]) -> dict[str, Any]:
+        """The state of `position`'s output, merged with every rank's part of the same step (a
+        collective where there are several data-parallel ranks)."""
+        return {"pipeline": self.session.gathered(dict(position["pipeline"]))}
+
+    def loader_state(self, workers: Sequence[WorkerState], num_workers: int) -> LoaderState:
+        """What a stateful loader over this dataset with ``num_workers`` workers records beside
+        torchdata's state: the checkpoint of every lane at the step of its workers' latest
+        states ``workers`` (none yet: where the next pass starts), gathered across ranks."""
+        part = rank_part(workers) if workers else self.session.checkpoint(collective=False)
+        o = self.session.spec.settled().options
+        layout = LoaderLayout(
+            workers=num_workers,
+            rank_lanes=tuple(self.session.rank_lanes()),
+            dp_degree=o.resolved_dp_degree(),
+            dp_group_id=o.resolved_dp_group_id(),
+        )
+        return LoaderState(layout=layout, checkpoint=self.session.gathered(part))
+
+    def _worker_state(self, worker: int, workers: int) -> WorkerState:
+        session = self._worker_session_of(worker, workers)
+        ckpt = None if session is None else session.checkpoint(collective=False)
+        o = self.session.spec.settled().options
+        phase = self._phase
+        if ckpt is not None and phase is not None and o.aggregate_dir:
+            write_loader_part(
+                ckpt,
+                directory=o.aggregate_dir,
+                run_id=o.run_id,
+                phase=phase.name,
+                group=o.resolved_dp_group_id(),
+                worker=worker,
+                delivered=phase.delivered,
+            )
+        return WorkerState(
+            worker=worker,
+            lanes=tuple(self._worker_lanes or ()),
+            rank_lanes=tuple(self.session.rank_lanes()),
+            pipeline=ckpt,
+            phase=phase,
+            dp_degree=o.resolved_dp_degree(),
+            run_id=o.run_id,
+        )
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from ``state_dict()``'s output, before iterating."""
-        if not isinstance(state, Mapping) or "pipeline" not in state:
-            keys = sorted(state) if isinstance(state, Mapping) else type(state).__name__
-            raise ConfigError(f"load_state_dict(): expected a dict from state_dict() with key 'pipeline', got {keys}.")
-        if "lanes" in state:  # one loader worker's state (StatefulDataLoader restores it in that worker)
+        if is_worker_state(state):  # one loader worker's state (StatefulDataLoader restores it in that worker)
             if torch.utils.data.get_worker_info() is None:
                 raise ConfigError(
                     "load_state_dict(): this is one DataLoader worker's state; restore it through "
                     "the StatefulDataLoader that saved it (loader.load_state_dict)."
                 )
-            self._worker_restore, self._worker_session, self._worker_lanes = state, None, None
+            self._worker_restore, self._worker_session, self._worker_lanes = worker_state_from_json(state), None, None
             return
+        if not isinstance(state, Mapping) or "pipeline" not in state:
+            keys = sorted(state) if isinstance(state, Mapping) else type(state).__name__
+            raise ConfigError(f"load_state_dict(): expected a dict from state_dict() with key 'pipeline', got {keys}.")
         self.session.restore(state["pipeline"])
         # Where loader workers start from: part of their phase's name (`_new_phase`).
         self._start = hashlib.sha256(
@@ -450,12 +521,10 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             restored = self._worker_restore
             ckpt: Mapping[str, Any] | None = None
             if restored is None:
-                lanes = worker_lanes(self.session, worker, workers)
+                lanes = self._lanes_of(worker, workers, first_worker=0)
                 self._phase = self._new_phase(self._start, worker, workers, first=0, serving=bool(lanes))
-            elif _worker_state_fits(self.session, restored):
-                lanes, ckpt = list(restored["lanes"]), restored["pipeline"]
-                saved = restored.get("loader_phase")
-                self._phase = LoaderPhase(**saved) if saved is not None else None
+            elif restored.fits(self.session.rank_lanes()):
+                lanes, ckpt, self._phase = list(restored.lanes), restored.pipeline, restored.phase
             else:
                 lanes, ckpt, self._phase = self._resume_elsewhere(restored, worker, workers)
             self._worker_lanes = lanes
@@ -469,11 +538,21 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
             self._worker_session = share
         return self._worker_session
 
+    def _lanes_of(
+        self, worker: int, workers: int, *, first_worker: int, emitted: Mapping[int, int] | None = None
+    ) -> list[int]:
+        """`worker_lanes` of this rank, counted from the lane it serves next (by ``emitted``,
+        items per lane; default: the restored checkpoint's)."""
+        if emitted is None:
+            pending = self.session.pending
+            emitted = {} if pending is None else {lane: state.items for lane, state in pending.items()}
+        return worker_lanes(self.session.rank_lanes(), worker, workers, first_worker=first_worker, emitted=emitted)
+
     def _resume_elsewhere(
-        self, restored: Mapping[str, Any], worker: int, workers: int
+        self, restored: WorkerState, worker: int, workers: int
     ) -> tuple[list[int], Mapping[str, Any], LoaderPhase]:
-        """Resume worker ``worker`` from a state saved on another data-parallel layout: (its
-        lanes, the checkpoint of every lane at the loader's cut, its phase).
+        """Resume worker ``worker`` from a worker snapshot saved on another data-parallel
+        layout: (its lanes, the checkpoint of every lane at the loader's cut, its phase).
 
         The cut: the rank's workers exchange the snapshots they were given (which item each
         was at), which fixes how many items the saving rank had delivered; every rank had
@@ -481,33 +560,32 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         aggregate directory and merged; this worker takes its share of this rank's lanes,
         starting from the worker the loader asks first."""
         o = self.session.spec.settled().options
-        saved_phase = restored.get("loader_phase")
-        if not o.aggregate_dir or saved_phase is None:
+        saved = restored.phase
+        if not o.aggregate_dir or saved is None:
             _refuse_other_layout(self.session, restored)
-        saved = LoaderPhase(**saved_phase)
-        if int(restored["worker"]) != worker:
+        if restored.worker != worker:
             raise CheckpointError(
                 f"load_state_dict(): DataLoader worker {worker} was given the state of worker "
-                f"{restored['worker']}; restore through the StatefulDataLoader that saved it."
+                f"{restored.worker}; restore through the StatefulDataLoader that saved it."
             )
-        phases = self._exchange_cut(saved, worker, workers, o.aggregate_timeout_s)
-        rank_items = max(p.rank_item() for p in phases) + 1
-        cut = {w: p.delivered_at(rank_items) for w, p in enumerate(phases) if p.position >= 0}
-        if any(cut[w] != phases[w].delivered for w in cut):
-            raise CheckpointError(
-                "load_state_dict(): the DataLoader workers' snapshots are not one step of the loader's round robin "
-                f"(items delivered per worker {[p.delivered for p in phases]}): was it iterated with in_order=False, "
-                "or did a worker run out of data? Such a state resumes on the layout it was saved on only."
-            )
-        saver_run = restored.get("run_id", o.run_id)  # the saving job's: a resumed job may have its own
+        if self._cut_slots is None:
+            raise CheckpointError("load_state_dict(): this DataLoader worker started without its rank's shared memory.")
+        phases = CutExchange(self._cut_slots).exchange(saved, worker, workers, o.aggregate_timeout_s)
+        try:
+            rank_items, cut, last = loader_cut(phases, workers)
+        except CheckpointError as err:
+            raise CheckpointError(f"load_state_dict(): {err}") from None
         merged = read_loader_parts(
-            cut, directory=o.aggregate_dir, run_id=saver_run, phase=saved.name, groups=int(restored["dp_degree"])
+            cut,
+            directory=o.aggregate_dir,
+            run_id=restored.run_id or o.run_id,  # the saving job's: a resumed job may have its own
+            phase=saved.name,
+            groups=restored.dp_degree,
         )
         # The loader asks first the worker after the last one that yielded (idle ones drop out).
-        last = max(range(len(phases)), key=lambda w: phases[w].rank_item()) if rank_items else workers - 1
         first = last + 1 if last + 1 < active_workers(len(self.session.rank_lanes()), workers) else 0
         pending = {lane: state.items for lane, state in parse_checkpoint(merged).lanes.items()}
-        lanes = worker_lanes(self.session, worker, workers, first_worker=first, emitted=pending)
+        lanes = self._lanes_of(worker, workers, first_worker=first, emitted=pending)
         return (
             lanes,
             merged,
@@ -524,32 +602,6 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset):
         name = hashlib.sha256(f"{start}|{layout}".encode()).hexdigest()[:16]
         active = active_workers(len(self.session.rank_lanes()), workers)
         return LoaderPhase(name=name, position=(worker - first) % active if serving else -1, active=active)
-
-    def _exchange_cut(self, saved: LoaderPhase, worker: int, workers: int, timeout_s: float) -> list[LoaderPhase]:
-        """The phase of the snapshot each of this rank's ``workers`` loader workers was given,
-        through shared memory: each publishes its own (one 64-bit word, written at once),
-        then waits for the others'. The word counts restores (a generation), so a slot left
-        from an earlier resume of this dataset is not taken for this one."""
-        slots = self._cut_slots
-        if slots is None or workers > MAX_LOADER_WORKERS:
-            raise CheckpointError(
-                f"load_state_dict(): resuming {workers} DataLoader workers on another data-parallel "
-                f"layout works with at most {MAX_LOADER_WORKERS} workers per rank."
-            )
-        generation = (_cut_word_parts(slots[worker])[0] + 1) % (1 << 15)
-        slots[worker] = _cut_word(generation, saved.delivered, saved.position)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            words = [_cut_word_parts(slots[w]) for w in range(workers)]
-            if all(g == generation for g, _, _ in words):
-                return [replace(saved, delivered=d, position=p) for _, d, p in words]
-            if time.monotonic() > deadline:
-                waiting = [w for w, (g, _, _) in enumerate(words) if g != generation]
-                raise CheckpointError(
-                    f"load_state_dict(): DataLoader worker {worker} waited {timeout_s:.0f}s for "
-                    f"workers {waiting} of this rank to load their states (aggregate_timeout_s)."
-                )
-            time.sleep(0.01)
 
     def open_worker_reports(self, context: multiprocessing.context.BaseContext) -> None:
         """Have loader workers started with ``context`` hand what their passes dropped to this
@@ -636,73 +688,21 @@ def await_queue_feeders(timeout_s: float) -> None:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
-def _worker_state_fits(session: Session, state: Mapping[str, Any]) -> bool:
-    """Whether a loader worker's state was saved on this rank's data-parallel layout (its
-    rank owned the lanes this rank owns): it then resumes from its own lanes' checkpoint."""
-    mine = session.rank_lanes()
-    if "rank_lanes" in state:
-        return [int(lane) for lane in state["rank_lanes"]] == mine
-    # saved before states named their rank's lanes: the worker's own lanes must be this rank's
-    return {int(lane) for lane in state["lanes"]} <= set(mine)
-
-
-def _refuse_other_layout(session: Session, state: Mapping[str, Any]) -> NoReturn:
+def _refuse_other_layout(session: Session, state: WorkerState) -> NoReturn:
     """A worker state from another layout without the aggregate directory that holds the
     other ranks' snapshots: its lanes are not this rank's, and going on would deliver another
     rank's data or stop early."""
     o = session.spec.settled().options
-    saved = [int(lane) for lane in state.get("rank_lanes", state["lanes"])]
     raise CheckpointError(
-        f"load_state_dict(): this DataLoader worker state was saved by a rank owning lanes {saved}, but under "
-        f"options(dp_degree={o.resolved_dp_degree()}, dp_group_id={o.resolved_dp_group_id()}, "
+        f"load_state_dict(): this DataLoader worker state was saved by a rank owning lanes {list(state.rank_lanes)}, "
+        f"but under options(dp_degree={o.resolved_dp_degree()}, dp_group_id={o.resolved_dp_group_id()}, "
         f"mapping_strategy={o.resolved_mapping()!r}) this rank owns lanes {session.rank_lanes()}. A StatefulDataLoader "
-        "state taken with num_workers > 0 holds this rank's lanes only; to resume it on another number of ranks, "
-        "set options(aggregate_dir=...) to a directory every rank sees, both when it is saved and when it is "
-        "resumed (the workers keep their snapshots there), or checkpoint with num_workers=0 or "
-        "Pipeline.checkpoint()."
+        "state taken with num_workers > 0 over to_torch_dataset() holds this rank's lanes only; to resume it on "
+        "another layout, build the loader with pipe.to_torch_loader(num_workers=...) (its state carries every lane, "
+        "gathered through torch.distributed or aggregate_dir), or set options(aggregate_dir=...) to a directory "
+        "every rank sees, both when it is saved and when it is resumed (the workers keep their snapshots there), "
+        "or checkpoint with num_workers=0 or Pipeline.checkpoint()."
     )
-
-
-def active_workers(lanes: int, workers: int) -> int:
-    """How many of ``workers`` loader workers serve ``lanes`` lanes: the largest divisor of the
-    lane count that is at most ``workers`` (as in Zephon; the others stay idle).
-
-    Example:
-        >>> active_workers(6, 4), active_workers(4, 3), active_workers(2, 8)
-        (3, 2, 2)
-    """
-    return max(d for d in range(1, min(workers, lanes) + 1) if lanes % d == 0)
-
-
-def worker_lanes(
-    session: Session, worker: int, workers: int, *, first_worker: int = 0, emitted: Mapping[int, int] | None = None
-) -> list[int]:
-    """The lanes loader worker ``worker`` of ``workers`` serves (see the module docstring):
-    counted from the lane the rank serves next (by ``emitted``, items per lane; default: the
-    restored checkpoint's), the worker the loader asks first (``first_worker``) takes it.
-
-    Example:
-        >>> import pyarrow as pa
-        >>> from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
-        >>> ds = Dataset.from_tables("a", [pa.table({"x": list(range(8))})])
-        >>> pipe = Pipeline(StaticMixtureWorkSource([ds], {"a": 1.0}, chunk_size=2)).options(canonical_replicas=6)
-        >>> [worker_lanes(pipe.session, w, 4) for w in range(4)]  # 3 of the 4 workers serve 2 lanes each
-        [[0, 3], [1, 4], [2, 5], []]
-    """
-    from zephon_columnar.engine.ownership import next_lane
-
-    lanes = session.rank_lanes()
-    active = active_workers(len(lanes), workers)
-    if worker >= active:
-        return []
-    if emitted is None:
-        pending = session.pending  # a restored checkpoint: which lane the rank serves next
-        emitted = {} if pending is None else {lane: state.items for lane, state in pending.items()}
-    first = 0
-    if emitted:
-        first = lanes.index(next_lane(lanes, {lane: emitted[lane] for lane in lanes if lane in emitted}))
-    rotated = lanes[first:] + lanes[:first]
-    return sorted(rotated[(worker - first_worker) % active :: active])
 
 
 class PipelineMapDataset(torch.utils.data.Dataset):
