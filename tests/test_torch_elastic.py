@@ -27,11 +27,11 @@ pytest.importorskip("torchdata")
 LANES = 12
 
 
-def build(*, endless: bool = False, **options: Any) -> Pipeline:
+def build(*, endless: bool = False, lanes: int = LANES, seed: int = 3, **options: Any) -> Pipeline:
     ds = Dataset.from_tables("a", [pa.table({"id": list(range(s * 40, s * 40 + 40))}) for s in range(4)])
-    ws = StaticMixtureWorkSource([ds], {"a": 1.0}, chunk_size=5, seed=3, shuffle_within_shard=True,
+    ws = StaticMixtureWorkSource([ds], {"a": 1.0}, chunk_size=5, seed=seed, shuffle_within_shard=True,
                                  stop_after_passes=None if endless else 1)
-    return Pipeline(ws).batch(2, drop_last=False).options(runner="inline", canonical_replicas=LANES, **options)
+    return Pipeline(ws).batch(2, drop_last=False).options(runner="inline", canonical_replicas=lanes, **options)
 
 
 def loader_of(pipe: Pipeline, workers: int) -> Any:
@@ -110,14 +110,16 @@ def whole_checkpoint(state: dict) -> dict:
 
 
 def _phase_rank(rank: int, world: int, workers: int, port: int, folder: str, phase: int, steps: int | None,
-                saved_world: int) -> None:
+                saved_world: int, lanes: int) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         out: dict[str, Any] = {}
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
-            loader = loader_of(build(dp_degree=world), workers)  # the group is the process group's rank
-            if phase:  # each rank loads the state of the rank it replaces (rank r % the saving world)
+            # The data-parallel group is the process group's rank; phase -1: rank 1 has another seed.
+            pipe = build(lanes=lanes, dp_degree=world, seed=3 + (phase < 0 and rank == 1))
+            loader = loader_of(pipe, workers)
+            if phase > 0:  # each rank loads the state of the rank it replaces (rank r % the saving world)
                 state = json.loads(Path(folder, f"state{phase - 1}-{rank % saved_world}.json").read_text())
                 loader.load_state_dict(state)
             it = iter(loader)
@@ -125,8 +127,11 @@ def _phase_rank(rank: int, world: int, workers: int, port: int, folder: str, pha
                 out["taken"] = sigs(it)
             else:
                 out["taken"] = sigs(next(it) for _ in range(steps))
-                state = loader.state_dict()  # a collective: every rank, the same step
-                Path(folder, f"state{phase}-{rank}.json").write_text(json.dumps(state))
+                try:
+                    state = loader.state_dict()  # a collective: every rank, the same step
+                    Path(folder, f"state{phase}-{rank}.json").write_text(json.dumps(state))
+                except CheckpointError as err:
+                    out["refused"] = str(err)
             del it
         out["warnings"] = [str(w.message) for w in seen if issubclass(w.category, ConfigurationWarning)]
         Path(folder, f"taken{phase}-{rank}.json").write_text(json.dumps(out))
@@ -134,16 +139,39 @@ def _phase_rank(rank: int, world: int, workers: int, port: int, folder: str, pha
         dist.destroy_process_group()
 
 
-def _run_phase(folder: Path, phase: int, world: int, workers: int, steps: int | None, saved_world: int) -> None:
+def _run_phase(folder: Path, phase: int, world: int, workers: int, steps: int | None, saved_world: int,
+               lanes: int = LANES) -> list[dict]:
     ctx = mp.get_context("spawn")
     port = free_port()
-    procs = [ctx.Process(target=_phase_rank, args=(r, world, workers, port, str(folder), phase, steps, saved_world))
+    procs = [ctx.Process(target=_phase_rank,
+                         args=(r, world, workers, port, str(folder), phase, steps, saved_world, lanes))
              for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
-        p.join(timeout=240)
+        p.join(timeout=300)
     assert [p.exitcode for p in procs] == [0] * world
+    return [json.loads((folder / f"taken{phase}-{r}.json").read_text()) for r in range(world)]
+
+
+def _elastic_jobs(folder: Path, layouts: tuple[tuple[int, int], ...], lanes: int) -> list[str]:
+    """Run one job per (ranks, workers per rank) layout; every job but the last takes 3 batches
+    per rank and saves (no aggregate_dir: each rank's state carries every lane, gathered over
+    the process group), the next loads those states; the last runs to the end. Every batch taken."""
+    saved_world = 1
+    taken: list[str] = []
+    for phase, (world, workers) in enumerate(layouts):
+        last = phase == len(layouts) - 1
+        for result in _run_phase(folder, phase, world, workers, None if last else 3, saved_world, lanes):
+            assert result["warnings"] == [] and "refused" not in result
+            taken += result["taken"]
+        if not last:
+            states = [json.loads((folder / f"state{phase}-{r}.json").read_text()) for r in range(world)]
+            wholes = [whole_checkpoint(s) for s in states]
+            assert all(sorted(map(int, w["lanes"])) == list(range(lanes)) for w in wholes)  # on every rank
+            assert all(w == wholes[0] for w in wholes)
+        saved_world = world
+    return taken
 
 
 @pytest.mark.parametrize("layouts", [
@@ -152,21 +180,17 @@ def _run_phase(folder: Path, phase: int, world: int, workers: int, steps: int | 
 ])
 def test_loader_workers_on_gloo_ranks_resume_on_other_ranks_and_workers_through_the_process_group(
         tmp_path, layouts):
-    # (ranks, workers per rank) per job; every job but the last takes 3 batches per rank and saves.
-    # No aggregate_dir: each rank's state carries every lane, gathered over the process group.
-    saved_world = 1
-    taken: list[str] = []
-    for phase, (world, workers) in enumerate(layouts):
-        last = phase == len(layouts) - 1
-        _run_phase(tmp_path, phase, world, workers, None if last else 3, saved_world)
-        results = [json.loads((tmp_path / f"taken{phase}-{r}.json").read_text()) for r in range(world)]
-        for result in results:
-            assert result["warnings"] == []
-            taken += result["taken"]
-        if not last:
-            states = [json.loads((tmp_path / f"state{phase}-{r}.json").read_text()) for r in range(world)]
-            wholes = [whole_checkpoint(s) for s in states]
-            assert all(sorted(map(int, w["lanes"])) == list(range(LANES)) for w in wholes)  # on every rank
-            assert all(w == wholes[0] for w in wholes)
-        saved_world = world
+    taken = _elastic_jobs(tmp_path, layouts, LANES)
     assert by_lane(taken) == by_lane(REFERENCE)  # every batch once, each lane in its own order
+
+
+@pytest.mark.slow
+def test_sixteen_ranks_with_loader_workers_resume_on_twelve_then_twenty_four(tmp_path):
+    taken = _elastic_jobs(tmp_path, ((16, 1), (12, 2), (24, 1)), 48)
+    assert by_lane(taken) == by_lane(sigs(build(lanes=48)))
+
+
+def test_ranks_that_disagree_on_the_recipe_are_refused_when_the_state_is_taken(tmp_path):
+    results = _run_phase(tmp_path, -1, 2, 1, 2, 1)
+    for result in results:  # on every rank, naming the difference: no rank goes on with a mixed state
+        assert "recipe" in result["refused"] and "seed" in result["refused"], result
