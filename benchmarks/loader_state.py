@@ -32,11 +32,14 @@ def build(lanes: int, world: int) -> Any:
 
     from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 
-    shards = [pa.table({"input_ids": [[i, i + 1, i + 2, i + 3]] * 1}) for i in range(0, 64)]
+    shards = [pa.table({"input_ids": [[i, i + 1, i + 2, i + 3]] * 1}) for i in range(64)]
     ds = Dataset.from_tables("a", [pa.concat_tables([t] * 64) for t in shards])
     ws = StaticMixtureWorkSource([ds], {"a": 1.0}, chunk_size=16, seed=1, stop_after_passes=None)
-    return Pipeline(ws).pack_flat(32, algorithm="wrap").batch(2).options(
-        canonical_replicas=lanes, dp_degree=world, runner="inline"
+    return (
+        Pipeline(ws)
+        .pack_flat(32, algorithm="wrap")
+        .batch(2)
+        .options(canonical_replicas=lanes, dp_degree=world, runner="inline")
     )
 
 
@@ -48,8 +51,9 @@ def _rank(rank: int, world: int, port: int, lanes: int, workers: int, steps: int
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         result: dict[str, Any] = {}
-        loader = build(lanes, world).to_torch_loader(num_workers=workers, loader="stateful", raw_batches=True,
-                                                     multiprocessing_context="fork")
+        loader = build(lanes, world).to_torch_loader(
+            num_workers=workers, loader="stateful", raw_batches=True, multiprocessing_context="fork"
+        )
         it = iter(loader)
         for _ in range(steps):
             next(it)
@@ -113,8 +117,10 @@ def main() -> None:
             port = s.getsockname()[1]
         with tempfile.TemporaryDirectory() as out:
             started = time.perf_counter()
-            procs = [ctx.Process(target=_rank, args=(r, world, port, lanes, args.workers, args.steps, args.repeat, out))
-                     for r in range(world)]
+            procs = [
+                ctx.Process(target=_rank, args=(r, world, port, lanes, args.workers, args.steps, args.repeat, out))
+                for r in range(world)
+            ]
             for p in procs:
                 p.start()
             for p in procs:
@@ -122,13 +128,21 @@ def main() -> None:
             if any(p.exitcode != 0 for p in procs):
                 sys.exit(f"world {world}: exit codes {[p.exitcode for p in procs]}")
             ranks = [json.loads(Path(out, f"{r}.json").read_text()) for r in range(world)]
-        row = {"ranks": world, "lanes": lanes, "workers_per_rank": args.workers, "wall_s": time.perf_counter() - started}
+        row = {
+            "ranks": world,
+            "lanes": lanes,
+            "workers_per_rank": args.workers,
+            "wall_s": time.perf_counter() - started,
+        }
         for key in ranks[0]:
             values = [r[key] for r in ranks]
             row[key] = {"median": statistics.median(values), "max": max(values)}
         print(json.dumps(row), flush=True)
-        print(f"ranks {world}: loader.state_dict() {row['loader_state_dict_s']['median'] * 1e3:.1f} ms, "
-              f"state {row['loader_state_json_bytes']['median'] / 1e3:.1f} KB", file=sys.stderr)
+        print(
+            f"ranks {world}: loader.state_dict() {row['loader_state_dict_s']['median'] * 1e3:.1f} ms, "
+            f"state {row['loader_state_json_bytes']['median'] / 1e3:.1f} KB",
+            file=sys.stderr,
+        )
 
 
 if __name__ == "__main__":
