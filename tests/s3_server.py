@@ -12,6 +12,9 @@ request for a key in ``failing_keys`` a 500):
 - ``"truncate"``: the response starts (full ``Content-Length``) and the connection drops half way
   (GETs only).
 
+``bytes_per_s`` (None: as fast as it goes) paces the bodies of object GETs, so a download can be
+caught (or killed) half way.
+
 Uploads (``PUT``) never fail. ``stats()`` counts requests, faults and the object bytes served
 per key (listings not included).
 In another process, ``python -m tests.s3_server --latency-ms 20`` prints the endpoint and serves
@@ -43,21 +46,26 @@ TEST_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "te
 
 class FaultyS3Server:
     def __init__(self, *, latency_s: float = 0.0, fault_share: float = 0.0, faults: Iterable[str] = FAULTS,
-                 failing_keys: Iterable[str] = (), seed: int = 0, host: str = "127.0.0.1", port: int = 0) -> None:
+                 failing_keys: Iterable[str] = (), seed: int = 0, host: str = "127.0.0.1", port: int = 0,
+                 bytes_per_s: float | None = None) -> None:
         self._lock = threading.Lock()
         self._host, self._port = host, port
         self._server: Any = None
         self._thread: threading.Thread | None = None
+        self.bytes_per_s: float | None = None
         self.configure(latency_s=latency_s, fault_share=fault_share, faults=faults,
-                       failing_keys=failing_keys, seed=seed)
+                       failing_keys=failing_keys, seed=seed, bytes_per_s=bytes_per_s)
         self.reset_stats()
 
     # ------------------------------------------------------------ control
     def configure(self, *, latency_s: float | None = None, fault_share: float | None = None,
                   faults: Iterable[str] | None = None, failing_keys: Iterable[str] | None = None,
-                  seed: int | None = None) -> None:
-        """Change the injected latency and faults (None: keep); ``seed`` restarts the fault draw."""
+                  seed: int | None = None, bytes_per_s: float | None = None) -> None:
+        """Change the injected latency and faults (None: keep); ``seed`` restarts the fault draw;
+        ``bytes_per_s`` paces object GET bodies (0: no pacing)."""
         with self._lock:
+            if bytes_per_s is not None:
+                self.bytes_per_s = float(bytes_per_s) or None
             if latency_s is not None:
                 self.latency_s = float(latency_s)
             if fault_share is not None:
@@ -76,13 +84,15 @@ class FaultyS3Server:
         with self._lock:
             self._requests: Counter = Counter()  # (method, key) -> requests answered or faulted
             self._bytes: Counter = Counter()  # key -> body bytes of the object sent by GETs
+            self._ranged: Counter = Counter()  # key -> GETs of a byte range (footer reads, resumes)
             self._faults: Counter = Counter()  # fault -> times injected
 
     def stats(self) -> dict[str, Any]:
-        """``{"requests": {"GET bucket/key": n, ...}, "bytes": {"bucket/key": n}, "faults": {...}}``."""
+        """``{"requests": {"GET bucket/key": n, ...}, "bytes": {"bucket/key": n}, "ranged": {"bucket/key": n},
+        "faults": {...}}``: ``ranged`` counts the GETs (in ``requests``) that asked for a byte range."""
         with self._lock:
             return {"requests": {f"{m} {k}": n for (m, k), n in self._requests.items()},
-                    "bytes": dict(self._bytes), "faults": dict(self._faults)}
+                    "bytes": dict(self._bytes), "ranged": dict(self._ranged), "faults": dict(self._faults)}
 
     # ------------------------------------------------------------ lifecycle
     @property
@@ -123,7 +133,7 @@ class FaultyS3Server:
             path, method = environ.get("PATH_INFO", "/"), environ["REQUEST_METHOD"]
             key = path.lstrip("/")
             with self._lock:
-                latency = self.latency_s
+                latency, rate = self.latency_s, self.bytes_per_s
                 fault = None
                 if method != "PUT":
                     if key in self.failing_keys:
@@ -133,6 +143,8 @@ class FaultyS3Server:
                         kinds = [f for f in self.faults if method == "GET" or f != "truncate"]
                         fault = min(kinds, key=lambda f: self._faults[f]) if kinds else None
                 self._requests[(method, key)] += 1
+                if method == "GET" and environ.get("HTTP_RANGE"):
+                    self._ranged[key] += 1
                 if fault is not None:
                     self._faults[fault] += 1
             if latency:
@@ -147,11 +159,22 @@ class FaultyS3Server:
             if fault == "truncate":
                 return self._truncated(key, body)
             if method == "GET" and _is_object(key):
+                if rate:
+                    return self._paced(key, body, rate)
                 with self._lock:
                     self._bytes[key] += len(body)
             return [body]
 
         return handle
+
+    def _paced(self, key: str, body: bytes, rate: float) -> Iterable[bytes]:
+        piece = 8 << 10
+        for start in range(0, len(body), piece):
+            chunk = body[start:start + piece]
+            with self._lock:
+                self._bytes[key] += len(chunk)
+            yield chunk
+            time.sleep(len(chunk) / rate)
 
     def _truncated(self, key: str, body: bytes) -> Iterable[bytes]:
         half = body[: len(body) // 2]

@@ -89,3 +89,9 @@ def deny_read(monkeypatch):
     monkeypatch.setattr(pq, "ParquetFile", DeniedParquetFile)
     monkeypatch.setattr(pa, "memory_map", fake_memory_map)
     return lambda path: denied.add(os.path.abspath(os.fspath(path)))
+
+
+def cache_files(root) -> list[str]:
+    """The names in a shard cache folder: its copies and any temp files, not its bookkeeping
+    folders (``.locks``, ``.remembered``)."""
+    return [n for n in os.listdir(root) if not n.startswith(".")]

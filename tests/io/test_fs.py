@@ -9,6 +9,7 @@ import fsspec
 import fsspec.implementations.memory
 import pytest
 
+from tests.io.conftest import cache_files
 from zephon_columnar.errors import DatasetNotFoundError
 from zephon_columnar.io import fs
 from zephon_columnar.io.retry import RetryPolicy
@@ -65,7 +66,7 @@ def test_shard_cache_downloads_a_remote_file_once(tmp_path, memfs):
     assert first == second and first.endswith("part.jsonl.gz")  # suffix kept for format detection
     assert open(first, "rb").read() == b"payload" * 1000
     assert cache.downloads == 1
-    assert os.listdir(tmp_path / "cache") == [os.path.basename(first)]  # no temp files left
+    assert cache_files(tmp_path / "cache") == [os.path.basename(first)]  # no temp files left
 
 
 def test_shard_cache_key_includes_the_size(tmp_path, memfs):
@@ -105,7 +106,7 @@ def test_shard_cache_rejects_a_file_whose_size_changed(tmp_path, memfs):
     cache = fs.ShardCache(str(tmp_path / "cache"))
     with pytest.raises(DatasetNotFoundError, match=r"a\.parquet.*changed"):
         cache.ensure_local(f"{root}/a.parquet", size=10)
-    assert not os.listdir(tmp_path / "cache")  # the partial download was removed
+    assert not cache_files(tmp_path / "cache")  # the partial download was removed
 
 
 def test_default_cache_follows_the_environment_and_prefetch_keeps_order(private_cache, memfs):
@@ -186,4 +187,4 @@ def test_a_download_out_of_tries_names_the_url_and_leaves_nothing(tmp_path, monk
     cache = fs.ShardCache(str(tmp_path / "cache"), download_policy=RetryPolicy(attempts=1))
     with pytest.raises(OSError, match=r"flakymem:///zc-resume/b\.bin: download failed 1 time.*ConnectionResetError"):
         cache.ensure_local("flakymem:///zc-resume/b.bin")
-    assert os.listdir(tmp_path / "cache") == []  # no partial copy under any name
+    assert cache_files(tmp_path / "cache") == []  # no partial copy under any name

@@ -5,7 +5,8 @@ the hot path); every other URL (``memory://``, ``s3://``, any installed fsspec b
 ``simplecache::...`` URLs) goes through :func:`fsspec.core.url_to_fs`.
 
 Readers only ever read local files: a remote shard is downloaded once into the
-:class:`ShardCache` (atomically, safe across threads and processes) and read from there. The
+:class:`ShardCache` (atomically, once for all the threads and processes that share its folder)
+and read from there. The
 pipeline's ``prefetch()`` operator warms that cache from background threads with
 :meth:`ShardCache.ensure_local`.
 
@@ -28,12 +29,14 @@ import hashlib
 import os
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Any, Literal, NamedTuple, TypeGuard, TypeVar
 
 from zephon_columnar.errors import DatasetNotFoundError, ZephonError
+from zephon_columnar.io import locks
 from zephon_columnar.io.options import CacheOptions
 from zephon_columnar.io.retry import RetryPolicy, retrying
 
@@ -41,6 +44,10 @@ T = TypeVar("T")
 
 _CACHE_ENV = "ZEPHON_COLUMNAR_CACHE"
 _COPY_BLOCK = 8 << 20  # bytes per range request when a download resumes
+_ROOM_POLL_S = 0.02  # how often a download waiting for room in a full cache looks again
+_OPEN_TRIES = 5  # ensure_local + open, again when another process evicted the copy in between
+_CACHE_LOCK = "cache"  # the cache-wide lock (entry locks are named after their entries)
+_REMEMBERED = ".remembered"  # small facts made once per node (Parquet footers), in the cache root
 # CacheOptions' defaults, as Zephon's: 12 download retries within 180 s; 5 tries of a metadata
 # request with 0.1-2 s between them.
 DOWNLOAD_POLICY = CacheOptions().download_policy()
@@ -403,17 +410,27 @@ class ShardCache:
           under a name keyed by a hash of its URL and size, so a rewritten file of another size
           gets a fresh copy. Same URL and size means same content: rewrite remote data under a
           new name (or clear the cache) if you change bytes without changing the size.
-        - Downloads are atomic (temp file + rename): a crash never leaves a partial file under
-          the final name, and concurrent callers in other processes at worst download twice.
-          Within one process, callers for the same URL wait for a single download.
+        - Downloads are single-flight across the threads and processes that share ``root``
+          (a node's ranks): the first caller claims the entry (an ``flock`` on its file in
+          ``root/.locks``, `zephon_columnar.io.locks`), the others wait for it and then use the
+          finished copy. A download writes a temp file beside the copy and renames it into place
+          only once its size is checked, so a process killed half way leaves only a temp file:
+          never trusted, removed by the next claim of the entry (or an eviction), and its claim
+          dies with it (the kernel drops the lock), so a waiter takes over and downloads.
         - A download that fails transiently is retried (``download_policy``), resuming after
           the bytes it already has; metadata requests follow ``metadata_policy``. When the
           tries run out, :class:`~zephon_columnar.io.retry.RetriesExhaustedError` names the URL.
-        - ``limit_bytes`` (None: no limit) bounds the copies: before a download the least
-          recently used copies (by the time they were last returned) are deleted until the
-          rest and the new one fit (and again after it, when downloads overlapped), never the
-          copy just returned. A reader that has a copy open keeps reading
-          it (POSIX); one that reopens it later gets a fresh download.
+        - ``limit_bytes`` (None: no limit) bounds the files in ``root``, copies and downloads
+          in flight together, across processes: a download first asks for room under a
+          cache-wide lock, where the least recently used copies (by the time they were last
+          returned) are deleted until the finished copies, the room granted to downloads in
+          flight and the new one fit; then it is granted its size. When that needs a copy that
+          cannot be deleted now (being opened: `open_local`), or room a download in flight
+          holds, it waits for them; a shard bigger than the whole limit is let through alone.
+          A reader that has a copy open keeps reading it (POSIX; its disk space comes back
+          when it closes it); one that reopens it later gets a fresh download.
+        - ``remember(key, make)``: small bytes (a Parquet footer) made once for all the
+          processes, kept in ``root/.remembered`` (outside the limit).
 
     Example:
         >>> cache = ShardCache("shards")
@@ -437,7 +454,6 @@ class ShardCache:
         self.metadata_policy = metadata_policy
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
-        self._evict_guard = threading.Lock()
         self._count_guard = threading.Lock()
         # what this instance did (for tests and fetch statistics)
         self.downloads = 0
@@ -506,8 +522,8 @@ class ShardCache:
             size = int(self.remote_call(url, "size request", lambda: fs.size(path)))
         target = self.cached_path(url, size)
 
-        def download() -> None:
-            self._make_room(size)
+        def download(claim: int) -> None:
+            self._make_room(size, claim)
             self._download(fs, path, url, target, size)
 
         return self._find_or_make(target, lambda: _has_size(target, size), download)
@@ -517,22 +533,66 @@ class ShardCache:
         where `cached_path` puts ``url`` of ``size`` bytes: made once, found there after (when
         ``made_size`` is given, only a copy of that size counts), kept within ``limit_bytes`` as
         downloads are, and made again once evicted. Within one process, callers for the same
-        copy wait for one ``make``."""
+        copy, here and in other processes, wait for one ``make``."""
         target = self.cached_path(url, size)
 
         def ready() -> bool:
             return _has_size(target, made_size) if made_size is not None else os.path.exists(target)
 
-        def keep() -> None:
+        def keep(claim: int) -> None:
             data = make()
-            self._make_room(len(data))
+            self._make_room(len(data), claim)
             atomic_write(target, data)
 
         return self._find_or_make(target, ready, keep)
 
-    def _find_or_make(self, target: str, ready: Callable[[], bool], make: Callable[[], None]) -> str:
-        """``target`` when ``ready()``, else after ``make()`` (which makes room, then writes it),
-        once per process at a time; the cache is brought back within ``limit_bytes`` after."""
+    def open_local(self, url: str, size: int | None, opener: Callable[[str], T]) -> T:
+        """``opener(path)`` on the local copy of ``url`` (as `ensure_local` gives it), opened
+        while no process may evict it: once open, it stays readable (POSIX) whatever the cache
+        does. A copy that another process evicted between the two is fetched again."""
+        for _ in range(_OPEN_TRIES):
+            path = self.ensure_local(url, size)
+            if is_local(url) or self.limit_bytes is None:  # nothing is ever evicted
+                return opener(path)
+            with locks.held(self.root, os.path.basename(path), shared=True):
+                if os.path.exists(path):
+                    return opener(path)
+        return opener(self.ensure_local(url, size))
+
+    def remember(self, key: str, make: Callable[[], bytes]) -> bytes:
+        """``make()``'s bytes (small: a Parquet footer), made once for every thread and process
+        sharing this cache, keyed by ``key`` (which names the source's version: URL, size and
+        ETag), and read from ``root/.remembered`` after. A cache folder this process cannot
+        write only costs the sharing: ``make()`` is called each time."""
+        digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+        folder = os.path.join(self.root, _REMEMBERED)
+        target = os.path.join(folder, digest)
+        try:
+            with open(target, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            pass
+        try:
+            os.makedirs(os.path.join(folder, locks.FOLDER), exist_ok=True)
+        except OSError:  # read-only, or not ours
+            return make()
+        with self._lock_for(target), locks.held(folder, digest):
+            try:
+                with open(target, "rb") as f:  # another thread or process made it meanwhile
+                    return f.read()
+            except FileNotFoundError:
+                pass
+            data = make()
+            try:
+                atomic_write(target, data)
+            except OSError:  # a full or read-only disk: remembered next time, perhaps
+                pass
+            return data
+
+    def _find_or_make(self, target: str, ready: Callable[[], bool], make: Callable[[int], None]) -> str:
+        """``target`` when ``ready()``, else after ``make(claim)`` (which makes room, then writes
+        it), made by one thread of one process at a time: the others wait for the claim (the
+        entry's lock, its file descriptor ``claim``) and find it made."""
         if ready():
             self._touch(target)
             return target
@@ -541,15 +601,30 @@ class ShardCache:
                 self._touch(target)
                 return target
             os.makedirs(self.root, exist_ok=True)
-            make()
-        if self.limit_bytes is not None:  # copies made at the same time may overlap
-            self._evict(keep=target)
+            with locks.held(self.root, os.path.basename(target)) as claim:
+                assert claim is not None  # a waiting hold always gets the lock
+                if ready():  # another process made it meanwhile
+                    self._touch(target)
+                    return target
+                for stale in globlib.glob(globlib.escape(target) + ".tmp-*"):  # a dead claimant's
+                    _remove_quietly(stale)
+                try:
+                    make(claim)
+                finally:
+                    locks.grant(claim, 0)  # the copy (or nothing) is on disk now: no room held
         return target
 
-    def _make_room(self, incoming: int) -> None:
-        """Evict until ``incoming`` more bytes fit (the copies never exceed the limit on disk)."""
-        if self.limit_bytes is not None:
-            self._evict(incoming=incoming)
+    def _make_room(self, incoming: int, claim: int) -> None:
+        """Evict until ``incoming`` more bytes fit, then grant them to ``claim`` (waiting while
+        the room is held by downloads in flight or copies being opened)."""
+        if self.limit_bytes is None:
+            return
+        while True:
+            with locks.held(self.root, _CACHE_LOCK):
+                if self._evict(incoming):
+                    locks.grant(claim, incoming)
+                    return
+            time.sleep(_ROOM_POLL_S)
 
     def _touch(self, target: str) -> None:
         """Mark a copy as just used (its mtime orders the evictions)."""
@@ -560,29 +635,46 @@ class ShardCache:
             except OSError:
                 pass
 
-    def _evict(self, *, keep: str | None = None, incoming: int = 0) -> None:
-        """Delete the least recently used copies (never ``keep``) until they and ``incoming``
-        more bytes fit ``limit_bytes`` (set: only a cache with a limit evicts)."""
+    def _evict(self, incoming: int) -> bool:
+        """With the cache-wide lock held: delete the least recently used copies until they, the
+        room granted to downloads in flight and ``incoming`` more bytes fit ``limit_bytes``;
+        whether they fit now (or never will by waiting: nothing is in flight or being opened).
+        Temp files nobody is writing (a killed download's) are removed on the way."""
         limit = self.limit_bytes
-        if limit is None:
-            return
-        with self._evict_guard:
-            entries = []
-            with os.scandir(self.root) as it:
-                for e in it:
-                    if e.is_file() and ".tmp-" not in e.name and e.path != keep:  # not a download in flight
-                        try:
-                            st = e.stat()
-                        except FileNotFoundError:  # evicted by another process meanwhile
-                            continue
-                        entries.append((st.st_mtime_ns, e.path, st.st_size))
-            total = sum(size for _, _, size in entries) + incoming + (os.path.getsize(keep) if keep else 0)
-            for _, path, size in sorted(entries):
-                if total <= limit:
-                    break
+        assert limit is not None
+        entries, in_flight = [], 0
+        with os.scandir(self.root) as it:
+            for e in it:
+                if not e.is_file():
+                    continue
+                if ".tmp-" in e.name:  # a download in flight (counted by its grant), or a dead one's
+                    owner = e.name.split(".tmp-", 1)[0]
+                    with locks.held(self.root, owner, wait=False) as free:
+                        if free is not None:
+                            _remove_quietly(e.path)
+                    continue
+                try:
+                    st = e.stat()
+                except FileNotFoundError:  # evicted by another process meanwhile
+                    continue
+                entries.append((st.st_mtime_ns, e.path, st.st_size))
+        with os.scandir(os.path.join(self.root, locks.FOLDER)) as it:
+            for e in it:
+                if e.name.endswith(".lock") and e.name != f"{_CACHE_LOCK}.lock":
+                    in_flight += locks.granted(self.root, e.name[: -len(".lock")])
+        total = sum(size for _, _, size in entries) + in_flight + incoming
+        busy = in_flight > 0
+        for _, path, size in sorted(entries):
+            if total <= limit:
+                break
+            with locks.held(self.root, os.path.basename(path), wait=False) as free:
+                if free is None:  # being opened (or made) right now: not this one
+                    busy = True
+                    continue
                 _remove_quietly(path)
-                total -= size
-                self.evictions += 1
+            total -= size
+            self.evictions += 1
+        return total <= limit or not busy
 
     # Alias that reads better at call sites that only want the path.
     local_path = ensure_local

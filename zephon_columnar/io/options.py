@@ -4,9 +4,12 @@
 (``{"cache": {"enabled": True, "root": dir, "limit_bytes": "50gb"}}``). What takes effect here:
 
 - ``cache.root``: where local copies of remote shards are kept (default, None:
-  ``$ZEPHON_COLUMNAR_CACHE/shards`` or ``~/.cache/zephon_columnar/shards``);
-- ``cache.limit_bytes``: the most those copies may take; past it the least recently used
-  copies are deleted (never one a reader has open). An int or a size such as ``"50gb"``.
+  ``$ZEPHON_COLUMNAR_CACHE/shards`` or ``~/.cache/zephon_columnar/shards``); the processes
+  of a node that use one root share it: each shard is downloaded once for all of them
+  (`zephon_columnar.io.fs.ShardCache`);
+- ``cache.limit_bytes``: the most those copies may take, all processes together; past it the
+  least recently used copies are deleted (one a reader has open stays readable to it). An int
+  or a size such as ``"50gb"``.
 - ``cache.download_retry`` (12), ``cache.download_timeout`` (180 s): a download failing with
   transient errors is tried that many more times, within that many seconds, each try resuming
   after the bytes already downloaded; ``cache.open_retry_attempts`` (5) tries of a listing,

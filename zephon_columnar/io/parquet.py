@@ -112,13 +112,26 @@ PARQUET = ParquetFormat()
 def _read_remote_footer(url: str) -> tuple[pq.FileMetaData, int]:
     """The footer from range reads of the file's end (retried after transient errors), parsed
     outside the retries: Arrow reports a corrupt footer as an ``OSError``, which must not be
-    mistaken for a network error."""
-    size = fs.file_size(url)
-    tail = fs.remote_call(url, "footer read", lambda: fs.read_range(url, max(0, size - _FOOTER_GUESS_BYTES), size))
-    if len(tail) >= 8 and tail[-4:] == b"PAR1":
-        needed = int.from_bytes(tail[-8:-4], "little") + 8  # footer length + its 8-byte trailer
-        if len(tail) < needed <= size:
-            tail = fs.remote_call(url, "footer read", lambda: fs.read_range(url, size - needed, size))
+    mistaken for a network error.
+
+    The footer's bytes are remembered in the shard cache (`ShardCache.remember`), keyed by the
+    URL, size and version tag (ETag) of the file: the processes of a node that share the cache
+    read each footer once between them. A backend that reports no version tag is read each time.
+    """
+    size, tag = fs.file_info(url)
+
+    def footer_bytes() -> bytes:
+        tail = fs.remote_call(url, "footer read", lambda: fs.read_range(url, max(0, size - _FOOTER_GUESS_BYTES), size))
+        if len(tail) >= 8 and tail[-4:] == b"PAR1":
+            needed = int.from_bytes(tail[-8:-4], "little") + 8  # footer length + its 8-byte trailer
+            if len(tail) < needed <= size:
+                tail = fs.remote_call(url, "footer read", lambda: fs.read_range(url, size - needed, size))
+            elif needed <= len(tail):
+                tail = tail[-needed:]
+        return tail
+
+    key = f"parquet footer\0{fs.canonical(url)}\0{size}\0{tag}"
+    tail = fs.default_shard_cache().remember(key, footer_bytes) if tag else footer_bytes()
     return pq.read_metadata(pa.BufferReader(tail)), size
 
 
@@ -301,16 +314,21 @@ class ParquetReader:
             return shard
         info = shard_info(self._shards, shard_id, dataset=self._name)
         url = info.file_path()
-        path = self._shard_cache.ensure_local(url, info.num_bytes or None)
-        try:
-            shard = _OpenShard(url, path, info.extra.get("row_groups", ()))
-        except (pa.ArrowInvalid, OSError) as err:
-            if fs.is_read_failure(err):
-                raise fs.unreadable_file(url, err) from err
-            raise DatasetFormatError(
-                f"{info.path}: cannot open as Parquet ({err}). Re-write the file or remove it "
-                "from the dataset directory, then rediscover the dataset."
-            ) from err
+        counts = info.extra.get("row_groups", ())
+
+        def open_copy(path: str) -> _OpenShard:
+            try:
+                return _OpenShard(url, path, counts)
+            except (pa.ArrowInvalid, OSError) as err:
+                if fs.is_read_failure(err):
+                    raise fs.unreadable_file(url, err) from err
+                raise DatasetFormatError(
+                    f"{info.path}: cannot open as Parquet ({err}). Re-write the file or remove it "
+                    "from the dataset directory, then rediscover the dataset."
+                ) from err
+
+        # Opened while no other process sharing the cache may evict the copy.
+        shard = self._shard_cache.open_local(url, info.num_bytes or None, open_copy)
         self._open[shard_id] = shard
         while len(self._open) > self._max_open:
             _, old = self._open.popitem(last=False)
