@@ -33,7 +33,7 @@ def build(lanes: int, world: int) -> Any:
     from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 
     shards = [pa.table({"input_ids": [[i, i + 1, i + 2, i + 3]] * 1}) for i in range(64)]
-    ds = Dataset.from_tables("a", [pa.concat_tables([t] * 64) for t in shards])
+    ds = Dataset.from_tables("a", [pa.concat_tables([t] * 512) for t in shards])
     ws = StaticMixtureWorkSource([ds], {"a": 1.0}, chunk_size=16, seed=1, stop_after_passes=None)
     return (
         Pipeline(ws)
@@ -101,6 +101,39 @@ def _rank(rank: int, world: int, port: int, lanes: int, workers: int, steps: int
         dist.destroy_process_group()
 
 
+def merge_model(lane_counts: list[int], lanes_per_rank: int) -> None:
+    """What one rank does with the gathered parts, in one process (no contention): merge
+    ``lanes / lanes_per_rank`` rank parts of ``lanes`` lanes in all, and the size of the whole."""
+    from zephon_columnar.engine.checkpoint import checkpoint_bytes, merge_checkpoints
+
+    for lanes in lane_counts:
+        world = lanes // lanes_per_rank
+        pipe = build(lanes, 1)
+        it = iter(pipe)
+        for _ in range(lanes):  # every lane past its first item
+            next(it)
+        whole = pipe.checkpoint()
+        it.close()
+        parts = [
+            dict(whole, lanes={k: v for k, v in whole["lanes"].items() if int(k) // lanes_per_rank == r})
+            for r in range(world)
+        ]
+        start = time.perf_counter()
+        merged = merge_checkpoints(parts)
+        took = time.perf_counter() - start
+        row = {
+            "merge_model": True,
+            "lanes": lanes,
+            "ranks": world,
+            "merge_s": took,
+            "merge_us_per_lane": took / lanes * 1e6,
+            "whole_json_bytes": len(json.dumps(merged)),
+            "whole_zstd_bytes": len(checkpoint_bytes(merged)),
+            "part_json_bytes": len(json.dumps(parts[0])),
+        }
+        print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8, 16])
@@ -108,7 +141,17 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--merge-model",
+        type=int,
+        nargs="*",
+        metavar="LANES",
+        help="instead: merge time and whole size for these lane counts, in one process",
+    )
     args = parser.parse_args()
+    if args.merge_model:
+        merge_model(args.merge_model, args.lanes_per_rank)
+        return
     ctx = mp.get_context("spawn")
     for world in args.ranks:
         lanes = world * args.lanes_per_rank

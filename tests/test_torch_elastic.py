@@ -58,8 +58,7 @@ ENDLESS = sigs(itertools.islice(build(endless=True), TAKE))
 
 
 # ---------------------------------------------------------------------------- one rank
-@pytest.mark.parametrize("saved, resumed", [(2, 3), (2, 0), (0, 2), (3, 1), (4, 4)])
-@pytest.mark.parametrize("step", [1, 7])
+@pytest.mark.parametrize("saved, resumed, step", [(2, 3, 1), (2, 0, 7), (0, 2, 7), (3, 1, 1), (4, 4, 7), (1, 4, 12)])
 def test_a_state_resumes_with_another_number_of_loader_workers_in_the_same_order(saved, resumed, step):
     loader = loader_of(build(endless=True), saved)
     it = iter(loader)
