@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import cloudpickle
 
-from zephon_columnar.engine.aggregate import gather_directory, gather_torch, torch_distributed_ready
 from zephon_columnar.engine.calibrate import prime_token_mixture
 from zephon_columnar.engine.checkpoint import (
     LaneCursor,
@@ -50,6 +49,7 @@ from zephon_columnar.engine.checkpoint import (
     source_state_of,
     verify_digests,
 )
+from zephon_columnar.engine.checkpoint.gather import gather_directory, gather_torch, torch_distributed_ready
 from zephon_columnar.engine.engine import Engine
 from zephon_columnar.engine.layout import unsettled_share
 from zephon_columnar.engine.realized import columns_some_lack, is_mixture_counter, realized_mixture

@@ -1,6 +1,8 @@
 """Checkpoint state: per lane, by reference (`LaneSnapshot`) or by replay (`LaneCursor`), as
 typed frozen values (`state`), their one JSON form (`codec`), what restore checks before any
-work (`checks`) and merging the ranks' checkpoints (`merge`).
+work (`checks`), merging the ranks' checkpoints (`merge`) and gathering them from every rank
+(`gather`: through ``torch.distributed`` or a shared directory), and the torch loader's part
+(`loader`: DataLoader worker states, how a loader's state finds every lane on another layout).
 
 *By reference* (every built-in operator): a snapshot of the lane's chain between two
 deliveries (`engine.lane`): where the source resumes (a chunk, an offset in it, and the

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from zephon_columnar.engine.checkpoint import merge_checkpoints
+from zephon_columnar.engine.checkpoint.merge import merge_checkpoints
 from zephon_columnar.errors import CheckpointError
 
 
