@@ -28,7 +28,8 @@ LANES = 12
 
 
 def build(*, endless: bool = False, lanes: int = LANES, seed: int = 3, **options: Any) -> Pipeline:
-    ds = Dataset.from_tables("a", [pa.table({"id": list(range(s * 40, s * 40 + 40))}) for s in range(4)])
+    rows = 40 * max(1, lanes // LANES)  # per shard: every lane has a few batches
+    ds = Dataset.from_tables("a", [pa.table({"id": list(range(s * rows, s * rows + rows))}) for s in range(4)])
     ws = StaticMixtureWorkSource([ds], {"a": 1.0}, chunk_size=5, seed=seed, shuffle_within_shard=True,
                                  stop_after_passes=None if endless else 1)
     return Pipeline(ws).batch(2, drop_last=False).options(runner="inline", canonical_replicas=lanes, **options)

@@ -40,6 +40,12 @@ def _source() -> StaticMixtureWorkSource:
     return StaticMixtureWorkSource([a, b], {"a": 0.6, "b": 0.4}, chunk_size=8, seed=1, stop_after_passes=1)
 
 
+def _wide_source() -> StaticMixtureWorkSource:
+    parts = [Dataset.from_dict(f"w{i}", {0: [{"text": t} for t in TEXTS[i * 20:i * 20 + 20]]}) for i in range(9)]
+    return StaticMixtureWorkSource(parts, {f"w{i}": 1.0 + i % 3 for i in range(9)}, chunk_size=4, seed=1,
+                                   stop_after_passes=1)
+
+
 def _keep(state: Any, records: list) -> tuple[Any, list]:
     return state, records
 
@@ -59,6 +65,8 @@ RECIPES: dict[str, Callable[[], Pipeline]] = {
                        .pack_flat(24, algorithm="wrap").batch(2).options(flush_every_k_chunks=2)),
     "prefetched_rows_held": lambda: Pipeline(_source()).shuffle(8, seed=3).batch(3).options(
         prefetch_batches=3, runner="threads"),
+    # A mixture of 9 datasets: its work-source maps are written compactly (engine/checkpoint/compact.py).
+    "wide_mixture": lambda: Pipeline(_wide_source()).batch(2).options(canonical_replicas=2),
 }
 
 

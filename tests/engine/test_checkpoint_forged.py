@@ -14,12 +14,15 @@ import pytest
 
 from tests.engine.test_checkpoint_damage import MALFORMED, RECIPES, _outcomes
 
-#: Paths inside an operator's own state: the operator reads them, the digest guards them.
+#: Paths inside an operator's own state: the operator reads them, the digest guards them. (And a
+#: mixture cursor's ``accumulator``, a rational as text: cut short, "-1/9" is "-1", another value
+#: in range, which only the digest tells apart.)
 OPERATOR_STATE = re.compile(r"\.state(\.|$)|\.__s_|\.__sf_|__segments|\.schema")
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_forged_malformed_structure_is_refused_by_the_engines_own_checks(recipe):
     wrong, _, cases = _outcomes(recipe, forged=True,
-                                keep=lambda path, damage: damage in MALFORMED and not OPERATOR_STATE.search(path))
+                                keep=lambda path, damage: damage in MALFORMED and not OPERATOR_STATE.search(path)
+                                and not (damage == "cut" and path.endswith(".accumulator")))
     assert cases and not wrong, wrong

@@ -1,5 +1,6 @@
 """Checkpoint state: per lane, by reference (`LaneSnapshot`) or by replay (`LaneCursor`), as
-typed frozen values (`state`), their one JSON form (`codec`), what restore checks before any
+typed frozen values (`state`), their one JSON form (`codec`, with a wide mixture's work-source
+maps written compactly by `compact`), what restore checks before any
 work (`checks`), merging the ranks' checkpoints (`merge`) and gathering them from every rank
 (`gather`: through ``torch.distributed`` or a shared directory), and the torch loader's part
 (`loader`: DataLoader worker states, how a loader's state finds every lane on another layout).

@@ -7,6 +7,7 @@ from typing import Any
 
 from zephon_columnar.engine.checkpoint.checks import check_recipe
 from zephon_columnar.engine.checkpoint.codec import load_checkpoint
+from zephon_columnar.engine.checkpoint.compact import expanded_recipe
 from zephon_columnar.errors import CheckpointError
 
 
@@ -38,8 +39,8 @@ def merge_checkpoints(ckpts: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     first = ckpts[0]
     lanes: dict[str, Any] = {}
     for i, ck in enumerate(ckpts):
-        if ck["recipe"] != first["recipe"]:
-            check_recipe(first["recipe"], ck["recipe"])  # raises, naming each difference
+        if ck["recipe"] != first["recipe"]:  # raises, naming each difference
+            check_recipe(expanded_recipe(first["recipe"]), expanded_recipe(ck["recipe"]))
         for key, lane in ck["lanes"].items():
             items = lane.get("items") if isinstance(lane, Mapping) else None
             if isinstance(items, bool) or not isinstance(items, int):
