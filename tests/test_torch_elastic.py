@@ -73,6 +73,20 @@ def test_a_state_resumes_with_another_number_of_loader_workers_in_the_same_order
     del it
 
 
+@pytest.mark.parametrize("saved, resumed", [(3, 2), (2, 0)])
+def test_a_state_taken_after_a_worker_ran_out_resumes_with_other_workers(saved, resumed):
+    # A finite stream: one worker's lanes end before the others' (the loader goes on with the
+    # rest). The state taken then still holds every lane at its last delivered item.
+    loader = loader_of(build(), saved)
+    it = iter(loader)
+    head = sigs(next(it) for _ in range(len(REFERENCE) - 5))
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    fresh = loader_of(build(), resumed)
+    fresh.load_state_dict(state)
+    assert by_lane(head + sigs(fresh)) == by_lane(REFERENCE)
+
+
 def test_a_state_of_one_rank_without_a_group_or_directory_is_refused_on_another_layout():
     loader = loader_of(build(world_size=2, global_rank=1), 2)
     it = iter(loader)

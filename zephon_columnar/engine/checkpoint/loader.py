@@ -401,14 +401,11 @@ def loader_cut(phases: Sequence[LoaderPhase], workers: int) -> tuple[int, dict[i
 
 
 def rank_part(states: Sequence[WorkerState]) -> dict[str, Any]:
-    """The checkpoint of a rank's lanes at its loader's cut, from every worker's latest state
-    (`loader_cut` checks they are one step)."""
-    phases = [s.phase for s in states]
-    if any(p is None for p in phases):
-        raise CheckpointError("a DataLoader worker state without its loader phase cannot be merged with its peers'.")
-    loader_cut([p for p in phases if p is not None], len(states))
-    parts = [s.pipeline for s in states if s.pipeline is not None]
-    return merge_checkpoints(parts)
+    """The checkpoint of a rank's lanes after the loader's last item, from the state torchdata
+    kept of each worker: the one that came with that worker's last item the loader yielded (a
+    loader built by ``to_torch_loader`` snapshots every item, in order). Each lane is then at
+    its last delivered item, also once a worker has run out and the others go on."""
+    return merge_checkpoints([s.pipeline for s in states if s.pipeline is not None])
 
 
 class CutExchange:
