@@ -59,7 +59,7 @@ ENDLESS = sigs(itertools.islice(build(endless=True), TAKE))
 
 
 # ---------------------------------------------------------------------------- one rank
-@pytest.mark.parametrize("saved, resumed, step", [(2, 3, 1), (2, 0, 7), (0, 2, 7), (3, 1, 1), (4, 4, 7), (1, 4, 12)])
+@pytest.mark.parametrize("saved, resumed, step", [(2, 3, 1), (0, 2, 7), (3, 1, 12), (4, 4, 7)])
 def test_a_state_resumes_with_another_number_of_loader_workers_in_the_same_order(saved, resumed, step):
     loader = loader_of(build(endless=True), saved)
     it = iter(loader)
@@ -73,7 +73,7 @@ def test_a_state_resumes_with_another_number_of_loader_workers_in_the_same_order
     del it
 
 
-@pytest.mark.parametrize("saved, resumed", [(3, 2), (2, 0)])
+@pytest.mark.parametrize("saved, resumed", [(3, 2)])
 def test_a_state_taken_after_a_worker_ran_out_resumes_with_other_workers(saved, resumed):
     # A finite stream: one worker's lanes end before the others' (the loader goes on with the
     # rest). The state taken then still holds every lane at its last delivered item.

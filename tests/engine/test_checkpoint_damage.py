@@ -122,10 +122,10 @@ def _cases(ckpt: dict) -> list[tuple[tuple, str, Any]]:
 
 
 def _outcomes(recipe: str, forged: bool, keep: Callable[[str, str], bool] = lambda path, damage: True,
-              ) -> tuple[list[tuple[str, str, str]], int, int]:
+              share: tuple[int, int] = (1, 0)) -> tuple[list[tuple[str, str, str]], int, int]:
     """Damage every field of a checkpoint of ``recipe`` taken after 7 items (the cases ``keep(path,
-    damage)`` selects): (the cases that did not end in CheckpointError or the uninterrupted
-    stream, refused, cases)."""
+    damage)`` selects; with ``share=(n, i)``, of those the i-th of every n): (the cases that did
+    not end in CheckpointError or the uninterrupted stream, refused, cases)."""
     build = RECIPES[recipe]
     full = [signature(x) for x in build()]
     pipe = build()
@@ -133,7 +133,7 @@ def _outcomes(recipe: str, forged: bool, keep: Callable[[str, str], bool] = lamb
     head = [signature(x) for x in itertools.islice(it, 7)]
     ckpt = json.loads(json.dumps(pipe.checkpoint()))
     it.close()
-    cases = [c for c in _cases(ckpt) if keep(".".join(map(str, c[0])), c[1])]
+    cases = [c for c in _cases(ckpt) if keep(".".join(map(str, c[0])), c[1])][share[1]::share[0]]
     wrong, refused = [], 0
     for at, damage, new in cases:
         damaged = _damaged(ckpt, at, damage, new)

@@ -106,8 +106,9 @@ def test_checkpoint_soon_after_a_restore_that_held_prefetched_rows(runner):
             assert head + mid + [signature(x) for x in third] == full, (k, taken)
 
 
-@pytest.mark.parametrize("strategy", ["random", "length"])
-@pytest.mark.parametrize("flush_every", [1, 3])
+@pytest.mark.parametrize(("strategy", "flush_every"), [
+    ("random", 1), ("length", 3),
+    pytest.param("length", 1, marks=pytest.mark.slow), pytest.param("random", 3, marks=pytest.mark.slow)])
 def test_replayed_stage_and_wrap_with_a_shuffle_strategy_resume_unshifted(strategy, flush_every):
     """A stateful_transform makes checkpoints replay the flush epoch, priming the fresh packer
     with the partial row it carried; with shuffle_strategy the carried row went through the

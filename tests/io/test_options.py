@@ -3,8 +3,10 @@ and ``limit_bytes`` taking effect (least recently used copies evicted) through `
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -13,7 +15,7 @@ import pytest
 import zephon_columnar as zephon
 from tests.io.conftest import cache_files
 from zephon_columnar.errors import ConfigError
-from zephon_columnar.io import fs
+from zephon_columnar.io import fs, locks
 from zephon_columnar.io.options import CacheOptions, ParquetOptions, ParquetRGCacheOptions, StoreOptions, parse_bytes
 
 
@@ -70,6 +72,43 @@ def test_shard_cache_evicts_the_least_recently_used_copies_past_its_limit(tmp_pa
     cache.ensure_local(urls[1])  # downloaded again
     assert cache.downloads == 4 and sum(os.path.getsize(tmp_path / "cache" / f)
                                         for f in cache_files(tmp_path / "cache")) <= 2500
+
+
+def test_a_download_finished_by_another_process_while_the_limit_is_checked_still_counts(tmp_path, memfs,
+                                                                                       monkeypatch):
+    """Another rank's download of s1 (its claim held, its grant written, its temp file full) ends
+    while this rank checks the limit for s2: its copy renamed into place, then its grant cleared,
+    between the two listings the check makes. Counted either way, it makes s0 go."""
+    mem, root = memfs
+    urls = [f"{root}/s{i}.bin" for i in range(3)]
+    for u in urls:
+        mem.pipe(u, b"x" * 1000)
+    folder = str(tmp_path / "cache")
+    cache = fs.ShardCache(folder, limit_bytes=2500)
+    cache.ensure_local(urls[0])
+    theirs = cache.cached_path(urls[1], 1000)
+    listed = os.scandir
+
+    with locks.held(folder, os.path.basename(theirs)) as claim:
+        assert claim is not None
+        locks.grant(claim, 1000)
+        with open(theirs + ".tmp-other", "wb") as f:
+            f.write(b"x" * 1000)
+
+        def scandir_then_theirs_ends(path):
+            with listed(path) as it:
+                entries = list(it)
+            if sys._getframe(1).f_code.co_name == "_evict" and os.path.exists(theirs + ".tmp-other"):
+                os.replace(theirs + ".tmp-other", theirs)
+                locks.grant(claim, 0)
+            return contextlib.nullcontext(entries)
+
+        monkeypatch.setattr(os, "scandir", scandir_then_theirs_ends)
+        cache.ensure_local(urls[2])
+        monkeypatch.undo()
+    on_disk = {f: os.path.getsize(os.path.join(folder, f)) for f in cache_files(tmp_path / "cache")}
+    assert sum(on_disk.values()) <= 2500, on_disk
+    assert sorted(on_disk) == sorted(os.path.basename(cache.cached_path(u, 1000)) for u in urls[1:])
 
 
 @pytest.mark.parametrize("runner", ["inline", "threads"])

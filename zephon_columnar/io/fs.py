@@ -642,10 +642,20 @@ class ShardCache:
         Temp files nobody is writing (a killed download's) are removed on the way."""
         limit = self.limit_bytes
         assert limit is not None
-        entries, in_flight = [], 0
+        # The grants first, the copies after: a download that finishes between the two (its temp
+        # file renamed, then its grant cleared) is still counted, by its grant (read the other way
+        # round, it was missed: three shards on disk under a limit of two and a half).
+        grants: dict[str, int] = {}
+        with os.scandir(os.path.join(self.root, locks.FOLDER)) as it:
+            for e in it:
+                if e.name.endswith(".lock") and e.name != f"{_CACHE_LOCK}.lock":
+                    name = e.name[: -len(".lock")]
+                    grants[name] = locks.granted(self.root, name)
+        in_flight = sum(grants.values())
+        entries = []
         with os.scandir(self.root) as it:
             for e in it:
-                if not e.is_file():
+                if not e.is_file() or grants.get(e.name):  # a copy just made: counted by its grant
                     continue
                 if ".tmp-" in e.name:  # a download in flight (counted by its grant), or a dead one's
                     owner = e.name.split(".tmp-", 1)[0]
@@ -658,10 +668,6 @@ class ShardCache:
                 except FileNotFoundError:  # evicted by another process meanwhile
                     continue
                 entries.append((st.st_mtime_ns, e.path, st.st_size))
-        with os.scandir(os.path.join(self.root, locks.FOLDER)) as it:
-            for e in it:
-                if e.name.endswith(".lock") and e.name != f"{_CACHE_LOCK}.lock":
-                    in_flight += locks.granted(self.root, e.name[: -len(".lock")])
         total = sum(size for _, _, size in entries) + in_flight + incoming
         busy = in_flight > 0
         for _, path, size in sorted(entries):
