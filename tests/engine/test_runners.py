@@ -162,6 +162,35 @@ def test_the_interpreter_exits_with_a_worker_stuck_in_a_user_function(runner, tm
     assert done.returncode == 0 and "stopped: PipelineError" in done.stdout, done.stderr[-2000:]
 
 
+def test_the_interpreter_exits_with_an_iterator_left_open_while_a_worker_reads_a_shard(tmp_path):
+    """A script that ends without closing its iterator (it hung, every time): the iterator is
+    collected at exit, while a daemon worker, stopped by the exit, held a shard reader."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    for d in range(10):
+        (tmp_path / f"d{d}").mkdir()
+        docs = [rng.integers(0, 1000, int(n), dtype=np.int32) for n in rng.integers(50, 1500, 64)]
+        pq.write_table(pa.table({"input_ids": docs}), tmp_path / f"d{d}" / "p.parquet")
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+
+        datasets = [Dataset.from_path(f"d{{d}}", {str(tmp_path)!r} + f"/d{{d}}") for d in range(10)]
+        ws = StaticMixtureWorkSource(datasets, {{ds.name: 1.0 for ds in datasets}}, seed=1, chunk_size=1024,
+                                     stop_after_passes=None, exhausted_policy="repeat")
+        it = iter(Pipeline(ws).pack_flat(2048, algorithm="wrap").batch(8))
+        for _ in range(20):
+            next(it)
+        print("leaving", flush=True)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=HANG_GUARD_S * 2)
+    assert done.returncode == 0 and "leaving" in done.stdout, done.stderr[-2000:]
+
+
 def descendants(pid: int) -> set[int]:
     """Every live process under ``pid`` (from /proc)."""
     parents = {}

@@ -39,7 +39,7 @@ from zephon_columnar.io.readers import ReaderPool
 from zephon_columnar.losses import Notices, say, summed
 from zephon_columnar.ops.accumulators.lane import restorable_by_reference
 from zephon_columnar.ops.base import BaseOp
-from zephon_columnar.ops.fetch import FetchOp, shard_cache_settings
+from zephon_columnar.ops.fetch import FetchOp, decoded_cache_limit, shard_cache_settings
 from zephon_columnar.ops.pack import PackFlatOp
 from zephon_columnar.ops.rows import name_samples
 from zephon_columnar.options import RuntimeOptions
@@ -342,6 +342,7 @@ class EngineRun:
             "datasets_by_id": engine.ws.datasets_by_id,
             "reader_pool": self._readers,
             "shard_cache": shard_cache_settings(engine.options),
+            "decoded_cache_bytes": decoded_cache_limit(engine.options),
             "collect_stats": tracking,
         }
         self.metrics = Metrics() if tracking else None

@@ -43,7 +43,7 @@ from zephon_columnar.engine.runners import run_stage, setup_stages
 from zephon_columnar.errors import NotIndexableError, PipelineError
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.batch import BatchOp
-from zephon_columnar.ops.fetch import shard_cache_settings
+from zephon_columnar.ops.fetch import decoded_cache_limit, shard_cache_settings
 from zephon_columnar.ops.map import MapBatchOp
 from zephon_columnar.ops.user import stages_of
 from zephon_columnar.records import SampleRecord, records_of
@@ -105,7 +105,11 @@ class IndexedPipeline:
         self._positions = ws.positions()
         self._fields = fields_by_dataset(ws.datasets_by_id) or None
         self._ops = [stage for op in ops for stage in stages_of(op)]
-        self._services = {"datasets_by_id": ws.datasets_by_id, "shard_cache": shard_cache_settings(spec.options)}
+        self._services = {
+            "datasets_by_id": ws.datasets_by_id,
+            "shard_cache": shard_cache_settings(spec.options),
+            "decoded_cache_bytes": decoded_cache_limit(spec.options),
+        }
         self._reset()
 
     def _reset(self) -> None:

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from zephon_columnar.errors import ConfigError, warn
+from zephon_columnar.io.decoded import DEFAULT_LIMIT_BYTES as DEFAULT_DECODED_LIMIT_BYTES
 from zephon_columnar.io.retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -478,7 +479,10 @@ class StoreOptions(_Options):
     """Every storage option; ``options(io_options=...)`` takes one (or the same as a dict).
 
     ``metadata_cache_entries`` (256; 0: none) bounds Zephon's retained footers per format; accepted
-    and validated. Nested options may be given as dicts (or None: their `defaults`). A
+    and validated. ``decoded_cache_bytes`` (256 MiB; not Zephon's) bounds the decoded data that
+    every reader of a process keeps together (`zephon_columnar.io.decoded`: Parquet row groups),
+    whatever the number of datasets; the last pipeline to set it in a process sets it for all.
+    Nested options may be given as dicts (or None: their `defaults`). A
     ``cache.rg_cache_bytes`` raises a ``DeprecationWarning`` (use ``parquet.rg_cache.limit_bytes``);
     the old top-level ``parquet_rg_cache`` key is refused.
     """
@@ -492,6 +496,7 @@ class StoreOptions(_Options):
     vortex: VortexOptions = _nested(VortexOptions)  # noqa: RUF009
     lance: LanceOptions = _nested(LanceOptions)  # noqa: RUF009
     metadata_cache_entries: int = _option(256, _count(0))
+    decoded_cache_bytes: int = _option(DEFAULT_DECODED_LIMIT_BYTES, _size(blank_is_none=False))
 
     def _check(self) -> None:
         if self.cache.rg_cache_bytes is not None:

@@ -40,6 +40,7 @@ import pyarrow.parquet as pq
 from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
 from zephon_columnar.io.base import ShardInfo, ShardReader, check_columns, project, shard_info
+from zephon_columnar.io.decoded import decoded_cache, new_owner
 from zephon_columnar.io.format import Discovered, FileFormat
 from zephon_columnar.io.retry import RetriesExhaustedError
 from zephon_columnar.io.tables import check_same_schema, in_column_order, take_rows
@@ -48,7 +49,9 @@ from zephon_columnar.memory import buffer_pool
 if TYPE_CHECKING:
     from zephon_columnar.io.dataset import Dataset
 
-DEFAULT_CACHE_BYTES = 32 << 20  # decoded row groups kept per reader: read-ahead + what is being sliced
+# Decoded row groups kept per reader (read-ahead + what is being sliced), within the process-wide
+# `zephon_columnar.io.decoded` limit that every reader shares.
+DEFAULT_CACHE_BYTES = 32 << 20
 DEFAULT_MAX_OPEN_FILES = 16
 # Sequential read-ahead, in uncompressed bytes (footer sizes) per decode call: starts at 4 MiB
 # and doubles while the scan stays sequential, up to 64 MiB (and half the row-group cache).
@@ -211,8 +214,9 @@ class ParquetReader:
           (int64 indices into the shard) in that order, columns in the dataset schema's order
           whatever the order in the shard's file; a zero-copy slice when the rows are
           consecutive, ``Table.take`` otherwise.
-        - Decoded row groups are kept in an LRU bounded by ``cache_bytes`` (decoded Arrow
-          bytes); open files and footers in an LRU of ``max_open_files`` shards.
+        - Decoded row groups are kept in the process's `DecodedCache` (every reader's
+          together within its ``limit_bytes``; this reader's within ``cache_bytes``, decoded
+          Arrow bytes); open files and footers in an LRU of ``max_open_files`` shards.
         - A scan (a take of consecutive rows that continues the previous take of the shard)
           reads ahead (4 MiB of row groups per decode, doubling up to 64 MiB or half the
           cache), so a scan in slices of any size decodes each row group exactly once; any
@@ -248,9 +252,8 @@ class ParquetReader:
         self._max_open = max(1, int(max_open_files))
         self._shard_cache = shard_cache or fs.default_shard_cache()
         self._open: OrderedDict[int, _OpenShard] = OrderedDict()
-        self._groups: OrderedDict[tuple[int, int], pa.Table] = OrderedDict()
-        self._group_bytes: dict[tuple[int, int], int] = {}
-        self._held_bytes = 0
+        self._decoded = decoded_cache()
+        self._owner = new_owner()  # this reader's entries in it: (owner, shard_id, group)
         self.stats = {"decoded_groups": 0, "decode_calls": 0, "cache_hits": 0}
 
     # ------------------------------------------------------------ public
@@ -302,9 +305,7 @@ class ParquetReader:
         for shard in self._open.values():
             shard.close()
         self._open.clear()
-        self._groups.clear()
-        self._group_bytes.clear()
-        self._held_bytes = 0
+        self._decoded.release(self._owner)
 
     # ------------------------------------------------------------ files
     def _shard(self, shard_id: int) -> _OpenShard:
@@ -342,11 +343,10 @@ class ParquetReader:
         out: dict[int, pa.Table] = {}
         missing: list[int] = []
         for g in wanted:
-            table = self._groups.get((shard_id, g))
+            table = self._decoded.get((self._owner, shard_id, g))
             if table is None:
                 missing.append(g)
             else:
-                self._groups.move_to_end((shard_id, g))
                 self.stats["cache_hits"] += 1
                 out[g] = table
         if missing:
@@ -354,7 +354,7 @@ class ParquetReader:
             for g, table in zip(decode, self._decode(shard, decode)):
                 if g in missing:
                     out[g] = table
-                self._remember((shard_id, g), table)
+                self._decoded.put((self._owner, shard_id, g), table, table.nbytes, owner_limit=self._cache_bytes)
         return out
 
     def _with_readahead(self, shard_id: int, shard: _OpenShard, missing: list[int], scan: bool) -> list[int]:
@@ -363,11 +363,14 @@ class ParquetReader:
         sequential = scan and missing[0] == shard.next_group and last - missing[0] == len(missing) - 1
         decode = list(missing)
         if sequential:
-            # Never read ahead more than half the cache, so read-ahead cannot evict itself.
-            budget = min(shard.window_bytes, self._cache_bytes // 2) - int(shard.group_bytes[missing].sum())
+            # Never read ahead more than half of this reader's room (its own limit, and its share
+            # of the process's among the readers holding groups), so read-ahead cannot evict
+            # itself, nor push out what the other datasets' readers will use next.
+            room = min(self._cache_bytes, self._decoded.fair_share()) // 2
+            budget = min(shard.window_bytes, room) - int(shard.group_bytes[missing].sum())
             n_groups = len(shard.starts) - 1
             g = last + 1
-            while g < n_groups and (shard_id, g) not in self._groups:
+            while g < n_groups and (self._owner, shard_id, g) not in self._decoded:
                 budget -= int(shard.group_bytes[g])
                 if budget < 0:
                     break
@@ -405,15 +408,3 @@ class ParquetReader:
             out.append(table.slice(offset, size))
             offset += size
         return out
-
-    def _remember(self, key: tuple[int, int], table: pa.Table) -> None:
-        old = self._groups.pop(key, None)
-        if old is not None:
-            self._held_bytes -= self._group_bytes.pop(key)
-        size = table.nbytes
-        self._groups[key] = table
-        self._group_bytes[key] = size
-        self._held_bytes += size
-        while self._held_bytes > self._cache_bytes and len(self._groups) > 1:
-            old_key, _ = self._groups.popitem(last=False)
-            self._held_bytes -= self._group_bytes.pop(old_key)

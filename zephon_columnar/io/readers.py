@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -33,8 +34,15 @@ class _LockedReader:
             return self._reader.take(shard_id, rows)
 
     def close(self) -> None:
-        with self._lock:
+        # At interpreter exit (an iterator never closed, collected with the module) a daemon
+        # worker thread can be frozen inside a take, holding the lock for ever: waiting for it
+        # hung the exit. The process is ending; its files close with it.
+        if not self._lock.acquire(blocking=not sys.is_finalizing()):
+            return
+        try:
             self._reader.close()
+        finally:
+            self._lock.release()
 
 
 class ReaderPool:

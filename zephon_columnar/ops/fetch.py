@@ -25,6 +25,8 @@ from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
 from zephon_columnar.io.base import ShardReader
 from zephon_columnar.io.dataset import Dataset
+from zephon_columnar.io.decoded import configure_decoded_cache
+from zephon_columnar.io.options import DEFAULT_DECODED_LIMIT_BYTES
 from zephon_columnar.ops.base import FrameOp, OpContext, OpTraits
 
 #: The first element of a fetch group's metrics key: ``(FETCH_GROUP, stage, dataset_id, shard_id)``.
@@ -47,6 +49,13 @@ def shard_cache_settings(options: Any) -> dict[str, Any] | None:
         "metadata_policy": fs.METADATA_POLICY,
     }
     return None if settings == defaults else settings
+
+
+def decoded_cache_limit(options: Any) -> int | None:
+    """``configure_decoded_cache``'s limit from ``RuntimeOptions.io_options`` (None: the default,
+    left as the process has it)."""
+    limit: int = options.store_options().decoded_cache_bytes
+    return None if limit == DEFAULT_DECODED_LIMIT_BYTES else limit
 
 
 def mixture_fields(datasets: Mapping[int, Any]) -> pa.Schema | None:
@@ -105,6 +114,9 @@ class FetchOp(FrameOp):
         cache = ctx.get("shard_cache")
         if cache is not None:  # options(io_options=...) named a cache root or limit: in this process too
             fs.configure_shard_cache(**cache)
+        decoded_limit = ctx.get("decoded_cache_bytes")
+        if decoded_limit is not None:  # options(io_options={"decoded_cache_bytes": ...}), in this process too
+            configure_decoded_cache(decoded_limit)
         self._datasets = dict(ctx.get("datasets_by_id", {}))
         self._fields = mixture_fields(self._datasets)
         self._pool = ctx.get("reader_pool")

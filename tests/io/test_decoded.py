@@ -1,0 +1,155 @@
+"""The process-wide cache of decoded data (`zephon_columnar.io.decoded`): every reader's decoded
+row groups together within one limit, whatever the number of datasets, rows still right."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+from zephon_columnar.errors import ConfigError
+from zephon_columnar.io import decoded
+from zephon_columnar.io.decoded import DecodedCache, decoded_cache, new_owner
+from zephon_columnar.io.parquet import ParquetReader
+from zephon_columnar.testing import collect
+
+GROUP_ROWS = 100
+
+
+@pytest.fixture
+def many(tmp_path) -> list[Dataset]:
+    """20 datasets of one file, 2 row groups of 100 rows each (a group decodes to ~8.4 KB)."""
+    out = []
+    for d in range(20):
+        folder = tmp_path / f"d{d}"
+        folder.mkdir()
+        ids = np.arange(d * 1000, d * 1000 + 2 * GROUP_ROWS, dtype=np.int64)
+        pq.write_table(pa.table({"id": ids, "x": ids * 0.5}), folder / "part-0.parquet", row_group_size=GROUP_ROWS)
+        out.append(Dataset.from_path(f"d{d}", str(folder)))
+    return out
+
+
+@pytest.fixture
+def process_cache(monkeypatch) -> DecodedCache:
+    """A fresh process cache for the test (the module's default is replaced, then restored)."""
+    cache = DecodedCache()
+    monkeypatch.setattr(decoded, "_default", cache)
+    return cache
+
+
+def test_readers_of_many_datasets_keep_within_one_limit_together(many, process_cache):
+    group_bytes = ParquetReader(many[0]).take(0, np.arange(GROUP_ROWS)).nbytes
+    process_cache.limit_bytes = 5 * group_bytes  # five groups for twenty readers
+    readers = [ParquetReader(ds) for ds in many]
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        d = int(rng.integers(len(many)))
+        rows = np.sort(rng.choice(2 * GROUP_ROWS, size=3, replace=False))
+        got = readers[d].take(0, rows)
+        assert got.column("id").to_pylist() == (d * 1000 + rows).tolist()
+        assert process_cache.held_bytes <= process_cache.limit_bytes
+    assert process_cache.evictions > 0
+    assert sum(r.stats["decoded_groups"] for r in readers) > 2 * len(many)  # some were decoded again
+    for r in readers:
+        r.close()
+    assert process_cache.held_bytes == 0  # a closed reader leaves nothing behind
+
+
+def test_one_readers_own_share_still_holds_and_a_scan_decodes_each_group_once(many, process_cache):
+    reader = ParquetReader(many[0])
+    for start in range(0, 2 * GROUP_ROWS, 7):  # a scan in slices: each group decoded once
+        reader.take(0, np.arange(start, min(start + 7, 2 * GROUP_ROWS)))
+    assert reader.stats["decoded_groups"] == 2
+    small = ParquetReader(many[1], cache_bytes=1)
+    small.take(0, np.arange(0, 2 * GROUP_ROWS, 10))  # both groups at once: kept while in use
+    small.take(0, np.array([5]))
+    assert process_cache.held_by(small._owner)[0] == 1  # then down to its share: one group
+
+
+def test_the_entry_just_put_stays_even_when_larger_than_the_limit():
+    cache = DecodedCache(limit_bytes=10)
+    a = new_owner()
+    cache.put((a, 0), "small", 4, owner_limit=100)
+    cache.put((a, 1), "big", 50, owner_limit=100)
+    assert (cache.get((a, 0)), cache.get((a, 1)), cache.held_bytes) == (None, "big", 50)
+
+
+def test_threads_sharing_the_cache_read_the_right_rows(many, process_cache):
+    process_cache.limit_bytes = 3 * ParquetReader(many[0]).take(0, np.arange(GROUP_ROWS)).nbytes
+    readers = [ParquetReader(ds) for ds in many[:8]]
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(100):
+                d = int(rng.integers(len(readers)))
+                rows = rng.integers(0, 2 * GROUP_ROWS, size=4)
+                # a reader is used by one thread at a time (the engine's pool serializes it)
+                with locks[d]:
+                    got = readers[d].take(0, rows).column("id").to_pylist()
+                assert got == (d * 1000 + rows).tolist()
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    locks = [threading.Lock() for _ in readers]
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    assert process_cache.held_bytes <= process_cache.limit_bytes
+
+
+@pytest.mark.parametrize("runner", ["inline", "threads"])
+def test_the_io_option_sets_the_process_limit_and_leaves_the_stream_as_it_was(many, process_cache, runner):
+    def pipe(**io) -> Pipeline:
+        ws = StaticMixtureWorkSource(many, {ds.name: 1.0 for ds in many}, seed=3, chunk_size=64)
+        return Pipeline(ws).fetch().batch(16).options(runner=runner, io_options=io or None)
+
+    want = collect(pipe())
+    assert process_cache.limit_bytes == decoded.DEFAULT_LIMIT_BYTES
+    got = collect(pipe(decoded_cache_bytes="20kb"))
+    assert process_cache.limit_bytes == 20 << 10 and got == want
+    assert process_cache.held_bytes <= 20 << 10 and process_cache.evictions > 0
+
+
+def test_a_bad_limit_is_refused_naming_the_option(many):
+    with pytest.raises(ConfigError, match="decoded_cache_bytes"):
+        Pipeline(StaticMixtureWorkSource(many[:1], {"d0": 1.0})).options(
+            io_options={"decoded_cache_bytes": "lots"}
+        )
+
+
+def test_the_default_cache_is_one_per_process():
+    assert decoded_cache() is decoded_cache()
+
+
+def test_a_forked_child_starts_with_an_empty_cache_of_the_same_limit(many, process_cache):
+    import multiprocessing as mp
+
+    process_cache.limit_bytes = 12345
+    reader = ParquetReader(many[0])
+    reader.take(0, np.arange(5))
+    assert process_cache.held_bytes > 0
+    held_lock = process_cache._lock.acquire()  # a parent's thread inside the cache at the fork
+    try:
+        ctx = mp.get_context("fork")
+        with ctx.Pool(1) as pool:
+            assert pool.apply(_child_view, ()) == (12345, 0, 0)
+    finally:
+        if held_lock:
+            process_cache._lock.release()
+
+
+def _child_view() -> tuple[int, int, int]:
+    cache = decoded_cache()
+    a = new_owner()
+    cache.put((a, 0), "x", 1, owner_limit=10)  # would hang on the parent's held lock
+    cache.release(a)
+    return cache.limit_bytes, cache.held_bytes, cache.evictions
