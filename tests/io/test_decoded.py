@@ -4,6 +4,7 @@ row groups together within one limit, whatever the number of datasets, rows stil
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -153,3 +154,32 @@ def _child_view() -> tuple[int, int, int]:
     cache.put((a, 0), "x", 1, owner_limit=10)  # would hang on the parent's held lock
     cache.release(a)
     return cache.limit_bytes, cache.held_bytes, cache.evictions
+
+
+def test_a_mixture_of_more_datasets_than_the_descriptor_limit_reads_every_row(tmp_path):
+    """300 datasets of 2 files under ``ulimit -n 256``: the readers close their files when the
+    process holds too many (before, the 257th open failed: "Too many open files")."""
+    import subprocess
+    import sys
+    import textwrap
+
+    for d in range(300):
+        (tmp_path / f"d{d}").mkdir()
+        for f in range(2):
+            pq.write_table(pa.table({"id": list(range(d * 100 + f * 50, d * 100 + f * 50 + 50))}),
+                           tmp_path / f"d{d}" / f"p{f}.parquet")
+    script = tmp_path / "wide.py"
+    script.write_text(textwrap.dedent(f"""
+        import resource, sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+        from zephon_columnar.io.open_files import OPEN_FILES
+        datasets = [Dataset.from_path(f"d{{d}}", {str(tmp_path)!r} + f"/d{{d}}") for d in range(300)]
+        ws = StaticMixtureWorkSource(datasets, {{ds.name: 1.0 for ds in datasets}}, seed=0, chunk_size=512)
+        ids = [i for b in Pipeline(ws).fetch().batch(50).options(runner="threads") for i in b.table.column("id").to_pylist()]
+        assert sorted(ids) == list(range(30000)), len(ids)
+        print("read", len(ids), "limit", OPEN_FILES.limit)
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "read 30000 limit 128" in done.stdout, done.stderr[-2000:]

@@ -42,6 +42,7 @@ from zephon_columnar.io import fs
 from zephon_columnar.io.base import ShardInfo, ShardReader, check_columns, project, shard_info
 from zephon_columnar.io.decoded import decoded_cache, new_owner
 from zephon_columnar.io.format import Discovered, FileFormat
+from zephon_columnar.io.open_files import OPEN_FILES
 from zephon_columnar.io.retry import RetriesExhaustedError
 from zephon_columnar.io.tables import check_same_schema, in_column_order, take_rows
 from zephon_columnar.memory import buffer_pool
@@ -216,7 +217,8 @@ class ParquetReader:
           consecutive, ``Table.take`` otherwise.
         - Decoded row groups are kept in the process's `DecodedCache` (every reader's
           together within its ``limit_bytes``; this reader's within ``cache_bytes``, decoded
-          Arrow bytes); open files and footers in an LRU of ``max_open_files`` shards.
+          Arrow bytes); open files and footers in an LRU of ``max_open_files`` shards, all
+          closed after a take when the process's readers hold more than `OPEN_FILES` allows.
         - A scan (a take of consecutive rows that continues the previous take of the shard)
           reads ahead (4 MiB of row groups per decode, doubling up to 64 MiB or half the
           cache), so a scan in slices of any size decodes each row group exactly once; any
@@ -258,6 +260,13 @@ class ParquetReader:
 
     # ------------------------------------------------------------ public
     def take(self, shard_id: int, rows: np.ndarray) -> pa.Table:
+        try:
+            return self._take(shard_id, rows)
+        finally:
+            if OPEN_FILES.over():  # the process's readers hold too many files: give this one's back
+                self._close_files()
+
+    def _take(self, shard_id: int, rows: np.ndarray) -> pa.Table:
         rows = np.asarray(rows, dtype=np.int64)
         n = len(rows)
         if n == 0:
@@ -302,10 +311,14 @@ class ParquetReader:
         return combined.take(pa.array(positions, pa.int64()))
 
     def close(self) -> None:
+        self._close_files()
+        self._decoded.release(self._owner)
+
+    def _close_files(self) -> None:
         for shard in self._open.values():
             shard.close()
+        OPEN_FILES.closed(len(self._open))
         self._open.clear()
-        self._decoded.release(self._owner)
 
     # ------------------------------------------------------------ files
     def _shard(self, shard_id: int) -> _OpenShard:
@@ -331,9 +344,11 @@ class ParquetReader:
         # Opened while no other process sharing the cache may evict the copy.
         shard = self._shard_cache.open_local(url, info.num_bytes or None, open_copy)
         self._open[shard_id] = shard
+        OPEN_FILES.opened()
         while len(self._open) > self._max_open:
             _, old = self._open.popitem(last=False)
             old.close()
+            OPEN_FILES.closed()
         return shard
 
     # ------------------------------------------------------------ row groups
