@@ -65,16 +65,21 @@ def dataset(server, tmp_path):
 
 
 # ---------------------------------------------------------------- one rank, in its own process
-def read_everything(endpoint: str, url: str, cache: str, limit: int | None, rank: int, barrier, results) -> None:
+def read_everything(endpoint: str, url: str, cache: str, limit: int | None, rank: int, barrier, results,
+                    env: dict[str, str] | None = None) -> None:
     """Discover ``url`` and read every row, shards in an order that starts at ``rank``; put
-    ``(rank, ids in shard order, downloads)`` on ``results``."""
+    ``(rank, ids in shard order, downloads, folders listed)`` on ``results``. ``env``: more environment, with
+    ``{rank}`` in a value replaced by the rank."""
     os.environ.update(TEST_CREDENTIALS)
+    os.environ.update({k: v.format(rank=rank) for k, v in (env or {}).items()})
     os.environ["FSSPEC_S3_ENDPOINT_URL"] = endpoint
     os.environ["ZEPHON_COLUMNAR_CACHE"] = cache
     from zephon_columnar import Dataset
     from zephon_columnar.io import fs
 
     shard_cache = fs.configure_shard_cache(limit_bytes=limit)
+    listed, list_data_files = [], fs.list_data_files
+    fs.list_data_files = lambda path: listed.append(path) or list_data_files(path)
     if barrier is not None:
         barrier.wait(timeout=60)
     ds = Dataset.from_path("web", url)
@@ -83,17 +88,18 @@ def read_everything(endpoint: str, url: str, cache: str, limit: int | None, rank
     for k in range(len(ds.shards)):
         shard = ds.shards[(rank + k) % len(ds.shards)]
         ids[shard.shard_id] = reader.take(shard.shard_id, np.arange(shard.num_rows)).column("id").to_pylist()
-    results.put((rank, [i for s in sorted(ids) for i in ids[s]], shard_cache.downloads))
+    results.put((rank, [i for s in sorted(ids) for i in ids[s]], shard_cache.downloads, len(listed)))
 
 
-def start_ranks(url: str, cache: Path, n: int, limit: int | None = None) -> tuple[list, object, object]:
+def start_ranks(url: str, cache: Path, n: int, limit: int | None = None,
+                env: dict[str, str] | None = None) -> tuple[list, object, object]:
     """``n`` ranks started (behind a barrier when several): ``(processes, their results, the
     barrier)``; the caller keeps the barrier alive until they have passed it."""
     barrier = SPAWN.Barrier(n) if n > 1 else None
     results = SPAWN.Queue()
     endpoint = os.environ["FSSPEC_S3_ENDPOINT_URL"]
     procs = [
-        SPAWN.Process(target=read_everything, args=(endpoint, url, str(cache), limit, r, barrier, results))
+        SPAWN.Process(target=read_everything, args=(endpoint, url, str(cache), limit, r, barrier, results, env))
         for r in range(n)
     ]
     for p in procs:
@@ -101,7 +107,7 @@ def start_ranks(url: str, cache: Path, n: int, limit: int | None = None) -> tupl
     return procs, results, barrier
 
 
-def finish(procs: list, results, barrier, timeout: float = 60) -> list[tuple[int, list[int], int]]:
+def finish(procs: list, results, barrier, timeout: float = 60) -> list[tuple[int, list[int], int, int]]:
     got = [results.get(timeout=timeout) for _ in procs]
     for p in procs:
         p.join(timeout=10)
@@ -132,9 +138,9 @@ def test_eight_ranks_download_each_shard_once_and_read_each_footer_once(dataset,
     server.configure(latency_s=0.05)  # requests overlap: ranks that want one shard ask for it together
     got = finish(*start_ranks(url, tmp_path / "cache", RANKS))
     expected = list(range(SHARDS * ROWS))
-    assert all(ids == expected for _, ids, _ in got)  # every rank reads the same rows
+    assert all(ids == expected for _, ids, *_ in got)  # every rank reads the same rows
     assert whole_gets(server) == {k: 1 for k in sizes}, server.stats()  # one download per shard, node-wide
-    assert sum(downloads for _, _, downloads in got) == SHARDS
+    assert sum(downloads for _, _, downloads, _ in got) == SHARDS
     ranged = server.stats()["ranged"]
     assert all(ranged.get(k, 0) <= 2 for k in sizes), ranged  # one rank reads a footer (1-2 ranges), the rest share it
     shards = tmp_path / "cache" / "shards"
@@ -167,7 +173,7 @@ def test_the_byte_limit_holds_while_eight_ranks_download(dataset, server, endpoi
     finally:
         stop.set()
         watcher.join()
-    assert all(ids == list(range(SHARDS * ROWS)) for _, ids, _ in got)
+    assert all(ids == list(range(SHARDS * ROWS)) for _, ids, *_ in got)
     assert 0 < peak[0] <= limit, (peak[0], limit)
 
 
@@ -214,3 +220,22 @@ def test_a_remembered_footer_is_used_only_for_the_same_version_of_the_file(datas
     s3fs.S3FileSystem.clear_instance_cache()
     assert Dataset.from_path("web", url).counts().tolist() == [ROWS] * SHARDS
     assert set(server.stats()["ranged"]) == {first}  # its new footer was read; the others were remembered
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_in_a_job_one_rank_lists_the_folder_and_the_others_read_its_manifest(dataset, server, endpoint_env, tmp_path,
+                                                                            shared):
+    """Eight ranks of one job: without a job id each lists the folder; with one, the writer (RANK
+    0 with a manifest folder in the bucket every node sees, LOCAL_RANK 0 with the node's cache)
+    lists it and the others read its manifest (each still checks that the folder exists: one
+    request, not a listing of every object), every rank the same rows."""
+    url, _ = dataset
+    bucket = url.split("/")[2]
+    alone = finish(*start_ranks(url, tmp_path / "alone", RANKS))
+    env = {"ZEPHON_COLUMNAR_JOB_ID": "job-7", "RANK": "{rank}", "LOCAL_RANK": "{rank}"}
+    if shared:
+        env["ZEPHON_COLUMNAR_MANIFESTS"] = f"s3://{bucket}/manifests"
+    in_job = finish(*start_ranks(url, tmp_path / "job", RANKS, env=env))
+    assert [ids for _, ids, *_ in in_job] == [ids for _, ids, *_ in alone] == [list(range(SHARDS * ROWS))] * RANKS
+    assert [listed for *_, listed in alone] == [1] * RANKS
+    assert [listed for *_, listed in in_job] == [1] + [0] * (RANKS - 1)

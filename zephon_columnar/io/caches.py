@@ -3,7 +3,8 @@ cache info`` / ``cache clear``).
 
 Every cache lives under `~zephon_columnar.io.fs.cache_root` (``$ZEPHON_COLUMNAR_CACHE``, else
 ``~/.cache/zephon_columnar``), one folder each (`KNOWN`): ``shards/`` (remote shards downloaded
-once), ``jsonl_index/`` (JSONL line indexes) and ``tar_index/`` (WebDataset tar indexes). Each is
+once), ``jsonl_index/`` (JSONL line indexes), ``tar_index/`` (WebDataset tar indexes) and
+``manifests/`` (discovery manifests). Each is
 rebuilt on demand, so removing it costs only the time to rebuild it.
 
 `clear` removes only those folders, and refuses a root that holds anything else: a
@@ -16,7 +17,7 @@ Example:
     >>> with open(f"{root}/jsonl_index/a.npz", "wb") as f:
     ...     _ = f.write(b"12345")
     >>> [(c.name, c.files, c.bytes) for c in usage(root)]
-    [('shards', 0, 0), ('jsonl_index', 1, 5), ('tar_index', 0, 0)]
+    [('shards', 0, 0), ('jsonl_index', 1, 5), ('tar_index', 0, 0), ('manifests', 0, 0)]
     >>> [(c.name, c.files) for c in clear(root)], os.path.exists(root)
     ([('jsonl_index', 1)], False)
     >>> with open(f"{tempfile.mkdtemp()}/notes.txt", "w") as f:
@@ -41,6 +42,7 @@ KNOWN: dict[str, str] = {
     "shards": "remote shards downloaded once (the default shard cache)",
     "jsonl_index": "JSONL line indexes and schemas",
     "tar_index": "WebDataset tar indexes",
+    "manifests": "discovery manifests, one per job and dataset (zephon_columnar.io.manifest)",
 }
 
 

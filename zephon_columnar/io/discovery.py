@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from typing import TypeAlias
 
 from zephon_columnar.errors import DatasetFormatError, DatasetNotFoundError
-from zephon_columnar.io import fs
+from zephon_columnar.io import fs, manifest
 from zephon_columnar.io.base import BadRecordPolicy
 from zephon_columnar.io.format import Discovered, FileFormat
 from zephon_columnar.io.registry import format_named, formats
@@ -82,16 +82,24 @@ def discover(
         return _check_rows(name, f"{len(files)} files", _discover_files(name, files, chosen, on_bad_record))
     path = os.fspath(path)
     if fs.is_glob(path) and not fs.exists(path):
-        files = fs.glob_files(path)
-        if not files:
-            raise DatasetNotFoundError(f"Dataset {name!r}: no file matches {path}. Check the pattern.")
-        return _check_rows(name, path, _discover_files(name, files, chosen, on_bad_record))
+        pattern = path
+
+        def matched() -> Discovered:
+            files = fs.glob_files(pattern)
+            if not files:
+                raise DatasetNotFoundError(f"Dataset {name!r}: no file matches {pattern}. Check the pattern.")
+            return _discover_files(name, files, chosen, on_bad_record)
+
+        return _check_rows(name, path, manifest.discover_once(path, fmt, on_bad_record, matched))
     if not fs.exists(path):
         relative = fs.is_local(path) and not path.startswith("file://") and not os.path.isabs(path)
         where = f" (resolved to {fs.to_local(path)})" if relative else ""
         raise DatasetNotFoundError(f"Dataset {name!r}: {path}{where} does not exist. Check the path or URL.")
     if fs.isdir(path):
-        found = _discover_dir(name, path, chosen, on_bad_record)
+        where = path
+        found = manifest.discover_once(
+            path, fmt, on_bad_record, lambda: _discover_dir(name, where, chosen, on_bad_record)
+        )
     else:
         found = _discover_files(name, [path], chosen, on_bad_record)
     return _check_rows(name, path, found)
