@@ -3,6 +3,7 @@ reads its footers, the job's others read the manifest it writes; a new job disco
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -56,8 +57,11 @@ def test_without_a_job_id_every_process_discovers_and_nothing_is_written(folder,
 
 
 @pytest.mark.parametrize("job_variable", ["ZEPHON_COLUMNAR_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"])
-def test_in_a_job_the_dataset_is_discovered_once_and_read_back_the_same(folder, listings, monkeypatch, job_variable):
+def test_in_a_job_the_dataset_is_discovered_once_and_read_back_the_same(folder, listings, monkeypatch, job_variable,
+                                                                        tmp_path):
     monkeypatch.setenv(job_variable, "job-1")
+    if job_variable != "ZEPHON_COLUMNAR_JOB_ID":  # a scheduler's id counts once a manifest folder is named
+        monkeypatch.setenv("ZEPHON_COLUMNAR_MANIFESTS", str(tmp_path / "manifests"))
     first = Dataset.from_path("web", str(folder))
     monkeypatch.setattr("zephon_columnar.io.parquet._read_footer", lambda url: 1 / 0)  # no footer read again
     again = Dataset.from_path("web", str(folder))
@@ -66,13 +70,35 @@ def test_in_a_job_the_dataset_is_discovered_once_and_read_back_the_same(folder, 
     assert rows(again) == rows(first) == list(range(200))
 
 
-def test_a_new_job_rediscovers_a_changed_folder_and_the_old_one_keeps_what_it_found(folder, monkeypatch):
+def test_a_changed_local_folder_is_discovered_again(folder, listings, monkeypatch):
+    monkeypatch.setenv("ZEPHON_COLUMNAR_JOB_ID", "job-1")
+    assert len(Dataset.from_path("web", str(folder)).shards) == 2
+    pq.write_table(pa.table({"id": np.arange(200, 250)}), folder / "part-2.parquet")
+    os.utime(folder, ns=(1, 1))  # a folder time that differs even on a coarse clock
+    assert rows(Dataset.from_path("web", str(folder))) == list(range(250)) and len(listings) == 2
+
+
+def test_without_a_local_time_a_new_job_rediscovers_and_the_job_keeps_what_it_found(folder, monkeypatch):
+    monkeypatch.setattr(manifest, "_local_version", lambda path: None)  # as object storage has none
     monkeypatch.setenv("ZEPHON_COLUMNAR_JOB_ID", "job-1")
     assert len(Dataset.from_path("web", str(folder)).shards) == 2
     pq.write_table(pa.table({"id": np.arange(200, 250)}), folder / "part-2.parquet")
     assert len(Dataset.from_path("web", str(folder)).shards) == 2  # the same job: what it first found
     monkeypatch.setenv("ZEPHON_COLUMNAR_JOB_ID", "job-2")
     assert rows(Dataset.from_path("web", str(folder))) == list(range(250))
+
+
+@pytest.mark.parametrize("env", [{"SLURM_JOB_ID": "5"}, {"TORCHELASTIC_RUN_ID": "none", "ZEPHON_COLUMNAR_MANIFESTS": "m"},
+                                 {"TORCHELASTIC_RUN_ID": "r1"}])
+def test_no_manifest_unless_asked_for(folder, listings, monkeypatch, env, tmp_path):
+    """A scheduler's id alone (an interactive SLURM allocation), or torchrun's default run id
+    "none" (shared by every job), keys nothing."""
+    for k, v in env.items():
+        monkeypatch.setenv(k, v if k != "ZEPHON_COLUMNAR_MANIFESTS" else str(tmp_path / v))
+    assert manifest.job_id() is None
+    Dataset.from_path("web", str(folder))
+    Dataset.from_path("web", str(folder))
+    assert len(listings) == 2
 
 
 def test_another_rank_waits_for_the_writers_manifest_instead_of_listing(folder, listings, monkeypatch):

@@ -3,8 +3,8 @@ process, written as a manifest that the job's other processes read instead.
 
 Without it every rank lists the folder and reads every footer (footers are remembered per node
 by the shard cache; the listing is not): 1,024 ranks listing 100,000 objects make ~100,000 list
-requests to one bucket prefix at the job's start. With a job id in the environment
-(``ZEPHON_COLUMNAR_JOB_ID``, else torchrun's ``TORCHELASTIC_RUN_ID``, else ``SLURM_JOB_ID``):
+requests to one bucket prefix at the job's start. With a job id (`job_id`: ``ZEPHON_COLUMNAR_JOB_ID``,
+or with ``ZEPHON_COLUMNAR_MANIFESTS`` set, torchrun's run id or SLURM's job and step):
 
 - the manifest of ``(job id, path, format, on_bad_record)`` is written to the manifest folder:
   ``ZEPHON_COLUMNAR_MANIFESTS`` (an fsspec URL or a path every node sees: the job's ranks share
@@ -12,9 +12,10 @@ requests to one bucket prefix at the job's start. With a job id in the environme
 - one process discovers and writes it: ``RANK`` 0 for a shared folder, ``LOCAL_RANK`` 0 for the
   node's; the others wait for it (polling, at most ``ZEPHON_COLUMNAR_MANIFEST_WAIT_S``, 300 s by
   default), then discover themselves with a `ConfigurationWarning` if it never came;
-- a new job (a new id) discovers again: a folder that changed between jobs is rediscovered. Within
-  a job the dataset is what the first discovery found, on every rank and every restart (a file
-  changed since is refused when read, as without a manifest).
+- a new job (a new id) discovers again, and so does a local folder whose modification time
+  changed (a file added, removed or renamed): a changed folder is rediscovered. Within a job an
+  object-storage dataset is what the first discovery found, on every rank and every restart (a
+  file changed since is refused when read, as without a manifest).
 
 Without a job id nothing is written or read. Only Parquet datasets are kept (their discovery is
 the footers; other formats keep state of their own in their readers). A manifest that cannot be
@@ -53,12 +54,26 @@ from zephon_columnar.io.parquet import PARQUET
 MANIFEST_VERSION = 1
 DEFAULT_WAIT_S = 300.0
 _POLL_S = 0.2
-_JOB_VARIABLES = ("ZEPHON_COLUMNAR_JOB_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
 
 
 def job_id() -> str | None:
-    """The job this process belongs to, from the environment (None: no manifests)."""
-    return next((os.environ[v] for v in _JOB_VARIABLES if os.environ.get(v)), None)
+    """The job this process belongs to (None: no manifests): ``ZEPHON_COLUMNAR_JOB_ID``; or, when
+    ``ZEPHON_COLUMNAR_MANIFESTS`` names a folder, torchrun's ``TORCHELASTIC_RUN_ID`` (not its
+    default ``"none"``, which every job shares) or SLURM's job and step. Nothing is kept unless
+    asked for: an interactive SLURM allocation or a torchrun without ``--rdzv-id`` is no job to
+    key a dataset by."""
+    explicit = os.environ.get("ZEPHON_COLUMNAR_JOB_ID")
+    if explicit:
+        return explicit
+    if not os.environ.get("ZEPHON_COLUMNAR_MANIFESTS"):
+        return None
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if run and run != "none":
+        return run
+    slurm = os.environ.get("SLURM_JOB_ID")
+    if slurm:
+        return f"{slurm}.{os.environ.get('SLURM_STEP_ID', '')}"
+    return None
 
 
 def manifest_folder() -> tuple[str, bool]:
@@ -74,8 +89,23 @@ def manifest_url(job: str, path: str, fmt: str | None, on_bad_record: str) -> st
     """Where the manifest of this job's dataset at ``path`` (``fmt`` as given: None to detect)
     is."""
     folder, _ = manifest_folder()
-    key = json.dumps([MANIFEST_VERSION, job, fs.canonical(path), fmt, on_bad_record])
+    key = json.dumps([MANIFEST_VERSION, job, fs.canonical(path), fmt, on_bad_record, _local_version(path)])
     return fs.join(folder, hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
+
+
+def _local_version(path: str) -> int | None:
+    """A local folder's modification time (files added, removed or renamed in it change it), or
+    of a glob's folder: a local dataset changed within a job is discovered again. None for object
+    storage, which has no such time (a new job rediscovers it)."""
+    if not fs.is_local(path):
+        return None
+    local = fs.to_local(path)
+    while fs.is_glob(local):
+        local = os.path.dirname(local)
+    try:
+        return os.stat(local or ".").st_mtime_ns
+    except OSError:
+        return None
 
 
 def discover_once(path: str, fmt: str | None, on_bad_record: str, discover: Callable[[], Discovered]) -> Discovered:
