@@ -222,7 +222,7 @@ def test_a_remembered_footer_is_used_only_for_the_same_version_of_the_file(datas
     assert set(server.stats()["ranged"]) == {first}  # its new footer was read; the others were remembered
 
 
-@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("shared", [pytest.param(False, marks=pytest.mark.slow), True])  # node-local: test_manifest.py
 def test_in_a_job_one_rank_lists_the_folder_and_the_others_read_its_manifest(dataset, server, endpoint_env, tmp_path,
                                                                             shared):
     """Eight ranks of one job: without a job id each lists the folder; with one, the writer (RANK
