@@ -75,7 +75,8 @@ class DecodedCache:
 
     def put(self, key: tuple[Hashable, ...], value: Any, nbytes: int, *, owner_limit: int) -> None:
         """Keep ``value`` (``nbytes`` big) under ``key``; then evict the owner's oldest entries
-        past ``owner_limit`` and everyone's oldest past ``limit_bytes``, never ``key`` itself."""
+        past ``owner_limit`` and everyone's oldest past ``limit_bytes``, never ``key`` itself
+        (the newest entry: the oldest only when it is the last one left, which stays)."""
         owner = key[0]
         with self._lock:
             if key in self._entries:
@@ -88,8 +89,7 @@ class DecodedCache:
             while self._owner_bytes[owner] > owner_limit and len(mine) > 1:
                 self._forget(next(iter(mine)))
             while self.held_bytes > self.limit_bytes and len(self._entries) > 1:
-                oldest = next(iter(self._entries))
-                self._forget(oldest if oldest != key else list(self._entries)[1])
+                self._forget(next(iter(self._entries)))
 
     def fair_share(self) -> int:
         """The limit divided among the owners holding entries now (the whole limit for one):

@@ -166,15 +166,10 @@ def _body(found: Discovered) -> dict[str, Any]:
 
 
 def _write(url: str, body: dict[str, Any]) -> None:
-    data = json.dumps(body).encode()
     try:
         if fs.is_local(url):
-            local = fs.to_local(url)
-            os.makedirs(os.path.dirname(local), exist_ok=True)
-            fs.atomic_write(local, data)
-        else:
-            filesystem, where = fs.url_to_fs(url)
-            filesystem.pipe_file(where, data)  # one object PUT: whole or absent
+            os.makedirs(os.path.dirname(fs.to_local(url)), exist_ok=True)
+        fs.write_bytes(url, json.dumps(body).encode())  # whole or absent, locally and in a bucket
     except OSError as err:  # a read-only or full folder: the others discover after their wait
         warn(
             f"the discovery manifest {url} could not be written ({err}); each process discovers the dataset itself.",
@@ -190,13 +185,7 @@ def _read(url: str) -> Discovered | object | None:
     """The manifest at ``url``: a `Discovered`, `_DISCOVER_YOURSELF`, or None (absent, or not one
     this version can trust)."""
     try:
-        if fs.is_local(url):
-            with open(fs.to_local(url), "rb") as f:
-                data = f.read()
-        else:
-            filesystem, where = fs.url_to_fs(url)
-            data = filesystem.cat_file(where)
-        body: dict[str, Any] = json.loads(data)
+        body: dict[str, Any] = json.loads(fs.read_bytes(url))
         if body.get("version") != MANIFEST_VERSION:
             return None
         if body.get("format") != PARQUET.name:
