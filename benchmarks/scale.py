@@ -31,7 +31,12 @@ torch and the library, then starts the clock and records:
   build_s            the work source and the pipeline (``StaticMixtureWorkSource`` ... ``options``)
   first_batch_s      ``iter()`` + the first batch (after discovery and build)
   first_batch_total_s  discovery + build + first batch (what a user waits for)
-  next100_s          the 100 batches after the first
+  next100_s          the 100 batches after the first (in a wide mixture most datasets are first
+                     read here: each one's first row group is opened and decoded)
+  steady100_s        the 100 batches after those (every dataset's row group already decoded)
+  import_rss_mb      RSS after ``import torch`` and the library (``/proc/self/statm``)
+  pandas_loaded      whether pandas was imported by the end (pyarrow imports it on its first
+                     ``pa.array`` where it is installed: ~41 MB RSS, so both venvs should agree)
   peak_rss_mb        ``ru_maxrss`` of the process (neither library starts processes in this job)
   ckpt_bytes         ``len(json.dumps(pipe.checkpoint()))`` after the 101 batches, both libraries
                      (``ckpt_format`` says "json"; a state json cannot encode is pickled instead,
@@ -213,6 +218,9 @@ def child(a: argparse.Namespace) -> dict:
     import torch  # noqa: F401  (a trainer has torch loaded before its loader starts)
 
     Z = importlib.import_module(a.module)
+    with open("/proc/self/statm") as fh:
+        import_rss_mb = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    extra = json.loads(a.options) if a.options else {}
     names_folders = datasets_of(a.layout)
     c0, t0 = _cpu_s(), time.perf_counter()
     datasets = [Z.Dataset.from_path(name, folder, fmt="parquet") for name, folder in names_folders]
@@ -225,7 +233,7 @@ def child(a: argparse.Namespace) -> dict:
         stop_after_passes=None,
         exhausted_policy="repeat",
     )
-    pipe = Z.Pipeline(ws).pack_flat(L, algorithm="wrap").batch(B).options(canonical_replicas=a.lanes)
+    pipe = Z.Pipeline(ws).pack_flat(L, algorithm="wrap").batch(B).options(canonical_replicas=a.lanes, **extra)
     t2 = time.perf_counter()
     it = iter(pipe)
     ids = next(it).to_training(return_padding_mask=True)["input_ids"]
@@ -237,6 +245,9 @@ def child(a: argparse.Namespace) -> dict:
         if list(b.shape) != shape:
             raise AssertionError(f"batch shape {list(b.shape)} after a first batch of {shape}")
     t4 = time.perf_counter()
+    for _ in range(NEXT_BATCHES):
+        next(it).to_training(return_padding_mask=True)
+    t5 = time.perf_counter()
     state = pipe.checkpoint()
     try:
         ckpt_bytes, ckpt_format = len(json.dumps(state)), "json"
@@ -253,6 +264,10 @@ def child(a: argparse.Namespace) -> dict:
         "first_batch_s": t3 - t2,
         "first_batch_total_s": t3 - t0,
         "next100_s": t4 - t3,
+        "steady100_s": t5 - t4,
+        "import_rss_mb": import_rss_mb,
+        "pandas_loaded": "pandas" in sys.modules,
+        "options": extra,
         "peak_rss_mb": r.ru_maxrss / 1024,
         "ckpt_bytes": ckpt_bytes,
         "ckpt_format": ckpt_format,
@@ -320,6 +335,8 @@ def run(a: argparse.Namespace) -> None:
         py, module, e = loaders[loader]
         lanes = size if dim == "lanes" else 1
         cmd = [py, me, "child", "--module", module, "--layout", layout_of(dim, size), "--lanes", str(lanes)]
+        if loader == "ours" and a.ours_options:
+            cmd += ["--options", a.ours_options]
         return _run_child(cmd, e, a.timeout)
 
     if not a.no_warmup:
@@ -361,6 +378,8 @@ METRICS = (  # field, label, format
     ("first_batch_s", "first batch after build (s)", "{:.3f}"),
     ("first_batch_total_s", "first batch incl. discovery (s)", "{:.3f}"),
     ("next100_s", "next 100 batches (s)", "{:.2f}"),
+    ("steady100_s", "100 batches after those (s)", "{:.2f}"),
+    ("import_rss_mb", "RSS after imports (MB)", "{:.0f}"),
     ("peak_rss_mb", "peak RSS (MB)", "{:.0f}"),
     ("ckpt_bytes", "checkpoint, JSON (KB)", "{:.1f}"),
     ("ckpt_pickle_bytes", "checkpoint, pickled (KB)", "{:.1f}"),
@@ -444,6 +463,9 @@ def main() -> None:
     r.add_argument("--rounds", type=int, default=1)
     r.add_argument("--timeout", type=int, default=600, help="seconds per process; expiry is a timeout row")
     r.add_argument("--no-warmup", action="store_true")
+    r.add_argument(
+        "--ours-options", default="", help="JSON of extra options() for ours, e.g. '{\"io_options\": {...}}'"
+    )
     r.add_argument("--zc-python", default=sys.executable)
     r.add_argument("--z-python", default=str(HERE / ".venv-zephon" / "bin" / "python"))
     p = sub.add_parser("report", help="markdown tables from run's JSON lines")
@@ -452,6 +474,7 @@ def main() -> None:
     c.add_argument("--module", required=True)
     c.add_argument("--layout", required=True)
     c.add_argument("--lanes", type=int, default=1)
+    c.add_argument("--options", default="")
     a = ap.parse_args()
     if a.cmd == "generate":
         generate(parse_cells(a.cells), a.distinct)

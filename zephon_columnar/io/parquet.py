@@ -176,6 +176,7 @@ class _OpenShard:
             )
         self.starts = np.zeros(len(found) + 1, dtype=np.int64)
         np.cumsum(found, out=self.starts[1:])
+        self.rows = int(self.starts[-1])
         self.group_bytes = np.array([md.row_group(g).total_byte_size for g in range(md.num_row_groups)], dtype=np.int64)
         # The row group right after the last decode: a miss there, by a take that continues
         # the previous one (``next_row``: the row after it, -1 for none), means a sequential scan.
@@ -273,15 +274,20 @@ class ParquetReader:
             return self._schema.empty_table()
         shard = self._shard(shard_id)
         starts = shard.starts
-        lo, hi = int(rows.min()), int(rows.max())
-        if lo < 0 or hi >= starts[-1]:
+        if n == 1:  # a wide mixture asks each dataset for a row or so per frame: no reductions
+            lo = hi = int(rows[0])
+            run = True
+        else:
+            lo, hi = int(rows.min()), int(rows.max())
+            run = int(rows[0]) == lo and hi - lo == n - 1 and bool(np.all(np.diff(rows) == 1))
+        if lo < 0 or hi >= shard.rows:
             bad = lo if lo < 0 else hi
-            raise IndexError(
-                f"{shard.url}: row {bad} is out of range for shard {shard_id} with {int(starts[-1])} rows."
-            )
-        g_lo = int(np.searchsorted(starts, lo, side="right")) - 1
-        g_hi = int(np.searchsorted(starts, hi, side="right")) - 1
-        run = int(rows[0]) == lo and hi - lo == n - 1 and bool(np.all(np.diff(rows) == 1))
+            raise IndexError(f"{shard.url}: row {bad} is out of range for shard {shard_id} with {shard.rows} rows.")
+        if len(starts) == 2:  # one row group
+            g_lo = g_hi = 0
+        else:
+            g_lo = int(np.searchsorted(starts, lo, side="right")) - 1
+            g_hi = int(np.searchsorted(starts, hi, side="right")) - 1
         # Read ahead only for a run that continues the previous take of this shard: a scan.
         # The first take of a shard, or scattered rows (a restore recomputing the documents a
         # checkpoint holds, a shuffled block), say nothing about what comes next, and decoding

@@ -32,6 +32,9 @@ from zephon_columnar.ops.base import FrameOp, OpContext, OpTraits
 #: The first element of a fetch group's metrics key: ``(FETCH_GROUP, stage, dataset_id, shard_id)``.
 FETCH_GROUP = "fetch_group"
 
+#: Runs read between two gathers of an interleaved frame (see `FetchOp.process_frame`).
+_GATHER_RUNS = 64
+
 
 def shard_cache_settings(options: Any) -> dict[str, Any] | None:
     """``configure_shard_cache`` arguments from ``RuntimeOptions.io_options`` (None: defaults)."""
@@ -161,12 +164,21 @@ class FetchOp(FrameOp):
             sorted_key = key[order]
             cuts = np.flatnonzero(sorted_key[1:] != sorted_key[:-1]) + 1
             bounds = np.concatenate(([0], cuts, [n])).tolist()
-            parts = [
-                self._take(int(dataset[order[s]]), int(shard[order[s]]), row[order[s:e]]) for s, e in pairwise(bounds)
-            ]
+            # A read returns a zero-copy slice that keeps its whole row group alive: gathered
+            # every _GATHER_RUNS runs, a frame of a wide mixture (a row or two from each of a
+            # thousand row groups) holds at most that many row groups beyond the decoded cache,
+            # whose limit then bounds memory, rather than one per row of the frame.
+            gathered = []
+            for i in range(0, len(bounds) - 1, _GATHER_RUNS):
+                parts = [
+                    self._take(int(dataset[order[s]]), int(shard[order[s]]), row[order[s:e]])
+                    for s, e in pairwise(bounds[i : i + _GATHER_RUNS + 1])
+                ]
+                joined = F.concat_frames(parts)
+                gathered.append(joined.combine_chunks() if len(parts) > 1 and joined.num_columns else joined)
             inverse = np.empty(n, dtype=np.int64)
             inverse[order] = np.arange(n)
-            payload = F.concat_frames(parts)
+            payload = F.concat_frames(gathered)
             if payload.num_columns:  # rows without fields have no order to restore
                 payload = payload.take(pa.array(inverse))
         if self._fields is not None:

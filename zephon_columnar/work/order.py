@@ -127,6 +127,20 @@ class DatasetOrder:
         # permutation of the last block used
         self._blk_key: tuple[int, int] | None = None
         self._blk_perm = np.empty(0, np.int64)
+        # the shard the last take read, for take's fast path (no block shuffle only):
+        # (pass key e, first position, end position, shard id, its rows in pass order or None)
+        self._run: tuple[int, int, int, int, np.ndarray | None] | None = None
+
+    def _remember_run(self, e: int, j: int) -> None:
+        """Keep shard ``j`` of pass ``e``'s layout (positions, id, within-shard rows) for take's
+        fast path."""
+        order, starts, ends = self._layout(e)
+        lo, hi, sid = int(starts[j]), int(ends[j]), int(order[j])
+        rows = None
+        if self.shuffle_within_shard:
+            win_lo, win_rows = self._window(e, lo, hi)
+            rows = win_rows[lo - win_lo : hi - win_lo]
+        self._run = (e, lo, hi, sid, rows)
 
     @property
     def varies_by_epoch(self) -> bool:
@@ -154,6 +168,14 @@ class DatasetOrder:
         if n == 0:
             return out
         e = epoch if self.reshuffle_on_repeat else 0
+        run = self._run
+        if run is not None and run[0] == e and run[1] <= start and start + n <= run[2]:
+            # Fast path: within the shard the last call read (a wide mixture reads a row or two
+            # of each dataset per chunk, so a call's fixed cost is what counts).
+            out[:, 0] = run[3]
+            local = start - run[1]
+            out[:, 1] = run[4][local : local + n] if run[4] is not None else np.arange(local, local + n)
+            return out
         order, starts, ends = self._layout(e)
         if self.block_size is None:
             # Consecutive positions: shard runs by arithmetic, no per-position search.
@@ -162,6 +184,7 @@ class DatasetOrder:
             lens = None
             if j0 == j1:
                 out[:, 0] = order[j0]
+                self._remember_run(e, j0)
             else:
                 lens = np.minimum(ends[j0 : j1 + 1], start + n) - np.maximum(starts[j0 : j1 + 1], start)
                 out[:, 0] = np.repeat(order[j0 : j1 + 1], lens)
