@@ -78,6 +78,8 @@ from tests.ops._tokenizers import make_texts, make_tokenizer
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon_columnar.engine.realized import starved_components
 from zephon_columnar.errors import ConfigError, StarvedComponentWarning
+from zephon_columnar.io.decoded import configure_decoded_cache
+from zephon_columnar.io.options import DEFAULT_DECODED_LIMIT_BYTES
 from zephon_columnar.io.dataset import InMemoryShard
 from zephon_columnar.testing import signature
 
@@ -188,13 +190,15 @@ def plan_strategy(draw) -> dict:
 def run_options_strategy(draw, lanes: int) -> dict:
     """What may change between runs of one recipe without changing the data: runner (process
     rarer, it spawns), prefetch depth, fetch's rows per read, workers, groups (a divisor of the
-    lane count), mtp_mode (rare: a spawned side process)."""
+    lane count), mtp_mode (rare: a spawned side process), the decoded cache's limit (1 byte: every
+    row group decoded again at each read; 64 KiB: some kept)."""
     return dict(runner=draw(st.sampled_from(["inline"] * 4 + ["threads"] * 4 + ["process"])),
                 prefetch=draw(st.sampled_from([None, 0, 1, 2, 8])),
                 max_batch=draw(st.sampled_from([None, 1, 2, 7, 64])),
                 workers=draw(st.integers(1, 3)),
                 groups=draw(st.sampled_from([g for g in range(1, lanes + 1) if lanes % g == 0])),
-                mtp=draw(st.integers(0, 29)) == 0)
+                mtp=draw(st.integers(0, 29)) == 0,
+                decoded=draw(st.sampled_from([None, None, None, 1, 65536])))
 
 
 @st.composite
@@ -525,6 +529,9 @@ def build(recipe: dict, run: dict, *, group: int = 0) -> Pipeline:
                                 mtp_mode=run["mtp"], mapping_strategy=recipe["mapping"])
     if run["groups"] > 1:
         opts.update(dp_degree=run["groups"], dp_group_id=group)
+    if run.get("decoded") is not None:  # a recipe from before the draw has none
+        # process-wide: the last pipeline to set it sets it for every reader of the process
+        opts["io_options"] = {"decoded_cache_bytes": run["decoded"]}
     return pipe.options(**opts).set_epoch(recipe.get("epoch", 0))  # no "epoch": a recipe from before set_epoch
 
 
@@ -1106,6 +1113,8 @@ def run_case(recipe: dict) -> None:
             raise
         except Exception as err:
             raise CaseFailure(f"crash: {type(err).__name__}: {err}\n  {describe()}") from err
+        finally:  # a drawn limit is the process's: the next case and test start from the default
+            configure_decoded_cache(DEFAULT_DECODED_LIMIT_BYTES)
 
 
 # ============================================================================ CI and long runs

@@ -156,6 +156,30 @@ def _child_view() -> tuple[int, int, int]:
     return cache.limit_bytes, cache.held_bytes, cache.evictions
 
 
+def test_a_forked_child_counts_open_files_under_its_own_lock():
+    import multiprocessing as mp
+
+    from zephon_columnar.io.open_files import OPEN_FILES
+
+    held_lock = OPEN_FILES._lock.acquire()  # a parent's thread inside opened() at the fork
+    try:
+        with mp.get_context("fork").Pool(1) as pool:
+            assert pool.apply(_child_opens, (OPEN_FILES.held,)) == 1  # before: blocked for ever
+    finally:
+        if held_lock:
+            OPEN_FILES._lock.release()
+
+
+def _child_opens(before: int) -> int:
+    from zephon_columnar.io.open_files import OPEN_FILES
+
+    if not OPEN_FILES._lock.acquire(timeout=10):
+        return -1
+    OPEN_FILES._lock.release()
+    OPEN_FILES.opened()
+    return OPEN_FILES.held - before
+
+
 def test_a_mixture_of_more_datasets_than_the_descriptor_limit_reads_every_row(tmp_path):
     """300 datasets of 2 files under ``ulimit -n 256``: the readers close their files when the
     process holds too many (before, the 257th open failed: "Too many open files")."""

@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import resource
 import threading
 
@@ -54,7 +55,14 @@ class OpenFiles:
         """Whether the readers together hold more than ``limit`` files now."""
         return self.held > self.limit
 
+    def after_fork(self) -> None:
+        """In a forked child: a new lock (a parent's thread inside `opened` at the fork held
+        the old one, which nothing in the child would release). The count stays: the parent's
+        descriptors are the child's too until its readers close them."""
+        self._lock = threading.Lock()
+
 
 #: The process's count (readers made in a forked child count their own from the parent's: the
 #: parent's readers are not used there, so their files count until the child's readers close).
 OPEN_FILES = OpenFiles()
+os.register_at_fork(after_in_child=OPEN_FILES.after_fork)
