@@ -207,3 +207,87 @@ def test_a_mixture_of_more_datasets_than_the_descriptor_limit_reads_every_row(tm
     """))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "read 30000 limit 128" in done.stdout, done.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- the other formats' decoded data
+def _gzip_jsonl_datasets(tmp_path: Path, n: int) -> list[Dataset]:
+    """``n`` datasets of one gzip JSON Lines file of 200 rows each (ids d*1000 + row)."""
+    import gzip
+    import json
+
+    out = []
+    for d in range(n):
+        folder = tmp_path / f"j{d}"
+        folder.mkdir()
+        lines = "".join(json.dumps({"id": d * 1000 + r, "text": "x" * 40}) + "\n" for r in range(200))
+        (folder / "part-0.jsonl.gz").write_bytes(gzip.compress(lines.encode()))
+        out.append(Dataset.from_path(f"j{d}", str(folder)))
+    return out
+
+
+def test_compressed_jsonl_readers_keep_their_decompressed_files_within_the_process_limit(tmp_path, process_cache):
+    # Before: each reader kept up to 512 MiB of decompressed files (at least one) in its open
+    # files, so a mixture of many compressed JSONL datasets held one file's content per dataset.
+    from zephon_columnar.io.jsonl import JsonlReader
+
+    import gzip
+
+    datasets = _gzip_jsonl_datasets(tmp_path, 12)
+    one_file = len(gzip.decompress((tmp_path / "j0" / "part-0.jsonl.gz").read_bytes()))
+    process_cache.limit_bytes = 3 * one_file + one_file // 2  # three files for twelve readers
+    readers = [JsonlReader(ds) for ds in datasets]
+    rng = np.random.default_rng(1)
+    for _ in range(120):
+        d = int(rng.integers(len(readers)))
+        rows = rng.choice(200, size=4, replace=False)
+        assert readers[d].take(0, rows).column("id").to_pylist() == (d * 1000 + rows).tolist()
+        assert process_cache.held_bytes <= process_cache.limit_bytes
+        assert all(f.data is None for r in readers for f in r._open.values())  # nothing held outside
+    assert process_cache.evictions > 0
+    for r in readers:
+        r.close()
+    assert process_cache.held_bytes == 0
+
+
+def test_jsonl_readers_count_their_open_files_and_close_them_past_the_process_limit(tmp_path, monkeypatch):
+    from zephon_columnar.io import open_files
+    from zephon_columnar.io.jsonl import JsonlReader
+
+    counter = open_files.OpenFiles(limit=4)
+    monkeypatch.setattr("zephon_columnar.io.jsonl.OPEN_FILES", counter)
+    datasets = _gzip_jsonl_datasets(tmp_path, 10)
+    readers = [JsonlReader(ds) for ds in datasets]
+    for d, reader in enumerate(readers):
+        assert reader.take(0, np.array([5, 1])).column("id").to_pylist() == [d * 1000 + 5, d * 1000 + 1]
+        assert counter.held <= counter.limit  # a reader past the limit gave its file back
+    for reader in readers:
+        reader.close()
+    assert counter.held == 0
+
+
+def test_vortex_readers_keep_their_decoded_files_within_the_process_limit(tmp_path, process_cache):
+    from tests.extras import require
+
+    vortex = require("vortex", "vortex")
+    from zephon_columnar.io.vortex import VortexReader
+
+    datasets = []
+    for d in range(8):
+        folder = tmp_path / f"v{d}"
+        folder.mkdir()
+        ids = np.arange(d * 1000, d * 1000 + 300, dtype=np.int64)
+        vortex.io.write(pa.table({"id": ids, "x": ids * 0.5}), str(folder / "part-000.vortex"))
+        datasets.append(Dataset.from_path(f"v{d}", str(folder)))
+    one_file = VortexReader(datasets[0]).take(0, np.arange(300)).nbytes
+    process_cache.limit_bytes = 2 * one_file + one_file // 2  # two files for eight readers
+    readers = [VortexReader(ds) for ds in datasets]
+    rng = np.random.default_rng(2)
+    for _ in range(60):
+        d = int(rng.integers(len(readers)))
+        rows = rng.choice(300, size=5, replace=False)
+        assert readers[d].take(0, rows).column("id").to_pylist() == (d * 1000 + rows).tolist()
+        assert process_cache.held_bytes <= process_cache.limit_bytes
+    assert process_cache.evictions > 0
+    for r in readers:
+        r.close()
+    assert process_cache.held_bytes == 0

@@ -1,5 +1,6 @@
-"""`DecodedCache`: decoded shard data (Parquet row groups) kept in memory, one cache for every
-reader of a process, so that memory is bounded by one setting whatever the number of datasets.
+"""`DecodedCache`: decoded shard data (Parquet row groups, compressed JSON Lines files, Vortex
+files decoded whole) kept in memory, one cache for every reader of a process, so that memory is
+bounded by one setting whatever the number of datasets.
 
 A reader keeps what it decoded for the takes that follow (a scan sliced finer than a row group,
 rows of one group asked for by two chunks). With a reader per dataset and a budget per reader,

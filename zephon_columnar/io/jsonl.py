@@ -65,7 +65,9 @@ from zephon_columnar.io.base import (
     project,
     shard_info,
 )
+from zephon_columnar.io.decoded import decoded_cache, new_owner
 from zephon_columnar.io.format import Discovered, FileFormat
+from zephon_columnar.io.open_files import OPEN_FILES
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self from Python 3.11; annotations only
@@ -932,31 +934,41 @@ def _parse_options(schema: pa.Schema) -> pajson.ParseOptions:
 
 # ---------------------------------------------------------------- reading
 class _OpenFile:
-    """One shard's bytes: an open file descriptor, or the whole decompressed content."""
+    """One shard's bytes: an open file descriptor, or (compressed) its decompressed content,
+    which the reader hands it for the length of a take (``data``) from the process's
+    `DecodedCache`."""
 
     def __init__(self, url: str, local: str, index: LineIndex, compression: Compression) -> None:
         self.url = url
+        self.local = local
         self.index = index
+        self.compression = compression
         self.rows: np.ndarray | None = None  # the shard's rows (its good lines); None: every line
         self.fd: int | None = None
         self.data: bytes | None = None
-        try:
-            if compression is None:
+        if compression is None:
+            try:
                 self.fd = os.open(local, os.O_RDONLY)
-            else:
-                self.data = _read_decompressed(local, compression)
+            except OSError as err:
+                error = _read_error(url, err, "cannot open")
+                if error is err:
+                    raise
+                raise error from err
+
+    def decompress(self) -> bytes:
+        """The whole decompressed content (a compressed file's only way to its lines)."""
+        assert self.compression is not None
+        try:
+            return _read_decompressed(self.local, self.compression)
         except (EOFError, OSError, ValueError) as err:
-            error = _read_error(url, err, "cannot decompress")
+            error = _read_error(self.url, err, "cannot decompress")
             if error is err:
                 raise
             raise error from err
 
-    @property
-    def held_bytes(self) -> int:
-        return len(self.data) if self.data is not None else 0
-
     def read(self, start: int, end: int) -> bytes | memoryview:
-        if self.data is not None:
+        if self.compression is not None:
+            assert self.data is not None, "a compressed file is read within a take, which sets data"
             return memoryview(self.data)[start:end]
         assert self.fd is not None  # one of the two is set in __init__
         out = os.pread(self.fd, end - start, start)
@@ -981,8 +993,10 @@ class JsonlReader:
         - ``take(shard_id, rows)`` returns the rows in that order with the dataset's schema
           (or ``columns`` of it). Uncompressed files: only the requested lines are read, each
           run of consecutive rows in one ``pread``, and all of them parsed in one
-          ``pyarrow.json.read_json`` call. Compressed files: decompressed once per reader and
-          kept in an LRU bounded by ``decoded_cache_bytes`` (at least one file).
+          ``pyarrow.json.read_json`` call. Compressed files: decompressed whole and kept in the
+          process's `DecodedCache` (with every reader's decoded data, within its limit, and this
+          reader's within ``decoded_cache_bytes``); open files, as Parquet's, count toward
+          `OPEN_FILES`.
         - A malformed line raises DatasetFormatError ``"{path}:{line}: not valid JSON (...)"``;
           a line that is not an object, whose values do not fit the schema, or whose strings
           are not valid UTF-8, names the line too.
@@ -1018,12 +1032,27 @@ class JsonlReader:
         self._max_open = max(1, int(max_open_files))
         self._shard_cache = shard_cache or fs.default_shard_cache()
         self._open: OrderedDict[int, _OpenFile] = OrderedDict()
+        self._decoded = decoded_cache()
+        self._owner = new_owner()  # this reader's entries there: (owner, shard_id)
 
     def take(self, shard_id: int, rows: np.ndarray) -> pa.Table:
         rows = np.asarray(rows, dtype=np.int64)
         if len(rows) == 0:
             return self._schema.empty_table()
         f = self._file(shard_id)
+        if f.compression is not None:
+            f.data = self._decoded.get((self._owner, shard_id))
+            if f.data is None:
+                f.data = f.decompress()
+                self._decoded.put((self._owner, shard_id), f.data, len(f.data), owner_limit=self._decoded_bytes)
+        try:
+            return self._take(f, shard_id, rows)
+        finally:
+            f.data = None  # the cache holds it (or let it go); an open file holds no content
+            if OPEN_FILES.over():  # the process's readers hold too many files: give this one's back
+                self.close_files()
+
+    def _take(self, f: _OpenFile, shard_id: int, rows: np.ndarray) -> pa.Table:
         n_rows = len(f.rows) if f.rows is not None else f.index.num_rows
         lo, hi = int(rows.min()), int(rows.max())
         if lo < 0 or hi >= n_rows:
@@ -1047,8 +1076,14 @@ class JsonlReader:
         return table
 
     def close(self) -> None:
+        self.close_files()
+        self._decoded.release(self._owner)
+
+    def close_files(self) -> None:
+        """Close the open files (their decompressed content stays in the decoded cache)."""
         for f in self._open.values():
             f.close()
+        OPEN_FILES.closed(len(self._open))
         self._open.clear()
 
     # ------------------------------------------------------------ internals
@@ -1078,11 +1113,11 @@ class JsonlReader:
         f = _OpenFile(url, local, index, info.extra.get("compression", compression_of(url)))
         f.rows = good
         self._open[shard_id] = f
-        held = sum(o.held_bytes for o in self._open.values())
-        while len(self._open) > 1 and (len(self._open) > self._max_open or held > self._decoded_bytes):
+        OPEN_FILES.opened()
+        while len(self._open) > self._max_open:
             _, old = self._open.popitem(last=False)
-            held -= old.held_bytes
             old.close()
+            OPEN_FILES.closed()
         return f
 
     def _raise_bad_row(self, f: _OpenFile, row: int) -> None:

@@ -480,8 +480,9 @@ class StoreOptions(_Options):
 
     ``metadata_cache_entries`` (256; 0: none) bounds Zephon's retained footers per format; accepted
     and validated. ``decoded_cache_bytes`` (256 MiB; not Zephon's) bounds the decoded data that
-    every reader of a process keeps together (`zephon_columnar.io.decoded`: Parquet row groups),
-    whatever the number of datasets; the last pipeline to set it in a process sets it for all.
+    every reader of a process keeps together (`zephon_columnar.io.decoded`: Parquet row groups,
+    compressed JSON Lines files, Vortex files decoded whole), whatever the number of datasets;
+    the last pipeline to set it in a process sets it for all.
     Nested options may be given as dicts (or None: their `defaults`). A
     ``cache.rg_cache_bytes`` raises a ``DeprecationWarning`` (use ``parquet.rg_cache.limit_bytes``);
     the old top-level ``parquet_rg_cache`` key is refused.
