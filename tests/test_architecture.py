@@ -178,7 +178,7 @@ def test_the_graph_is_read(graph: tuple[dict[str, Path], list[Edge]]) -> None:
     assert {f"{PACKAGE}.pipeline", f"{PACKAGE}.engine.engine", f"{PACKAGE}.io.parquet"} <= set(modules)
     # A module-level, a deferred and a type-only import the package is known to have.
     assert any(e.source == f"{PACKAGE}.engine.engine" and e.target == f"{PACKAGE}.engine.lane" for e in edges)
-    assert any(e.source == f"{PACKAGE}.engine.runners" and e.target == f"{PACKAGE}.errors" for e in edges)
+    assert any(e.source == f"{PACKAGE}.engine.runners.waits" and e.target == f"{PACKAGE}.errors" for e in edges)
     assert any(e.type_only and e.source == f"{PACKAGE}.engine.lane" for e in edges)
 
 
@@ -209,3 +209,42 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
         Edge("p.d", "p.c", 1, True),  # type only: no cycle through d
     ]
     assert _cycles(edges, modules) == [frozenset({"p.a", "p.b", "p.c"})]
+
+
+RUNNER_NAMES = frozenset({"inline", "threads", "process", "remote", "ray"})
+
+
+def _runner_name_comparisons(tree: ast.AST) -> list[int]:
+    """Lines comparing a value with a runner name (``==``, ``!=``, ``in``, ``not in``)."""
+    def names_in(node: ast.expr) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in RUNNER_NAMES
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return any(isinstance(e, ast.Constant) and e.value in RUNNER_NAMES for e in node.elts)
+        return False
+
+    return [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare)
+        and any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for op in node.ops)
+        and any(names_in(side) for side in (node.left, *node.comparators))
+    ]
+
+
+def test_no_runner_name_is_compared_outside_the_runner_registry() -> None:
+    # What the engine does differently for a runner is a trait the runner declares
+    # (engine/runners/base.py: RunnerTraits); comparing names is how explain() once printed
+    # place=local for the Ray runner ('ray' had already been resolved to 'remote').
+    found = [
+        f"{path.relative_to(PACKAGE_DIR.parent)}:{line}"
+        for module, path in _modules().items()
+        if not module.startswith(f"{PACKAGE}.engine.runners")
+        for line in _runner_name_comparisons(ast.parse(path.read_text()))
+    ]
+    assert not found, "runner names compared (read RunnerTraits instead):\n" + "\n".join(found)
+
+
+def test_the_runner_name_finder_finds_a_comparison() -> None:
+    tree = ast.parse('x = runner == "ray"\ny = name in ("process", "remote")\nz = kind == "tokenizers"\n')
+    assert _runner_name_comparisons(tree) == [1, 2]

@@ -15,6 +15,7 @@ import pytest
 from zephon_columnar import Dataset, InMemoryShard, Pipeline, StaticMixtureWorkSource
 from zephon_columnar.errors import ConfigError, PipelineError
 from zephon_columnar.testing import collect
+from tests.extras import require
 
 
 def web_source(web_dir, **kw):
@@ -140,6 +141,24 @@ def test_second_concurrent_iteration_is_refused(web_dir):
         iter(pipe)
     it.close()
     assert len(collect(pipe)) == 30
+
+
+@pytest.mark.parametrize("runner, place, resolved", [
+    (None, "local", "threads"), ("inline", "local", "inline"), ("threads", "local", "threads"),
+    ("process", "local", "process"), ("remote", "remote", "remote"), ("ray", "remote", "remote"),
+])
+def test_explain_names_each_runner_and_where_its_stages_run(web_dir, runner, place, resolved):
+    # explain() once printed place=local for the Ray runner: it compared the resolved name with
+    # "ray", which resolving had already turned into "remote". It reads the runner's traits now.
+    if resolved == "remote":
+        require("ray", "ray")  # the option checks that Ray is installed
+    text = Pipeline(web_source(web_dir)).batch(2).options(runner=runner, max_workers=2).explain()
+    stages = [line for line in text.splitlines() if line.startswith("Stage[")]
+    assert stages and all(f"place={place}" in line for line in stages), text
+    assert f"runner={resolved} " in text and f"on the {resolved!r} runner" in text, text
+    # the inline runner computes at submit: no prefetch thread even when asked for
+    asked = Pipeline(web_source(web_dir)).batch(2).options(runner=runner, prefetch_batches=2).explain()
+    assert ("no prefetch thread" in asked) == (resolved == "inline"), asked
 
 
 def _zephon_threads() -> set[str]:

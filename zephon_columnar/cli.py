@@ -39,6 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from zephon_columnar.errors import ConfigError, ZephonError
+from zephon_columnar.options import DEFAULT_RUNNER, RUNNER_OF_CHOICE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -122,7 +123,7 @@ def _bench_arguments(bench: argparse.ArgumentParser) -> None:
     bench.add_argument("--algorithm", default="wrap", choices=["wrap", "first_fit", "best_fit", "best_fit_wrap"])
     bench.add_argument("--num-bins", type=int, default=16, help="open bins for first_fit / best_fit (default 16)")
     bench.add_argument("--batch", type=int, default=8, help="rows per batch (default 8)")
-    bench.add_argument("--runner", default="threads", choices=["inline", "threads", "process", "remote"])
+    bench.add_argument("--runner", default=DEFAULT_RUNNER, choices=list(RUNNER_OF_CHOICE))
     bench.add_argument("--max-batches", type=_count, default=None, help="stop after this many batches")
     bench.add_argument("--progress-every", type=float, default=5.0, help="seconds between progress lines")
     bench.add_argument("--json", action="store_true", help="print the figures as one JSON object")

@@ -25,7 +25,20 @@ from typing import Any, Literal, TypedDict
 from zephon_columnar.compatibility import INERT_OPTIONS
 from zephon_columnar.errors import ConfigError
 
-Runner = Literal["inline", "threads", "process", "remote", "ray"]
+RunnerName = Literal["inline", "threads", "process", "remote"]
+"""The runners (`zephon_columnar.engine.runners`), as `RuntimeOptions.resolved_runner` names them."""
+RunnerChoice = Literal["inline", "threads", "process", "remote", "ray"]
+"""What ``options(runner=...)`` takes: a `RunnerName`, or ``"ray"`` for ``"remote"``."""
+RUNNER_OF_CHOICE: dict[RunnerChoice, RunnerName] = {
+    "inline": "inline",
+    "threads": "threads",
+    "process": "process",
+    "remote": "remote",
+    "ray": "remote",
+}
+DEFAULT_RUNNER: RunnerName = "threads"
+RUNNERS_ON_RAY: frozenset[RunnerName] = frozenset({"remote"})
+"""The runners that need the ``ray`` extra (checked when the options are)."""
 MappingStrategy = Literal["contiguous", "interleaved"]
 IpcTransport = Literal["socketpair", "pipe"]
 
@@ -37,7 +50,7 @@ class OptionHints(TypedDict, total=False):
     """The keywords of ``Pipeline.options(**hints)``: `RuntimeOptions`' fields and types, so an
     editor completes and checks them (a test holds the two to the same names and types)."""
 
-    runner: Runner | None
+    runner: RunnerChoice | None
     run_id: str
     per_stage_runner: dict[int, str]
     mp_context: Any
@@ -103,7 +116,7 @@ def import_ray() -> Any:
 class RuntimeOptions:
     """Engine knobs. See the module docstring for which ones change the data."""
 
-    runner: Runner | None = None
+    runner: RunnerChoice | None = None
     run_id: str = "default_run_id"
     per_stage_runner: dict[int, str] = field(default_factory=dict)
     mp_context: Any = None
@@ -224,12 +237,12 @@ class RuntimeOptions:
                 f"options(execution_tracking={self.execution_tracking!r}): use 'off', 'stages' or "
                 "'nodes' (or zephon_columnar.observability.ExecutionTrackingMode)."
             )
-        if self.runner not in (None, "inline", "threads", "process", "remote", "ray"):
+        if self.runner is not None and self.runner not in RUNNER_OF_CHOICE:
             raise ConfigError(
                 f"options(runner={self.runner!r}): use 'inline', 'threads', 'process' or 'remote' "
                 "(Ray; also spelled 'ray')."
             )
-        if self.runner in ("remote", "ray") and importlib.util.find_spec("ray") is None:
+        if self.resolved_runner() in RUNNERS_ON_RAY and importlib.util.find_spec("ray") is None:
             import_ray()  # raises, saying what to install
         for name in ("max_workers", "op_queue_capacity", "canonical_replicas", "dp_degree", "mtp_buffer"):
             v = getattr(self, name)
@@ -310,10 +323,9 @@ class RuntimeOptions:
 
         return StoreOptions.from_any(self.io_options)
 
-    def resolved_runner(self) -> Literal["inline", "threads", "process", "remote"]:
-        if self.runner == "ray":
-            return "remote"
-        return self.runner or "threads"
+    def resolved_runner(self) -> RunnerName:
+        """The runner's name, aliases resolved (`DEFAULT_RUNNER` when none was chosen)."""
+        return DEFAULT_RUNNER if self.runner is None else RUNNER_OF_CHOICE[self.runner]
 
     def resolved_max_workers(self) -> int:
         return self.max_workers or max(1, min(os.cpu_count() or 1, 16))

@@ -54,6 +54,7 @@ from zephon_columnar.engine.engine import Engine
 from zephon_columnar.engine.layout import unsettled_share
 from zephon_columnar.engine.realized import columns_some_lack, is_mixture_counter, realized_mixture
 from zephon_columnar.engine.run import Run
+from zephon_columnar.engine.runners import runner_traits
 from zephon_columnar.engine.spec import PipelineSpec
 from zephon_columnar.engine.warmup import RestoreWarmup
 from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning, PipelineError, warn
@@ -496,7 +497,7 @@ class Session:
         self._run = None
         if self._warmup is not None:
             self._warmup.cancel()
-        if spec.options.resolved_runner() not in ("process", "remote"):  # their workers read with their own readers
+        if not runner_traits(spec.options.resolved_runner()).own_readers:  # else its workers' readers are not ours
             owned = _owned_cursors(engine, lanes).values()
             first = engine.plan.batch.microbatch_size if engine.plan.batch is not None else 1
             self._warmup = RestoreWarmup.start(
@@ -512,7 +513,7 @@ class Session:
         """The restore warm-up's readers, for the run ``engine`` is about to start (None: no
         warm-up, or options changed since ``restore()`` so that it read for another run)."""
         warm, self._warmup = self._warmup, None
-        if warm is not None and engine.options.resolved_runner() in ("process", "remote"):
+        if warm is not None and runner_traits(engine.options.resolved_runner()).own_readers:
             warm.cancel()
             return None
         return warm.pool if warm is not None else None

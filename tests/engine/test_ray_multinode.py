@@ -28,7 +28,7 @@ ray = require("ray", "ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource  # noqa: E402
-from zephon_columnar.engine import ray_runner  # noqa: E402
+from zephon_columnar.engine.runners import remote as ray_runner  # noqa: E402
 from zephon_columnar.errors import PipelineError  # noqa: E402
 from zephon_columnar.testing import collect, signature  # noqa: E402
 

@@ -20,7 +20,7 @@ ray = require("ray", "ray")
 
 from tests.test_checkpoint_fuzz import build  # noqa: E402
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
-from zephon_columnar.engine.ray_runner import MAX_TRIES
+from zephon_columnar.engine.runners.remote import MAX_TRIES
 from zephon_columnar.errors import ConfigError, PipelineError
 from zephon_columnar.testing import collect, take_and_checkpoint
 

@@ -32,7 +32,7 @@ from zephon_columnar.engine.metrics import Metrics
 from zephon_columnar.engine.ownership import next_lane, owned_lanes
 from zephon_columnar.engine.pass_report import PassReport, skipped_record_notices
 from zephon_columnar.engine.plan import OrderedStage, ParallelStage, Plan, compile_plan
-from zephon_columnar.engine.runners import InlineRunner, ProcessRunner, ThreadRunner
+from zephon_columnar.engine.runners import DAEMON_STAND_IN, runner_traits, start_runner
 from zephon_columnar.errors import ConfigurationWarning, EmptyPassWarning, PipelineError, warn
 from zephon_columnar.io.dataset import Dataset
 from zephon_columnar.io.readers import ReaderPool
@@ -147,7 +147,7 @@ class Engine:
 
     def explain(self) -> str:
         runner = self.options.resolved_runner()
-        place = "remote" if runner == "ray" else "local"  # Zephon's words for where a stage runs
+        place = runner_traits(runner).place  # Zephon's words for where a stage runs
         parts = []
         for i, stage in enumerate(self.plan.stages):
             if isinstance(stage, ParallelStage):
@@ -192,7 +192,8 @@ class Engine:
         (``op_queue_capacity`` frames per lane). A consumer that releases the GIL for long
         stretches (a training step) may still gain from it.
         """
-        return bool(self.options.prefetch_batches) and self.options.resolved_runner() != "inline"
+        runs_ahead = not runner_traits(self.options.resolved_runner()).computes_at_submit
+        return bool(self.options.prefetch_batches) and runs_ahead
 
     # ------------------------------------------------------------------ running
     def initial_cursor(self, lane: int) -> LaneCursor:
@@ -324,17 +325,17 @@ class EngineRun:
         # Items the prefetch thread made and close() took off the queue: still not delivered, so
         # a checkpoint after close() puts them back like the queued ones.
         self._made_before_close: list[LaneItem] = []
-        runner_kind = engine.options.resolved_runner()
-        if runner_kind == "process" and multiprocessing.current_process().daemon:
+        runner_name = engine.options.resolved_runner()
+        if runner_traits(runner_name).starts_processes and multiprocessing.current_process().daemon:
             # A DataLoader worker is a daemon, which may not start processes: its share of the
             # lanes runs on threads (the same rows: the runner never changes the data).
             warn(
-                "options(runner='process') inside a daemon process (a DataLoader worker?): it cannot start worker "
-                "processes, so the stateless stages run on threads here; use the loader's num_workers for "
-                "processes instead.",
+                f"options(runner={runner_name!r}) inside a daemon process (a DataLoader worker?): it cannot start "
+                f"worker processes, so the stateless stages run on the {DAEMON_STAND_IN!r} runner here; use the "
+                "loader's num_workers for processes instead.",
                 ConfigurationWarning,
             )
-            runner_kind = "threads"
+            runner_name = DAEMON_STAND_IN
         stages = [s.ops for s in engine.plan.parallel_stages()]
         self._readers = readers if readers is not None else ReaderPool()
         tracking = engine.options.tracking_on()
@@ -351,8 +352,13 @@ class EngineRun:
         self.notices = Notices(pass_ends=engine.ws.supports_indexing())
         for notice in skipped_record_notices(engine.ws.datasets_by_id):
             self.notices.note(notice, {}, lane=min(engine.lanes, default=0))
-        self._runner = RUNNERS[runner_kind](
-            stages, services, engine.workers(), metrics=self.metrics, time_limit_s=engine.options.op_timeout_s
+        self._runner = start_runner(
+            runner_name,
+            stages,
+            services,
+            engine.workers(),
+            metrics=self.metrics,
+            time_limit_s=engine.options.op_timeout_s,
         )
         try:
             self.chains = {
@@ -622,18 +628,3 @@ def _describe_op(op: BaseOp) -> str:
     if note is not None:
         text += f"[{note}]"
     return text
-
-
-def _ray_runner(*args: Any, **kw: Any) -> Any:
-    from zephon_columnar.engine.ray_runner import RayRunner  # Ray is an optional extra
-
-    return RayRunner(*args, **kw)
-
-
-#: The runner of each ``options(runner=...)`` kind (`zephon_columnar.engine.runners`).
-RUNNERS: dict[str, Callable[..., Any]] = {
-    "inline": InlineRunner,
-    "threads": ThreadRunner,
-    "process": ProcessRunner,
-    "remote": _ray_runner,
-}

@@ -39,7 +39,7 @@ import pyarrow as pa
 from zephon_columnar import frame as F
 from zephon_columnar.engine.calibrate import prime_token_mixture
 from zephon_columnar.engine.engine import fields_by_dataset
-from zephon_columnar.engine.runners import run_stage, setup_stages
+from zephon_columnar.engine.runners.stages import run_stage, setup_stages
 from zephon_columnar.errors import NotIndexableError, PipelineError
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.batch import BatchOp

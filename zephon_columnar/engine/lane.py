@@ -46,6 +46,7 @@ from zephon_columnar.engine.checkpoint import (
 )
 from zephon_columnar.engine.plan import ParallelStage
 from zephon_columnar.engine.realized import ROWS_BATCHED, MixtureCounts
+from zephon_columnar.engine.runners import Runner
 from zephon_columnar.errors import (
     CheckpointError,
     PassTailWarning,
@@ -357,7 +358,7 @@ class ParallelStep:
     metrics: Any = None
     lane: int = 0
 
-    def __init__(self, upstream: Iterator[Any], runner: Any, stage: int, window: int) -> None:
+    def __init__(self, upstream: Iterator[Any], runner: Runner, stage: int, window: int) -> None:
         self.upstream = upstream
         self.runner = runner
         self.stage = stage
@@ -772,7 +773,7 @@ class LaneChain:
     """A lane's source, steps (aligned with the plan's stages) and collector."""
 
     def __init__(
-        self, engine: Engine, lane: int, start: LaneCursor | LaneSnapshot, runner: Any, notices: Notices
+        self, engine: Engine, lane: int, start: LaneCursor | LaneSnapshot, runner: Runner, notices: Notices
     ) -> None:
         self.engine = engine
         self.lane = lane
@@ -800,9 +801,9 @@ class LaneChain:
             epochs = [epoch] * (len(engine.plan.stages) + 1)  # by ordered stage, then the collector
         self.items = start.items
         self.regen = Regenerator(self)
-        # The inline runner computes at submit time: anything it ran ahead would only delay the
-        # item being asked for.
-        window = 0 if engine.options.resolved_runner() == "inline" else engine.options.resolved_queue_capacity()
+        # A runner that computes at submit time: anything it ran ahead would only delay the item
+        # being asked for.
+        window = 0 if runner.traits.computes_at_submit else engine.options.resolved_queue_capacity()
         events: Iterator[Any] = iter(self.source)
         self.steps: list[ParallelStep | OrderedStep] = []
         parallel_index = 0
@@ -832,7 +833,7 @@ class LaneChain:
                         ]
                 step = OrderedStep(events, stage.op, pos, self.shared, acc, queued, inbox, epoch_box)
                 ordered_index += 1
-            step.metrics, step.lane = getattr(runner, "metrics", None), lane  # execution tracking
+            step.metrics, step.lane = runner.metrics, lane  # execution tracking
             self.steps.append(step)
             events = iter(step)
             if pos == 0:

@@ -45,24 +45,18 @@ from __future__ import annotations
 import concurrent.futures as cf
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import cloudpickle
 import pyarrow as pa
 
-from zephon_columnar.engine.metrics import DeltaSink, Metrics
-from zephon_columnar.engine.runners import (
-    _WorkerFailure,
-    _WorkerWaits,
-    raise_worker_failure,
-    run_stage,
-    setup_stages,
-    worker_failure,
-)
+from zephon_columnar.engine.metrics import DeltaSink
+from zephon_columnar.engine.runners.base import RunnerTraits
+from zephon_columnar.engine.runners.failures import WorkerFailure, raise_worker_failure, worker_failure
+from zephon_columnar.engine.runners.stages import run_stage, setup_stages
+from zephon_columnar.engine.runners.waits import WorkerWaits
 from zephon_columnar.errors import PipelineError
-from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.options import import_ray
 
 #: How many times one frame is sent again after its actor's process died on a node that lives,
@@ -157,7 +151,7 @@ class _RemoteFuture(cf.Future):
                 ) from err
             self._send()
             raise cf.TimeoutError() from None  # the caller waits again, on the new call
-        if isinstance(out, _WorkerFailure):
+        if isinstance(out, WorkerFailure):
             raise_worker_failure(out)
         if isinstance(out, BaseException):
             raise out
@@ -171,40 +165,32 @@ class _RemoteFuture(cf.Future):
         return self._inner.cancel()
 
 
-class RayRunner(_WorkerWaits):
+class RayRunner(WorkerWaits):
     """Up to ``max_workers`` Ray actors, each with its own copy of the operators; frames are
     sent to them in turn. The pool shrinks to what the cluster can place when nodes are lost."""
 
-    kind = "remote"
+    traits = RunnerTraits(
+        name="remote", place="remote", computes_at_submit=False, own_readers=True, starts_processes=True
+    )
 
-    def __init__(
-        self,
-        stages: Sequence[Sequence[BaseOp]],
-        services: dict[str, Any],
-        workers: int,
-        metrics: Metrics | None = None,
-        time_limit_s: float | None = None,
-    ) -> None:
+    def start_workers(self) -> None:
         self.ray = ray = import_ray()
         if not ray.is_initialized():
             ray.init(include_dashboard=False, log_to_driver=True)
-        self._init_waits(stages, time_limit_s)
-        self.metrics = metrics
-        self.workers = workers
-        self._payload = cloudpickle.dumps((list(stages), services, metrics is not None))
+        self._payload = cloudpickle.dumps((list(self.stages), self.services, self.metrics is not None))
         self._actor_class = ray.remote(num_cpus=1, max_restarts=0)(StageWorker)
         self._lock = threading.Lock()
         self._turn = 0
         self.replaced = 0  # actors started again after one died (tests and metrics read it)
         self.dropped = 0  # actors that left the pool for good (lost, or never started)
-        self.slots = [self._start() for _ in range(max(1, min(workers, self._cpus())))]
+        self.slots = [self._new_slot() for _ in range(max(1, min(self.workers, self._cpus())))]
 
     @property
     def actors(self) -> list[Any]:
         """The actors of the pool now."""
         return [s.actor for s in self.slots]
 
-    def _start(self) -> _Slot:
+    def _new_slot(self) -> _Slot:
         actor = self._actor_class.remote(self._payload)
         return _Slot(actor, actor.node_id.remote(), time.monotonic())
 
@@ -265,7 +251,7 @@ class RayRunner(_WorkerWaits):
             refill = min(gone, max(0, min(self.workers, cpus) - len(self.slots)))
             refill = max(refill, 0 if self.slots else 1)
             for _ in range(refill):
-                self.slots.append(self._start())
+                self.slots.append(self._new_slot())
             self.replaced += refill
             self.dropped += gone - refill
             assert slot.gone is not None
