@@ -225,28 +225,39 @@ def _gzip_jsonl_datasets(tmp_path: Path, n: int) -> list[Dataset]:
     return out
 
 
+def _read_at_random(readers: list, cache: DecodedCache, rows_per_file: int, reads: int, check=lambda: None) -> None:
+    """``reads`` takes of a few rows of random readers (dataset d's ids are d*1000 + row): each one
+    right, the cache within its limit after each; then some evictions, and nothing left once the
+    readers close."""
+    rng = np.random.default_rng(reads)
+    for _ in range(reads):
+        d = int(rng.integers(len(readers)))
+        rows = rng.choice(rows_per_file, size=4, replace=False)
+        assert readers[d].take(0, rows).column("id").to_pylist() == (d * 1000 + rows).tolist()
+        assert cache.held_bytes <= cache.limit_bytes
+        check()
+    assert cache.evictions > 0
+    for r in readers:
+        r.close()
+    assert cache.held_bytes == 0
+
+
 def test_compressed_jsonl_readers_keep_their_decompressed_files_within_the_process_limit(tmp_path, process_cache):
     # Before: each reader kept up to 512 MiB of decompressed files (at least one) in its open
     # files, so a mixture of many compressed JSONL datasets held one file's content per dataset.
-    from zephon_columnar.io.jsonl import JsonlReader
-
     import gzip
+
+    from zephon_columnar.io.jsonl import JsonlReader
 
     datasets = _gzip_jsonl_datasets(tmp_path, 12)
     one_file = len(gzip.decompress((tmp_path / "j0" / "part-0.jsonl.gz").read_bytes()))
     process_cache.limit_bytes = 3 * one_file + one_file // 2  # three files for twelve readers
     readers = [JsonlReader(ds) for ds in datasets]
-    rng = np.random.default_rng(1)
-    for _ in range(120):
-        d = int(rng.integers(len(readers)))
-        rows = rng.choice(200, size=4, replace=False)
-        assert readers[d].take(0, rows).column("id").to_pylist() == (d * 1000 + rows).tolist()
-        assert process_cache.held_bytes <= process_cache.limit_bytes
-        assert all(f.data is None for r in readers for f in r._open.values())  # nothing held outside
-    assert process_cache.evictions > 0
-    for r in readers:
-        r.close()
-    assert process_cache.held_bytes == 0
+
+    def nothing_held_outside_the_cache() -> None:
+        assert all(f.data is None for r in readers for f in r._open.values())
+
+    _read_at_random(readers, process_cache, 200, 120, nothing_held_outside_the_cache)
 
 
 def test_jsonl_readers_count_their_open_files_and_close_them_past_the_process_limit(tmp_path, monkeypatch):
@@ -280,14 +291,4 @@ def test_vortex_readers_keep_their_decoded_files_within_the_process_limit(tmp_pa
         datasets.append(Dataset.from_path(f"v{d}", str(folder)))
     one_file = VortexReader(datasets[0]).take(0, np.arange(300)).nbytes
     process_cache.limit_bytes = 2 * one_file + one_file // 2  # two files for eight readers
-    readers = [VortexReader(ds) for ds in datasets]
-    rng = np.random.default_rng(2)
-    for _ in range(60):
-        d = int(rng.integers(len(readers)))
-        rows = rng.choice(300, size=5, replace=False)
-        assert readers[d].take(0, rows).column("id").to_pylist() == (d * 1000 + rows).tolist()
-        assert process_cache.held_bytes <= process_cache.limit_bytes
-    assert process_cache.evictions > 0
-    for r in readers:
-        r.close()
-    assert process_cache.held_bytes == 0
+    _read_at_random([VortexReader(ds) for ds in datasets], process_cache, 300, 60)
