@@ -6,7 +6,7 @@ lane's frames in order on one thread; the engine flushes it at every flush point
 end of the lane. The modules, one concept each:
 
 - `spec`: the options, checked and resolved (`PackSpec`), and `DomainGroups`;
-- `stream`: frames -> runs of documents (`Run`, `FrameReader` and the rule deciding which
+- `stream`: frames -> runs of documents (`TokenRun`, `FrameReader` and the rule deciding which
   columns are packed);
 - `emit`: runs -> packed rows (padding, ``positions``, ``__segments``);
 - `packer`: the per-stream contract and the lane accumulator (groups, ``shuffle_strategy``);

@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from zephon_columnar.ops.pack.packer import Emission, HeldDocs, LazyRun, Packer
-from zephon_columnar.ops.pack.stream import Run
+from zephon_columnar.ops.pack.stream import TokenRun
 from zephon_columnar.references import state_column, with_state
 
 
@@ -139,7 +139,7 @@ class BestFitWrapPacker(Packer):
             self._tokens >= self.spec.max_length or (cap is not None and len(self._pool) >= cap)
         )
 
-    def push(self, run: Run) -> list[Emission]:
+    def push(self, run: TokenRun) -> list[Emission]:
         L = self.spec.max_length
         rid = self._docs.add(run)
         rows: list[list[tuple[int, int, int, int]]] = []
@@ -192,7 +192,9 @@ class BestFitWrapPacker(Packer):
             )
         return {"arrivals": self._arrivals}, refs
 
-    def restore(self, state: dict[str, Any], refs: pa.Table | None, materialize: Callable[[pa.Table], Run]) -> None:
+    def restore(
+        self, state: dict[str, Any], refs: pa.Table | None, materialize: Callable[[pa.Table], TokenRun]
+    ) -> None:
         self._arrivals = int(state["arrivals"])
         if refs is None:
             return

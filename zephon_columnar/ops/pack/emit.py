@@ -26,7 +26,7 @@ from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.memory import buffer_pool
 from zephon_columnar.ops.pack.spec import POSITIONS, PackSpec
-from zephon_columnar.ops.pack.stream import Run
+from zephon_columnar.ops.pack.stream import TokenRun
 
 SEGMENTS = F.SEGMENTS
 _SEGMENT_FIELDS = (
@@ -39,7 +39,7 @@ _SEGMENT_FIELDS = (
 )
 
 
-def emit_rows(spec: PackSpec, run: Run, row_lengths: np.ndarray, *, op: str = "pack_flat") -> pa.Table:
+def emit_rows(spec: PackSpec, run: TokenRun, row_lengths: np.ndarray, *, op: str = "pack_flat") -> pa.Table:
     """Rows that are consecutive stretches of ``run`` from token 0 (row i holds
     ``row_lengths[i]`` real tokens, at most ``max_length``), each padded to ``max_length``."""
     L = spec.max_length
@@ -94,7 +94,7 @@ def emit_rows(spec: PackSpec, run: Run, row_lengths: np.ndarray, *, op: str = "p
     return pa.Table.from_arrays(cols, names=names)
 
 
-def pieces(run: Run, row_starts: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def pieces(run: TokenRun, row_starts: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The rows' pieces: (start in the run, length, segment index, row index) of every stretch
     of one segment inside one row, in order."""
     seg = run.seg_starts[: int(np.searchsorted(run.seg_starts, total))]
@@ -113,7 +113,7 @@ _SEGMENT_DTYPES = {
 }
 
 
-def segments_column(run: Run, row_starts: np.ndarray, total: int) -> pa.Array:
+def segments_column(run: TokenRun, row_starts: np.ndarray, total: int) -> pa.Array:
     """``__segments`` of the rows starting at ``row_starts`` (see the module docstring). Built
     from numpy views of the run's bookkeeping: a few array operations per frame."""
     starts, lengths, seg, row = pieces(run, row_starts, total)

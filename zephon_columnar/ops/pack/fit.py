@@ -40,7 +40,7 @@ from zephon_columnar.ops.pack.packer import (
     LazyRun,
     Packer,
 )
-from zephon_columnar.ops.pack.stream import Run, where
+from zephon_columnar.ops.pack.stream import TokenRun, where
 from zephon_columnar.references import state_column, with_state
 
 
@@ -62,7 +62,7 @@ class FitPacker(Packer):
         self._opened = 0
         self._docs = HeldDocs()
 
-    def push(self, run: Run) -> list[Emission]:
+    def push(self, run: TokenRun) -> list[Emission]:
         spec = self.spec
         L, num_bins, cap = spec.max_length, spec.num_bins or 1, spec.max_sequences_per_bin
         best = spec.algorithm == "best_fit"
@@ -144,7 +144,9 @@ class FitPacker(Packer):
             refs = with_state(refs, length=[n for b in self._open for _, _, n in b.docs])
         return {"opened": self._opened, "bins": bins}, refs
 
-    def restore(self, state: dict[str, Any], refs: pa.Table | None, materialize: Callable[[pa.Table], Run]) -> None:
+    def restore(
+        self, state: dict[str, Any], refs: pa.Table | None, materialize: Callable[[pa.Table], TokenRun]
+    ) -> None:
         self._opened = int(state["opened"])
         if refs is None:
             return

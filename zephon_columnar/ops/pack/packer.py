@@ -1,7 +1,7 @@
 """The packer contract shared by every algorithm, and `LanePacker`, the lane's accumulator.
 
 A `Packer` packs one token stream (a lane's, or one domain group's within a lane). It is fed
-runs (`stream.Run`: documents already read from frames) and returns the rows it closed as
+runs (`stream.TokenRun`: documents already read from frames) and returns the rows it closed as
 `Emission`s: an output frame plus, per row, the *trigger*: the index (in the pushed run) of the
 document whose arrival closed the row. `LanePacker` reads frames, routes documents to one
 packer per group (``homogeneity``), and orders rows of different groups by trigger, which is
@@ -24,7 +24,7 @@ from zephon_columnar.ops.accumulators.lane import LaneContext
 from zephon_columnar.ops.pack.emit import emit_rows
 from zephon_columnar.ops.pack.sequences import PACKED
 from zephon_columnar.ops.pack.spec import POSITIONS, PackSpec
-from zephon_columnar.ops.pack.stream import TOKEN_SKIP, FrameReader, Run, gather, is_list
+from zephon_columnar.ops.pack.stream import TOKEN_SKIP, FrameReader, TokenRun, gather, is_list
 from zephon_columnar.records import PYTHON_LISTS_KEY, as_python_lists
 from zephon_columnar.references import concat_refs
 
@@ -73,14 +73,14 @@ class Emission:
 
 class LazyRun:
     """Documents a restored packer holds by reference, computed when a row first takes from
-    them: only those documents, in one call (``materialize(refs) -> Run``)."""
+    them: only those documents, in one call (``materialize(refs) -> TokenRun``)."""
 
-    def __init__(self, refs: pa.Table, materialize: Callable[[pa.Table], Run]) -> None:
+    def __init__(self, refs: pa.Table, materialize: Callable[[pa.Table], TokenRun]) -> None:
         self.refs = refs
         self._materialize = materialize
-        self._done: dict[int, tuple[Run, int]] = {}  # document -> (run holding it, its segment there)
+        self._done: dict[int, tuple[TokenRun, int]] = {}  # document -> (run holding it, its segment there)
 
-    def resolve(self, segs: list[int]) -> list[tuple[Run, int]]:
+    def resolve(self, segs: list[int]) -> list[tuple[TokenRun, int]]:
         missing = sorted({s for s in segs if s not in self._done})
         if missing:
             run = self._materialize(self.refs.take(pa.array(missing)))
@@ -104,11 +104,11 @@ class HeldDocs:
     """
 
     def __init__(self) -> None:
-        self.runs: dict[int, Run | LazyRun] = {}
+        self.runs: dict[int, TokenRun | LazyRun] = {}
         self._count: dict[int, int] = {}
         self._next = 0
 
-    def add(self, run: Run | LazyRun, held: int = 0) -> int:
+    def add(self, run: TokenRun | LazyRun, held: int = 0) -> int:
         rid = self._next
         self._next += 1
         self.runs[rid] = run
@@ -140,7 +140,7 @@ class HeldDocs:
                 parts.append(F.refs_of(held.book.slice(int(held.seg_book[seg]), 1)))
         return F.concat_frames(parts).combine_chunks()
 
-    def gather(self, pieces: list[tuple[int, int, int, int]]) -> Run:
+    def gather(self, pieces: list[tuple[int, int, int, int]]) -> TokenRun:
         """One run of ``pieces`` ``(run id, segment, start, length)``, in order; documents held by
         reference are computed here (only those the pieces need)."""
         runs = self.runs
@@ -148,14 +148,14 @@ class HeldDocs:
         used, inverse = np.unique(rids, return_inverse=True)
         if not any(isinstance(runs[int(r)], LazyRun) for r in used):  # the common case: all computed
             return gather([runs[int(r)] for r in used], inverse, segs, starts, lengths)  # type: ignore[misc]
-        resolved: dict[tuple[int, int], tuple[Run, int]] = {}
+        resolved: dict[tuple[int, int], tuple[TokenRun, int]] = {}
         for rid in {p[0] for p in pieces}:
             held = runs[rid]
             if isinstance(held, LazyRun):
                 wanted = sorted({p[1] for p in pieces if p[0] == rid})
                 for seg, where in zip(wanted, held.resolve(wanted)):
                     resolved[(rid, seg)] = where
-        objects: list[Run] = []
+        objects: list[TokenRun] = []
         position: dict[int, int] = {}
         run_index, seg_index = [], []
         for rid, seg, _, _ in pieces:
@@ -171,27 +171,29 @@ class HeldDocs:
 class Packer:
     """One stream's packing state. Subclasses implement `push` and `flush`; ``carry`` when
     they keep rows across a flush point; ``snapshot`` / ``restore`` for checkpoints by
-    reference (``restore`` gets ``materialize(refs) -> Run``, which computes documents again)."""
+    reference (``restore`` gets ``materialize(refs) -> TokenRun``, which computes documents again)."""
 
-    def __init__(self, spec: PackSpec, ctx: LaneContext, emit: Callable[[Run, np.ndarray], pa.Table]) -> None:
+    def __init__(self, spec: PackSpec, ctx: LaneContext, emit: Callable[[TokenRun, np.ndarray], pa.Table]) -> None:
         self.spec = spec
         self.ctx = ctx
         self.emit = emit
 
-    def push(self, run: Run) -> list[Emission]:
+    def push(self, run: TokenRun) -> list[Emission]:
         raise NotImplementedError
 
     def flush(self, *, end: bool) -> list[pa.Table]:
         """Emit what is held (rows in order) and become fresh, but for what `carry` returns."""
         raise NotImplementedError
 
-    def carry(self) -> Run | None:
+    def carry(self) -> TokenRun | None:
         return None
 
     def snapshot(self) -> tuple[dict[str, Any], pa.Table | None]:
         raise NotImplementedError
 
-    def restore(self, state: dict[str, Any], refs: pa.Table | None, materialize: Callable[[pa.Table], Run]) -> None:
+    def restore(
+        self, state: dict[str, Any], refs: pa.Table | None, materialize: Callable[[pa.Table], TokenRun]
+    ) -> None:
         raise NotImplementedError
 
     def count(self, stat: str, n: int) -> None:
@@ -209,7 +211,7 @@ class LanePacker:
         make: Callable[[PackSpec, LaneContext, Any], Packer],
         *,
         op: str = "pack_flat",
-        emit: Callable[[Run, np.ndarray], pa.Table] | None = None,
+        emit: Callable[[TokenRun, np.ndarray], pa.Table] | None = None,
         keep_payload: bool = False,
     ) -> None:
         self.spec = spec
@@ -236,7 +238,7 @@ class LanePacker:
         self._skip = 0
         self._rewound_to: dict[str, Any] | None = None  # a rewind state restored, nothing pushed since
 
-    def _emit_read_by(self, reader: FrameReader, run: Run, lengths: np.ndarray) -> pa.Table:
+    def _emit_read_by(self, reader: FrameReader, run: TokenRun, lengths: np.ndarray) -> pa.Table:
         """Rows of ``run`` read by ``reader``: packed_samples keep the kind of the tokens that
         reader found (Python lists for tokenize's ids, `records.PYTHON_LISTS_KEY`)."""
         table = self._emit_table(run, lengths)
@@ -275,7 +277,7 @@ class LanePacker:
             return out
         return self._place(run)
 
-    def _place(self, run: Run) -> list[pa.Table]:
+    def _place(self, run: TokenRun) -> list[pa.Table]:
         oversized_before = self.ctx.stats.get(OVERSIZED_DOCS, 0)
         out = self._place_in_groups(run)
         if self.ctx.stats.get(OVERSIZED_DOCS, 0) > oversized_before:
@@ -308,7 +310,7 @@ class LanePacker:
             lane=self.ctx.lane,
         )
 
-    def _place_in_groups(self, run: Run) -> list[pa.Table]:
+    def _place_in_groups(self, run: TokenRun) -> list[pa.Table]:
         if self.spec.homogeneity == "none":
             return [e.frame for e in self._packer(None).push(run)]
         components = run.book.column(F.COMPONENT).to_numpy()[run.seg_book]
@@ -398,7 +400,7 @@ class LanePacker:
                 parts.append(refs)
         window = None
         if self._window is not None and self._window.count:
-            held = Run.concat(self._window.held)
+            held = TokenRun.concat(self._window.held)
             parts.append(F.refs_of(held.book.take(pa.array(held.seg_book))))
             window = len(held.seg_starts)
         state = {"reader": reader, "groups": groups, "window": window}
@@ -480,7 +482,7 @@ class LanePacker:
         reader.value_types = types
         reader.dtypes = {name: np_dtype(t) for name, t in types.items()}
 
-    def _read_docs(self, frame: pa.Table, reader: FrameReader | None = None) -> Run:
+    def _read_docs(self, frame: pa.Table, reader: FrameReader | None = None) -> TokenRun:
         """Whole documents, one segment each, read with this lane's decisions."""
         run = (reader or self.reader).read(frame)
         if run is None or len(run.seg_starts) != frame.num_rows:
@@ -575,10 +577,10 @@ class _ShuffleWindow:
         self.spec = spec
         self.ctx = ctx
         # The current window's documents and their count (the packer's checkpoint holds them).
-        self.held: list[Run] = []
+        self.held: list[TokenRun] = []
         self.count = 0
 
-    def push(self, run: Run) -> list[Run]:
+    def push(self, run: TokenRun) -> list[TokenRun]:
         ready = []
         pos = 0
         n = len(run.seg_starts)
@@ -592,11 +594,11 @@ class _ShuffleWindow:
                 ready.append(self._release())
         return ready
 
-    def flush(self) -> list[Run]:
+    def flush(self) -> list[TokenRun]:
         return [self._release()] if self.count else []
 
-    def _release(self) -> Run:
-        run = Run.concat(self.held)
+    def _release(self) -> TokenRun:
+        run = TokenRun.concat(self.held)
         self.held, self.count = [], 0
         n = len(run.seg_starts)
         if self.spec.shuffle_strategy == "length":
@@ -610,7 +612,7 @@ class _ShuffleWindow:
         return _segments(run, order)
 
 
-def _segments(run: Run, index: np.ndarray) -> Run:
+def _segments(run: TokenRun, index: np.ndarray) -> TokenRun:
     """The whole segments ``index`` of ``run``, in that order (a copy)."""
     return gather(
         [run], np.zeros(len(index), np.int64), index, np.zeros(len(index), np.int64), run.seg_lengths()[index]

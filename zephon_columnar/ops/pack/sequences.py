@@ -34,7 +34,7 @@ from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError, WrongTypeError
 from zephon_columnar.ops.pack.emit import pieces, segments_column
 from zephon_columnar.ops.pack.spec import FIT_ALGORITHMS, PackSpec
-from zephon_columnar.ops.pack.stream import Run
+from zephon_columnar.ops.pack.stream import TokenRun
 
 PACKED = "packed_samples"
 MERGES = ("keep_list", "numpy_array", "torch_tensor")
@@ -60,7 +60,7 @@ class SequencesEmitter:
         self.merge = pack_payloads
         self.whole = spec.algorithm in FIT_ALGORITHMS
 
-    def __call__(self, run: Run, row_lengths: np.ndarray) -> pa.Table:
+    def __call__(self, run: TokenRun, row_lengths: np.ndarray) -> pa.Table:
         row_lengths = row_lengths.astype(np.int64, copy=False)
         ends = np.cumsum(row_lengths)
         total = int(ends[-1])
@@ -82,7 +82,7 @@ class SequencesEmitter:
         field = table.schema.field(PACKED).with_metadata(meta)
         return table.cast(table.schema.set(table.schema.get_field_index(PACKED), field))
 
-    def _lists(self, run: Run, row_starts: np.ndarray, total: int) -> pa.Array:
+    def _lists(self, run: TokenRun, row_starts: np.ndarray, total: int) -> pa.Array:
         starts, lengths, seg, row = pieces(run, row_starts, total)
         fields: list[pa.Array] = []
         names: list[str] = []
@@ -103,7 +103,7 @@ class SequencesEmitter:
         np.cumsum(counts, out=offsets[1:])
         return pa.ListArray.from_arrays(pa.array(offsets), struct)
 
-    def _merged(self, run: Run, row_starts: np.ndarray, row_lengths: np.ndarray) -> pa.Array:
+    def _merged(self, run: TokenRun, row_starts: np.ndarray, row_lengths: np.ndarray) -> pa.Array:
         if self.whole:
             other = [n for n in F.payload_names(run.book)]
             if other:

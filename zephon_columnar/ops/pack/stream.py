@@ -1,4 +1,4 @@
-"""The token stream a packer works on: `Run` (flat buffers and segments) and `FrameReader`
+"""The token stream a packer works on: `TokenRun` (flat buffers and segments) and `FrameReader`
 (frames of documents -> runs, with the rules that decide which columns are packed).
 
 A *segment* is a document, or the piece of one that lands in one packed row. A run keeps, per
@@ -46,7 +46,7 @@ TOKEN_SKIP = F.TOKEN_SKIP
 
 
 @dataclass
-class Run:
+class TokenRun:
     """A stretch of a lane's token stream.
 
     ``data``: column name -> flat numpy values (the token column first, then the aligned
@@ -74,14 +74,14 @@ class Run:
         return np.diff(np.append(self.seg_starts, len(self)))
 
     @staticmethod
-    def concat(runs: list[Run]) -> Run:
+    def concat(runs: list[TokenRun]) -> TokenRun:
         if len(runs) == 1:
             return runs[0]
         names = list(runs[0].data)
         data = {n: np.concatenate([r.data[n] for r in runs]) for n in names}
         tok_shift = np.cumsum([0] + [len(r) for r in runs[:-1]])
         book_shift = np.cumsum([0] + [r.book.num_rows for r in runs[:-1]])
-        return Run(
+        return TokenRun(
             data,
             np.concatenate([r.seg_starts + s for r, s in zip(runs, tok_shift)]),
             np.concatenate([r.seg_book + s for r, s in zip(runs, book_shift)]),
@@ -94,7 +94,7 @@ class Run:
         """Index of the segment holding token ``pos``."""
         return np.searchsorted(self.seg_starts, pos, side="right") - 1
 
-    def sub(self, start: int, stop: int | None = None, *, copy: bool = False) -> Run:
+    def sub(self, start: int, stop: int | None = None, *, copy: bool = False) -> TokenRun:
         """Tokens ``[start, stop)``: views of the buffers, or (``copy``) a run owning its memory
         with compact bookkeeping. A segment cut at ``start`` continues as the first segment."""
         stop = len(self) if stop is None else stop
@@ -112,14 +112,14 @@ class Run:
             seg_closes[-1] = False  # the last segment is cut at ``stop``
         seg_book = self.seg_book[first:last]
         if not copy:
-            return Run(
+            return TokenRun(
                 {k: v[start:stop] for k, v in self.data.items()}, seg_starts, seg_book, self.book, seg_skip, seg_closes
             )
         book = self.book.take(pa.array(seg_book))
         data = {k: v[start:stop].copy() for k, v in self.data.items()}
-        return Run(data, seg_starts, np.arange(len(seg_book), dtype=np.int64), book, seg_skip, seg_closes)
+        return TokenRun(data, seg_starts, np.arange(len(seg_book), dtype=np.int64), book, seg_skip, seg_closes)
 
-    def tail(self, start: int) -> Run | None:
+    def tail(self, start: int) -> TokenRun | None:
         """What is left from token ``start`` on (owning its memory), or None."""
         return self.sub(start, copy=True) if start < len(self) else None
 
@@ -137,7 +137,9 @@ class Run:
         return F.with_payload(book, payload)
 
 
-def gather(runs: list[Run], run_index: np.ndarray, seg_index: np.ndarray, start: np.ndarray, length: np.ndarray) -> Run:
+def gather(
+    runs: list[TokenRun], run_index: np.ndarray, seg_index: np.ndarray, start: np.ndarray, length: np.ndarray
+) -> TokenRun:
     """A new run of pieces of segments, concatenated in order: piece i is ``length[i]`` tokens
     of segment ``seg_index[i]`` of ``runs[run_index[i]]``, from its token ``start[i]``."""
     run_index = np.asarray(run_index, np.int64)
@@ -184,7 +186,7 @@ def gather(runs: list[Run], run_index: np.ndarray, seg_index: np.ndarray, start:
                 data[name][mask] = runs[r].data[name][src_pos[mask]]
     books = [r.book for r in runs]
     book = (F.concat_frames(books) if len(books) > 1 else books[0]).take(pa.array(book_rows))
-    return Run(data, dst_start, np.arange(n, dtype=np.int64), book, skip, closes)
+    return TokenRun(data, dst_start, np.arange(n, dtype=np.int64), book, skip, closes)
 
 
 # ---------------------------------------------------------------------- Arrow list helpers
@@ -334,7 +336,7 @@ class FrameReader:
         )
 
     # ------------------------------------------------------------------ reading
-    def read(self, frame: pa.Table) -> Run | None:
+    def read(self, frame: pa.Table) -> TokenRun | None:
         """The frame as a run (one segment per non-empty document), or None when it holds no
         tokens. Empty documents are skipped."""
         if frame.num_rows == 0:
@@ -385,7 +387,7 @@ class FrameReader:
             else np.zeros(len(nonempty), np.int64)
         )
         closes = ~F.open_rows(frame)[nonempty]  # a piece that does not end its sample closes nothing
-        return Run(data, offsets[nonempty], nonempty.astype(np.int64), book, skip, closes)
+        return TokenRun(data, offsets[nonempty], nonempty.astype(np.int64), book, skip, closes)
 
     def _decide(self, frame: pa.Table, tok: str, lens: np.ndarray, first: int, dtype: np.dtype) -> None:
         schema = frame.schema
@@ -411,5 +413,5 @@ class FrameReader:
 
 
 #: Bookkeeping that describes a packed row rather than a source document, and ``__open`` (read
-#: into ``Run.seg_closes``): not carried into runs.
+#: into ``TokenRun.seg_closes``): not carried into runs.
 _DERIVED = (F.PADDING_LENGTH, TOKEN_SKIP, "__segments", F.OPEN)

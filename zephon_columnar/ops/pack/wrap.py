@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from zephon_columnar import frame as F
 from zephon_columnar.ops.pack.packer import Emission, Packer
-from zephon_columnar.ops.pack.stream import Run, gather
+from zephon_columnar.ops.pack.stream import TokenRun, gather
 from zephon_columnar.references import state_column, with_state
 
 
@@ -33,16 +33,16 @@ class WrapPacker(Packer):
 
     def __init__(self, *args: object) -> None:
         super().__init__(*args)  # type: ignore[arg-type]
-        self._pending: list[Run] = []
+        self._pending: list[TokenRun] = []
         self._pending_tokens = 0
         self._pending_segments = 0
 
-    def _set_pending(self, tail: Run | None) -> None:
+    def _set_pending(self, tail: TokenRun | None) -> None:
         self._pending = [tail] if tail is not None else []
         self._pending_tokens = len(tail) if tail is not None else 0
         self._pending_segments = len(tail.seg_starts) if tail is not None else 0
 
-    def push(self, run: Run) -> list[Emission]:
+    def push(self, run: TokenRun) -> list[Emission]:
         head = self._pending_tokens  # tokens before this run, fewer than max_length
         self._pending.append(run)
         self._pending_tokens += len(run)
@@ -60,11 +60,11 @@ class WrapPacker(Packer):
             i += len(ls)
         return out
 
-    def _place(self, runs: list[Run]) -> tuple[list, list[np.ndarray], Run | None]:
+    def _place(self, runs: list[TokenRun]) -> tuple[list, list[np.ndarray], TokenRun | None]:
         """Close the rows the pending runs allow: (frames, their row lengths, what stays)."""
         L = self.spec.max_length
         if self.spec.max_sequences_per_bin is not None:
-            run = Run.concat(runs)
+            run = TokenRun.concat(runs)
             lengths = self._capped_rows(run)
             if not len(lengths):
                 return [], [], run
@@ -76,10 +76,10 @@ class WrapPacker(Packer):
             # Copy only what completes the carried row; the other rows are views of the frame.
             k = L - head
             one = np.array([L], np.int64)
-            frames.append(self.emit(Run.concat(runs[:-1] + [last.sub(0, k)]), one))
+            frames.append(self.emit(TokenRun.concat(runs[:-1] + [last.sub(0, k)]), one))
             all_lengths.append(one)
             runs = [last.sub(k)]
-        run = Run.concat(runs)
+        run = TokenRun.concat(runs)
         rows = len(run) // L
         if rows:
             lengths = np.full(rows, L, dtype=np.int64)
@@ -87,7 +87,7 @@ class WrapPacker(Packer):
             all_lengths.append(lengths)
         return frames, all_lengths, run.tail(rows * L)
 
-    def _capped_rows(self, run: Run) -> np.ndarray:
+    def _capped_rows(self, run: TokenRun) -> np.ndarray:
         """Row lengths when a row also closes after its m-th segment. O(rows) Python steps.
 
         Every run ends at a document end (frames hold whole documents), and the pending run
@@ -119,7 +119,7 @@ class WrapPacker(Packer):
     def flush(self, *, end: bool) -> list:
         if not self._pending_tokens:
             return []
-        run = Run.concat(self._pending)
+        run = TokenRun.concat(self._pending)
         if self.spec.max_sequences_per_bin is None and not end:
             self._set_pending(run)  # carried into the next flush epoch
             return []
@@ -129,10 +129,10 @@ class WrapPacker(Packer):
             return []
         return [self.emit(run, np.array([len(run)], np.int64))]
 
-    def carry(self) -> Run | None:
+    def carry(self) -> TokenRun | None:
         if self.spec.max_sequences_per_bin is not None or not self._pending_tokens:
             return None
-        run = Run.concat(self._pending)
+        run = TokenRun.concat(self._pending)
         self._pending = [run]
         return run
 
@@ -141,11 +141,13 @@ class WrapPacker(Packer):
         its document and how long it is."""
         if not self._pending_tokens:
             return {}, None
-        run = Run.concat(self._pending)
+        run = TokenRun.concat(self._pending)
         refs = F.refs_of(run.book.take(pa.array(run.seg_book)))
         return {}, with_state(refs, skip=run.seg_skip, length=run.seg_lengths())
 
-    def restore(self, state: dict[str, Any], refs: pa.Table | None, materialize: Callable[[pa.Table], Run]) -> None:
+    def restore(
+        self, state: dict[str, Any], refs: pa.Table | None, materialize: Callable[[pa.Table], TokenRun]
+    ) -> None:
         if refs is None:
             return
         docs = materialize(refs)  # a few documents at most: computed now
