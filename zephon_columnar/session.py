@@ -352,10 +352,10 @@ class Session:
         return summary
 
     def prefetch_timing_snapshot(self) -> PrefetchTimingSummary | None:
-        prefetcher = self._run.engine.prefetcher if self._run is not None else None
-        if prefetcher is None:
+        timing = self._run.prefetch_timing() if self._run is not None else None
+        if timing is None:
             return None
-        return PrefetchTimingSummary(tracking_mode=self._spec.options.tracking_mode(), stages={0: prefetcher.timing()})
+        return PrefetchTimingSummary(tracking_mode=self._spec.options.tracking_mode(), stages={0: timing})
 
     def inflight_summary(self) -> dict[int, dict[int, int]] | None:
         return self._run.in_flight_by_stage() if self._run is not None else None

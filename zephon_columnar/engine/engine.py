@@ -37,6 +37,7 @@ from zephon_columnar.errors import ConfigurationWarning, EmptyPassWarning, Pipel
 from zephon_columnar.io.dataset import Dataset
 from zephon_columnar.io.readers import ReaderPool
 from zephon_columnar.losses import Notices, say, summed
+from zephon_columnar.observability.stats import PrefetchTimingTotals
 from zephon_columnar.ops.accumulators.lane import restorable_by_reference
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.fetch import FetchOp, decoded_cache_limit, shard_cache_settings
@@ -421,6 +422,11 @@ class EngineRun:
     def fetch_groups(self) -> dict[tuple[int, int, int], dict[str, float]]:
         """Execution tracking's fetch groups summed per (stage, dataset_id, shard_id) ({} when off)."""
         return self.metrics.fetch_groups() if self.metrics is not None else {}
+
+    def prefetch_timing(self) -> PrefetchTimingTotals | None:
+        """What ``prefetch()`` warmed in this pass (None without it)."""
+        prefetcher = self.engine.prefetcher
+        return prefetcher.timing() if prefetcher is not None else None
 
     # ------------------------------------------------------------------ checkpoints
     def snapshot(self, in_transit: Sequence[LaneItem] = ()) -> dict[int, LaneCursor | LaneSnapshot]:

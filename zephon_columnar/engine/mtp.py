@@ -50,6 +50,7 @@ from zephon_columnar.losses import say
 if TYPE_CHECKING:
     from zephon_columnar.engine.engine import Engine
     from zephon_columnar.engine.spec import PipelineSpec
+    from zephon_columnar.observability.stats import PrefetchTimingTotals
 
 #: Items the child may deliver ahead of the trainer when ``mtp_buffer`` is not set.
 DEFAULT_MTP_BUFFER = 16
@@ -90,6 +91,7 @@ class MtpRun:
         self._final_stats: dict[int, dict[str, int]] = {}
         self._final_tracked: list[dict[str, Any]] = []
         self._final_fetch_groups: dict[tuple[int, int, int], dict[str, float]] = {}
+        self._final_prefetch: PrefetchTimingTotals | None = None
         self._taken = 0
         state = None if cursors is None else {lane: lane_to_json(cur) for lane, cur in cursors.items()}
         ctx = multiprocessing.get_context("spawn")
@@ -258,6 +260,14 @@ class MtpRun:
             return dict(self._final_fetch_groups)
         return self._ask("fetch_groups")
 
+    def prefetch_timing(self) -> PrefetchTimingTotals | None:
+        """What ``prefetch()`` warmed, in the side process that runs the engine (kept at the end
+        of the pass)."""
+        if self._closed:
+            return self._final_prefetch
+        timing: PrefetchTimingTotals | None = self._ask("prefetch_timing")
+        return timing
+
     def queue_stats(self) -> dict[str, int] | None:
         """Items ready in the ring and their bytes, against the ring's capacity (None once closed)."""
         if self._closed:
@@ -295,6 +305,7 @@ class MtpRun:
                 self._final_stats = self._ask("stats")
                 self._final_tracked = self._ask("tracked")
                 self._final_fetch_groups = self._ask("fetch_groups")
+                self._final_prefetch = self._ask("prefetch_timing")
                 self._report = cloudpickle.loads(self._ask("pass_report"))
             except PipelineError:
                 pass
@@ -468,6 +479,8 @@ class _Child:
                 reply = self.run.in_flight_by_stage()
             elif kind == "fetch_groups":
                 reply = self.run.fetch_groups()
+            elif kind == "prefetch_timing":
+                reply = self.run.prefetch_timing()
             elif kind == "pass_report":
                 reply = cloudpickle.dumps(self.run.pass_report())
             else:

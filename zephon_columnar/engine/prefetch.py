@@ -60,17 +60,22 @@ class ShardPrefetcher:
             fut.add_done_callback(_log_failure)
 
     def _download(self, url: str, size: int | None) -> str:
-        t0 = time.perf_counter()
+        cache = fs.default_shard_cache()
+        before, t0 = cache.thread_counts(), time.perf_counter()
         try:
             path = fs.local_path(url, size)
         except BaseException:
             with self._lock:
                 self.failed += 1
             raise
+        # A shard fetch downloaded first is found in the cache: the request succeeds, but it
+        # moved nothing (the bytes and seconds are the downloads' only).
+        downloaded = cache.thread_counts().since(before).downloads > 0
         with self._lock:
             self.completed += 1
-            self.bytes += size or 0
-            self.seconds += time.perf_counter() - t0
+            if downloaded:
+                self.bytes += size or 0
+                self.seconds += time.perf_counter() - t0
         return path
 
     def timing(self) -> PrefetchTimingTotals:

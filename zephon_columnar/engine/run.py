@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from zephon_columnar.engine.checkpoint import LaneCursor, LaneSnapshot
     from zephon_columnar.engine.engine import Engine
     from zephon_columnar.engine.pass_report import PassReport
+    from zephon_columnar.observability.stats import PrefetchTimingTotals
 
 
 class Run(Protocol):
@@ -27,8 +28,9 @@ class Run(Protocol):
 
     ``closed``: no more items (asked to stop, finished, or failed). ``snapshot()``: every lane's
     state after the last item delivered to the caller. The counters (``stats``,
-    ``tracked_records``, ``fetch_groups``, ``in_flight_by_stage``) are those of the pass so
-    far, or of its end once closed; ``queue_stats()`` is the side process's ring (None in
+    ``tracked_records``, ``fetch_groups``, ``in_flight_by_stage``, ``prefetch_timing``) are
+    those of the pass so far (where it runs: the side process's for `MtpRun`), or of its end
+    once closed; ``queue_stats()`` is the side process's ring (None in
     process); ``pass_report()`` what the pass dropped on purpose, once it ended (None before;
     `zephon_columnar.engine.pass_report`). ``close()`` stops it promptly and may be called from
     any thread.
@@ -50,6 +52,8 @@ class Run(Protocol):
     def tracked_records(self) -> list[dict[str, Any]]: ...
 
     def fetch_groups(self) -> dict[tuple[int, int, int], dict[str, float]]: ...
+
+    def prefetch_timing(self) -> PrefetchTimingTotals | None: ...
 
     def in_flight_by_stage(self) -> dict[int, dict[int, int]] | None: ...
 
