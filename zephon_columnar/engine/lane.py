@@ -64,7 +64,8 @@ from zephon_columnar.ops.accumulators.lane import (
     restorable_by_reference,
 )
 from zephon_columnar.ops.base import BaseOp
-from zephon_columnar.types import SampleBatch, records_of
+from zephon_columnar.records import records_of
+from zephon_columnar.types import SampleBatch
 from zephon_columnar.work.base import WorkSource
 from zephon_columnar.work.chunk import WorkChunk
 

@@ -29,7 +29,8 @@ from zephon_columnar.io.base import SHOWN_SKIPPED, BadRecordPolicy, ShardInfo, S
 from zephon_columnar.io.discovery import DatasetPath, discover
 from zephon_columnar.io.format import Format
 from zephon_columnar.io.hf import table_of_hf
-from zephon_columnar.io.memory import InMemoryShard, InMemoryTables
+from zephon_columnar.io.memory import InMemoryShard as InMemoryShard  # Zephon's place for it
+from zephon_columnar.io.memory import InMemoryTables
 from zephon_columnar.io.registry import DatasetFormat
 from zephon_columnar.io.tables import check_same_schema, in_column_order
 from zephon_columnar.keywords import choice, suggest_keywords

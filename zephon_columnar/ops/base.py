@@ -57,7 +57,7 @@ from zephon_columnar import frame as F
 from zephon_columnar.errors import WrongTypeError
 from zephon_columnar.ops.accumulators import PassthroughAccumulator
 from zephon_columnar.ops.polars_frames import polars_frame
-from zephon_columnar.ops.traits import OpTraits
+from zephon_columnar.ops.traits import OpTraits as OpTraits  # operators import it from here
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self from Python 3.11; annotations only

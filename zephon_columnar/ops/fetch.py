@@ -25,8 +25,8 @@ from zephon_columnar.errors import DatasetFormatError
 from zephon_columnar.io import fs
 from zephon_columnar.io.base import ShardReader
 from zephon_columnar.io.dataset import Dataset
+from zephon_columnar.io.decoded import DEFAULT_LIMIT_BYTES as DEFAULT_DECODED_LIMIT_BYTES
 from zephon_columnar.io.decoded import configure_decoded_cache
-from zephon_columnar.io.options import DEFAULT_DECODED_LIMIT_BYTES
 from zephon_columnar.ops.base import FrameOp, OpContext, OpTraits
 
 #: The first element of a fetch group's metrics key: ``(FETCH_GROUP, stage, dataset_id, shard_id)``.

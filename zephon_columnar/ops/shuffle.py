@@ -41,7 +41,7 @@ from zephon_columnar.errors import ConfigError
 from zephon_columnar.keywords import choice
 from zephon_columnar.ops.accumulators.lane import LaneContext, RowSource
 from zephon_columnar.ops.base import OpTraits, OrderedOp
-from zephon_columnar.ops.config import ShuffleAlgorithm
+from zephon_columnar.ops.config import ShuffleAlgorithm as ShuffleAlgorithm
 from zephon_columnar.ops.store import RowStore
 from zephon_columnar.references import schema_from_json, schema_to_json
 

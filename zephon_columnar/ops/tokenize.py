@@ -71,11 +71,8 @@ from zephon_columnar.keywords import choice
 from zephon_columnar.ops.base import FrameOp, OpContext, OpTraits
 from zephon_columnar.ops.config import MissingFieldMode, SpecialTokensMode, TokenizerBackend
 from zephon_columnar.ops.rows import sample_of
-from zephon_columnar.ops.tokenizer import (
-    TokenizerOwner,
-    tokenizer_source,
-    truncate_rows,
-)
+from zephon_columnar.ops.tokenizer import TokenizerOwner, tokenizer_source
+from zephon_columnar.ops.tokenizer_backend import truncate_rows
 from zephon_columnar.records import as_python_lists
 
 SPECIAL_MODES: tuple[str, ...] = get_args(SpecialTokensMode)

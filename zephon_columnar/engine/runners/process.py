@@ -45,7 +45,7 @@ def _ready() -> None:
     """The task that starts a worker process."""
 
 
-def _process_call(stage: int, ipc: bytes) -> bytes | tuple[bytes, dict]:
+def _process_call(stage: int, ipc: bytes) -> bytes | tuple[bytes, dict[tuple[Any, ...], dict[str, float]]]:
     assert _WORKER_OPS is not None
     try:
         out = run_stage(_WORKER_OPS[stage], F.frame_from_ipc(ipc), stage, _WORKER_SINK)
@@ -61,11 +61,11 @@ _WORKER_DIED = (
 )
 
 
-class _DecodedFuture(cf.Future):
+class _DecodedFuture(cf.Future[Any]):
     """Future of a process call whose IPC bytes are decoded on ``result()`` (and whose counts,
     with execution tracking, are added to ``metrics``)."""
 
-    def __init__(self, inner: cf.Future, metrics: Metrics | None, describe: Callable[[], str]) -> None:
+    def __init__(self, inner: cf.Future[Any], metrics: Metrics | None, describe: Callable[[], str]) -> None:
         super().__init__()
         self._inner = inner
         self._metrics = metrics
@@ -135,7 +135,10 @@ class ProcessRunner(WorkerWaits):
             if self._driver is None:
                 self._driver = DaemonPool(1, "zephon-driver")
             return self._mark(self._driver.submit(self._driver_call, stage, frame), stage, frame)
-        describe = lambda: self.describe(stage, frame)  # noqa: E731
+
+        def describe() -> str:
+            return self.describe(stage, frame)
+
         try:
             inner = self._pool.submit(_process_call, stage, F.frame_to_ipc(frame).to_pybytes())
         except cf.process.BrokenProcessPool as err:  # a worker died before this frame was sent

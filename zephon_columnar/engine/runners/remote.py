@@ -111,7 +111,7 @@ class _Slot:
     checked_at: float = 0.0  # time.monotonic() when the driver last looked whether it can start
 
 
-class _RemoteFuture(cf.Future):
+class _RemoteFuture(cf.Future[Any]):
     """One frame's call: a Ray object reference, sent again to a live actor when its actor died,
     its result was lost with its node, or its actor did not start in time."""
 
@@ -127,7 +127,7 @@ class _RemoteFuture(cf.Future):
         self._inner = self.slot.actor.run.remote(self.stage, self.frame).future()
 
     def done(self) -> bool:
-        return self._inner.done()
+        return bool(self._inner.done())
 
     def running(self) -> bool:
         return not self._inner.done()
@@ -162,7 +162,7 @@ class _RemoteFuture(cf.Future):
         return out
 
     def cancel(self) -> bool:
-        return self._inner.cancel()
+        return bool(self._inner.cancel())
 
 
 class RayRunner(WorkerWaits):
@@ -295,7 +295,7 @@ class RayRunner(WorkerWaits):
             "exactly where it was taken."
         )
 
-    def submit(self, stage: int, frame: pa.Table) -> cf.Future:
+    def submit(self, stage: int, frame: pa.Table) -> cf.Future[Any]:
         if self.cancelled.is_set():
             raise PipelineError("the pipeline iterator was closed: no more work is taken.")
         return self._mark(_RemoteFuture(self, stage, frame), stage, frame)

@@ -29,11 +29,11 @@ class WorkerWaits(RunnerBase):
     released by ``cancel()``, and bounded by ``time_limit_s`` (from when the call started) when
     one is set."""
 
-    def _mark(self, fut: cf.Future, stage: int, frame: pa.Table) -> cf.Future:
+    def _mark(self, fut: cf.Future[Any], stage: int, frame: pa.Table) -> cf.Future[Any]:
         fut.stage, fut.input = stage, frame  # type: ignore[attr-defined]  # for a timeout's message
         return fut
 
-    def result(self, fut: cf.Future) -> pa.Table:
+    def result(self, fut: cf.Future[Any]) -> pa.Table:
         while True:
             try:
                 return fut.result(timeout=WAKE_S)
@@ -48,7 +48,7 @@ class WorkerWaits(RunnerBase):
                 if started is not None and time.monotonic() - started > self.time_limit_s:
                     raise self._timed_out(fut)
 
-    def _timed_out(self, fut: cf.Future) -> PipelineError:
+    def _timed_out(self, fut: cf.Future[Any]) -> PipelineError:
         stage, frame = getattr(fut, "stage", -1), getattr(fut, "input", None)
         return PipelineError(
             f"{self.describe(stage, frame)} ran for more than options(op_timeout_s="
@@ -86,10 +86,10 @@ class DaemonPool:
         for t in self.threads:
             t.start()
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future:
+    def submit(self, fn: Callable[..., Any], *args: Any) -> cf.Future[Any]:
         if self._shut:
             raise PipelineError("the pipeline iterator was closed: no more work is taken.")
-        fut: cf.Future = cf.Future()
+        fut: cf.Future[Any] = cf.Future()
         self._calls.put((fut, fn, args))
         return fut
 

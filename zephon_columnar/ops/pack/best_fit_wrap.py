@@ -163,7 +163,7 @@ class BestFitWrapPacker(Packer):
         self._docs.release()
         return out
 
-    def _emit_rows(self, rows: list[list[tuple[int, int, int, int]]]):  # -> pa.Table
+    def _emit_rows(self, rows: list[list[tuple[int, int, int, int]]]) -> pa.Table:
         run = self._docs.gather([p for row in rows for p in row])
         return self.emit(run, np.array([sum(p[3] for p in row) for row in rows], np.int64))
 

@@ -120,7 +120,7 @@ class FitPacker(Packer):
         frame = self._emit_bins([b for b, _ in closed])
         return [Emission(frame, np.array([t for _, t in closed], np.int64))]
 
-    def _emit_bins(self, bins: list[_Bin]):  # -> pa.Table
+    def _emit_bins(self, bins: list[_Bin]) -> pa.Table:
         pieces = [(rid, seg, 0, n) for b in bins for rid, seg, n in b.docs]
         run = self._docs.gather(pieces)
         rids, held = np.unique(np.array([p[0] for p in pieces]), return_counts=True)

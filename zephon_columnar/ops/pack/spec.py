@@ -21,8 +21,11 @@ import numpy as np
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.keywords import choice
-from zephon_columnar.ops.config import FlushStrategy, Homogeneity, PackingAlgorithm, ShuffleStrategy
-from zephon_columnar.ops.grouping import DomainGroups
+from zephon_columnar.ops.config import FlushStrategy as FlushStrategy
+from zephon_columnar.ops.config import Homogeneity as Homogeneity
+from zephon_columnar.ops.config import PackingAlgorithm as PackingAlgorithm
+from zephon_columnar.ops.config import ShuffleStrategy as ShuffleStrategy
+from zephon_columnar.ops.grouping import DomainGroups as DomainGroups
 from zephon_columnar.types import TOKEN_FIELD_CANDIDATES
 
 ALGORITHMS: tuple[str, ...] = get_args(PackingAlgorithm)
