@@ -26,8 +26,20 @@ Example:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import numpy.random
+
+
+class _ShardRun(NamedTuple):
+    """One shard's stretch of a pass, as take's fast path reads it."""
+
+    e: int  # the pass key (the pass, or 0 when every pass is alike)
+    lo: int  # its first position in the pass
+    hi: int  # the position after its last
+    shard: int  # its id
+    rows: np.ndarray | None  # its rows in pass order (within-shard shuffle), None: ascending
 
 
 def _rng(*key: int) -> np.random.Generator:
@@ -127,9 +139,8 @@ class DatasetOrder:
         # permutation of the last block used
         self._blk_key: tuple[int, int] | None = None
         self._blk_perm = np.empty(0, np.int64)
-        # the shard the last take read, for take's fast path (no block shuffle only):
-        # (pass key e, first position, end position, shard id, its rows in pass order or None)
-        self._run: tuple[int, int, int, int, np.ndarray | None] | None = None
+        # the shard the last take read, for take's fast path (no block shuffle only)
+        self._run: _ShardRun | None = None
 
     def _remember_run(self, e: int, j: int) -> None:
         """Keep shard ``j`` of pass ``e``'s layout (positions, id, within-shard rows) for take's
@@ -140,7 +151,7 @@ class DatasetOrder:
         if self.shuffle_within_shard:
             win_lo, win_rows = self._window(e, lo, hi)
             rows = win_rows[lo - win_lo : hi - win_lo]
-        self._run = (e, lo, hi, sid, rows)
+        self._run = _ShardRun(e, lo, hi, sid, rows)
 
     @property
     def varies_by_epoch(self) -> bool:
@@ -169,12 +180,12 @@ class DatasetOrder:
             return out
         e = epoch if self.reshuffle_on_repeat else 0
         run = self._run
-        if run is not None and run[0] == e and run[1] <= start and start + n <= run[2]:
+        if run is not None and run.e == e and run.lo <= start and start + n <= run.hi:
             # Fast path: within the shard the last call read (a wide mixture reads a row or two
             # of each dataset per chunk, so a call's fixed cost is what counts).
-            out[:, 0] = run[3]
-            local = start - run[1]
-            out[:, 1] = run[4][local : local + n] if run[4] is not None else np.arange(local, local + n)
+            out[:, 0] = run.shard
+            local = start - run.lo
+            out[:, 1] = run.rows[local : local + n] if run.rows is not None else np.arange(local, local + n)
             return out
         order, starts, ends = self._layout(e)
         if self.block_size is None:
