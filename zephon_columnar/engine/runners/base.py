@@ -39,8 +39,10 @@ class RunnerTraits:
             has no background work to overlap.
         own_readers: its workers read shards with readers of their own, not the driver's
             `ReaderPool`: what the driver reads ahead (a restore's warm-up) does not reach them.
-        starts_processes: it starts processes, which a daemon process (a ``DataLoader``
-            worker) may not; there the engine runs the stages on `DAEMON_STAND_IN` instead.
+        starts_processes: it starts child processes with ``multiprocessing``, which a daemon
+            process (a ``DataLoader`` worker) may not; there the engine runs the stages on
+            `DAEMON_STAND_IN` instead. (Ray's actors are not such children: its workers are
+            started by its own daemons.)
     """
 
     name: RunnerName

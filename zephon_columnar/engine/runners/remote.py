@@ -170,7 +170,7 @@ class RayRunner(WorkerWaits):
     sent to them in turn. The pool shrinks to what the cluster can place when nodes are lost."""
 
     traits = RunnerTraits(
-        name="remote", place="remote", computes_at_submit=False, own_readers=True, starts_processes=True
+        name="remote", place="remote", computes_at_submit=False, own_readers=True, starts_processes=False
     )
 
     def start_workers(self) -> None:
