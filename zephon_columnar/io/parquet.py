@@ -101,7 +101,7 @@ class ParquetFormat(FileFormat):
             ShardInfo(
                 shard_id=i,
                 path=f,
-                num_rows=footer.num_rows,
+                num_rows=sum(footer.row_groups),
                 num_bytes=footer.size,
                 extra={"row_groups": footer.row_groups},
             )
@@ -146,7 +146,6 @@ def _read_remote_footer(url: str) -> tuple[pq.FileMetaData, int]:
 class _Footer:
     """What discovery keeps of a file's footer."""
 
-    num_rows: int
     row_groups: tuple[int, ...]  # rows in each row group
     size: int  # the file's size in bytes
     schema: pa.Schema
@@ -165,7 +164,6 @@ def _footers_of(files: list[str]) -> Iterator[_Footer]:
 def _footer_facts(url: str) -> _Footer:
     md, size = _read_footer(url)
     return _Footer(
-        num_rows=md.num_rows,
         row_groups=tuple(md.row_group(g).num_rows for g in range(md.num_row_groups)),
         size=size,
         schema=md.schema.to_arrow_schema(),
