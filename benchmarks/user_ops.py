@@ -576,7 +576,8 @@ def probe(variant: str, passes: int = 1) -> dict:
     import zephon_columnar.ops  # noqa: F401
     import pyarrow.compute as pc
     from zephon_columnar import frame as Fr
-    from zephon_columnar.engine import lane, runners
+    from zephon_columnar.engine import runners
+    from zephon_columnar.engine.lane import collector
     from zephon_columnar.io import parquet
     from zephon_columnar.ops import fetch, rows, user
     from zephon_columnar.work import static
@@ -592,7 +593,7 @@ def probe(variant: str, passes: int = 1) -> dict:
     wrap(rows, "records_of", "op: records_of (frame -> records)")
     wrap(me, "score_records", "op: the user's process_many")
     wrap(rows, "frame_of_records", "op: frame_of_records (records -> frame)")
-    wrap(lane, "_take_batch", "collector: _take_batch (cut a batch)")
+    wrap(collector, "take_batch", "collector: take_batch (cut a batch)")
     wrap(Fr, "pointer_frame", "source: frame.pointer_frame")
     wrap(static.StaticMixtureWorkSource, "next_chunk", "source: work source next_chunk")
     wrap(static.StaticMixtureWorkSource, "state_dict", "source: work source state_dict")

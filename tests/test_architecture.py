@@ -178,8 +178,9 @@ def test_the_graph_is_read(graph: tuple[dict[str, Path], list[Edge]]) -> None:
     assert {f"{PACKAGE}.pipeline", f"{PACKAGE}.engine.engine", f"{PACKAGE}.io.parquet"} <= set(modules)
     # A module-level, a deferred and a type-only import the package is known to have.
     assert any(e.source == f"{PACKAGE}.engine.engine" and e.target == f"{PACKAGE}.engine.lane" for e in edges)
+    assert any(e.source == f"{PACKAGE}.engine.lane.chain" and e.target.startswith(f"{PACKAGE}.engine.lane.") for e in edges)
     assert any(e.source == f"{PACKAGE}.engine.runners.waits" and e.target == f"{PACKAGE}.errors" for e in edges)
-    assert any(e.type_only and e.source == f"{PACKAGE}.engine.lane" for e in edges)
+    assert any(e.type_only and e.source == f"{PACKAGE}.engine.lane.snapshot" for e in edges)
 
 
 def test_imports_run_down_the_layers(graph: tuple[dict[str, Path], list[Edge]]) -> None:
@@ -248,3 +249,65 @@ def test_no_runner_name_is_compared_outside_the_runner_registry() -> None:
 def test_the_runner_name_finder_finds_a_comparison() -> None:
     tree = ast.parse('x = runner == "ray"\ny = name in ("process", "remote")\nz = kind == "tokenizers"\n')
     assert _runner_name_comparisons(tree) == [1, 2]
+
+
+# ---------------------------------------------------------------------- the lane
+LANE = f"{PACKAGE}.engine.lane"
+#: Where the two checkpoint modes may be told apart: the checkpoint package and the lane's start.
+KNOWS_THE_MODES = (f"{PACKAGE}.engine.checkpoint", f"{LANE}.start")
+LANE_MODULE_LINES = 400
+
+
+def _mode_checks(tree: ast.AST) -> list[int]:
+    """Lines that tell the checkpoint modes apart: ``isinstance(x, LaneSnapshot | LaneCursor)``
+    or a comparison with ``"replay"`` / ``"reference"``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance":
+            names = {n.id for arg in node.args[1:] for n in ast.walk(arg) if isinstance(n, ast.Name)}
+            if names & {"LaneSnapshot", "LaneCursor"}:
+                found.append(node.lineno)
+        elif isinstance(node, ast.Compare) and any(
+            isinstance(side, ast.Constant) and side.value in ("replay", "reference")
+            for side in (node.left, *node.comparators)
+        ):
+            found.append(node.lineno)
+    return found
+
+
+def test_only_the_checkpoint_package_and_the_lane_start_know_the_checkpoint_modes() -> None:
+    found = [
+        f"{path.relative_to(PACKAGE_DIR.parent)}:{line}"
+        for module, path in _modules().items()
+        if not module.startswith(KNOWS_THE_MODES)
+        for line in _mode_checks(ast.parse(path.read_text()))
+    ]
+    assert not found, "checkpoint modes told apart (use the lane's start and ledger):\n" + "\n".join(found)
+
+
+def test_the_mode_finder_finds_a_check() -> None:
+    tree = ast.parse('a = isinstance(s, LaneSnapshot)\nb = mode.by == "replay"\nc = isinstance(s, (int, LaneCursor))\n')
+    assert _mode_checks(tree) == [1, 2, 3]
+
+
+def test_the_lane_is_small_modules_that_need_no_engine(graph: tuple[dict[str, Path], list[Edge]]) -> None:
+    modules, edges = graph
+    lane = {name: path for name, path in modules.items() if name == LANE or name.startswith(f"{LANE}.")}
+    assert len(lane) >= 8
+    long = {name: n for name, path in lane.items() if (n := len(path.read_text().splitlines())) > LANE_MODULE_LINES}
+    assert not long, f"lane modules over {LANE_MODULE_LINES} lines: {long}"
+    needs_engine = [e for e in edges if e.source in lane and e.target in (f"{PACKAGE}.engine.engine", f"{PACKAGE}.session")]
+    assert not needs_engine, f"the lane imports the engine: {needs_engine}"
+
+
+def test_no_operator_class_is_named_under_the_engine() -> None:
+    # What the engine reads about an operator is its traits (ops/traits.py) or a declared
+    # protocol; a packer's "at most one composes rows" is `OpTraits.composes_rows`.
+    named = [
+        f"{path.relative_to(PACKAGE_DIR.parent)}:{node.lineno}"
+        for module, path in _modules().items()
+        if module.startswith(f"{PACKAGE}.engine")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Name) and node.id in ("PackFlatOp", "PackSequencesOp", "ShuffleOp", "EnsureMixtureOp")
+    ]
+    assert not named, "operator classes named under engine/:\n" + "\n".join(named)

@@ -37,15 +37,15 @@ import cloudpickle
 
 from zephon_columnar.engine.calibrate import prime_token_mixture
 from zephon_columnar.engine.checkpoint import (
-    LaneCursor,
-    LaneSnapshot,
     LaneState,
     PipelineState,
     build_checkpoint,
     check_lane_state,
     check_recipe,
+    held_for_collector,
     load_checkpoint,
     parse_checkpoint,
+    source_state_field,
     source_state_of,
     verify_digests,
 )
@@ -485,8 +485,7 @@ class Session:
             try:
                 probe.load_state_dict(state)
             except CheckpointError as err:
-                where = "source_state" if isinstance(cur, LaneCursor) else "resume.source_state"
-                raise CheckpointError(f"checkpoint lanes.{lane}.{where}: {err}") from err
+                raise CheckpointError(f"checkpoint lanes.{lane}.{source_state_field(cur)}: {err}") from err
             if ws.requires_token_priming and isinstance(state, Mapping) and state.get("token_ratios"):
                 ws.prime(ratios=state["token_ratios"])  # the restored run mixes as the saved one
         # Last, after the checks that name a field: a lane edited in a way that still parses.
@@ -502,11 +501,8 @@ class Session:
             first = engine.plan.batch.microbatch_size if engine.plan.batch is not None else 1
             self._warmup = RestoreWarmup.start(
                 ws.datasets_by_id,
-                [  # what each lane's first item needs
-                    cur.pending.refs.slice(0, first)
-                    for cur in owned
-                    if isinstance(cur, LaneSnapshot) and cur.pending is not None
-                ],
+                # what each lane's first item needs
+                [refs.slice(0, first) for cur in owned if (refs := held_for_collector(cur)) is not None],
             )
 
     def _take_warmup(self, engine: Engine) -> ReaderPool | None:

@@ -1,6 +1,7 @@
 """The engine: lanes -> stages -> tail, on a runner, with exact checkpoints.
 
-For every lane a data-parallel group owns, the engine builds one `lane.LaneChain`:
+For every lane a data-parallel group owns, the engine builds one `lane.LaneChain` from its
+`LaneSetup` (`Engine.lane_setup`):
 
     source events (pointer frames, epoch starts every K chunks)
       -> parallel stages (fetch, maps, ...; on the runner, re-sequenced)
@@ -10,8 +11,8 @@ For every lane a data-parallel group owns, the engine builds one `lane.LaneChain
 The tail serves lanes round robin (fewest items first), in the caller's thread unless
 ``prefetch_batches`` is set (then a prefetch thread runs it ahead of the caller into a queue of
 that many items). A checkpoint is taken *by reference* (a snapshot of every lane's chain, see
-`lane.py`) when every ordered stage supports it, else *by replay* from the per-lane cursor of
-the last delivered item (see `engine.checkpoint`).
+`engine.lane`) when every ordered stage supports it, else *by replay* from the per-lane cursor of
+the last delivered item; `engine.checkpoint.mode` decides which.
 """
 
 from __future__ import annotations
@@ -24,24 +25,21 @@ from typing import Any
 
 import pyarrow as pa
 
-from zephon_columnar import frame as F
 from zephon_columnar.engine.channel import Channel
-from zephon_columnar.engine.checkpoint import HeldRows, LaneCursor, LaneSnapshot
-from zephon_columnar.engine.lane import LaneChain, LaneItem
+from zephon_columnar.engine.checkpoint import LaneCursor, LaneState, checkpoint_mode
+from zephon_columnar.engine.lane import LaneChain, LaneItem, LaneSetup, lane_start
 from zephon_columnar.engine.metrics import Metrics
 from zephon_columnar.engine.ownership import next_lane, owned_lanes
 from zephon_columnar.engine.pass_report import PassReport, skipped_record_notices
-from zephon_columnar.engine.plan import OrderedStage, ParallelStage, Plan, compile_plan
+from zephon_columnar.engine.plan import ParallelStage, Plan, compile_plan
 from zephon_columnar.engine.runners import DAEMON_STAND_IN, runner_traits, start_runner
 from zephon_columnar.errors import ConfigurationWarning, EmptyPassWarning, PipelineError, warn
 from zephon_columnar.io.dataset import Dataset
 from zephon_columnar.io.readers import ReaderPool
 from zephon_columnar.losses import Notices, say, summed
 from zephon_columnar.observability.stats import PrefetchTimingTotals
-from zephon_columnar.ops.accumulators.lane import restorable_by_reference
 from zephon_columnar.ops.base import BaseOp
 from zephon_columnar.ops.fetch import FetchOp, decoded_cache_limit, shard_cache_settings
-from zephon_columnar.ops.pack import PackFlatOp
 from zephon_columnar.ops.rows import name_samples
 from zephon_columnar.options import RuntimeOptions
 from zephon_columnar.work.base import WorkSource
@@ -102,24 +100,20 @@ class Engine:
             # about a frame.
             self.plan = dataclasses.replace(self.plan, flush_every=max(1, -(-self.rows_per_frame // chunk)))
         self.fields = fields_by_dataset(work_source.datasets_by_id)
-        self.mode, self.mode_reason = self._checkpoint_mode()
+        self.checkpoints = checkpoint_mode(self.plan)
 
-    def _checkpoint_mode(self) -> tuple[str, str]:
-        """``("reference", why)`` when every ordered stage can describe its state by reference,
-        nothing after the first one fans out (rows in transit are then named by their
-        bookkeeping) and at most one packer composes rows; else ``("replay", why)``."""
-        seen_ordered = packers = 0
-        for stage in self.plan.stages:
-            if isinstance(stage, OrderedStage):
-                seen_ordered = True
-                if not restorable_by_reference(stage.op.lane_accumulator()):
-                    return "replay", f"{stage.op.op_name()!r} keeps state that only a replay rebuilds"
-                packers += isinstance(stage.op, PackFlatOp)
-                if packers > 1:
-                    return "replay", "a packer packs rows another packer made"
-            elif seen_ordered and (names := [op.op_name() for op in stage.ops if op.traits().fans_out]):
-                return "replay", f"{names} may make several rows of one after an ordered stage"
-        return "reference", "every ordered stage describes its state by reference"
+    def lane_setup(self) -> LaneSetup:
+        """What each of this engine's lanes is built from."""
+        return LaneSetup(
+            plan=self.plan,
+            work_source=self.ws,
+            canonical_replicas=self.canonical_replicas,
+            rows_per_frame=self.rows_per_frame,
+            resume_by_input=self.resume_by_input,
+            fields=self.fields,
+            window=self.options.resolved_queue_capacity(),
+            prefetcher=self.prefetcher,
+        )
 
     # ------------------------------------------------------------------ description
     def recipe(self) -> dict[str, Any]:
@@ -178,7 +172,7 @@ class Engine:
             f"Tail: lanes {self.lanes} of canonical_replicas={self.canonical_replicas}, flush every "
             f"{self.plan.flush_every} chunk(s), {ahead}"
         )
-        resume = f"Checkpoints: by {self.mode} ({self.mode_reason})"
+        resume = f"Checkpoints: by {self.checkpoints.by} ({self.checkpoints.reason})"
         placement = f"Placement: every stage on the {runner!r} runner (placement= arguments have no effect)"
         return "\n".join(parts + [tail, resume, placement])
 
@@ -205,21 +199,23 @@ class Engine:
 
     def start(
         self,
-        cursors: Mapping[int, LaneCursor | LaneSnapshot] | None = None,
+        cursors: Mapping[int, LaneState] | None = None,
         *,
         readers: ReaderPool | None = None,
         says_losses: bool = True,
+        in_transit: int = 0,
     ) -> EngineRun:
         """Run from ``cursors`` (the start of every lane not given); ``readers``: the shared
         readers fetch uses (a restore warm-up's, already reading), else fresh ones.
         ``says_losses``: whether the run says what its pass dropped when the pass ends
         (`zephon_columnar.losses`); a side process or a loader worker leaves it to the training
-        process (`EngineRun.pass_report`)."""
+        process (`EngineRun.pass_report`). ``in_transit``: how many items the run's holder may
+        have taken and not handed on when it asks for a checkpoint (`EngineRun.snapshot`)."""
         cursors = dict(cursors or {})
         for lane in self.lanes:
             if lane not in cursors:
                 cursors[lane] = self.initial_cursor(lane)
-        return EngineRun(self, cursors, readers, says_losses=says_losses)
+        return EngineRun(self, cursors, readers, says_losses=says_losses, in_transit=in_transit)
 
 
 def fields_by_dataset(datasets: Mapping[int, Any]) -> dict[int, frozenset[str]]:
@@ -300,17 +296,15 @@ class EngineRun:
     def __init__(
         self,
         engine: Engine,
-        cursors: dict[int, LaneCursor | LaneSnapshot],
+        cursors: dict[int, LaneState],
         readers: ReaderPool | None = None,
         *,
         says_losses: bool = True,
+        in_transit: int = 0,
     ) -> None:
         self.engine = engine
         self.says_losses = says_losses
         self.ended = False  # the pass ended (its last item was delivered), not closed early
-        # Replay mode: the cursor of the last item delivered per lane. Reference mode: items
-        # delivered per lane (the state itself is read from the chains when asked for).
-        self.delivered: dict[int, LaneCursor | LaneSnapshot] = dict(cursors)
         self.items = {lane: cursors[lane].items for lane in engine.lanes}
         self._closed = False  # no more items: asked to stop, finished, or failed
         self._finished = False  # resources released
@@ -362,8 +356,18 @@ class EngineRun:
             time_limit_s=engine.options.op_timeout_s,
         )
         try:
+            setup = engine.lane_setup()
             self.chains = {
-                lane: LaneChain(engine, lane, cursors[lane], self._runner, self.notices) for lane in engine.lanes
+                lane: LaneChain(
+                    setup,
+                    lane,
+                    lane_start(cursors[lane]),
+                    self._runner,
+                    self.notices,
+                    engine.checkpoints,
+                    in_transit=in_transit,
+                )
+                for lane in engine.lanes
             }
             streams = {lane: iter(chain) for lane, chain in self.chains.items()}
         except BaseException:
@@ -429,16 +433,12 @@ class EngineRun:
         return prefetcher.timing() if prefetcher is not None else None
 
     # ------------------------------------------------------------------ checkpoints
-    def snapshot(self, in_transit: Sequence[LaneItem] = ()) -> dict[int, LaneCursor | LaneSnapshot]:
+    def snapshot(self, in_transit: Sequence[LaneItem] = ()) -> dict[int, LaneState]:
         """Every lane's state after the last item delivered to the caller.
 
         ``in_transit``: items delivered here that have not reached their consumer yet (the
-        engine's side process hands them over later); the state is taken as if they had not
-        been delivered. Reference mode only: in replay mode the cursors after each item are
-        what the side process keeps."""
-        if self.engine.mode == "replay":
-            assert not in_transit, "replay mode: keep each item's cursor instead"
-            return dict(self.delivered)
+        engine's side process hands them over later, at most the run's ``in_transit``); the
+        state is taken as if they had not been delivered."""
         # After close() the chains are still there, stopped between two deliveries.
         with self._advance:  # the prefetch thread, if any, waits between two items
             ahead = self._undelivered()
@@ -446,17 +446,10 @@ class EngineRun:
             for item in reversed(in_transit):  # produced before anything still queued
                 ahead.setdefault(item.lane, []).insert(0, item.table)
                 held[item.lane] = held.get(item.lane, 0) + 1
-            out: dict[int, LaneCursor | LaneSnapshot] = {}
-            for lane, chain in self.chains.items():
-                snap = chain.snapshot(self.items[lane] - held.get(lane, 0))
-                made = ahead.get(lane)
-                if made:
-                    # Items made but not delivered go back in front of the collector's rows.
-                    refs = [F.refs_of(t) for t in made] + ([snap.pending.refs] if snap.pending is not None else [])
-                    pending = HeldRows(refs=F.concat_frames(refs), schema=F.payload_of(F.concat_frames(made)).schema)
-                    snap = dataclasses.replace(snap, pending=pending)
-                out[lane] = snap
-            return out
+            return {
+                lane: chain.state(self.items[lane] - held.get(lane, 0), ahead.get(lane, ()))
+                for lane, chain in self.chains.items()
+            }
 
     def _undelivered(self) -> dict[int, list[pa.Table]]:
         """Rows of items the prefetch thread made that the caller has not received, per lane."""
@@ -505,16 +498,7 @@ class EngineRun:
             self.close()
             raise StopIteration
         self.items[item.lane] += 1
-        if self.engine.mode == "replay":
-            self.delivered[item.lane] = LaneCursor(
-                epoch=item.epoch,
-                inputs=item.inputs,
-                rows=item.rows,
-                items=self.items[item.lane],
-                source_state=item.source_state,
-                carries=item.carries,
-                exhausted=self.chains[item.lane].shared.exhausted_before(item.epoch),
-            )
+        self.chains[item.lane].delivered(item, self.items[item.lane])
         return item
 
     def pass_report(self) -> PassReport | None:

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 import pyarrow as pa
 
-from zephon_columnar.engine.checkpoint import LaneCursor, LaneSnapshot, lane_from_json, lane_to_json
+from zephon_columnar.engine.checkpoint import LaneState, lane_from_json, lane_to_json
 from zephon_columnar.engine.children import die_with_parent, main_module_hidden
 from zephon_columnar.engine.engine import deliver
 from zephon_columnar.engine.pass_report import PassReport
@@ -49,6 +49,7 @@ from zephon_columnar.losses import say
 
 if TYPE_CHECKING:
     from zephon_columnar.engine.engine import Engine
+    from zephon_columnar.engine.lane import LaneItem
     from zephon_columnar.engine.spec import PipelineSpec
     from zephon_columnar.observability.stats import PrefetchTimingTotals
 
@@ -225,7 +226,7 @@ class MtpRun:
         return records_of(table, fields)[0]
 
     # ------------------------------------------------------------------ state
-    def snapshot(self) -> dict[int, LaneCursor | LaneSnapshot]:
+    def snapshot(self) -> dict[int, LaneState]:
         """Every lane's state after the items this process took."""
         if self._final is not None:
             return dict(self._final)
@@ -394,10 +395,10 @@ class _Child:
             None if state is None else {int(lane): lane_from_json(f"lanes.{lane}", js) for lane, js in state.items()}
         )
         self.engine: Engine = side.build_engine()
-        self.run = self.engine.start(cursors, says_losses=False)  # the trainer says them
-        self.replay = self.engine.mode == "replay"
-        self.delivered = dict(self.run.delivered)  # replay mode: cursors as of the trainer's items
-        self.in_transit: deque = deque()  # (sequence number, LaneItem, its cursor) not taken yet
+        # The trainer says the pass's losses; up to ``capacity`` items sent may not be taken yet
+        # when it asks for a checkpoint.
+        self.run = self.engine.start(cursors, says_losses=False, in_transit=capacity)
+        self.in_transit: deque[tuple[int, LaneItem]] = deque()  # (sequence number, item) not taken yet
         self.shm = shared_memory.SharedMemory(name=shm_name)
         self.counters, self.slots, self.items, self.ctrl, self.capacity = counters, slots, items, ctrl, capacity
         self.schema: pa.Schema | None = None
@@ -432,7 +433,6 @@ class _Child:
             self.items.send(("schema", self.schema_version, self.schema.serialize().to_pybytes()))
         data = batch.serialize()
         n, size = data.size, self.shm.size
-        cursor = self.run.delivered.get(item.lane) if self.replay else None
         c = self.counters
         if n > size // 2:  # too large for the ring: through the pipe (a copy more, no pickled rows)
             self.items.send(("data", data.to_pybytes()))
@@ -451,7 +451,7 @@ class _Child:
             c[_WRITTEN] = end
         k = (self.sent % self.capacity) * _SLOT
         self.slots[k : k + _SLOT] = [start, length, end, self.schema_version]
-        self.in_transit.append((self.sent, item, cursor))
+        self.in_transit.append((self.sent, item))
         self.sent += 1
         c[_SENT] = self.sent  # published: the slot and the bytes are in place
         if c[_WAITING]:
@@ -491,12 +491,8 @@ class _Child:
 
     def _snapshot(self, taken: int) -> dict[int, Any]:
         while self.in_transit and self.in_transit[0][0] < taken:
-            _, item, cursor = self.in_transit.popleft()
-            if cursor is not None:
-                self.delivered[item.lane] = cursor
-        if self.replay:
-            return dict(self.delivered)
-        return self.run.snapshot(in_transit=[item for _, item, _ in self.in_transit])
+            self.in_transit.popleft()
+        return self.run.snapshot(in_transit=[item for _, item in self.in_transit])
 
     def close(self) -> None:
         try:

@@ -365,7 +365,7 @@ class MixtureBuffer:
         self._waiting_components.update(np.unique(frame.column(F.COMPONENT).to_numpy()).tolist())
         # A pass's worth of rows holds each component at least once, up to the source's rounding
         # (a few rows): 5 passes leave no doubt for the only lane; a lane of several reads a share
-        # of each pass, so 40 (see engine.lane.EmptyPassGuard).
+        # of each pass, so 40 (see engine.lane.steps.EmptyPassGuard).
         passes = 5 if self.ctx.lanes == 1 else 40
         per_pass = self.ctx.rows_per_pass
         if per_pass is None or self._waiting_rows <= passes * per_pass:

@@ -39,6 +39,9 @@ class OpTraits:
     ``writes``: those it adds or replaces. None: not known (a Python callable may read or write
     anything). The engine checks them against each dataset's columns: a column only some
     datasets of a mixture have is null in the others' rows (`zephon_columnar.engine.realized`).
+    ``composes_rows``: an ordered operator whose output rows are built of pieces of several
+    input rows (a packer). A checkpoint by reference names such a row by its pieces, so a plan
+    with more than one is checkpointed by replay (`zephon_columnar.engine.checkpoint.mode`).
     """
 
     preserves_cursor_order: bool
@@ -50,6 +53,7 @@ class OpTraits:
     emits: Emits = "any"
     reads: frozenset[str] | None = None
     writes: frozenset[str] | None = None
+    composes_rows: bool = False
 
     @property
     def fans_out(self) -> bool:

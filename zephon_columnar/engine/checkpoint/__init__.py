@@ -2,7 +2,8 @@
 typed frozen values (`state`), their one JSON form (`codec`, with a wide mixture's work-source
 maps written compactly by `compact`), what restore checks before any
 work (`checks`), merging the ranks' checkpoints (`merge`) and gathering them from every rank
-(`gather`: through ``torch.distributed`` or a shared directory), and the torch loader's part
+(`gather`: through ``torch.distributed`` or a shared directory), which mode a plan gets
+(`mode`), and the torch loader's part
 (`loader`: DataLoader worker states, how a loader's state finds every lane on another layout).
 
 *By reference* (every built-in operator): a snapshot of the lane's chain between two
@@ -39,6 +40,7 @@ from zephon_columnar.engine.checkpoint.codec import (
     with_digests,
 )
 from zephon_columnar.engine.checkpoint.merge import merge_checkpoints
+from zephon_columnar.engine.checkpoint.mode import CheckpointBy, CheckpointMode, checkpoint_mode
 from zephon_columnar.engine.checkpoint.state import (
     EpochMarker,
     HeldRows,
@@ -49,12 +51,16 @@ from zephon_columnar.engine.checkpoint.state import (
     QueueEntry,
     ResumePoint,
     StageState,
+    held_for_collector,
+    source_state_field,
     source_state_of,
 )
 
 __all__ = [
     "FORMAT",
     "VERSION",
+    "CheckpointBy",
+    "CheckpointMode",
     "EpochMarker",
     "HeldRows",
     "LaneCursor",
@@ -69,11 +75,14 @@ __all__ = [
     "check_numbers",
     "check_recipe",
     "checkpoint_bytes",
+    "checkpoint_mode",
+    "held_for_collector",
     "lane_from_json",
     "lane_to_json",
     "load_checkpoint",
     "merge_checkpoints",
     "parse_checkpoint",
+    "source_state_field",
     "source_state_of",
     "verify_digests",
     "with_digests",

@@ -51,6 +51,7 @@ from zephon_columnar.engine.checkpoint.state import (
     QueueEntry,
     ResumePoint,
     StageState,
+    source_state_field,
     source_state_of,
 )
 from zephon_columnar.errors import CheckpointError
@@ -470,7 +471,7 @@ def parse_checkpoint(ckpt: Any) -> PipelineState:
         if not str(key).isdigit():
             raise CheckpointError(f"checkpoint lane key {key!r} is not an integer >= 0.")
         lane = lane_from_json(f"lanes.{key}", value)
-        where = f"lanes.{key}." + ("source_state" if isinstance(lane, LaneCursor) else "resume.source_state")
+        where = f"lanes.{key}.{source_state_field(lane)}"
         full = expanded(source_state_of(lane), where, work_source)
         if full.get("recipe") == _SAME_RECIPE:
             full["recipe"] = work_source

@@ -118,6 +118,17 @@ def source_state_of(lane: LaneState) -> Mapping[str, Any]:
     return lane.source_state if isinstance(lane, LaneCursor) else lane.resume.source_state
 
 
+def source_state_field(lane: LaneState) -> str:
+    """Where `source_state_of` reads, as a checkpoint's field path (for messages)."""
+    return "source_state" if isinstance(lane, LaneCursor) else "resume.source_state"
+
+
+def held_for_collector(lane: LaneState) -> pa.Table | None:
+    """References of the rows a lane holds for its collector (what its first item takes
+    first; None: none, and a lane by replay holds none)."""
+    return lane.pending.refs if isinstance(lane, LaneSnapshot) and lane.pending is not None else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class PipelineState:
     """A whole checkpoint: the data recipe it was taken with (restore refuses another), the

@@ -10,7 +10,7 @@ A runner executes ``stage_index, frame -> frame`` for the parallel stages of a p
   cross as Arrow IPC streams (no pickled rows);
 - ``remote`` (`remote`, also ``"ray"``): Ray actors on the cluster ``ray.init`` connected to.
 
-The lanes submit frames ahead and read results in submission order (`engine.lane.ParallelStep`),
+The lanes submit frames ahead and read results in submission order (`engine.lane.steps.ParallelStep`),
 which is what makes the output independent of which worker finished first. They read them
 through ``runner.result(future)``: on the runners whose calls run elsewhere (`waits`) that wait
 wakes every 0.1 s, so ``close()`` from another thread releases it, and

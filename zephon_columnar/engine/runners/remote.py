@@ -10,7 +10,7 @@ initialized yet).
   an Arrow table's buffers out of band: no pickled rows). They go to the actors in turn, to
   those that have started once any has.
 - The lanes keep the ordered stages on the driver and read results in submission order
-  (`engine.lane.ParallelStep`), so the output equals the threads runner's, batch for batch.
+  (`engine.lane.steps.ParallelStep`), so the output equals the threads runner's, batch for batch.
 - An actor that dies (its process killed) is replaced and the frame sent again: stateless work
   gives the same rows however often it runs. After ``MAX_TRIES`` deaths on one frame the error
   reaches ``next()`` naming the stage and the frame's first sample.

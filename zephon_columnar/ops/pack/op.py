@@ -67,7 +67,7 @@ class PackFlatOp(OrderedOp):
         self.parallelism = parallelism
 
     def traits(self) -> OpTraits:
-        return OpTraits(preserves_cursor_order=False, indexable=False)
+        return OpTraits(preserves_cursor_order=False, indexable=False, composes_rows=True)
 
     def lane_accumulator(self, ctx: LaneContext | None = None) -> LanePacker:
         ctx = ctx or LaneContext()
