@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from zephon_columnar.compatibility import PLACEMENT, PLACEMENTS
-from zephon_columnar.engine.calibrate import prime_token_mixture
 from zephon_columnar.engine.checkpoint import (
     checkpoint_bytes,
     merge_checkpoints,
@@ -827,8 +826,8 @@ class Pipeline:
     def _torch_dataset(self, *, stateful: bool, to_training: Any) -> Any:
         from zephon_columnar.torch import PipelineIterableDataset
 
-        self._session.check_layout()  # here, in the trainer: loader workers have no process group to see
-        prime_token_mixture(self.spec.work_source, self.spec.ops)  # here, once: loader workers get the primed source
+        # Here, once, in the trainer: loader workers have no process group to see, and get the primed source.
+        self._session.prepare()
         return PipelineIterableDataset(self._session, stateful=stateful, to_training=to_training)
 
     def to_torch_loader(

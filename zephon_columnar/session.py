@@ -51,7 +51,7 @@ from zephon_columnar.engine.checkpoint import (
 )
 from zephon_columnar.engine.checkpoint.gather import gather_directory, gather_torch, torch_distributed_ready
 from zephon_columnar.engine.engine import Engine
-from zephon_columnar.engine.layout import unsettled_share
+from zephon_columnar.engine.layout import ProcessWorld, current_world, unsettled_share
 from zephon_columnar.engine.realized import columns_some_lack, is_mixture_counter, realized_mixture
 from zephon_columnar.engine.run import Run
 from zephon_columnar.engine.runners import runner_traits
@@ -86,6 +86,10 @@ class Session:
     def __init__(self, spec: PipelineSpec) -> None:
         self._spec = spec
         self._run: Run | None = None
+        self._engine: Engine | None = None  # the engine the current (or last) run started from
+        # The engine restore() built and checked the checkpoint with, for the next iterate() when
+        # neither the spec nor the process world changed since: (spec, world, engine).
+        self._restored_engine: tuple[PipelineSpec, ProcessWorld | None, Engine] | None = None
         self._pending: dict[int, LaneState] | None = None  # a restored checkpoint's lanes, not iterated yet
         self._pending_recipe: Mapping[str, Any] = {}
         self._warmup: RestoreWarmup | None = None  # the restore's background read of the first rows
@@ -148,8 +152,23 @@ class Session:
         return self._pending
 
     def engine(self) -> Engine:
-        """The current run's engine, else a fresh one of the spec (not started)."""
-        return self._run.engine if self._run is not None else self._spec.build_engine()
+        """The engine the current (or last) run started from, else a fresh one of the spec (not
+        started)."""
+        return self._engine if self._engine is not None else self._spec.build_engine()
+
+    def prepare(self) -> None:
+        """What every run of the spec needs, done in the calling process before it starts: the
+        layout check (`check_layout`) and a token-unit mixture primed with its calibration
+        (`prime_token_mixture`; loader workers get the primed work source)."""
+        self.check_layout()
+        prime_token_mixture(self._spec.work_source, self._spec.ops)
+
+    def _engine_to_start(self) -> Engine:
+        """The engine for the next run: the one restore() built when nothing changed since."""
+        restored, self._restored_engine = self._restored_engine, None
+        if restored is not None and restored[0] is self._spec and restored[1] == current_world():
+            return restored[2]
+        return self._spec.build_engine()
 
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> RunIterator:
@@ -163,10 +182,9 @@ class Session:
                 "before starting another."
             )
         spec = self._spec
-        self.check_layout()
         self.auto_validate()
-        prime_token_mixture(spec.work_source, spec.ops)
-        engine = spec.build_engine()
+        self.prepare()
+        engine = self._engine_to_start()
         self.check_columns()
         cursors = None
         if self._pending is not None:
@@ -187,6 +205,7 @@ class Session:
                     "start the engine's side process, so the engine runs in this process."
                 )
             self._run = engine.start(cursors, readers=self._take_warmup(engine), says_losses=self.says_losses)
+        self._engine = engine
         observers: list[PassObserver] = [] if self._progress is None else [self.new_progress()]
         sink = spec.options.metrics_sink()
         if sink is not None:
@@ -464,6 +483,7 @@ class Session:
         recipe, lanes = saved.recipe, dict(saved.lanes)
         spec = self._spec
         ws = spec.work_source
+        world = current_world()
         engine = spec.build_engine()
         cache = shard_cache_settings(spec.options)
         if cache is not None:  # the restore warm-up below reads through the shard cache
@@ -493,7 +513,8 @@ class Session:
         # Every lane is kept: options may still change which lanes this rank owns before iterating.
         self._pending = lanes
         self._pending_recipe = recipe
-        self._run = None
+        self._run = self._engine = None
+        self._restored_engine = (spec, world, engine)
         if self._warmup is not None:
             self._warmup.cancel()
         if not runner_traits(spec.options.resolved_runner()).own_readers:  # else its workers' readers are not ours
@@ -519,6 +540,8 @@ class Session:
         state = dict(self.__dict__)
         state["_spec"] = self._spec.settled()  # a loader worker has no process group to settle it with
         state["_run"] = None
+        state["_engine"] = None
+        state["_restored_engine"] = None
         state["_warmup"] = None
         return state
 

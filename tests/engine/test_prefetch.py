@@ -38,7 +38,7 @@ def test_prefetch_downloads_every_remote_shard_and_keeps_the_data(tmp_path, monk
     pipe = build(url, prefetch=True)
     it = iter(pipe)
     got = [next(it) for _ in range(3)]
-    assert pipe.session.run.engine.prefetcher.submitted == 4  # every shard handed to the downloaders
+    assert pipe.session.run.prefetch_timing().prefetch_requests == 4  # every shard handed to the downloaders
     it.close()
     assert collect(build(url, prefetch=True)) == plain
     assert len(got) == 3 and len(plain) == 20

@@ -17,8 +17,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from zephon_columnar.engine.checkpoint import LaneCursor, LaneSnapshot
-    from zephon_columnar.engine.engine import Engine
+    from zephon_columnar.engine.checkpoint import LaneState
     from zephon_columnar.engine.pass_report import PassReport
     from zephon_columnar.observability.stats import PrefetchTimingTotals
 
@@ -36,8 +35,6 @@ class Run(Protocol):
     any thread.
     """
 
-    engine: Engine
-
     @property
     def closed(self) -> bool: ...
 
@@ -45,7 +42,7 @@ class Run(Protocol):
 
     def __next__(self) -> Any: ...
 
-    def snapshot(self) -> dict[int, LaneCursor | LaneSnapshot]: ...
+    def snapshot(self) -> dict[int, LaneState]: ...
 
     def stats(self) -> dict[int, dict[str, int]]: ...
 
