@@ -265,7 +265,7 @@ def test_jsonl_readers_count_their_open_files_and_close_them_past_the_process_li
     from zephon_columnar.io.jsonl import JsonlReader
 
     counter = open_files.OpenFiles(limit=4)
-    monkeypatch.setattr("zephon_columnar.io.jsonl.OPEN_FILES", counter)
+    monkeypatch.setattr("zephon_columnar.io.jsonl.reader.OPEN_FILES", counter)  # where the reader looks it up
     datasets = _gzip_jsonl_datasets(tmp_path, 10)
     readers = [JsonlReader(ds) for ds in datasets]
     for d, reader in enumerate(readers):

@@ -210,7 +210,7 @@ def test_a_truncated_gzip_file_is_named(tmp_path):
 
 
 def test_line_index_handles_lines_across_scan_blocks(tmp_path, monkeypatch):
-    monkeypatch.setattr(jsonl, "_SCAN_BLOCK", 64)  # many lines straddle block boundaries
+    monkeypatch.setattr("zephon_columnar.io.jsonl.index._SCAN_BLOCK", 64)  # many lines straddle block boundaries
     rows = rows_of(300)
     text = lines_of(rows).replace('{"id": 7,', '\n \n{"id": 7,')
     (tmp_path / "a.jsonl").write_text(text)
@@ -375,7 +375,7 @@ def test_a_field_whose_type_changes_mid_shard_to_a_conflicting_type_fails_discov
 
 
 def test_a_type_conflict_between_scan_blocks_names_the_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(jsonl, "_SCAN_BLOCK", 4096)  # the file is parsed in many blocks
+    monkeypatch.setattr("zephon_columnar.io.jsonl.index._SCAN_BLOCK", 4096)  # the file is parsed in many blocks
     rows = [{"id": i, "label": i} for i in range(3000)]
     rows[2500]["label"] = {"an": "object"}
     path = tmp_path / "a.jsonl"
