@@ -81,7 +81,7 @@ def _count(pointers: np.ndarray, fetch: FetchOp, stages: list[BaseOp], est: Toke
     frame = fetch.process_frame(frame)
     for op in stages:
         frame = op.process_frame(frame)
-    offsets = frame.column(F.OFFSET).to_numpy()
+    offsets = np.asarray(frame.column(F.OFFSET).to_numpy(), dtype=np.int64)
     if est.measure is not None:
         rows = frame.select(F.payload_names(frame)).to_pylist()
         lengths = np.array([int(est.measure(row)) for row in rows], np.int64)
@@ -94,11 +94,11 @@ def _count(pointers: np.ndarray, fetch: FetchOp, stages: list[BaseOp], est: Toke
 
 
 def _list_lengths(column: pa.ChunkedArray | Any) -> np.ndarray:
-    return pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    return np.asarray(pc.list_value_length(column).fill_null(0).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
 def _is_token_array(frame: pa.Table, name: str) -> bool:
     if name not in frame.column_names:
         return False
     kind = frame.schema.field(name).type
-    return (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_integer(kind.value_type)
+    return bool((pa.types.is_list(kind) or pa.types.is_large_list(kind)) and pa.types.is_integer(kind.value_type))

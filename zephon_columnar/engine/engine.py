@@ -21,7 +21,7 @@ import dataclasses
 import multiprocessing
 import threading
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 
@@ -546,7 +546,7 @@ class EngineRun:
         if isinstance(got, _Failure):
             raise got.err
         self._last_taken = got
-        return got
+        return cast(LaneItem, got)
 
     def close(self) -> None:
         with self._lock:

@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from zephon_columnar.ops.fetch import FETCH_GROUP, FetchOp
 
-OpKey = tuple  # (stage index, op index, op name) or ("ordered", position, op name)
+OpKey = tuple[Any, ...]  # (stage index, op index, op name) or ("ordered", position, op name)
 _FIELDS = ("calls", "rows_in", "rows_out", "bytes_in", "bytes_out", "busy_s")
 
 

@@ -35,7 +35,7 @@ import weakref
 from collections import deque
 from collections.abc import Mapping
 from multiprocessing import shared_memory
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import cloudpickle
 import pyarrow as pa
@@ -48,7 +48,7 @@ from zephon_columnar.errors import PipelineError
 from zephon_columnar.losses import say
 
 if TYPE_CHECKING:
-    from zephon_columnar.engine.engine import Engine
+    from zephon_columnar.engine.engine import Engine, EngineRun
     from zephon_columnar.engine.lane import LaneItem
     from zephon_columnar.engine.spec import PipelineSpec
     from zephon_columnar.observability.stats import PrefetchTimingTotals
@@ -101,7 +101,7 @@ class MtpRun:
         self._slots = ctx.Array("q", _SLOT * self.capacity, lock=False)
         self._schemas: dict[int, pa.Schema] = {}
         self._oversize: deque[bytes] = deque()  # bytes of items too large for the ring, in order
-        self._ended: tuple | None = None  # the child's ("end",) or ("error", ...) once read
+        self._ended: tuple[Any, ...] | None = None  # the child's ("end",) or ("error", ...) once read
         self._items, child_items = ctx.Pipe(duplex=False)
         self._ctrl, child_ctrl = ctx.Pipe()
         # Not a daemon: a daemon may not start processes, and runner="process" inside needs to.
@@ -235,18 +235,18 @@ class MtpRun:
                 "checkpoint(): the mtp_mode pass was closed before it ended; take the "
                 "checkpoint before closing the iterator."
             )
-        return self._ask("snapshot", self._taken)
+        return cast("dict[int, LaneState]", self._ask("snapshot", self._taken))
 
     def stats(self) -> dict[int, dict[str, int]]:
         if self._closed:
             return dict(self._final_stats)
-        return self._ask("stats")
+        return cast("dict[int, dict[str, int]]", self._ask("stats"))
 
     def tracked_records(self) -> list[dict[str, Any]]:
         """Execution tracking's records, from the side process (kept at the end of the pass)."""
         if self._closed:
             return list(self._final_tracked)
-        return self._ask("tracked")
+        return cast("list[dict[str, Any]]", self._ask("tracked"))
 
     def in_flight_by_stage(self) -> dict[int, dict[int, int]] | None:
         return None if self._closed else self._ask("in_flight")
@@ -259,7 +259,7 @@ class MtpRun:
         """Execution tracking's fetch groups, from the side process (kept at the end of the pass)."""
         if self._closed:
             return dict(self._final_fetch_groups)
-        return self._ask("fetch_groups")
+        return cast("dict[tuple[int, int, int], dict[str, float]]", self._ask("fetch_groups"))
 
     def prefetch_timing(self) -> PrefetchTimingTotals | None:
         """What ``prefetch()`` warmed, in the side process that runs the engine (kept at the end
@@ -397,7 +397,7 @@ class _Child:
         self.engine: Engine = side.build_engine()
         # The trainer says the pass's losses; up to ``capacity`` items sent may not be taken yet
         # when it asks for a checkpoint.
-        self.run = self.engine.start(cursors, says_losses=False, in_transit=capacity)
+        self.run: EngineRun = self.engine.start(cursors, says_losses=False, in_transit=capacity)
         self.in_transit: deque[tuple[int, LaneItem]] = deque()  # (sequence number, item) not taken yet
         self.shm = shared_memory.SharedMemory(name=shm_name)
         self.counters, self.slots, self.items, self.ctrl, self.capacity = counters, slots, items, ctrl, capacity
@@ -463,11 +463,12 @@ class _Child:
             if self.ctrl.poll(_POLL_S):
                 self._handle(self.ctrl.recv())
 
-    def _handle(self, request: tuple) -> None:
+    def _handle(self, request: tuple[Any, ...]) -> None:
         kind = request[0]
         if kind == "close":
             self.closing = True
             return
+        reply: Any
         try:
             if kind == "snapshot":
                 reply = {str(lane): lane_to_json(cur) for lane, cur in self._snapshot(request[1]).items()}
@@ -489,7 +490,7 @@ class _Child:
         except BaseException as err:  # noqa: BLE001
             self.ctrl.send(("error", _error_message(err)))
 
-    def _snapshot(self, taken: int) -> dict[int, Any]:
+    def _snapshot(self, taken: int) -> dict[int, LaneState]:
         while self.in_transit and self.in_transit[0][0] < taken:
             self.in_transit.popleft()
         return self.run.snapshot(in_transit=[item for _, item in self.in_transit])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from zephon_columnar.errors import ConfigError
 from zephon_columnar.ops.base import BaseOp
@@ -64,9 +65,9 @@ class Plan:
     def ordered_stages(self) -> list[OrderedStage]:
         return [s for s in self.stages if isinstance(s, OrderedStage)]
 
-    def fingerprint(self) -> list[dict]:
+    def fingerprint(self) -> list[dict[str, Any]]:
         """What the operators do to the data (batching excluded: batch size may change on resume)."""
-        out: list[dict] = []
+        out: list[dict[str, Any]] = []
         for stage in self.stages:
             ops = stage.ops if isinstance(stage, ParallelStage) else (stage.op,)
             out.extend(op.fingerprint() for op in ops)

@@ -98,7 +98,7 @@ class ShardPrefetcher:
             self._pool = None
 
 
-def _log_failure(fut: cf.Future) -> None:
+def _log_failure(fut: cf.Future[str]) -> None:
     # A failed download is retried (and raised, naming the file) by the fetch that needs it.
     if not fut.cancelled() and fut.exception() is not None:
         log.debug("shard prefetch failed: %s", fut.exception())

@@ -150,7 +150,7 @@ class Collector:
         )
 
 
-def take_batch(lane: int, pending: deque, size: int, by_input: bool, fields: Any) -> LaneItem:
+def take_batch(lane: int, pending: deque[list[Any]], size: int, by_input: bool, fields: Any) -> LaneItem:
     parts = []
     need = size
     while need:
@@ -182,7 +182,7 @@ def take_batch(lane: int, pending: deque, size: int, by_input: bool, fields: Any
     return LaneItem(lane, batch, table, epoch, 0, rows, state, carries)
 
 
-def drain_records(lane: int, pending: deque, by_input: bool, fields: Any) -> Iterator[LaneItem]:
+def drain_records(lane: int, pending: deque[list[Any]], by_input: bool, fields: Any) -> Iterator[LaneItem]:
     """Every pending row as a record. The entry keeps what is left of its frame, so a checkpoint
     taken between two records sees the rows not yet delivered."""
     while pending:

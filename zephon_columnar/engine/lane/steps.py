@@ -165,7 +165,7 @@ class LazyRows:
 
     @property
     def num_rows(self) -> int:
-        return self.refs.num_rows
+        return int(self.refs.num_rows)
 
     def head(self, n: int) -> tuple[pa.Table, LazyRows | None]:
         """The first ``n`` rows, computed, and the rest (still by reference, or None)."""
@@ -210,7 +210,7 @@ class OrderedStep:
         self.out: deque[Any] = deque(queued or ())
         self.inbox: deque[Any] = deque(inbox or ())
 
-    def _call(self, fn: Any, *args: Any, **kw: Any) -> list[pa.Table]:
+    def _call(self, fn: Callable[..., list[pa.Table]], *args: Any, **kw: Any) -> list[pa.Table]:
         try:
             if self.metrics is None:
                 return fn(*args, **kw)
