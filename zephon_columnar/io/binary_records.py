@@ -217,7 +217,8 @@ def binary_column(shard: RecordFile, spans: Spans, type_: pa.DataType, where: st
 def scalar_column(shard: RecordFile, spans: Spans, dtype: np.dtype) -> np.ndarray:
     """Fixed-size spans of ``dtype.itemsize`` bytes each, as one numpy array of ``dtype``."""
     positions = spans.starts[:, None] + np.arange(dtype.itemsize)
-    return shard.data[positions.ravel()].view(dtype).copy()
+    column: np.ndarray = shard.data[positions.ravel()].view(dtype).copy()
+    return column
 
 
 def list_column(shard: RecordFile, spans: Spans, dtype: np.dtype, where: str) -> pa.Array:

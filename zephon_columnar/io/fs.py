@@ -156,7 +156,8 @@ def url_to_fs(url: str) -> tuple[Any, str]:
     import fsspec.core
 
     try:
-        return fsspec.core.url_to_fs(url)
+        fs_and_path: tuple[Any, str] = fsspec.core.url_to_fs(url)
+        return fs_and_path
     except (ImportError, ValueError) as err:
         raise DatasetNotFoundError(
             f"{url}: cannot open this URL with fsspec ({err}). Install the fsspec backend for "
@@ -166,7 +167,7 @@ def url_to_fs(url: str) -> tuple[Any, str]:
 
 def _unstrip(fs: Any, path: str) -> str:
     """fsspec path -> URL with its protocol, so a shard path can be opened again anywhere."""
-    return fs.unstrip_protocol(path)
+    return str(fs.unstrip_protocol(path))
 
 
 # ---------------------------------------------------------------- queries
@@ -311,13 +312,15 @@ def open_binary(url: str) -> IO[bytes]:
     if is_local(url):
         return open(to_local(url), "rb")
     fs, path = url_to_fs(url)
-    return fs.open(path, "rb")
+    file: IO[bytes] = fs.open(path, "rb")
+    return file
 
 
 def read_range(url: str, start: int, end: int) -> bytes:
     """Bytes ``[start, end)`` of a remote file (one range request where the backend allows)."""
     fs, path = url_to_fs(url)
-    return fs.cat_file(path, start=start, end=end)
+    data: bytes = fs.cat_file(path, start=start, end=end)
+    return data
 
 
 def read_bytes(url: str) -> bytes:

@@ -50,12 +50,14 @@ class InMemoryShard:
             self.table = pa.Table.from_pylist(rows) if any(rows) else F.no_fields(len(rows))  # [{}, {}]: 2 rows
 
     def __len__(self) -> int:
-        return self.table.num_rows
+        rows: int = self.table.num_rows
+        return rows
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         if not -len(self) <= index < len(self):
             raise IndexError(f"InMemoryShard: row {index} is out of range for a shard of {len(self)} rows.")
-        return self.table.slice(index % len(self), 1).to_pylist()[0]
+        row: dict[str, Any] = self.table.slice(index % len(self), 1).to_pylist()[0]
+        return row
 
     @property
     def raw_bytes(self) -> int:
@@ -68,7 +70,8 @@ class InMemoryShard:
         positions = [int(i) for i in indices]
         if not self.table.num_columns:  # rows without fields: Arrow's take would return none
             return [self[i] for i in positions]
-        return self.table.take(pa.array(positions, pa.int64())).to_pylist()
+        rows: list[dict[str, Any]] = self.table.take(pa.array(positions, pa.int64())).to_pylist()
+        return rows
 
     def close(self) -> None:
         pass
@@ -84,7 +87,7 @@ def content_bytes(values: pa.Array | pa.ChunkedArray) -> int:
     if isinstance(values, pa.ChunkedArray):
         return sum(content_bytes(chunk) for chunk in values.chunks)
     kind = values.type
-    nulls = values.null_count * 8
+    nulls = int(values.null_count) * 8
     if pa.types.is_dictionary(kind):
         return content_bytes(values.dictionary_decode())
     if (

@@ -283,7 +283,9 @@ class _Options:
             >>> sorted(CacheOptions(limit_bytes="1gb", root=None).supplied_fields()), CacheOptions().supplied_fields()
             (['limit_bytes', 'root'], frozenset())
         """
-        return self._supplied  # type: ignore[attr-defined]
+        # `_supplied` is set by __post_init__ (object.__setattr__ on the frozen instance), not a field.
+        supplied: frozenset[str] = self._supplied  # type: ignore[attr-defined]
+        return supplied
 
     @classmethod
     def defaults(cls) -> Self:
@@ -424,7 +426,7 @@ class ParquetRGCacheOptions(_Options):
     _prefix = "parquet.rg_cache"
 
     enabled: bool | None = _option(None)
-    root: str | os.PathLike | None = _option(None, _path(as_str=False))  # noqa: RUF009 - _option returns a field()
+    root: str | os.PathLike[str] | None = _option(None, _path(as_str=False))  # noqa: RUF009 - _option returns a field()
     limit_bytes: int | None = _option(None, _size(blank_is_none=False))
     min_free_bytes: int = _option(1 << 30, _size(blank_is_none=False))
 

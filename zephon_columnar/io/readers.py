@@ -81,8 +81,8 @@ class ReaderPool:
                 reader.close()
             self._readers.clear()
 
-    def __getstate__(self) -> dict:
+    def __getstate__(self) -> dict[str, Any]:
         return {}
 
-    def __setstate__(self, state: dict) -> None:
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self._reset()

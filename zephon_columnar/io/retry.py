@@ -90,7 +90,7 @@ class RetryPolicy:
 
     def delay(self, failures: int) -> float:
         """Seconds to wait after the ``failures``-th failed try (1, 2, ...)."""
-        return min(self.max_delay_s, self.first_delay_s * 2 ** (failures - 1)) * random.uniform(0.5, 1.0)
+        return min(self.max_delay_s, self.first_delay_s * 2.0 ** (failures - 1)) * random.uniform(0.5, 1.0)
 
 
 class RetriesExhaustedError(ZephonError, OSError):

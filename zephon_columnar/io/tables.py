@@ -54,7 +54,7 @@ def same_columns(first: pa.Schema, other: pa.Schema) -> bool:
     names = first.names
     if len(set(names)) != len(names) or sorted(names) != sorted(other.names):
         return False
-    return pa.schema([other.field(n) for n in names]).equals(first, check_metadata=False)
+    return bool(pa.schema([other.field(n) for n in names]).equals(first, check_metadata=False))
 
 
 def check_same_schema(name: str, schemas: Sequence[tuple[str, pa.Schema]]) -> None:

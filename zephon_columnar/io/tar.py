@@ -30,6 +30,7 @@ import tarfile
 from collections.abc import Iterator
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 BLOCK = 512
@@ -120,11 +121,14 @@ _USTAR = np.frombuffer(b"ustar", np.uint8)
 _PLAIN_KINDS = np.frombuffer(b"0\x007x5g12", np.uint8)  # files, pax records, folders, links: no long names
 
 
-def _octal(fields: np.ndarray) -> np.ndarray | None:
+def _octal(fields: np.ndarray) -> npt.NDArray[np.int64] | None:
     """The values of fixed-width octal fields, one a row (digits only; None if any is not)."""
     if not ((fields >= ord("0")) & (fields <= ord("7"))).all():
         return None
-    return (fields.astype(np.int64) - ord("0")) @ (8 ** np.arange(fields.shape[1] - 1, -1, -1, dtype=np.int64))
+    values: npt.NDArray[np.int64] = (fields.astype(np.int64) - ord("0")) @ (
+        8 ** np.arange(fields.shape[1] - 1, -1, -1, dtype=np.int64)
+    )
+    return values
 
 
 def members_at_once(local: str, size: int) -> tuple[pa.StringArray, np.ndarray, np.ndarray] | None:
@@ -192,9 +196,12 @@ def _headers_at_once(view: mmap.mmap, size: int) -> tuple[pa.StringArray, np.nda
     return names, (heads[regular] + 1) * BLOCK, lengths[regular]
 
 
-def _checksums(headers: np.ndarray) -> np.ndarray:
+def _checksums(headers: np.ndarray) -> npt.NDArray[np.int64]:
     """Each header block's checksum: its bytes summed, the checksum field counted as spaces."""
-    return headers.sum(axis=1, dtype=np.int64) - headers[:, 148:156].sum(axis=1, dtype=np.int64) + 8 * ord(" ")
+    sums: npt.NDArray[np.int64] = (
+        headers.sum(axis=1, dtype=np.int64) - headers[:, 148:156].sum(axis=1, dtype=np.int64) + 8 * ord(" ")
+    )
+    return sums
 
 
 def _check_sums(view: mmap.mmap, blocks: np.ndarray, stored: np.ndarray) -> None:

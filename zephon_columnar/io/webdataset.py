@@ -106,7 +106,8 @@ def _keys_ipc(keys: pa.StringArray) -> bytes:
     batch = pa.record_batch([keys], names=[KEY])
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
 
 
 def _load_index(path: str) -> TarIndex | None:

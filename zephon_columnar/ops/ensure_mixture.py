@@ -433,7 +433,7 @@ class MixtureBuffer:
         return None
 
     # ------------------------------------------------------------------ checkpoints (by reference)
-    def _queued(self) -> list[tuple[str, int, deque]]:
+    def _queued(self) -> list[tuple[str, int, deque[tuple[int, dict[int, float]]]]]:
         """Every waiting row's queue, in a fixed order: components ascending, packs, obsolete."""
         return (
             [("q", c, self.queues[c]) for c in sorted(self.queues)]

@@ -114,14 +114,14 @@ class ExpandChatOp(FrameOp):
             )
         return column
 
-    def _roles(self, frame: pa.Table, lists: pa.ListArray, offsets: np.ndarray) -> list[Any]:
+    def _roles(self, frame: pa.Table, lists: pa.ListArray, offsets: np.ndarray) -> list[str]:
         values = lists.values
         if not pa.types.is_struct(values.type) or values.type.get_field_index("role") < 0:
             raise DatasetFormatError(
                 f"expand_chat: the messages of {self.field!r} must have a 'role' "
                 f"(got {values.type}; first row: {sample_of(frame, 0)})."
             )
-        roles = pc.struct_field(values, "role").to_pylist()
+        roles: list[Any] = pc.struct_field(values, "role").to_pylist()  # checked below: non-empty strings
         for flat, role in enumerate(roles):
             if not isinstance(role, str) or not role:
                 row = int(np.searchsorted(offsets, flat, side="right") - 1)

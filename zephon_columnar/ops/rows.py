@@ -66,7 +66,10 @@ def rebuild(frame: pa.Table, keep: Sequence[int], payloads: list[dict[str, Any]]
 def sample_of(frame: pa.Table, i: int) -> str:
     """Where row ``i`` of a frame came from, for error messages (by dataset and shard id: an
     operator does not know the datasets; `name_samples` names them where the error surfaces)."""
-    get = lambda col: frame.column(col)[i].as_py()  # noqa: E731
+
+    def get(col: str) -> Any:
+        return frame.column(col)[i].as_py()
+
     return (
         f"sample (dataset {get(F.DATASET)}, shard {get(F.SHARD)}, row {get(F.ROW)}) "
         f"at lane {get(F.LANE)}, chunk {get(F.CHUNK)}, offset {get(F.OFFSET)}"

@@ -300,7 +300,8 @@ class TokenizeOp(TokenizerOwner, FrameOp):
                     "such rows out, or pass missing_field='empty' to tokenize ''."
                 )
             col = pc.fill_null(col, "")
-        return col.to_pylist()
+        texts: list[str] = col.to_pylist()  # a string column without nulls
+        return texts
 
     def _assemble(
         self, frame: pa.Table, flat: np.ndarray, offsets: np.ndarray, mask: np.ndarray | None, parent: np.ndarray | None

@@ -492,7 +492,8 @@ class TokenizerHandle:
 
     def token_to_id(self, token: str) -> int | None:
         if self.kind == "tokenizers":
-            return self.tokenizer.token_to_id(token)
+            tid = self.tokenizer.token_to_id(token)
+            return None if tid is None else int(tid)
         conv = getattr(self._fn, "convert_tokens_to_ids", None)
         return None if conv is None else conv(token)
 
@@ -632,7 +633,8 @@ def _flatten(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 def check_backend(backend: Any, where: str) -> TokenizerBackend:
     """``backend`` when it is one of `TokenizerBackend`'s values, else a ConfigError naming ``where``."""
-    return choice(where, "backend", backend, get_args(TokenizerBackend))
+    checked: TokenizerBackend = choice(where, "backend", backend, get_args(TokenizerBackend))
+    return checked
 
 
 def _fastokens_refused(note: str) -> ConfigError:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any, get_args
+from typing import Any, TypeVar, get_args
 
 import numpy as np
 import pyarrow as pa
@@ -52,12 +52,14 @@ from zephon_columnar.ops.rows import keep_lineage
 from zephon_columnar.ops.traits import Emits
 from zephon_columnar.records import SampleRecord, check_records, frame_of_records, records_of
 
+T = TypeVar("T")
+
 
 def _qualname(fn: Any) -> str | None:
     return None if fn is None else getattr(fn, "__qualname__", type(fn).__name__)
 
 
-def call_factory(factory: Callable[..., Any], *, deterministic: bool, ctx: dict[str, Any]) -> Any:
+def call_factory(factory: Callable[..., T], *, deterministic: bool, ctx: dict[str, Any]) -> T:
     """Call an accumulator factory of either signature, ``()`` or ``(*, deterministic, ctx)``."""
     params: Mapping[str, inspect.Parameter]
     try:
@@ -83,12 +85,12 @@ class FunctionOp(BaseOp):
         name: str,
         *,
         preserves_cursor_order: bool,
-        process_many: Callable[[list], list] | None = None,
+        process_many: Callable[[list[SampleRecord]], list[SampleRecord]] | None = None,
         process_columns: Callable[[Any], Any] | None = None,
         columns_format: str = "arrow",
         accumulator: Callable[..., Accumulator[Any]] | None = None,
-        process_one: Callable[[Any], list] | None = None,
-        validation_samples: Callable[[], list] | None = None,
+        process_one: Callable[[SampleRecord], list[SampleRecord]] | None = None,
+        validation_samples: Callable[[], list[SampleRecord]] | None = None,
         parallelism: int | None = None,
         indexable: bool | None = None,
         batch_shape_sensitive: bool | None = None,
@@ -341,7 +343,7 @@ class _LaneGroups:
             )
         return self.acc
 
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list:
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
         try:
             return list(fn(*args, **kwargs))
         except Exception as err:
@@ -351,7 +353,7 @@ class _LaneGroups:
                 f"{self.ctx.lane}: {type(err).__name__}: {err}",
             ) from err
 
-    def _frames(self, ready: list, what: str) -> list[pa.Table]:
+    def _frames(self, ready: list[Any], what: str) -> list[pa.Table]:
         out = []
         for item in ready:
             if not (isinstance(item, tuple) and len(item) == 2):
@@ -373,7 +375,7 @@ class _LaneGroups:
                 out.append(frame)
         return out
 
-    def _announce(self, names: set[str]) -> list:
+    def _announce(self, names: set[str]) -> list[Any]:
         """``on_source_exhausted`` for each of ``names`` not announced yet (ascending ids)."""
         acc, ready = self._fresh(), []
         for cid in sorted(self.ids[n] for n in names - self.announced if n in self.ids):

@@ -19,6 +19,7 @@ import numbers
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from zephon_columnar.errors import ConfigError
 
@@ -164,7 +165,7 @@ class MixtureSpec:
         return f"MixtureSpec({self._weights!r})"
 
 
-def _interleave_permutation(counts: np.ndarray) -> np.ndarray:
+def _interleave_permutation(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.intp]:
     """Permutation of the concatenated components (component 0's samples, then 1's, ...) into
     read order. The i-th sample of component k gets key (i + 0.5) / counts[k]: each component
     is spread evenly over the chunk, starting half a step in, so that small components are
@@ -181,7 +182,7 @@ def _interleave_permutation(counts: np.ndarray) -> np.ndarray:
     return np.argsort(keys, kind="stable")
 
 
-def interleave_order(counts: Sequence[int] | np.ndarray) -> np.ndarray:
+def interleave_order(counts: Sequence[int] | np.ndarray) -> npt.NDArray[np.int64]:
     """Component index of each read position when a chunk holds ``counts[k]`` samples of k.
 
     Positions are ordered by the key ``(i + 0.5) / counts[k]`` of the i-th sample of component
@@ -198,4 +199,5 @@ def interleave_order(counts: Sequence[int] | np.ndarray) -> np.ndarray:
     c = np.asarray(counts, dtype=np.int64).reshape(-1)
     if (c < 0).any():
         raise ConfigError(f"interleave_order: counts must be >= 0, got {c.tolist()}.")
-    return np.repeat(np.arange(len(c), dtype=np.int64), c)[_interleave_permutation(c)]
+    order: npt.NDArray[np.int64] = np.repeat(np.arange(len(c), dtype=np.int64), c)[_interleave_permutation(c)]
+    return order

@@ -39,20 +39,20 @@ def check_datasets(datasets: Any) -> list[Dataset]:
     where = "StaticMixtureWorkSource"
     if isinstance(datasets, (str, bytes, Mapping)) or not isinstance(datasets, Sequence):
         raise ConfigError(f"{where}: datasets must be a list of Dataset, got {type(datasets).__name__}.")
-    datasets = list(datasets)
-    if not datasets:
+    checked: list[Dataset] = list(datasets)
+    if not checked:
         raise ConfigError(f"{where}: datasets is empty; pass at least one Dataset.")
-    for i, ds in enumerate(datasets):
+    for i, ds in enumerate(checked):
         if not (hasattr(ds, "name") and hasattr(ds, "counts")):
             raise ConfigError(f"{where}: datasets[{i}] is a {type(ds).__name__}, not a Dataset.")
-    names = [ds.name for ds in datasets]
+    names = [ds.name for ds in checked]
     dups = sorted({n for n in names if names.count(n) > 1})
     if dups:
         raise ConfigError(
             f"{where}: duplicate dataset names {dups}; names are mixture component names and must "
             "be unique. Rename one (e.g. Dataset.from_path('web_2', ...))."
         )
-    return datasets
+    return checked
 
 
 def check_rows(names: Sequence[str], rows: Sequence[int], policies: Mapping[str, str], *, tokens: bool) -> None:
@@ -119,7 +119,7 @@ def check_bool(what: str, v: Any) -> bool:
 def _check_policy(what: str, v: Any) -> str:
     if v not in _POLICIES:
         raise ConfigError(f"{what}={v!r} must be one of {sorted(_POLICIES)}.")
-    return v
+    return str(v)
 
 
 def _check_repeats(what: str, v: Any) -> int | None:

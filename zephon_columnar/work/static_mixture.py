@@ -522,7 +522,8 @@ class StaticMixtureWorkSource(WorkSource):
     def recipe(self) -> dict[str, Any]:
         """Seed, chunk size, normalized mixture, datasets (names, row counts, a digest of the
         shard row counts), shuffle knobs (block sizes resolved), policies and lane assignment."""
-        return pickle.loads(self._recipe_blob)  # this object's own bytes, never a file's
+        recipe: dict[str, Any] = pickle.loads(self._recipe_blob)  # this object's own bytes, never a file's
+        return recipe
 
     def rows_per_pass(self) -> int | None:
         """Rows of the mixed stream in which each dataset with a weight completes a pass:

@@ -21,7 +21,7 @@ _LBRACE = ord("{")
 
 def _blank_lines(buf: bytes, arr: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Mask of blank lines (empty, or only spaces/tabs/CR) among lines ``[starts, starts+lengths)``."""
-    blank = lengths == 0
+    blank = np.asarray(lengths == 0, dtype=np.bool_)
     nonempty = np.flatnonzero(~blank)
     first = arr[starts[nonempty]]
     # Only a line that starts with whitespace can be blank; that is rare, so check those in Python.

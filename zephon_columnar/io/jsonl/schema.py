@@ -100,7 +100,7 @@ def _fields(struct: pa.StructType) -> list[pa.Field]:
 
 
 def _is_number(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_floating(t)
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t))
 
 
 class _SchemaSoFar:

@@ -5,15 +5,19 @@ and supervised character spans turned into a per-token loss mask (`spans_to_toke
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from zephon_columnar.ops.tokenizer import TokenizerHandle
 
 
-def select_messages(is_assistant: np.ndarray, is_user: np.ndarray, offsets: np.ndarray, scope: str) -> np.ndarray:
+def select_messages(
+    is_assistant: npt.NDArray[np.bool_], is_user: npt.NDArray[np.bool_], offsets: np.ndarray, scope: str
+) -> npt.NDArray[np.bool_]:
     """Which messages get loss under ``scope`` (flat over the frame's messages; vectorized)."""
     if scope == "all_assistant":
-        return is_assistant.copy()
+        selected: npt.NDArray[np.bool_] = is_assistant.copy()
+        return selected
     m = len(is_assistant)
     n = len(offsets) - 1
     if scope == "last_span":
@@ -71,7 +75,7 @@ def spans_to_token_mask(
     span_rows: np.ndarray,
     span_starts: np.ndarray,
     span_ends: np.ndarray,
-) -> np.ndarray:
+) -> npt.NDArray[np.int8]:
     """int8 mask over all tokens of a frame: 1 where a token shares a character with a span of its
     row. Rows are laid end to end (one character apart) in one coordinate space, so one sort and
     one ``searchsorted`` answer every token: a token [a, b) overlaps some span iff the largest end
@@ -93,5 +97,5 @@ def spans_to_token_mask(
     order = np.argsort(s, kind="stable")
     s, e = s[order], np.maximum.accumulate(e[order])
     j = np.searchsorted(s, b, side="left") - 1
-    hit = (j >= 0) & (e[np.maximum(j, 0)] > a)
+    hit: npt.NDArray[np.bool_] = (j >= 0) & (e[np.maximum(j, 0)] > a)
     return hit.astype(np.int8)

@@ -43,7 +43,7 @@ class Renderer:
         if track:
             kw[_TRACK_VAR] = markers_for(msgs, self.ctx)
         try:
-            return self.template.render(**kw)
+            return str(self.template.render(**kw))
         except Exception as err:  # a template can raise anything; name the row
             raise operator_failure(
                 err,

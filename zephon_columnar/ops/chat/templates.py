@@ -93,7 +93,8 @@ def token_string(handle: TokenizerHandle, key: str, tid: int | None) -> str | No
     if tid is None:
         return None
     if handle.kind == "tokenizers":
-        return handle.tokenizer.id_to_token(int(tid))
+        text = handle.tokenizer.id_to_token(int(tid))
+        return None if text is None else str(text)
     fn = handle.wrapped
     value = getattr(fn, f"{key}_token", None)
     if isinstance(value, str):

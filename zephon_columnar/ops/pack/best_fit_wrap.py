@@ -167,7 +167,7 @@ class BestFitWrapPacker(Packer):
         run = self._docs.gather([p for row in rows for p in row])
         return self.emit(run, np.array([sum(p[3] for p in row) for row in rows], np.int64))
 
-    def flush(self, *, end: bool) -> list:
+    def flush(self, *, end: bool) -> list[pa.Table]:
         cap = self.spec.max_sequences_per_bin
         rows = []
         while self._pool and (self._tokens >= self.spec.max_length or (cap is not None and len(self._pool) > cap)):

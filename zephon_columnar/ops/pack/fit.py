@@ -129,7 +129,7 @@ class FitPacker(Packer):
         self._docs.release()
         return self.emit(run, np.array([b.used for b in bins], np.int64))
 
-    def flush(self, *, end: bool) -> list:
+    def flush(self, *, end: bool) -> list[pa.Table]:
         bins, self._open = self._open, []
         self._opened = 0
         if not bins:

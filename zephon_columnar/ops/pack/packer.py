@@ -38,7 +38,8 @@ def _packed_columns(schema: pa.Schema, docs: pa.Table) -> list[str]:
     if PACKED in schema.names:
         meta = schema.field(PACKED).metadata or {}
         if PACKED_COLUMNS_KEY in meta:
-            return meta[PACKED_COLUMNS_KEY].decode().split(",")
+            recorded: bytes = meta[PACKED_COLUMNS_KEY]
+            return recorded.decode().split(",")
     names = [f.name for f in schema if f.name != POSITIONS and f.name in docs.column_names and is_list(f.type)]
     if not names:
         raise RuntimeError(f"cannot tell which columns rows of schema {schema} were packed from")
@@ -473,7 +474,7 @@ class LanePacker:
             self._window.held, self._window.count = [docs], len(docs.seg_starts)
 
     @staticmethod
-    def _force_decisions(reader: FrameReader, tokens: str, fields: list, python_lists: bool) -> None:
+    def _force_decisions(reader: FrameReader, tokens: str, fields: list[list[str]], python_lists: bool) -> None:
         from zephon_columnar.ops.pack.stream import np_dtype
 
         types = {name: _arrow_type(t) for name, t in fields}
@@ -505,8 +506,10 @@ class LanePacker:
             schema = pa.schema([(n, pa.list_(r.value_types[n])) for n in r.dtypes])
         segs = refs.column("__segments").to_pylist()
         lanes = refs.column(F.LANE).to_pylist()
-        doc_of: dict[tuple, int] = {}  # a document's (chunk, offset, lineage) -> its place in `book`
-        cols: dict[str, list] = {
+        doc_of: dict[
+            tuple[int, int, tuple[int, ...]], int
+        ] = {}  # a document's (chunk, offset, lineage) -> its place in `book`
+        cols: dict[str, list[Any]] = {
             n: [] for n in (F.LANE, F.CHUNK, F.OFFSET, F.DATASET, F.SHARD, F.ROW, F.COMPONENT, F.LINEAGE)
         }
         pieces: list[tuple[int, int, int]] = []

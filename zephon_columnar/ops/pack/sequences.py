@@ -119,7 +119,7 @@ class SequencesEmitter:
         )
 
 
-def merge_with(fn: Callable[[list], Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+def merge_with(fn: Callable[[list[dict[str, Any]]], Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """The payload function that applies a ``pack_payloads`` callable to ``packed_samples``."""
 
     def apply(payload: dict[str, Any]) -> dict[str, Any]:

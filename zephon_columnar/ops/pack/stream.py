@@ -205,19 +205,20 @@ def list_parts(arr: pa.Array) -> tuple[np.ndarray, pa.Array]:
 
 def numpy_values(values: pa.Array, dtype: np.dtype) -> np.ndarray:
     if pa.types.is_boolean(values.type):
-        return values.to_numpy(zero_copy_only=False)
+        bools: np.ndarray = values.to_numpy(zero_copy_only=False)
+        return bools
     return np.frombuffer(values.buffers()[1], dtype=dtype, count=values.offset + len(values))[values.offset :]
 
 
 def is_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
 
 
 def is_number_list(t: pa.DataType) -> bool:
     if not is_list(t):
         return False
     v = t.value_type
-    return pa.types.is_integer(v) or pa.types.is_floating(v) or pa.types.is_boolean(v)
+    return bool(pa.types.is_integer(v) or pa.types.is_floating(v) or pa.types.is_boolean(v))
 
 
 def np_dtype(t: pa.DataType) -> np.dtype:

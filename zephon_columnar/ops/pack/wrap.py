@@ -60,7 +60,7 @@ class WrapPacker(Packer):
             i += len(ls)
         return out
 
-    def _place(self, runs: list[TokenRun]) -> tuple[list, list[np.ndarray], TokenRun | None]:
+    def _place(self, runs: list[TokenRun]) -> tuple[list[pa.Table], list[np.ndarray], TokenRun | None]:
         """Close the rows the pending runs allow: (frames, their row lengths, what stays)."""
         L = self.spec.max_length
         if self.spec.max_sequences_per_bin is not None:
@@ -116,7 +116,7 @@ class WrapPacker(Packer):
                 break  # partial row: carried
         return np.array(lengths, dtype=np.int64)
 
-    def flush(self, *, end: bool) -> list:
+    def flush(self, *, end: bool) -> list[pa.Table]:
         if not self._pending_tokens:
             return []
         run = TokenRun.concat(self._pending)
