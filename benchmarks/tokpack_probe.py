@@ -100,13 +100,15 @@ def wrap(owner, attr: str, label: str) -> None:
 def install() -> None:
     from zephon_columnar import types
     from zephon_columnar.engine import engine, runners
-    from zephon_columnar.ops import fetch, pack, tokenize, tokenizer
+    from zephon_columnar.ops import fetch, pack
+    from zephon_columnar.ops.tokenize import handle
+    from zephon_columnar.ops.tokenize import op as tokenize  # splice_specials is read there
 
     wrap(runners, "_run_stage", "stage (fetch+tokenize), total")
     wrap(fetch.FetchOp, "process_frame", "fetch.process_frame")
     wrap(tokenize.TokenizeOp, "process_frame", "tokenize.process_frame, total")
     wrap(tokenize.TokenizeOp, "_texts", "tokenize._texts (Arrow -> list[str])")
-    wrap(tokenizer.TokenizerHandle, "encode_ids", "tokenize: encode_ids (encode_batch_fast + ids -> numpy)")
+    wrap(handle.TokenizerHandle, "encode_ids", "tokenize: encode_ids (encode_batch_fast + ids -> numpy)")
     wrap(tokenize, "splice_specials", "tokenize: splice_specials")
     wrap(tokenize.TokenizeOp, "_assemble", "tokenize._assemble (Arrow output)")
     for name in ("push", "flush"):

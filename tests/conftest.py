@@ -77,7 +77,7 @@ def _fresh_tokenizers():
     """Tokenizer files are loaded and fastokens proved once per process, and the tests' trained
     tokenizers recur (the same JSON, module-wide folders): each test loads and proves its own,
     whatever ran before it."""
-    from zephon_columnar.ops.tokenizer import forget_tokenizers
+    from zephon_columnar.ops.tokenize.load import forget_tokenizers
 
     forget_tokenizers()
     yield

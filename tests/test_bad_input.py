@@ -11,7 +11,7 @@ import pytest
 
 from zephon_columnar import Dataset, InMemoryShard, Pipeline, StaticMixtureWorkSource
 from zephon_columnar.errors import ConfigError, DatasetFormatError, DatasetNotFoundError
-from zephon_columnar.ops.tokenizer import TokenizerNotFoundError
+from zephon_columnar.ops.tokenize.paths import TokenizerNotFoundError
 from zephon_columnar.testing import collect
 
 

@@ -18,7 +18,7 @@ from zephon_columnar.ops.ensure_mixture import EnsureMixtureOp
 from zephon_columnar.ops.pack import PackFlatOp, PackSequencesOp
 from zephon_columnar.ops.pack.spec import resolve_spec
 from zephon_columnar.ops.shuffle import ShuffleOp
-from zephon_columnar.ops.tokenize import TokenizeOp
+from zephon_columnar.ops.tokenize.op import TokenizeOp
 
 BUILDERS: list[tuple[str, type, tuple[str, ...]]] = [
     ("tokenize", TokenizeOp, ()),

@@ -220,7 +220,7 @@ class Pipeline:
         HF-like callable; ``tokenizer_id`` a ``tokenizer.json`` path or a folder saved by
         ``save_pretrained`` (no ``transformers`` needed). ``backend`` (ours, not Zephon's): who
         encodes, "auto" = the ``fastokens`` encoder where it is proven to give this tokenizer's
-        ids (the extra ``fast``), else ``tokenizers`` (`zephon_columnar.ops.tokenizer_backend`).
+        ids (the extra ``fast``), else ``tokenizers`` (`zephon_columnar.ops.tokenize.backend`).
 
         Example:
             >>> first = next(iter(Pipeline(ws))).payload["text"]
@@ -230,7 +230,7 @@ class Pipeline:
             (True, True)
         """
         arguments = _op_arguments(locals())
-        from zephon_columnar.ops.tokenize import TokenizeOp
+        from zephon_columnar.ops.tokenize.op import TokenizeOp
 
         return self._add(TokenizeOp(**arguments), placement=placement)
 

@@ -112,3 +112,16 @@ def text_frame(texts: list[str | None], *, lane: int = 0, chunk: int = 0, extra:
     cols = {field: pa.array(texts, pa.string())}
     cols.update(extra or {})
     return F.with_payload(book, pa.table(cols))
+
+
+def count_builds(monkeypatch: Any) -> list[int]:
+    """A list that grows by one for every Rust tokenizer the package builds. ``_build_tokenizer``
+    is called from two modules (a handle building its own copy, `load` building a file's shared
+    one): each is patched where its code reads the name."""
+    from zephon_columnar.ops.tokenize import handle, load
+
+    builds: list[int] = []
+    for module in (handle, load):
+        real = module._build_tokenizer
+        monkeypatch.setattr(module, "_build_tokenizer", lambda s, real=real: builds.append(1) or real(s))
+    return builds

@@ -14,7 +14,7 @@ import pytest
 from tests.ops._tokenizers import make_texts, make_tokenizer
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon_columnar import frame as F
-from zephon_columnar.ops.tokenize import TokenizeOp
+from zephon_columnar.ops.tokenize.op import TokenizeOp
 
 MAX_LENGTH = 16
 BATCH_ROWS = 4

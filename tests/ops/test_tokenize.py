@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from tests.ops._tokenizers import (
     CallableTokenizer,
     FakeFastTokenizer,
+    count_builds,
     make_texts,
     make_tokenizer,
     reference_ids,
@@ -21,10 +22,9 @@ from tests.ops._tokenizers import (
 from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon_columnar import frame as F
 from zephon_columnar.errors import ConfigError
-from zephon_columnar.ops import tokenizer as tokmod
-from zephon_columnar.ops.tokenizer import forget_tokenizers
+from zephon_columnar.ops.tokenize.load import forget_tokenizers
 from zephon_columnar.ops.base import OpContext
-from zephon_columnar.ops.tokenize import TokenizeOp
+from zephon_columnar.ops.tokenize.op import TokenizeOp
 from zephon_columnar.testing import assert_resumes_exactly, collect
 from zephon_columnar.validation import ValidationError
 
@@ -260,9 +260,7 @@ def test_empty_frame_keeps_the_schema(tok):
 
 
 def test_one_tokenizer_build_per_process_and_file(folder, monkeypatch):
-    builds = []
-    real = tokmod._build_tokenizer
-    monkeypatch.setattr(tokmod, "_build_tokenizer", lambda s: builds.append(1) or real(s))
+    builds = count_builds(monkeypatch)
     op = TokenizeOp(tokenizer_id=str(folder), field="text")
     fingerprint = op.fingerprint()
     assert builds == []  # the driver hashes the files; it does not build the tokenizer

@@ -25,11 +25,11 @@ from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
 from zephon_columnar.errors import ConfigError, ConfigurationWarning
 from tests.ops._chat_helpers import (chat_frame, chat_tokenizer, concat_reference, make_conversations,
                                      rows_of)
-from zephon_columnar.ops import tokenizer_backend
+from zephon_columnar.ops.tokenize import backend as tokenizer_backend
 from zephon_columnar.ops.chat import TokenizeChatOp
-from zephon_columnar.ops.tokenizer import load_tokenizer
-from zephon_columnar.ops.tokenizer_backend import (PROBE_TEXTS, existing_proof, flat_encodings,
-                                                   probe_difference, unsupported_parts)
+from zephon_columnar.ops.tokenize.load import load_tokenizer
+from zephon_columnar.ops.tokenize.backend import (PROBE_TEXTS, existing_proof, flat_encodings,
+                                                  probe_difference, unsupported_parts)
 
 fastokens = require("fastokens", "fast")
 
@@ -258,7 +258,7 @@ def test_one_proof_per_process_and_tokenizer_shared_across_handles_and_threads(m
 
 
 def _encode_in_child(conn, tok_json, texts):
-    from zephon_columnar.ops.tokenizer import load_tokenizer as load
+    from zephon_columnar.ops.tokenize.load import load_tokenizer as load
 
     from tokenizers import Tokenizer as T
     handle = load(T.from_str(tok_json))

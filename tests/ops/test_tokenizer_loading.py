@@ -15,14 +15,14 @@ from hypothesis import strategies as st
 from tests.ops._tokenizers import (
     CallableTokenizer,
     FakeFastTokenizer,
+    count_builds,
     make_texts,
     make_tokenizer,
     reference_ids,
     save_folder,
 )
 from zephon_columnar.errors import ConfigError
-from zephon_columnar.ops import tokenizer as tokmod
-from zephon_columnar.ops.tokenizer import load_tokenizer
+from zephon_columnar.ops.tokenize.load import load_tokenizer, path_identity
 
 TEXTS = make_texts(40, seed=3)
 
@@ -160,9 +160,7 @@ def test_hf_like_objects_specials_come_from_their_attributes():
 
 
 def test_handle_pickles_as_json_and_rebuilds_once(tok, folder, monkeypatch):
-    builds = []
-    real = tokmod._build_tokenizer
-    monkeypatch.setattr(tokmod, "_build_tokenizer", lambda s: builds.append(1) or real(s))
+    builds = count_builds(monkeypatch)
     h = load_tokenizer(tokenizer_id=str(folder)).use_backend("tokenizers")  # the reference's object
     assert len(builds) == 1
     blob = pickle.dumps(h)
@@ -179,9 +177,7 @@ def test_handle_pickles_as_json_and_rebuilds_once(tok, folder, monkeypatch):
 
 def test_a_file_is_loaded_once_per_process_and_its_handles_share_it(tok, folder, tmp_path, monkeypatch):
     folder = shutil.copytree(folder, tmp_path / "tok")
-    builds = []
-    real = tokmod._build_tokenizer
-    monkeypatch.setattr(tokmod, "_build_tokenizer", lambda s: builds.append(1) or real(s))
+    builds = count_builds(monkeypatch)
     a, b = load_tokenizer(tokenizer_id=str(folder)), load_tokenizer(tokenizer_id=str(folder))
     assert len(builds) == 1 and a.tokenizer is b.tokenizer
     a.materialize()
@@ -202,8 +198,8 @@ def test_identity_is_the_content(tok, folder, tmp_path):
     assert load_tokenizer(tok).identity() == load_tokenizer(make_tokenizer()).identity()
     assert load_tokenizer(tok).identity() != load_tokenizer(make_tokenizer(("<|endoftext|>",))).identity()
     other = save_folder(tmp_path / "other", tok, config={"eos_token": "<pad>"})
-    assert tokmod.path_identity(other) != tokmod.path_identity(folder)
-    assert tokmod.path_identity(str(folder)) == tokmod.path_identity(folder)
+    assert path_identity(other) != path_identity(folder)
+    assert path_identity(str(folder)) == path_identity(folder)
 
 
 def test_callable_output_must_have_input_ids():
@@ -213,7 +209,7 @@ def test_callable_output_must_have_input_ids():
 
 
 _FALLBACK_IDS_IN_A_CHILD = """
-from zephon_columnar.ops.tokenizer import load_tokenizer
+from zephon_columnar.ops.tokenize.load import load_tokenizer
 flat, offsets = load_tokenizer(tokenizer_id="__fallback__").encode_ids(["the cat sat", "on the mat"])
 print(flat.tolist(), offsets.tolist())
 """

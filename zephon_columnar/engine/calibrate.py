@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from zephon_columnar import frame as F
 from zephon_columnar.ops.base import BaseOp, FrameOp, OpContext
 from zephon_columnar.ops.fetch import FetchOp
-from zephon_columnar.ops.tokenizer import TokenizerOwner
+from zephon_columnar.ops.tokenize.owner import TokenizerOwner
 from zephon_columnar.types import TOKEN_FIELD_CANDIDATES
 from zephon_columnar.work.base import WorkSource
 from zephon_columnar.work.static_mixture import StaticMixtureWorkSource

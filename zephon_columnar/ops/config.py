@@ -38,7 +38,7 @@ ShuffleAlgorithm = Literal["streaming", "block", "block_warmup"]
 """How ``shuffle`` draws rows from its buffer (`zephon_columnar.ops.shuffle`)."""
 
 TokenizerBackend = Literal["auto", "tokenizers", "fastokens"]
-"""Who encodes text for ``tokenize`` (`zephon_columnar.ops.tokenizer_backend`)."""
+"""Who encodes text for ``tokenize`` (`zephon_columnar.ops.tokenize.backend`)."""
 
 LoaderKind = Literal["auto", "stateful", "plain"]
 """Which loader ``to_torch_loader`` builds: torchdata's ``StatefulDataLoader``, torch's

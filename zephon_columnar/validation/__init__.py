@@ -66,7 +66,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from zephon_columnar.ops.tokenizer import TokenizerOwner
+from zephon_columnar.ops.tokenize.owner import TokenizerOwner
 from zephon_columnar.validation.accumulators import check_accumulator
 from zephon_columnar.validation.operators import check_operator
 from zephon_columnar.validation.probes import call, guarded, probe_records

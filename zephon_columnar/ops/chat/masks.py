@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from zephon_columnar.ops.tokenizer import TokenizerHandle
+from zephon_columnar.ops.tokenize.handle import TokenizerHandle
 
 
 def select_messages(

@@ -22,7 +22,8 @@ from zephon_columnar.ops.chat.masks import concat_messages, select_messages, spa
 from zephon_columnar.ops.chat.rendering import GENERATION_TAG, Renderer, template_environment
 from zephon_columnar.ops.chat.templates import resolve_template, token_string
 from zephon_columnar.ops.config import LossScope, SpanSource, TokenizerBackend
-from zephon_columnar.ops.tokenizer import TokenizerOwner, tokenizer_source
+from zephon_columnar.ops.tokenize.load import tokenizer_source
+from zephon_columnar.ops.tokenize.owner import TokenizerOwner
 
 SPAN_SOURCES: tuple[str, ...] = get_args(SpanSource)
 LOSS_SCOPES: tuple[str, ...] = get_args(LossScope)

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from zephon_columnar.errors import ConfigError
-from zephon_columnar.ops.tokenizer import TokenizerHandle, resolve_tokenizer_path
+from zephon_columnar.ops.tokenize.handle import TokenizerHandle
+from zephon_columnar.ops.tokenize.paths import resolve_tokenizer_path
 
 
 def resolve_template(chat_template: Any, tokenizer: Any, path: str | None) -> tuple[str, str]:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
 import threading
 import time
 import unicodedata
@@ -427,14 +426,11 @@ def forget_proofs() -> None:
         _proofs.clear()
 
 
-def _after_fork_in_child() -> None:
+def after_fork_in_child() -> None:
     """A forked child has no proof thread and maybe a lock held by a thread it lost: it keeps
-    the settled proofs only (their encoders work after a fork) and proves the others again."""
+    the settled proofs only (their encoders work after a fork) and proves the others again
+    (`zephon_columnar.ops.tokenize.fork` calls this in the child)."""
     global _proofs_lock
     _proofs_lock = threading.Lock()
     for key in [k for k, proof in _proofs.items() if proof.verdict is None]:
         del _proofs[key]
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -10,7 +10,7 @@ Semantics (Zephon 0.2.0, B.17, with the choices below):
   tokenizer's specials and splice BOS/EOS around each document; ``"tokenizer_default"`` lets the
   tokenizer's post-processor add its own (``add_special_tokens=True``). BOS/EOS come from
   ``bos_token_id=`` / ``eos_token_id=`` when given, else from the tokenizer (see
-  `zephon_columnar.ops.tokenizer`); a needed id that cannot be found is a ConfigError at
+  `zephon_columnar.ops.tokenize.specials`); a needed id that cannot be found is a ConfigError at
   construction (tokenizer objects), at preflight, in worker setup or on the first frame (paths).
 - ``max_length`` counts the specials. It is enforced only by ``truncation`` or
   ``split_long_samples`` (as in Zephon and transformers); padding alone leaves longer rows long.
@@ -71,8 +71,9 @@ from zephon_columnar.keywords import choice
 from zephon_columnar.ops.base import FrameOp, OpContext, OpTraits
 from zephon_columnar.ops.config import MissingFieldMode, SpecialTokensMode, TokenizerBackend
 from zephon_columnar.ops.rows import sample_of
-from zephon_columnar.ops.tokenizer import TokenizerOwner, tokenizer_source
-from zephon_columnar.ops.tokenizer_backend import truncate_rows
+from zephon_columnar.ops.tokenize.backend import truncate_rows
+from zephon_columnar.ops.tokenize.load import tokenizer_source
+from zephon_columnar.ops.tokenize.owner import TokenizerOwner
 from zephon_columnar.records import as_python_lists
 
 SPECIAL_MODES: tuple[str, ...] = get_args(SpecialTokensMode)
