@@ -99,26 +99,27 @@ def wrap(owner, attr: str, label: str) -> None:
 
 def install() -> None:
     from zephon_columnar import types
-    from zephon_columnar.engine import engine, runners
-    from zephon_columnar.ops import fetch, pack
+    from zephon_columnar.engine.lane import collector
+    from zephon_columnar.engine.runners import inline, process, threads
+    from zephon_columnar.ops import fetch
     from zephon_columnar.ops.tokenize import handle
     from zephon_columnar.ops.tokenize import op as tokenize  # splice_specials is read there
 
-    wrap(runners, "_run_stage", "stage (fetch+tokenize), total")
+    for runner in (inline, threads, process):  # each runner module calls the run_stage it imported
+        wrap(runner, "run_stage", "stage (fetch+tokenize), total")
     wrap(fetch.FetchOp, "process_frame", "fetch.process_frame")
     wrap(tokenize.TokenizeOp, "process_frame", "tokenize.process_frame, total")
     wrap(tokenize.TokenizeOp, "_texts", "tokenize._texts (Arrow -> list[str])")
     wrap(handle.TokenizerHandle, "encode_ids", "tokenize: encode_ids (encode_batch_fast + ids -> numpy)")
     wrap(tokenize, "splice_specials", "tokenize: splice_specials")
     wrap(tokenize.TokenizeOp, "_assemble", "tokenize._assemble (Arrow output)")
-    for name in ("push", "flush"):
-        if hasattr(pack._Packer, name):
-            wrap(pack._Packer, name, f"pack_flat: _Packer.{name}")
-    if hasattr(pack, "WrapPacker"):
-        for name in ("push",):
-            if name in vars(pack.WrapPacker):
-                wrap(pack.WrapPacker, name, f"pack_flat: WrapPacker.{name}")
-    wrap(engine, "_take_batch", "batch: _take_batch")
+    from zephon_columnar.ops.pack import packer
+    from zephon_columnar.ops.pack import wrap as wrap_packer
+
+    for name in ("push", "flush"):  # the lane's packer (every algorithm), then wrap's own push
+        wrap(packer.LanePacker, name, f"pack_flat: LanePacker.{name}")
+    wrap(wrap_packer.WrapPacker, "push", "pack_flat: WrapPacker.push")
+    wrap(collector, "take_batch", "batch: take_batch")
     from zephon_columnar.io import parquet
 
     if hasattr(parquet.ParquetReader, "_decode"):

@@ -576,7 +576,7 @@ def probe(variant: str, passes: int = 1) -> dict:
     import zephon_columnar.ops  # noqa: F401
     import pyarrow.compute as pc
     from zephon_columnar import frame as Fr
-    from zephon_columnar.engine import runners
+    from zephon_columnar.engine.runners import inline, process, threads
     from zephon_columnar.engine.lane import collector
     from zephon_columnar.io import parquet
     from zephon_columnar.ops import fetch, rows, user
@@ -584,7 +584,8 @@ def probe(variant: str, passes: int = 1) -> dict:
 
     me = sys.modules[__name__]
     wrap = TPP.wrap
-    wrap(runners, "_run_stage", "worker: a stage call (fetch + op), total")
+    for runner in (inline, threads, process):  # each runner module calls the run_stage it imported
+        wrap(runner, "run_stage", "worker: a stage call (fetch + op), total")
     wrap(fetch.FetchOp, "process_frame", "fetch: FetchOp.process_frame, total")
     wrap(parquet.ParquetReader, "_decode", "fetch: ParquetReader._decode (Parquet -> Arrow)")
     wrap(user, "run_columns", "op: run_columns, total (columnar)")
