@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.name == "bench" and args.recipe is not None:
             _apply_recipe(args, args.recipe)
-        return args.command(args)
+        return int(args.command(args))
     except (ZephonError, OSError, ValueError, TypeError) as err:
         print(f"zephon_columnar {args.name}: {type(err).__name__}: {err}", file=sys.stderr)
         return 2

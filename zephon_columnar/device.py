@@ -259,7 +259,7 @@ class DeviceLoader:
 
     def __init__(
         self,
-        loader: torch.utils.data.DataLoader,
+        loader: torch.utils.data.DataLoader[Any],
         plan: TransferPlan,
         *,
         prefetch: int,

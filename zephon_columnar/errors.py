@@ -130,7 +130,7 @@ def operator_failure(err: BaseException, message: str) -> BaseException:
         except TypeError:  # a class that cannot be subclassed (layout conflict): plain PipelineError
             wrapped = PipelineError
         _WRAPPED[cls] = wrapped
-    out = wrapped(message)
+    out: BaseException = wrapped(message)
     out.__cause__ = err
     return out
 

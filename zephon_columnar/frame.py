@@ -16,6 +16,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -113,7 +115,8 @@ def open_rows(frame: pa.Table) -> np.ndarray:
     """Each row's ``__open`` flag as a bool array (False where the column is absent or null)."""
     if OPEN not in frame.column_names:
         return np.zeros(frame.num_rows, bool)
-    return pc.fill_null(frame.column(OPEN), False).to_numpy(zero_copy_only=False).astype(bool)
+    flags: np.ndarray = pc.fill_null(frame.column(OPEN), False).to_numpy(zero_copy_only=False).astype(bool)
+    return flags
 
 
 def _set_lineage(frame: pa.Table, column: pa.Array, open_: np.ndarray | None = None) -> pa.Table:
@@ -201,7 +204,8 @@ def mix64(x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, dtype=np.uint64)
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
+        mixed: np.ndarray = x ^ (x >> np.uint64(31))
+        return mixed
 
 
 def pointer_frame(
@@ -226,7 +230,7 @@ def pointer_frame(
     return pa.Table.from_arrays(arrays, schema=BOOKKEEPING_SCHEMA)
 
 
-def frame_of(payload: dict | pa.Table, *, lane: int = 0, chunk_id: int = 0, first_row: int = 0) -> pa.Table:
+def frame_of(payload: dict[str, Any] | pa.Table, *, lane: int = 0, chunk_id: int = 0, first_row: int = 0) -> pa.Table:
     """A frame of the given payload columns whose rows are samples ``first_row, first_row + 1,
     ...`` of dataset 0, shard 0, at offsets ``first_row...`` of chunk ``chunk_id`` (for examples
     and tests).

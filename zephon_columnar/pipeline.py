@@ -64,6 +64,7 @@ from zephon_columnar.ops.fetch import FetchOp
 from zephon_columnar.ops.map import FilterOp, MapBatchOp, MapOp, MaterializeOp
 from zephon_columnar.ops.user import FunctionOp
 from zephon_columnar.options import OptionHints, RuntimeOptions
+from zephon_columnar.records import SampleRecord
 from zephon_columnar.session import Session
 from zephon_columnar.validation import (
     ValidationError,
@@ -351,10 +352,10 @@ class Pipeline:
         name: str,
         *,
         init_state: Callable[[], Any],
-        push: Callable[[Any, list], Any],
-        flush: Callable[[Any], list] | None = None,
+        push: Callable[[Any, list[SampleRecord]], tuple[Any, list[SampleRecord]]],
+        flush: Callable[[Any], list[SampleRecord]] | None = None,
         should_flush: Callable[[Any], bool] | None = None,
-        transform: Callable[[list], list] | None = None,
+        transform: Callable[[list[SampleRecord]], list[SampleRecord]] | None = None,
         placement: str = "auto",
         parallelism: int = 1,
         indexable: bool = False,

@@ -152,7 +152,10 @@ class Tally:
 
 
 def _numpy(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    return values.to_numpy() if isinstance(values, pa.ChunkedArray) else values.to_numpy(zero_copy_only=False)
+    arr: np.ndarray = (
+        values.to_numpy() if isinstance(values, pa.ChunkedArray) else values.to_numpy(zero_copy_only=False)
+    )
+    return arr
 
 
 class Progress:

@@ -437,7 +437,8 @@ def payload_values(table: pa.Table, name: str) -> list[Any]:
     merge = meta.get(b"zephon_columnar.pack_payloads")
     if merge is None:
         if PYTHON_LISTS_KEY in meta:
-            return column.to_pylist()
+            values: list[Any] = column.to_pylist()
+            return values
         views = _numeric_list_views(column)
         if views is not None:
             return views
@@ -453,8 +454,9 @@ def payload_values(table: pa.Table, name: str) -> list[Any]:
 def _is_numeric_list(t: pa.DataType) -> bool:
     """``list<int|float>`` (large or fixed-size too: a vector column): what record views hold
     as numpy views."""
-    return (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)) and (
-        pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type)
+    return bool(
+        (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
+        and (pa.types.is_integer(t.value_type) or pa.types.is_floating(t.value_type))
     )
 
 
@@ -471,7 +473,7 @@ def _with_segment_arrays(column: pa.ChunkedArray) -> list[Any]:
     """Rows of segment dicts whose lists of numbers are read-only numpy views (as the records
     they were packed from held them): each field's views come from its flattened column, in
     segment order."""
-    rows = column.to_pylist()
+    rows: list[Any] = column.to_pylist()
     segments = pc.list_flatten(column)  # every row's segments, in order (null rows give none)
     for fld in column.type.value_type:
         if not _is_numeric_list(fld.type):

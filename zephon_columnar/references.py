@@ -129,7 +129,8 @@ def concat_refs(tables: list[pa.Table]) -> pa.Table:
 def state_column(refs: pa.Table, name: str) -> list[Any]:
     """A per-row state column `with_state` added (``f_<name>`` for floats)."""
     column = FLOAT_STATE_PREFIX + name[2:] if name.startswith("f_") else STATE_PREFIX + name
-    return refs.column(column).to_pylist()
+    values: list[Any] = refs.column(column).to_pylist()
+    return values
 
 
 def schema_to_json(schema: pa.Schema | None) -> Any:

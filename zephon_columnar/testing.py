@@ -30,7 +30,7 @@ from zephon_columnar import frame as F
 from zephon_columnar.types import SampleBatch, SampleRecord
 
 
-def signature(item: Any) -> tuple:
+def signature(item: Any) -> tuple[Any, ...]:
     """A hashable, comparable description of a delivered item: lane, sample ids, payload."""
     if isinstance(item, SampleBatch):
         payload = F.payload_of(item.table).to_pydict()
@@ -52,7 +52,7 @@ def _jsonable(value: Any) -> Any:
     return repr(value)
 
 
-def collect(pipeline: Iterable[Any], limit: int | None = None) -> list[tuple]:
+def collect(pipeline: Iterable[Any], limit: int | None = None) -> list[tuple[Any, ...]]:
     """Signatures of the items of one pass (or of its first ``limit`` items)."""
     it = iter(pipeline)
     try:
@@ -63,7 +63,7 @@ def collect(pipeline: Iterable[Any], limit: int | None = None) -> list[tuple]:
             close()
 
 
-def take_and_checkpoint(pipeline: Any, k: int) -> tuple[list[tuple], dict[str, Any]]:
+def take_and_checkpoint(pipeline: Any, k: int) -> tuple[list[tuple[Any, ...]], dict[str, Any]]:
     """The first ``k`` items and the checkpoint taken right after them, through JSON."""
     it = iter(pipeline)
     head = [signature(x) for x in itertools.islice(it, k)]
@@ -82,7 +82,8 @@ def run_accumulator(acc: Any, frames: Sequence[Any], flush_after: Iterable[int] 
         out += acc.push(f)
         if i in flush_after:
             out += acc.flush(reset=True)
-    return out + acc.flush(reset=True, end=True)
+    last: list[Any] = acc.flush(reset=True, end=True)
+    return out + last
 
 
 def assert_frame_split_invariant(
@@ -104,7 +105,7 @@ def assert_frame_split_invariant(
         flush_after = {i for i, b in enumerate(bounds[1:]) if b in set(flush_at)}
         return frames, flush_after
 
-    def rows_of(out: list[Any]) -> list[dict]:
+    def rows_of(out: list[Any]) -> list[dict[str, Any]]:
         tables = [t for t in out if t.num_rows]
         return [r for t in tables for r in t.to_pylist()]
 
@@ -121,14 +122,14 @@ def assert_frame_split_invariant(
 
 def assert_resumes_exactly(
     make_pipeline: Callable[[], Any], ks: Sequence[int], *, again: Sequence[int] = (0, 1)
-) -> list[tuple]:
+) -> list[tuple[Any, ...]]:
     """For each k: head + restored continuation == uninterrupted stream; and, for each j of
     ``again``, a checkpoint taken after j more items of the restored run resumes exactly too (a
     job that restarts and checkpoints again before, or right after, its first step). Returns
     the uninterrupted stream."""
     full = collect(make_pipeline())
 
-    def check(got: list[tuple], what: str) -> None:
+    def check(got: list[tuple[Any, ...]], what: str) -> None:
         if got != full:
             first_bad = next((i for i, (a, b) in enumerate(zip(got, full)) if a != b), min(len(got), len(full)))
             raise AssertionError(

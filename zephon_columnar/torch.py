@@ -101,7 +101,7 @@ if TYPE_CHECKING:
     from zephon_columnar.session import Session
 
 
-class LoaderBatch(dict):
+class LoaderBatch(dict[str, Any]):
     """One batch's training tensors, as ``SampleBatch.to_training`` makes them: what a loader
     over the pipeline yields (a ``dict``). Its own type so that torch's default collate, which
     would stack it under a new leading dimension (``DataLoader``'s default ``batch_size=1``),
@@ -135,7 +135,7 @@ def build_loader(
     timeout: float = 0,
     pin_memory: bool = False,
     prefetch: int | None = None,
-) -> torch.utils.data.DataLoader | DeviceLoader:
+) -> torch.utils.data.DataLoader[Any] | DeviceLoader:
     """The loader `Pipeline.to_torch_loader` returns: ``batch_size=None`` (the pipeline batches),
     ``num_workers`` workers started by ``multiprocessing_context`` (ignored without workers);
     with a to_training ``device``, inside a `DeviceLoader` that moves each batch there
@@ -154,7 +154,7 @@ def build_loader(
         raise ConfigError(f"to_torch_loader(loader={loader!r}): use one of {list(get_args(LoaderKind))}.")
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ConfigError(f"to_torch_loader(num_workers={num_workers!r}): pass an int >= 0.")
-    cls: type[torch.utils.data.DataLoader] = torch.utils.data.DataLoader
+    cls: type[torch.utils.data.DataLoader[Any]] = torch.utils.data.DataLoader
     if loader != "plain":
         try:
             from torchdata.stateful_dataloader import StatefulDataLoader
@@ -202,7 +202,7 @@ def build_loader(
 _PIPELINE_LOADERS: dict[type, type] = {}
 
 
-def _pipeline_loader(base: type[torch.utils.data.DataLoader]) -> type[torch.utils.data.DataLoader]:
+def _pipeline_loader(base: type[torch.utils.data.DataLoader[Any]]) -> type[torch.utils.data.DataLoader[Any]]:
     """``base`` (torch's DataLoader or torchdata's StatefulDataLoader) as `build_loader` makes
     it: same name, same behaviour, but that its passes end by saying once, in this process, what
     the loader workers' passes dropped (`PipelineIterableDataset.say_worker_losses`), and that a
@@ -337,7 +337,7 @@ def _has_main_guard(path: str) -> bool:
     return False
 
 
-class PipelineIterableDataset(torch.utils.data.IterableDataset):
+class PipelineIterableDataset(torch.utils.data.IterableDataset[Any]):
     """Yields the pipeline's batches, or their training tensors (a `LoaderBatch`) when
     ``to_training`` options are given."""
 
@@ -705,7 +705,7 @@ def _refuse_other_layout(session: Session, state: WorkerState) -> NoReturn:
     )
 
 
-class PipelineMapDataset(torch.utils.data.Dataset):
+class PipelineMapDataset(torch.utils.data.Dataset[dict[str, Any]]):
     """``Pipeline.to_indexable_torch_dataset()``: sample ``i`` of a 1:1 pipeline by position.
 
     ``ds[i]`` is the payload of the sample the stream (one lane) yields ``i``-th, as a dict:
@@ -791,6 +791,7 @@ def _column(column: pa.ChunkedArray) -> list[Any]:
     )
     values = arr.flatten() if numeric else None
     if values is None or arr.null_count or values.null_count:
-        return arr.to_pylist()
+        rows: list[Any] = arr.to_pylist()
+        return rows
     flat = torch.from_numpy(np.array(values.to_numpy(zero_copy_only=False)))  # one writable copy
     return list(torch.split(flat, pc.list_value_length(arr).to_numpy().tolist()))

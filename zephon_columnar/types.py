@@ -106,7 +106,7 @@ class SampleBatch:
     def __len__(self) -> int:
         if self._from_records:
             return len(self._records or ())
-        return self.table.num_rows
+        return int(self.table.num_rows)
 
     def __repr__(self) -> str:
         if self._from_records and self._table is None:
@@ -161,7 +161,8 @@ class SampleBatch:
     def to_pydict(self) -> dict[str, list[Any]]:
         """Payload columns as Python lists (the batch's columns: a field that only some rows'
         datasets have is None in the others; ``records`` leaves it out there)."""
-        return F.payload_of(self.table).to_pydict()
+        columns: dict[str, list[Any]] = F.payload_of(self.table).to_pydict()
+        return columns
 
     # ------------------------------------------------------------------ training tensors
     @suggest_keywords

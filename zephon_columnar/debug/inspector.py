@@ -64,7 +64,8 @@ class DatasetInspector:
             )
         if self._reader is None:
             self._reader = self._dataset.open_reader()
-        return self._reader.take(int(shard_id), rows).to_pylist()
+        samples: list[Any] = self._reader.take(int(shard_id), rows).to_pylist()
+        return samples
 
     def close(self) -> None:
         """Close what was opened; safe to call twice. A closed inspector reads no more."""

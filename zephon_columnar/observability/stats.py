@@ -22,9 +22,12 @@ import copy
 import sys
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zephon_columnar.observability.config import ExecutionTrackingMode
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11; annotations only
 
 _UNSET_MIN = sys.maxsize
 
@@ -51,7 +54,7 @@ class _PlanSummary:
         if self.reporting_interval_s is None:
             self.reporting_interval_s = other.reporting_interval_s
 
-    def clone(self) -> Any:
+    def clone(self) -> Self:
         """An independent copy (later deltas applied to either do not reach the other)."""
         clone = type(self)(self.plan_id, self.reporting_interval_s, self.tracking_mode)
         clone.merge(self)

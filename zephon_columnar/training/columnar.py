@@ -145,8 +145,10 @@ def _numpy_view(arr: pa.Array) -> np.ndarray:
     """Read-only numpy view of a null-free integer/float array (a copy otherwise)."""
     t = arr.type
     if arr.null_count or not (pa.types.is_integer(t) or pa.types.is_floating(t)):
-        return arr.to_numpy(zero_copy_only=False)
-    return arr.to_numpy()  # zero-copy and read-only
+        copied: np.ndarray = arr.to_numpy(zero_copy_only=False)
+        return copied
+    view: np.ndarray = arr.to_numpy()  # zero-copy and read-only
+    return view
 
 
 def _resolve_tokens_field(table: pa.RecordBatch, tokens_field: str) -> str:
