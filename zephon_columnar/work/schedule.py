@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,12 +73,7 @@ class MixtureSchedule:
 
     def phase_at(self, chunk: int) -> int:
         """The index of the last point at or before ``chunk``."""
-        at = [p.at for p in self.points]
-        lo, hi = 0, len(at)
-        while hi - lo > 1:  # at[lo] <= chunk < at[hi]
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if at[mid] <= chunk else (lo, mid)
-        return lo
+        return max(0, bisect.bisect_right(self.points, chunk, key=lambda p: p.at) - 1)
 
     def weights_at(self, chunk: int) -> dict[str, Fraction]:
         """The exact weights of global chunk ``chunk`` (summing to 1), by component name."""

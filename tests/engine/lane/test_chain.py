@@ -120,10 +120,9 @@ def _rows(item: LaneItem) -> list[Any]:
 
 def _take(items: Iterator[LaneItem], chain: LaneChain, n: int) -> list[list[Any]]:
     out = []
-    for _ in range(n):
+    for delivered in range(1, n + 1):  # every chain here starts at the stream's start
         item = next(items)
-        chain.items += 1
-        chain.delivered(item, chain.items)
+        chain.delivered(item, delivered)
         out.append(_rows(item))
     return out
 

@@ -60,7 +60,6 @@ class LaneChain:
         self.ledger = lane_ledger(checkpoints, self, start, in_transit=in_transit)
         self.source = Source(setup, self.shared, ws, *start.source_position(k))
         epochs = start.flush_epochs(k, len(plan.ordered_stages()))  # by ordered stage, then the collector
-        self.items = start.items
         self.steps: list[ParallelStep | OrderedStep] = []
         self.regen = Regenerator(plan, runner, self.shared, self.steps)
         # A runner that computes at submit time: anything it ran ahead would only delay the item

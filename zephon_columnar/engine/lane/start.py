@@ -43,11 +43,10 @@ if TYPE_CHECKING:
 
 
 class LaneStart(Protocol):
-    """Where a lane starts: after ``items`` items, the work source in ``source_state``; how the
+    """Where a lane starts: the work source in ``source_state``; how the
     chain's parts are primed (`zephon_columnar.engine.lane.chain.LaneChain` calls these in
     order, once)."""
 
-    items: int
     source_state: Mapping[str, Any]
     #: the snapshot the lane was restored from (None: not restored from one)
     restored_from: LaneSnapshot | None
@@ -81,7 +80,6 @@ class FromCursor:
     def __init__(self, cursor: LaneCursor) -> None:
         self.restored_from: LaneSnapshot | None = None
         self.cursor = cursor
-        self.items = cursor.items
         self.source_state = cursor.source_state
 
     def prime(self, shared: LaneShared) -> None:
@@ -115,7 +113,6 @@ class FromSnapshot:
     def __init__(self, saved: LaneSnapshot) -> None:
         self.saved = saved
         self.restored_from: LaneSnapshot | None = saved
-        self.items = saved.items
         self.source_state = saved.resume.source_state
 
     def prime(self, shared: LaneShared) -> None:
