@@ -75,7 +75,7 @@ from hypothesis import strategies as st
 from tests.extras import require
 from tests.format_writers import litdata, streaming
 from tests.ops._tokenizers import make_texts, make_tokenizer
-from zephon_columnar import Dataset, Pipeline, StaticMixtureWorkSource
+from zephon_columnar import Dataset, Pipeline, ScheduledMixtureWorkSource, SchedulePoint, StaticMixtureWorkSource
 from zephon_columnar.engine.realized import starved_components
 from zephon_columnar.errors import ConfigError, StarvedComponentWarning
 from zephon_columnar.io.decoded import configure_decoded_cache
@@ -327,11 +327,32 @@ def recipes(draw) -> dict:
                             shuffle_strategy=draw(st.sampled_from(strategies)))
     if recipe["adapter"] is not None:
         recipe["packer"]["op"] = "pack_flat"
+    # A third of the cases mix by a schedule (ScheduledMixtureWorkSource), drawn after the packer
+    # for the same reason; optional in replays (None: the static mixture).
+    recipe["schedule"] = draw(schedule_strategy([d["name"] for d in data]))
     ordered = plan.get("ordered", [])
     if recipe["packer"]["op"] == "pack_sequences" and "ensure" in ordered and "pack" in ordered \
             and ordered.index("ensure") > ordered.index("pack"):
         plan["ensure"]["weight_by"] = "samples"  # 'auto' weighs by a token column; packed_samples is none
     return recipe
+
+
+@st.composite
+def schedule_strategy(draw, names: list[str]) -> list[dict] | None:
+    """None (the static mixture, two cases in three) or 1..4 schedule points a few chunks apart,
+    each weighting some of the datasets, phases and linear ramps; a dataset no point weights
+    enters at a last point that weights every one."""
+    if draw(st.integers(0, 2)):
+        return None
+    points, at = [], 0
+    for i in range(draw(st.integers(1, 4))):
+        chosen = draw(st.lists(st.sampled_from(names), min_size=1, max_size=len(names), unique=True))
+        points.append(dict(at=at, weights={n: draw(st.integers(1, 3)) for n in chosen},
+                           ramp="step" if i == 0 else draw(st.sampled_from(["step", "linear"]))))
+        at += draw(st.integers(1, 5))
+    if {n for p in points for n in p["weights"]} != set(names):
+        points.append(dict(at=at, weights=dict.fromkeys(names, 1), ramp="step"))
+    return points
 
 
 # ============================================================================ data
@@ -427,10 +448,13 @@ def make_source(recipe: dict) -> StaticMixtureWorkSource:
     if ex.get("max_repeats") is not None:
         kwargs["max_repeats"] = ex["max_repeats"]
     data = recipe["data"]
-    return StaticMixtureWorkSource([make_dataset(d) for d in data], {d["name"]: d["weight"] for d in data},
-                                   chunk_size=recipe["source"]["chunk_size"], seed=recipe["source"]["seed"],
-                                   shuffle_within_shard=recipe["source"]["shuffle_within_shard"],
-                                   shuffle_block_size=recipe["source"].get("shuffle_block_size"), **kwargs)
+    kwargs.update(chunk_size=recipe["source"]["chunk_size"], seed=recipe["source"]["seed"],
+                  shuffle_within_shard=recipe["source"]["shuffle_within_shard"],
+                  shuffle_block_size=recipe["source"].get("shuffle_block_size"))
+    if recipe.get("schedule"):
+        return ScheduledMixtureWorkSource([make_dataset(d) for d in data],
+                                          [SchedulePoint(**p) for p in recipe["schedule"]], **kwargs)
+    return StaticMixtureWorkSource([make_dataset(d) for d in data], {d["name"]: d["weight"] for d in data}, **kwargs)
 
 
 def is_endless(recipe: dict) -> bool:

@@ -24,18 +24,28 @@ from zephon_columnar import io, observability, ops, options, types, validation, 
 from zephon_columnar.io.dataset import Dataset, InMemoryShard
 from zephon_columnar.pipeline import Pipeline
 from zephon_columnar.types import SampleBatch, SampleMeta, SampleRecord
-from zephon_columnar.work import MixtureSpec, StaticMixtureWorkSource, WorkSource
+from zephon_columnar.work import (
+    MixtureSchedule,
+    MixtureSpec,
+    ScheduledMixtureWorkSource,
+    SchedulePoint,
+    StaticMixtureWorkSource,
+    WorkSource,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Dataset",
     "InMemoryShard",
+    "MixtureSchedule",
     "MixtureSpec",
     "Pipeline",
     "SampleBatch",
     "SampleMeta",
     "SampleRecord",
+    "SchedulePoint",
+    "ScheduledMixtureWorkSource",
     "StaticMixtureWorkSource",
     "WorkSource",
     "__version__",

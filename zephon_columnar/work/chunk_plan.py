@@ -13,13 +13,35 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Protocol
 
 from zephon_columnar.errors import ConfigError
 
 
+class ChunkDraws(Protocol):
+    """Weights that change from chunk to chunk (a schedule, `zephon_columnar.work.schedule`), by
+    component index. Every pool's units sum to `scale`, so the accumulators' denominator never
+    has to grow however often the weights change."""
+
+    scale: int
+
+    def drawn(self, g: int) -> frozenset[int]:
+        """The components with a weight > 0 in chunk ``g``."""
+
+    def ahead(self, g: int) -> frozenset[int]:
+        """The components with a weight > 0 in chunk ``g`` or any later one."""
+
+    def pool_units(self, g: int, pool: Sequence[int]) -> list[int]:
+        """Chunk ``g``'s sample weights of ``pool``, integers summing to `scale`."""
+
+    def targets(self, g: int, pool: Sequence[int]) -> dict[int, float]:
+        """Chunk ``g``'s target mixture over ``pool`` (of tokens for a token-unit mixture)."""
+
+
 @dataclass(frozen=True)
 class PlanConfig:
-    """Everything that fixes the global chunk stream (shared, read-only, by lane clones)."""
+    """Everything that fixes the global chunk stream (shared, read-only, by lane clones).
+    ``draws``: weights that change by chunk; None: ``units`` and ``targets`` hold throughout."""
 
     names: tuple[str, ...]
     rows: tuple[int, ...]
@@ -31,6 +53,7 @@ class PlanConfig:
     policies: tuple[str, ...]
     max_passes: tuple[int | None, ...]  # passes a component may be read; None: unbounded
     floor: int | None  # stop_after_passes
+    draws: ChunkDraws | None = None
 
 
 @dataclass
@@ -75,7 +98,8 @@ class ChunkPlanner:
         return total
 
     def allocate(self, cur: PlanCursor, pool: list[int], n: int) -> list[int]:
-        """Split ``n`` slots among ``pool`` by largest remainder on the accumulators.
+        """Split ``n`` slots of chunk ``cur.g`` among ``pool`` by largest remainder on the
+        accumulators.
 
         Each accumulator is credited its share of ``n`` and debited what it gets, so every
         component stays within 2 samples of its exact share forever. Quotas are floor(acc)
@@ -85,7 +109,11 @@ class ChunkPlanner:
         index). The arithmetic is exact (integers over a common denominator), so ties are
         real ties (three equal weights give a, b, c, a, b, c) rather than rounding noise.
         """
-        total = self.pool_total(pool)
+        draws = self.cfg.draws
+        if draws is None:
+            units, total = [self.cfg.units[k] for k in pool], self.pool_total(pool)
+        else:
+            units, total = draws.pool_units(cur.g, pool), draws.scale
         acc = cur.acc
         if cur.den % total:  # new pool: refine the common denominator (at most a few times)
             m = total // math.gcd(cur.den, total)
@@ -93,10 +121,9 @@ class ChunkPlanner:
                 acc[k] *= m
             cur.den *= m
         den, step = cur.den, cur.den // total * n
-        units = self.cfg.units
         q = []
-        for k in pool:
-            acc[k] += units[k] * step
+        for k, units_k in zip(pool, units):
+            acc[k] += units_k * step
             q.append(max(acc[k] // den, 0))
         left = n - sum(q)
         if left > 0:
@@ -120,7 +147,9 @@ class ChunkPlanner:
         """Plan chunk ``cur.g`` and advance ``cur`` past it; None when the stream is over."""
         cfg = self.cfg
         act = [k for k, a in enumerate(cur.active) if a]
-        if not act:
+        # what this chunk draws from: under a schedule, the active components weighted now
+        drawn = act if cfg.draws is None else sorted(cfg.draws.drawn(cur.g).intersection(act))
+        if not drawn:
             return None
         rows, policies = cfg.rows, cfg.policies
         consumed = {k: cur.epoch[k] * rows[k] + cur.position[k] for k in act}
@@ -131,7 +160,7 @@ class ChunkPlanner:
         # 1. Quotas. A 'redistribute' component that runs out takes what it has; its shortfall
         #    is re-allocated among the others in the same chunk, so chunks stay full while
         #    anything is left.
-        pool, need = act, cfg.chunk_size
+        pool, need = drawn, cfg.chunk_size
         while need > 0 and pool:
             short, keep = 0, []
             for k, qk in zip(pool, self.allocate(cur, pool, need)):
@@ -177,7 +206,9 @@ class ChunkPlanner:
         if cfg.floor is not None:
             lacking: list[tuple[int, int]] = []
             done: list[tuple[int, int]] = []
-            for k in act:  # every dataset repeats without a cap under a floor
+            # a dataset a schedule never weights again cannot hold up the end
+            counted = act if cfg.draws is None else sorted(cfg.draws.ahead(cur.g).intersection(act))
+            for k in counted:  # every dataset repeats without a cap under a floor
                 r = cfg.floor * rows[k] - consumed[k]
                 (lacking if r > 0 else done).append((k, r))
             if all(r <= counts[k] for k, r in lacking):
@@ -202,7 +233,7 @@ class ChunkPlanner:
             g=cur.g,
             segments=tuple(segments),
             size=sum(counts.values()),
-            target=chunk_target(cfg, act),
+            target=chunk_target(cfg, drawn, cur.g),
             exhausted=tuple(
                 n
                 for k, n in enumerate(cfg.names)
@@ -232,8 +263,10 @@ def terminal_left(cfg: PlanConfig, k: int, consumed: int) -> int | None:
     return None if passes is None else passes * cfg.rows[k] - consumed
 
 
-def chunk_target(cfg: PlanConfig, act: list[int]) -> dict[str, float]:
-    """The target mixture of a chunk drawn from the components ``act``."""
+def chunk_target(cfg: PlanConfig, act: list[int], g: int) -> dict[str, float]:
+    """The target mixture of chunk ``g``, drawn from the components ``act``."""
+    if cfg.draws is not None:
+        return {cfg.names[k]: w for k, w in cfg.draws.targets(g, act).items()}
     total = sum(cfg.targets[k] for k in act)
     return {cfg.names[k]: cfg.targets[k] / total for k in act}
 

@@ -158,7 +158,7 @@ class StaticMixtureWorkSource(WorkSource):
         lane_assignment: LaneAssignment = "permute",
         token_estimation: TokenEstimation | None = None,
     ) -> None:
-        where = "StaticMixtureWorkSource"
+        where = type(self).__name__
         datasets = check_datasets(datasets)
         names = tuple(ds.name for ds in datasets)
         spec = mixture if isinstance(mixture, MixtureSpec) else MixtureSpec(mixture)
@@ -370,7 +370,7 @@ class StaticMixtureWorkSource(WorkSource):
         assert est is not None
         given = ratios if ratios is not None else est.given_ratios(names)
         if given is not None:
-            self._use_ratios(ratios_from_state(given, names, where="StaticMixtureWorkSource.prime(ratios=...)"))
+            self._use_ratios(ratios_from_state(given, names, where=f"{type(self).__name__}.prime(ratios=...)"))
             return
         measured, unmeasured = {}, []
         counted = counts if counts is not None else {}
@@ -389,7 +389,7 @@ class StaticMixtureWorkSource(WorkSource):
             )
         if unmeasured:
             warn(
-                f"StaticMixtureWorkSource: no tokens counted for {unmeasured}; their mixture weights use "
+                f"{type(self).__name__}: no tokens counted for {unmeasured}; their mixture weights use "
                 f"TokenEstimation(fallback_tokens_per_byte={est.fallback_tokens_per_byte}). Put a tokenize "
                 "step in the pipeline or pass TokenEstimation(measure=...) or primer=..."
             )
@@ -414,7 +414,7 @@ class StaticMixtureWorkSource(WorkSource):
         """The next chunk of this lane (every chunk for the base source), or None at the end."""
         if self.requires_token_priming:
             raise RuntimeError(
-                "StaticMixtureWorkSource.next_chunk(): a token-unit mixture must be primed first; "
+                f"{type(self).__name__}.next_chunk(): a token-unit mixture must be primed first; "
                 "iterate it through a Pipeline (which primes it) or call prime()."
             )
         while True:
@@ -444,7 +444,7 @@ class StaticMixtureWorkSource(WorkSource):
         if unread:
             self._warned_unread = True
             warn(
-                f"StaticMixtureWorkSource: the source ended at the first chunk a dataset could not fill "
+                f"{type(self).__name__}: the source ended at the first chunk a dataset could not fill "
                 f"(exhausted_policy 'stop', or 'repeat' with max_repeats), so every chunk kept the mixture; "
                 f"rows not read: {unread}. Use the default stop_after_passes=1 (or 'redistribute') to "
                 "read every row.",
@@ -524,6 +524,10 @@ class StaticMixtureWorkSource(WorkSource):
         shard row counts), shuffle knobs (block sizes resolved), policies and lane assignment."""
         recipe: dict[str, Any] = pickle.loads(self._recipe_blob)  # this object's own bytes, never a file's
         return recipe
+
+    def _set_recipe(self, recipe: Mapping[str, Any]) -> None:
+        """Make ``recipe`` this source's (a subclass's recipe adds its own fields)."""
+        self._recipe_blob = _recipe_blob(recipe)
 
     def rows_per_pass(self) -> int | None:
         """Rows of the mixed stream in which each dataset with a weight completes a pass:
@@ -617,7 +621,7 @@ class StaticMixtureWorkSource(WorkSource):
             (5, (0, 0, 3))
         """
         if self._positions is None:
-            where = "StaticMixtureWorkSource.positions()"
+            where = f"{type(self).__name__}.positions()"
             if not self.supports_indexing():
                 raise ConfigError(
                     f"{where}: the stream never ends (a dataset repeats with no pass limit), so its "
@@ -717,7 +721,7 @@ class StaticMixtureWorkSource(WorkSource):
         if the state is malformed, was taken over other datasets (naming each difference), or
         belongs to another lane.
         """
-        where = "StaticMixtureWorkSource.load_state_dict"
+        where = f"{type(self).__name__}.load_state_dict"
         if not isinstance(state, Mapping):
             raise CheckpointError(f"{where}: expected a dict from state_dict(), got {type(state).__name__}.")
         if state.get("version") != _STATE_VERSION:
@@ -906,8 +910,9 @@ class StaticMixtureWorkSource(WorkSource):
         per_pass, read = self.rows_per_pass(), self.stream_rows()
         if read is None:
             ends = not self._planner.unbounded(self._start_cursor())
-            return f"a pass is at most {per_pass:,} rows" + ("" if ends else ", and the stream repeats without end")
-        bound = "" if read == per_pass else f" (a pass is at most {per_pass:,})"
+            bound = "a pass has no fixed length" if per_pass is None else f"a pass is at most {per_pass:,} rows"
+            return bound + ("" if ends else ", and the stream repeats without end")
+        bound = "" if per_pass is None or read == per_pass else f" (a pass is at most {per_pass:,})"
         return f"the stream reads {read:,} rows{bound}"
 
     def describe_data(self) -> list[str]:
@@ -930,7 +935,7 @@ class StaticMixtureWorkSource(WorkSource):
         else:
             unit = "tokens (tokens per byte set when the first iteration primes the mixture)"
         lines = [
-            f"StaticMixtureWorkSource: chunk_size={cfg.chunk_size}, seed={self._base_seed}"
+            f"{type(self).__name__}: chunk_size={cfg.chunk_size}, seed={self._base_seed}"
             + (f", epoch {self._epoch}" if self._epoch else "")
             + f", samples mixed by {unit}; "
             + self._stream_length()
@@ -958,7 +963,7 @@ class StaticMixtureWorkSource(WorkSource):
         cfg = self._planner.cfg
         lane = f", lane {self._lane_id}/{self._replicas}" if self._replicas > 1 else ""
         return (
-            f"StaticMixtureWorkSource({dict(zip(cfg.names, cfg.weights))}, chunk_size={cfg.chunk_size}, "
+            f"{type(self).__name__}({dict(zip(cfg.names, cfg.weights))}, chunk_size={cfg.chunk_size}, "
             f"seed={self._base_seed}{f', epoch {self._epoch}' if self._epoch else ''}, "
             f"next chunk {self._cursor.g}{lane})"
         )
