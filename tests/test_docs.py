@@ -58,7 +58,7 @@ def run_python(code: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[
 
 def test_every_page_with_python_blocks_is_found():
     with_code = {p.name for p in PAGES if blocks(p, "python")}
-    assert {"README.md", "api.md", "training.md", "formats.md"} <= with_code
+    assert {"README.md", "api.md", "training.md", "formats.md", "mixtures.md"} <= with_code
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if blocks(p, "python") and p.name != "training.md"],

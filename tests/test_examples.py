@@ -15,6 +15,7 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 @pytest.mark.parametrize("script, args", [
     ("quickstart.py", []),
     ("elastic.py", []),
+    ("mixtures.py", []),
     ("demo.py", ["--docs", "800"]),
 ])
 def test_example_runs(script, args, tmp_path):
@@ -27,5 +28,5 @@ def test_example_runs(script, args, tmp_path):
     # Nothing routine is warned (issue 44: drop_last's tail warned on every pass, and the demo
     # silenced DataDroppedWarning, which also carries the serious drops).
     assert "Warning" not in proc.stderr, proc.stderr[-3000:]
-    if script == "demo.py":
+    if script in ("demo.py", "mixtures.py"):
         assert "identical to the uninterrupted run: True" in proc.stdout

@@ -9,33 +9,11 @@ import itertools
 import json
 from collections import Counter
 
-import pyarrow as pa
 import pytest
 
-from tests.ops._tokenizers import make_texts, make_tokenizer
-from zephon_columnar import Dataset, Pipeline, ScheduledMixtureWorkSource, SchedulePoint
+from tests._mixtures import NAMES, PLANS, source
+from zephon_columnar import Pipeline
 from zephon_columnar.testing import assert_resumes_exactly, collect, signature
-
-TOKENIZER = make_tokenizer()
-NAMES = ("web", "code", "math")
-DATASETS = [
-    Dataset.from_tables(n, [pa.table({"text": make_texts(60, seed=i * 2 + s, max_words=10)}) for s in range(2)])
-    for i, n in enumerate(NAMES)
-]
-#: warm-up on web (chunks 0-3), a linear ramp into the main mix (reached at chunk 6), an anneal
-#: on math from chunk 9 (by global chunk)
-SCHEDULE = [
-    SchedulePoint(at=0, weights={"web": 1.0}),
-    SchedulePoint(at=3, weights={"web": 1.0}),
-    SchedulePoint(at=6, weights={"web": 0.5, "code": 0.3, "math": 0.2}, ramp="linear"),
-    SchedulePoint(at=9, weights={"math": 1.0}),
-]
-
-
-def source(**kw) -> ScheduledMixtureWorkSource:
-    kw = {"chunk_size": 10, "seed": 5, "shuffle_within_shard": True, "exhausted_policy": "repeat",
-          "max_repeats": 1, **kw}
-    return ScheduledMixtureWorkSource(DATASETS, SCHEDULE, **kw)
 
 
 def test_delivered_rows_follow_the_schedule_phase_by_phase() -> None:
@@ -55,16 +33,6 @@ def test_delivered_rows_follow_the_schedule_phase_by_phase() -> None:
         share = [weight * min(g - 3, 3) / 3 if weight else 1 - 0.5 * min(g - 3, 3) / 3 for g in range(4, 9)]
         assert abs(main[name] - 10 * sum(share)) <= 2, (name, main)
     assert all(by_chunk[g] == {"math": 10} for g in range(9, 14))
-
-
-PLANS = {
-    "rows": lambda p: p.batch(3),
-    "shuffle": lambda p: p.shuffle(7, seed=1).batch(2),
-    "tokens-packed": lambda p: p.tokenize(TOKENIZER, field="text", special_tokens="eos")
-    .shuffle(5, seed=2)
-    .pack_flat(24, algorithm="wrap", pad_token_id=0)
-    .batch(2),
-}
 
 
 @pytest.mark.parametrize("plan", list(PLANS))

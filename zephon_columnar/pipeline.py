@@ -73,6 +73,7 @@ from zephon_columnar.validation import (
     validate_ops,
 )
 from zephon_columnar.work.base import WorkSource
+from zephon_columnar.work.schedule import MixtureChange
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
@@ -765,6 +766,33 @@ class Pipeline:
         """
         self._session.set_epoch(epoch)
         return self
+
+    def set_mixture(self, weights: Mapping[str, float]) -> MixtureChange:
+        """Change the mixture of a `ScheduledMixtureWorkSource` during training: ``weights``
+        (``{component: weight}``, normalized; a component left out weighs 0) govern the stream
+        from the returned change's ``at``, the first global chunk nothing delivered so far
+        depends on, until the schedule's next point. ``at`` follows from the delivered stream
+        alone (the flush epoch each lane's last item belongs to), so it is the same whatever the
+        runner, prefetch depth or ``mtp_mode``; the change is part of every later checkpoint.
+        During a pass the engine restarts from the delivered position (as a restore does) and
+        the open iterator goes on. A collective: every data-parallel rank calls it at the same
+        step with the same weights (ranks asked different ones raise ``RuntimeError``).
+
+        Example:
+            >>> from zephon_columnar import ScheduledMixtureWorkSource, SchedulePoint
+            >>> web = Dataset.from_dict("web", {0: [{"t": "w"}] * 100})
+            >>> code = Dataset.from_dict("code", {0: [{"t": "c"}] * 100})
+            >>> ws = ScheduledMixtureWorkSource([web, code], [SchedulePoint(at=0, weights={"web": 1.0, "code": 0.0})],
+            ...                                 chunk_size=4, exhausted_policy="repeat", stop_after_passes=None)
+            >>> pipe = Pipeline(ws).shuffle(4, seed=0).batch(4).options(flush_every_k_chunks=2)
+            >>> batches = iter(pipe)
+            >>> first = [next(batches) for _ in range(3)]   # chunks 0-2: flush epochs 0 and 1
+            >>> pipe.set_mixture({"web": 1.0, "code": 1.0})   # from flush epoch 2, chunk 4
+            MixtureChange(at=4, weights={'web': 1.0, 'code': 1.0})
+            >>> [next(batches).table["t"].to_pylist().count("c") for _ in range(6)]  # code rows per batch
+            [0, 1, 3, 2, 2, 1]
+        """
+        return self._session.set_mixture(weights)
 
     def show_progress(self, every_s: float = 10.0, *, file: Any = None, use_tqdm: bool | None = None) -> "Pipeline":
         """Report progress while iterating: items, tokens, tokens/s and each lane's position,

@@ -29,6 +29,7 @@ import math
 import multiprocessing
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
@@ -49,6 +50,7 @@ from zephon_columnar.engine.checkpoint import (
     source_state_of,
     verify_digests,
 )
+from zephon_columnar.engine.checkpoint.change_point import agree, change_point
 from zephon_columnar.engine.checkpoint.gather import gather_directory, gather_torch, torch_distributed_ready
 from zephon_columnar.engine.engine import Engine
 from zephon_columnar.engine.layout import ProcessWorld, current_world, unsettled_share
@@ -73,6 +75,7 @@ from zephon_columnar.ops.user import unused_hooks
 from zephon_columnar.progress import Progress, StreamShape
 from zephon_columnar.validation import ValidationError, validate_ops
 from zephon_columnar.work.base import WorkSource
+from zephon_columnar.work.schedule import MixtureChange, exact_weights
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self from Python 3.11; annotations only
@@ -91,6 +94,7 @@ class Session:
         # neither the spec nor the process world changed since: (spec, world, engine).
         self._restored_engine: tuple[PipelineSpec, ProcessWorld | None, Engine] | None = None
         self._pending: dict[int, LaneState] | None = None  # a restored checkpoint's lanes, not iterated yet
+        self._iterator: weakref.ref[RunIterator] | None = None  # the caller's handle on the current pass
         self._pending_recipe: Mapping[str, Any] = {}
         self._warmup: RestoreWarmup | None = None  # the restore's background read of the first rows
         self._validated: tuple[BaseOp, ...] = ()  # the user operators the last validation passed
@@ -181,6 +185,19 @@ class Session:
                 "Pipeline is already being iterated; close the first iterator (or let it finish) "
                 "before starting another."
             )
+        self._run = self._start_run()
+        observers: list[PassObserver] = [] if self._progress is None else [self.new_progress()]
+        sink = self._spec.options.metrics_sink()
+        if sink is not None:
+            from zephon_columnar.observability.sink import MetricsEmitter
+
+            observers.append(MetricsEmitter(sink, self.metrics_snapshot))
+        iterator = RunIterator(self._run, observers)
+        self._iterator = weakref.ref(iterator)
+        return iterator
+
+    def _start_run(self) -> Run:
+        """A run of the spec: from the restored checkpoint if there is one, else from the start."""
         spec = self._spec
         self.auto_validate()
         self.prepare()
@@ -191,28 +208,78 @@ class Session:
             check_recipe(self._pending_recipe, engine.recipe())
             cursors = _owned_cursors(engine, self._pending)
         self._pending = None
+        run: Run
         if spec.options.mtp_mode and not multiprocessing.current_process().daemon:
             from zephon_columnar.engine.mtp import MtpRun
 
             if self._warmup is not None:  # the side process reads through its own readers
                 self._warmup.cancel()
                 self._warmup = None
-            self._run = MtpRun(spec.for_side_process(), engine, cursors, says_losses=self.says_losses)
+            run = MtpRun(spec.for_side_process(), engine, cursors, says_losses=self.says_losses)
         else:
             if spec.options.mtp_mode:  # a daemon (a DataLoader worker) may not start a process
                 warn(
                     "options(mtp_mode=True) inside a daemon process (a DataLoader worker?): it cannot "
                     "start the engine's side process, so the engine runs in this process."
                 )
-            self._run = engine.start(cursors, readers=self._take_warmup(engine), says_losses=self.says_losses)
+            run = engine.start(cursors, readers=self._take_warmup(engine), says_losses=self.says_losses)
         self._engine = engine
-        observers: list[PassObserver] = [] if self._progress is None else [self.new_progress()]
-        sink = spec.options.metrics_sink()
-        if sink is not None:
-            from zephon_columnar.observability.sink import MetricsEmitter
+        return run
 
-            observers.append(MetricsEmitter(sink, self.metrics_snapshot))
-        return RunIterator(self._run, observers)
+    # ------------------------------------------------------------------ mixture changes
+    def set_mixture(self, weights: Mapping[str, float]) -> MixtureChange:
+        """Change the mixture to ``weights`` from the first global chunk nothing delivered so far
+        depends on (`zephon_columnar.engine.checkpoint.change_point`), and return that change.
+
+        During a pass the run restarts there from the delivered position (a restore of its own
+        checkpoint, with the change recorded): the open iterator goes on, and its next item is
+        the one the pass would have delivered had the change always been part of it. Every
+        data-parallel rank calls it at the same step with the same weights (a collective through
+        the ``torch.distributed`` group when ranks read different lanes; ranks asked different
+        weights raise ``RuntimeError``). Before a pass the change governs it from its first
+        chunk (or from where a restored checkpoint's lanes got to)."""
+        ws = self._spec.work_source
+        if not ws.accepts_mixture_changes():
+            ws.with_mixture_change(at=0, weights=weights)  # raises TypeError, saying what to build instead
+        exact = exact_weights("set_mixture()", weights)  # TypeError / ValueError naming the weight
+        unknown = sorted(set(exact) - set(ws.component_ids()))
+        if unknown:
+            raise KeyError(
+                f"set_mixture(): unknown component(s) {unknown}; the mixture's are {list(ws.component_ids())}."
+            )
+        engine = self.engine()
+        lanes: Mapping[int, LaneState] = {}
+        if self.iterating:
+            assert self._run is not None
+            lanes = self._run.snapshot()
+        elif self._pending is not None:
+            lanes = {lane: self._pending[lane] for lane in engine.lanes if lane in self._pending}
+        point = change_point(lanes, flush_every=engine.plan.flush_every, replicas=engine.canonical_replicas)
+        if engine.rank_lanes != list(range(engine.canonical_replicas)):
+            if not torch_distributed_ready():
+                raise RuntimeError(
+                    f"set_mixture(): this rank reads lanes {engine.rank_lanes} of {engine.canonical_replicas}, and "
+                    "without a torch.distributed group the ranks cannot check that they agree on the change nor "
+                    "on where it takes effect. Initialize torch.distributed (gloo is enough) before set_mixture."
+                )
+            point = agree(exact, point, rank=engine.options.global_rank)
+        changed = ws.with_mixture_change(at=point, weights=weights)
+        change = MixtureChange(at=point, weights=dict(weights))
+        if not self.iterating:
+            self._spec = replace(self._spec, work_source=changed)
+            return change
+        # Restart from the delivered position under the changed source: the restore of this
+        # run's own checkpoint (its lanes' replay cursors, all before the change point).
+        assert self._run is not None
+        local = build_checkpoint(PipelineState(recipe=engine.recipe(), world=engine.world(), lanes=dict(lanes)))
+        self._run.close()
+        self._spec = replace(self._spec, work_source=changed)
+        self.restore(local)
+        self._run = self._start_run()
+        iterator = self._iterator() if self._iterator is not None else None
+        if iterator is not None:
+            iterator.continue_with(self._run)
+        return change
 
     def auto_validate(self) -> None:
         """``options(auto_validation=...)``: validate the user operators, once per graph (again
@@ -482,6 +549,13 @@ class Session:
         saved = parse_checkpoint(ckpt)
         recipe, lanes = saved.recipe, dict(saved.lanes)
         spec = self._spec
+        if lanes:  # what the run added to its source (a scheduled mixture's changes) goes on
+            lane, cur = min(lanes.items())
+            try:
+                continued = spec.work_source.continued_from(source_state_of(cur))
+            except CheckpointError as err:
+                raise CheckpointError(f"checkpoint lanes.{lane}.{source_state_field(cur)}: {err}") from err
+            spec = replace(spec, work_source=continued)
         ws = spec.work_source
         world = current_world()
         engine = spec.build_engine()
@@ -511,6 +585,7 @@ class Session:
         # Last, after the checks that name a field: a lane edited in a way that still parses.
         verify_digests(ckpt)
         # Every lane is kept: options may still change which lanes this rank owns before iterating.
+        self._spec = spec
         self._pending = lanes
         self._pending_recipe = recipe
         self._run = self._engine = None
@@ -543,6 +618,7 @@ class Session:
         state["_engine"] = None
         state["_restored_engine"] = None
         state["_warmup"] = None
+        state["_iterator"] = None
         return state
 
     def __copy__(self) -> Session:
@@ -603,6 +679,11 @@ class RunIterator:
             return value
         finally:
             self._inside.release()
+
+    def continue_with(self, run: Run) -> None:
+        """Go on with ``run`` (the session restarted the pass from the delivered position:
+        `Session.set_mixture`); the observers keep counting."""
+        self._run = run
 
     def _shared_error(self) -> PipelineError:
         # Both threads get it (the one inside next() on its following call): neither may go on

@@ -94,6 +94,7 @@ from zephon_columnar.ops.config import LoaderKind
 from zephon_columnar.progress import SharedCounts, Tally, report_shared
 from zephon_columnar.training import TrainingOptions
 from zephon_columnar.types import SampleBatch
+from zephon_columnar.work.schedule import MixtureChange
 
 if TYPE_CHECKING:
     from zephon_columnar.engine.indexed import IndexedPipeline
@@ -419,6 +420,17 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset[Any]):
         """The pipeline's `~zephon_columnar.pipeline.Pipeline.set_epoch`, for the next pass
         (``loader.dataset.set_epoch(e)`` before ``iter(loader)``: workers start with it)."""
         self.session.set_epoch(epoch)
+
+    def set_mixture(self, weights: Mapping[str, float]) -> MixtureChange:
+        """The pipeline's `~zephon_columnar.pipeline.Pipeline.set_mixture`, between two batches
+        of a loader without workers (``num_workers=0``), whose pass goes on from the change."""
+        if self._worker_pass.value:
+            raise RuntimeError(
+                "set_mixture(): the pass runs in DataLoader workers, which this process cannot restart at the "
+                "delivered position; iterate with num_workers=0 (the pipeline runs its own workers: "
+                "options(max_workers=...)) to change the mixture during a pass."
+            )
+        return self.session.set_mixture(weights)
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:

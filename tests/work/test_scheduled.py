@@ -89,7 +89,7 @@ def test_lanes_split_the_global_stream() -> None:
 
 @pytest.mark.parametrize("stop", [0, 3, 4, 7, 10, 11])
 def test_a_state_restores_exactly_before_inside_and_after_transitions(stop) -> None:
-    ws = source().with_change(at=6, weights={"b": 1.0})
+    ws = source().with_mixture_change(at=6, weights={"b": 1.0})
     take(ws, stop)
     state = json_round_trip(ws.state_dict())
     rest = [c.ordered()[0].tolist() for c in take(ws, 15)]
@@ -101,7 +101,7 @@ def test_a_state_restores_exactly_before_inside_and_after_transitions(stop) -> N
 
 def test_a_change_holds_from_its_chunk_until_the_schedules_next_point() -> None:
     plain = [counts(c) for c in take(source(chunk_size=10), 12)]
-    changed = source(chunk_size=10).with_change(at=2, weights={"b": 1, "c": 1})
+    changed = source(chunk_size=10).with_mixture_change(at=2, weights={"b": 1, "c": 1})
     got = [counts(c) for c in take(changed, 12)]
     assert got[:2] == plain[:2]
     assert got[2:4] == [{"b": 5, "c": 5}] * 2  # the ramp gives way to the change...
@@ -112,17 +112,19 @@ def test_changes_are_refused_out_of_order_before_the_position_or_naming_unknown_
     ws = source()
     take(ws, 3)
     with pytest.raises(ValueError, match=r"already planned chunk 2; pass at >= 3"):
-        ws.with_change(at=2, weights={"a": 1})
+        ws.with_mixture_change(at=2, weights={"a": 1})
     with pytest.raises(KeyError, match=r"unknown component\(s\) \['web'\]"):
-        ws.with_change(at=5, weights={"web": 1})
+        ws.with_mixture_change(at=5, weights={"web": 1})
     with pytest.raises(ValueError, match=r"weight of 'a' is -1"):
-        ws.with_change(at=5, weights={"a": -1})
+        ws.with_mixture_change(at=5, weights={"a": -1})
     with pytest.raises(ValueError, match="increasing order of at"):
-        ws.with_change(at=5, weights={"a": 1}).with_change(at=5, weights={"b": 1})
+        ws.with_mixture_change(at=6, weights={"a": 1}).with_mixture_change(at=5, weights={"b": 1})
+    twice = ws.with_mixture_change(at=5, weights={"a": 1}).with_mixture_change(at=5, weights={"b": 1})
+    assert [c.weights for c in twice.changes] == [{"b": 1}]  # the same chunk: the later call wins
 
 
 def test_a_state_under_another_schedule_or_contradicting_changes_is_refused() -> None:
-    ws = source().with_change(at=3, weights={"a": 1})
+    ws = source().with_mixture_change(at=3, weights={"a": 1})
     take(ws, 4)
     state = ws.state_dict()
     other = [SchedulePoint(at=0, weights={"a": 0.9, "b": 0.1}), SchedulePoint(at=5, weights=dict.fromkeys(NAMES, 1))]
@@ -130,7 +132,7 @@ def test_a_state_under_another_schedule_or_contradicting_changes_is_refused() ->
     with pytest.raises(CheckpointError, match=differ):
         source(other).load_state_dict(state)
     with pytest.raises(CheckpointError, match="contradict this source's"):
-        source().with_change(at=3, weights={"b": 1}).load_state_dict(state)
+        source().with_mixture_change(at=3, weights={"b": 1}).load_state_dict(state)
 
 
 def test_the_schedule_must_weight_exactly_the_datasets() -> None:
@@ -189,8 +191,15 @@ def test_scheduled_weights_segments() -> None:
 
 
 def test_explain_shows_the_schedule_and_the_phase_now() -> None:
-    ws = source().with_change(at=12, weights={"a": 1})
+    ws = source().with_mixture_change(at=12, weights={"a": 1})
     take(ws, 5)
     text = "\n".join(ws.describe_data())
     assert "from chunk 4 (linear ramp): a 0.500, b 0.300, c 0.200 <- now" in text
     assert "changed at chunk 12: a 1.000" in text and text.startswith("ScheduledMixtureWorkSource:")
+
+
+def test_a_new_epoch_starts_the_schedule_over_without_the_changes() -> None:
+    ws = source().with_mixture_change(at=2, weights={"b": 1})
+    again = ws.for_epoch(1)
+    assert again.changes == () and again.recipe()["epoch"] == 1
+    assert [counts(c) for c in take(again, 3)] == [counts(c) for c in take(source().for_epoch(1), 3)]

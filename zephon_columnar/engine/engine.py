@@ -100,7 +100,7 @@ class Engine:
             # about a frame.
             self.plan = dataclasses.replace(self.plan, flush_every=max(1, -(-self.rows_per_frame // chunk)))
         self.fields = fields_by_dataset(work_source.datasets_by_id)
-        self.checkpoints = checkpoint_mode(self.plan)
+        self.checkpoints = checkpoint_mode(self.plan, mixture_changes=work_source.accepts_mixture_changes())
 
     def lane_setup(self) -> LaneSetup:
         """What each of this engine's lanes is built from."""

@@ -221,6 +221,29 @@ class WorkSource:
         cls = type(self)
         return {"class": f"{cls.__module__}.{cls.__qualname__}"}
 
+    def accepts_mixture_changes(self) -> bool:
+        """Whether the training loop may change this source's mixture during a run
+        (`Pipeline.set_mixture`; `~zephon_columnar.work.scheduled_mixture.ScheduledMixtureWorkSource`
+        does); the engine then checkpoints every lane by replay (`zephon_columnar.engine.checkpoint.mode`).
+        False by default."""
+        return False
+
+    def continued_from(self, state: Mapping[str, Any]) -> WorkSource:
+        """This source, as built, continuing the run a lane's ``state`` comes from: what the run
+        added to the source during the run (a scheduled mixture's changes) taken from the state,
+        so that later changes extend it. A restore replaces the pipeline's source with it; this
+        source itself by default."""
+        return self
+
+    def with_mixture_change(self, *, at: int, weights: Mapping[str, float]) -> WorkSource:
+        """This source with its mixture ``weights`` from global chunk ``at`` on (a source that
+        `accepts_mixture_changes`); raises ``TypeError`` by default."""
+        raise TypeError(
+            f"{type(self).__name__} has a fixed mixture; build the pipeline over a ScheduledMixtureWorkSource "
+            "(zephon_columnar.ScheduledMixtureWorkSource(datasets, [SchedulePoint(at=0, weights={...})])) to change "
+            "it during training."
+        )
+
     def continues_after_exhaustion(self) -> frozenset[str]:
         """Components the source goes on without once they run out (announced in
         ``WorkChunk.source_exhausted``); none by default."""

@@ -1,7 +1,7 @@
 """`ScheduledMixtureWorkSource`: a mixture whose weights change during training, exactly.
 
 The weights are a `~zephon_columnar.work.schedule.MixtureSchedule` (phases and linear ramps,
-per global chunk) with the changes the training loop asked for (`with_change`; a
+per global chunk) with the changes the training loop asked for (`with_mixture_change`; a
 `~zephon_columnar.session.Session` decides where a change takes effect). Everything else is
 `~zephon_columnar.work.static_mixture.StaticMixtureWorkSource`: the same datasets, orders,
 exhaustion policies, lanes and token units, planned by the same accumulators. Because every lane
@@ -133,7 +133,7 @@ def quantized(shares: Sequence[Fraction], scale: int) -> list[int]:
 
 class ScheduledMixtureWorkSource(StaticMixtureWorkSource):
     """A mixture of ``datasets`` weighted by ``schedule`` (a `MixtureSchedule`, or a list of
-    `SchedulePoint` s), with the trainer's ``changes`` so far (`with_change` adds one).
+    `SchedulePoint` s), with the trainer's ``changes`` so far (`with_mixture_change` adds one).
 
     Every other argument is `StaticMixtureWorkSource`'s, with the same meaning and defaults. The
     schedule must name every dataset at some point, and only datasets (``ConfigError``). A state
@@ -146,7 +146,7 @@ class ScheduledMixtureWorkSource(StaticMixtureWorkSource):
         >>> from zephon_columnar.io.dataset import Dataset
         >>> a, b = (Dataset.from_dict(n, {0: [{"x": 1}] * 100}) for n in "ab")
         >>> ws = ScheduledMixtureWorkSource([a, b], [SchedulePoint(at=0, weights={"a": 1, "b": 1})], chunk_size=4)
-        >>> changed = ws.with_change(at=1, weights={"a": 3, "b": 1})
+        >>> changed = ws.with_mixture_change(at=1, weights={"a": 3, "b": 1})
         >>> [{n: len(p) for n, p in changed.next_chunk().components.items()} for _ in range(2)]
         [{'a': 2, 'b': 2}, {'a': 3, 'b': 1}]
         >>> changed.state_dict()["mixture_changes"]
@@ -198,21 +198,34 @@ class ScheduledMixtureWorkSource(StaticMixtureWorkSource):
 
     @property
     def changes(self) -> tuple[MixtureChange, ...]:
-        """The changes applied so far (the trainer's `with_change` calls), oldest first."""
+        """The changes applied so far (the trainer's `with_mixture_change` calls), oldest first."""
         return self._scheduled.changes
 
-    def with_change(self, *, at: int, weights: Mapping[str, float]) -> ScheduledMixtureWorkSource:
+    def accepts_mixture_changes(self) -> bool:
+        return True
+
+    def with_mixture_change(self, *, at: int, weights: Mapping[str, float]) -> ScheduledMixtureWorkSource:
         """This source (at its position) with one more change: ``weights`` from global chunk
-        ``at`` until the schedule's next point. ``at`` must be after every earlier change, and
-        not before the next chunk this source plans (chunks already planned keep their weights).
-        A component ``weights`` leaves out weighs 0; unknown ones raise ``KeyError``."""
-        where = f"ScheduledMixtureWorkSource.with_change(at={at!r})"
+        ``at`` until the schedule's next point. ``at`` must not be before the last change (a
+        change at the same chunk replaces it: it never governed a chunk), nor before the next
+        chunk this source plans (chunks planned keep their weights). A component ``weights``
+        leaves out weighs 0; unknown ones raise ``KeyError``."""
+        where = f"{type(self).__name__}.with_mixture_change(at={at!r})"
         exact_weights(where, weights)  # TypeError / ValueError naming the call
         if isinstance(at, int) and not isinstance(at, bool) and at < self._cursor.g:
             raise ValueError(
                 f"{where}: this source already planned chunk {self._cursor.g - 1}; pass at >= {self._cursor.g}."
             )
-        return self._with_changes((*self.changes, MixtureChange(at=at, weights=dict(weights))))
+        changes = self.changes
+        if changes and changes[-1].at == at:
+            changes = changes[:-1]
+        return self._with_changes((*changes, MixtureChange(at=at, weights=dict(weights))))
+
+    def for_epoch(self, epoch: int) -> ScheduledMixtureWorkSource:
+        """`StaticMixtureWorkSource.for_epoch`: a new pass, from chunk 0 of the schedule; the
+        changes of the training loop are left behind (they were positions of another pass)."""
+        twin = super().for_epoch(epoch)
+        return twin if not twin.changes else twin._with_changes(())  # noqa: SLF001 - this class's own
 
     def _with_changes(self, changes: Sequence[MixtureChange]) -> ScheduledMixtureWorkSource:
         twin = object.__new__(type(self))
@@ -318,6 +331,24 @@ class ScheduledMixtureWorkSource(StaticMixtureWorkSource):
         state["weights"] = self.target_weights()
         return state
 
+    def continued_from(self, state: Mapping[str, Any]) -> ScheduledMixtureWorkSource:
+        """This source with the changes of ``state`` (those it has beyond them stay)."""
+        changes = self._changes_with(state, where=f"{type(self).__name__}.continued_from")
+        return self if changes == self.changes else self._with_changes(changes)
+
+    def _changes_with(self, state: Mapping[str, Any], *, where: str) -> tuple[MixtureChange, ...]:
+        """The longer of this source's changes and ``state``'s, when one extends the other."""
+        theirs = _changes_of(state, where=where)
+        ours = self.changes
+        common = min(len(theirs), len(ours))
+        if [c.to_state() for c in theirs[:common]] != [c.to_state() for c in ours[:common]]:
+            raise CheckpointError(
+                f"{where}: the checkpoint's mixture changes {[c.to_state() for c in theirs]} contradict this "
+                f"source's {[c.to_state() for c in ours]}; build the source without changes (the checkpoint "
+                "brings its own)."
+            )
+        return theirs if len(theirs) > len(ours) else ours
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         where = f"{type(self).__name__}.load_state_dict"
         if isinstance(state, Mapping) and isinstance(state.get("recipe"), Mapping):
@@ -331,18 +362,9 @@ class ScheduledMixtureWorkSource(StaticMixtureWorkSource):
                     "scheduled mixture continues only with the recipe and schedule it was saved with: build the "
                     "source with the checkpoint's."
                 )
-        theirs = _changes_of(state, where=where)
-        ours = self.changes
-        common = min(len(theirs), len(ours))
-        if [c.to_state() for c in theirs[:common]] != [c.to_state() for c in ours[:common]]:
-            raise CheckpointError(
-                f"{where}: the checkpoint's mixture changes {[c.to_state() for c in theirs]} contradict this "
-                f"source's {[c.to_state() for c in ours]}; build the source without changes (the checkpoint "
-                "brings its own)."
-            )
+        changes = self._changes_with(state, where=where)
         super().load_state_dict(state)
-        changes = theirs if len(theirs) >= len(ours) else ours
-        if changes is not self.changes:
+        if changes != self.changes:
             self.__dict__.update(self._with_changes(changes).__dict__)
 
 

@@ -35,7 +35,7 @@ import re
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -71,6 +71,9 @@ from zephon_columnar.work.token_estimation import (
     ratios_from_state,
     sample_weights,
 )
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11; annotations only
 
 # Recipe fields about the data itself: a state taken over other data is refused; the other
 # fields (seed, chunk_size, mixture, shuffles, policies, lanes) are adopted from the state.
@@ -477,7 +480,7 @@ class StaticMixtureWorkSource(WorkSource):
     def chunk_size_hint(self) -> int:
         return self._planner.cfg.chunk_size
 
-    def for_epoch(self, epoch: int) -> StaticMixtureWorkSource:
+    def for_epoch(self, epoch: int) -> Self:
         """This source at the start of epoch ``epoch``: the same datasets, mixture and knobs,
         every permutation (shards, rows, blocks, lanes) seeded by the seed and the epoch; epoch
         0 is the source as built. As torch samplers' and HF datasets' ``set_epoch``: each epoch

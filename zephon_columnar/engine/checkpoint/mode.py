@@ -1,7 +1,10 @@
 """Which of the two checkpoint modes a plan gets: *by reference* or *by replay* (see the
 package docstring), decided once from what the plan's operators declare.
 
-By reference when every ordered stage's accumulator describes its state by reference
+By replay when the work source's mixture may change during the run (`Pipeline.set_mixture`):
+a replay cursor starts at its flush epoch's first chunk, so where a change may take effect
+follows from what was delivered (`zephon_columnar.engine.checkpoint.change_point`). Else by
+reference when every ordered stage's accumulator describes its state by reference
 (`ReferenceState`), nothing after the first ordered stage may make several rows of one (rows
 in transit are then named by their bookkeeping), and at most one ordered stage composes rows
 of pieces of several inputs (`OpTraits.composes_rows`: a row a packer made is named by its
@@ -35,8 +38,13 @@ class CheckpointMode:
     reason: str
 
 
-def checkpoint_mode(plan: Plan) -> CheckpointMode:
-    """The mode ``plan`` is checkpointed in (see the module docstring)."""
+def checkpoint_mode(plan: Plan, *, mixture_changes: bool = False) -> CheckpointMode:
+    """The mode ``plan`` is checkpointed in, over a work source whose mixture may change during
+    the run (``mixture_changes``) or not (see the module docstring)."""
+    if mixture_changes:
+        return CheckpointMode(
+            by="replay", reason="the mixture may change during the run (set_mixture), where a replay cursor says"
+        )
     seen_ordered = False
     composers = 0
     for stage in plan.stages:

@@ -31,10 +31,11 @@ class LaneCursor:
     flush epoch ``epoch`` (whose work-source state at its start is ``source_state``), past the
     first ``inputs`` sample pointers of the epoch and then ``rows`` output rows.
 
-    Plans whose operators give at most one row per input row and keep no state resume by
-    ``inputs`` (nothing before the cursor is read again); the others replay the epoch and skip
-    ``rows`` delivered rows. ``carries``: rows ordered stages kept across the epoch's flush
-    point (uncapped wrap's partial row), ``{stage index: frame}``; restore primes the fresh
+    A restore replays the epoch and skips the ``rows`` delivered rows (``inputs``, pointers of
+    the epoch's first chunk to skip before reading, is 0 in every cursor a run writes: a
+    stateless plan checkpointed by replay, over a mixture that may change, replays too).
+    ``carries``: rows ordered stages kept across the epoch's flush point (uncapped wrap's
+    partial row), ``{stage index: frame}``; restore primes the fresh
     stages with them. ``exhausted``: the components the lane's chunks before the epoch said
     have run out (`WorkChunk.source_exhausted`), already announced to its accumulators.
     """

@@ -55,6 +55,7 @@ class LaneChain:
         plan, k = setup.plan, setup.plan.flush_every
         ws = setup.work_source.clone_for_lane(lane, setup.canonical_replicas)
         ws.load_state_dict(start.source_state)
+        start = start.restated(ws.state_dict())
         self.shared = LaneShared(lane, ws, setup.rows_per_item, notices, setup.canonical_replicas)
         start.prime(self.shared)
         self.ledger = lane_ledger(checkpoints, self, start, in_transit=in_transit)

@@ -74,14 +74,13 @@ class Collector:
         batch = setup.plan.batch
         size = batch.microbatch_size if batch else 1
         fields = setup.fields
-        by_input = setup.resume_by_input
         pending = self.pending
         pending_rows = sum(e[0].num_rows for e in pending)
         epoch, state, skip = self.epoch, self.state, self.skip
         carries = self._epoch_reached(epoch)
         rows_in_epoch = 0
         while batch is not None and pending_rows >= size:
-            yield take_batch(lane, pending, size, by_input, fields)
+            yield take_batch(lane, pending, size, fields)
             pending_rows -= size
         for ev in self.upstream:
             if isinstance(ev, EpochStart):
@@ -104,18 +103,18 @@ class Collector:
             rows_in_epoch += frame.num_rows
             pending_rows += frame.num_rows
             if batch is None:
-                yield from drain_records(lane, pending, by_input, fields)
+                yield from drain_records(lane, pending, fields)
                 pending_rows = 0
                 continue
             while pending_rows >= size:
-                yield take_batch(lane, pending, size, by_input, fields)
+                yield take_batch(lane, pending, size, fields)
                 pending_rows -= size
         if skip:
             raise self._replay_overrun(skip)
         if batch is None:
-            yield from drain_records(lane, pending, by_input, fields)
+            yield from drain_records(lane, pending, fields)
         elif pending_rows and not batch.drop_last:
-            yield take_batch(lane, pending, pending_rows, by_input, fields)
+            yield take_batch(lane, pending, pending_rows, fields)
         elif pending_rows:
             self._dropped_final_rows(pending_rows, size)
 
@@ -150,7 +149,9 @@ class Collector:
         )
 
 
-def take_batch(lane: int, pending: deque[list[Any]], size: int, by_input: bool, fields: Any) -> LaneItem:
+def take_batch(lane: int, pending: deque[list[Any]], size: int, fields: Any) -> LaneItem:
+    """The next ``size`` pending rows as a batch, ending after the epoch's first ``rows`` rows
+    (a replay cursor skips them; a checkpoint by reference reads the lane itself)."""
     parts = []
     need = size
     while need:
@@ -174,15 +175,10 @@ def take_batch(lane: int, pending: deque[list[Any]], size: int, by_input: bool, 
             need = 0
     table = parts[0] if len(parts) == 1 else F.concat_frames(parts)
     epoch, state, rows, carries = last
-    batch = SampleBatch(table, fields=fields or None)
-    if by_input:
-        # The last row's offset (ChunkedArray indexing: a filter may leave empty chunks).
-        inputs = parts[-1].column(F.OFFSET)[-1].as_py() + 1
-        return LaneItem(lane, batch, table, epoch, inputs, 0, state, carries)
-    return LaneItem(lane, batch, table, epoch, 0, rows, state, carries)
+    return LaneItem(lane, SampleBatch(table, fields=fields or None), table, epoch, 0, rows, state, carries)
 
 
-def drain_records(lane: int, pending: deque[list[Any]], by_input: bool, fields: Any) -> Iterator[LaneItem]:
+def drain_records(lane: int, pending: deque[list[Any]], fields: Any) -> Iterator[LaneItem]:
     """Every pending row as a record. The entry keeps what is left of its frame, so a checkpoint
     taken between two records sees the rows not yet delivered."""
     while pending:
@@ -192,6 +188,5 @@ def drain_records(lane: int, pending: deque[list[Any]], by_input: bool, fields: 
         frame, epoch, state, first, carries = entry
         for i, rec in enumerate(records_of(frame, fields or None)):
             entry[0], entry[3] = frame.slice(i + 1), first + i + 1
-            inputs, rows = (rec.meta.chunk_offset + 1, 0) if by_input else (0, first + i + 1)
-            yield LaneItem(lane, rec, frame.slice(i, 1), epoch, inputs, rows, state, carries)
+            yield LaneItem(lane, rec, frame.slice(i, 1), epoch, 0, first + i + 1, state, carries)
         pending.popleft()

@@ -73,6 +73,12 @@ class LaneStart(Protocol):
         """Rows of the collector's first flush epoch already delivered, and the work-source
         state at that epoch's start."""
 
+    def restated(self, source_state: Mapping[str, Any]) -> LaneStart:
+        """This start with ``source_state`` for its own: the state the lane's work source gives
+        once it has loaded ``self.source_state`` (the same position, stated by this source: a
+        scheduled mixture adds the changes it had beyond the saved ones), so that every later
+        checkpoint of the lane carries it."""
+
 
 class FromCursor:
     """A lane from a `LaneCursor` (see the module docstring)."""
@@ -105,6 +111,9 @@ class FromCursor:
 
     def collector_skip(self) -> tuple[int, Mapping[str, Any]]:
         return self.cursor.rows, self.cursor.source_state
+
+    def restated(self, source_state: Mapping[str, Any]) -> FromCursor:
+        return FromCursor(dataclasses.replace(self.cursor, source_state=source_state))
 
 
 class FromSnapshot:
@@ -152,6 +161,10 @@ class FromSnapshot:
 
     def collector_skip(self) -> tuple[int, Mapping[str, Any]]:
         return 0, self.saved.resume.source_state
+
+    def restated(self, source_state: Mapping[str, Any]) -> FromSnapshot:
+        resume = dataclasses.replace(self.saved.resume, source_state=source_state)
+        return FromSnapshot(dataclasses.replace(self.saved, resume=resume))
 
 
 def lane_start(saved: LaneState) -> LaneStart:
