@@ -330,6 +330,8 @@ def recipes(draw) -> dict:
     # A third of the cases mix by a schedule (ScheduledMixtureWorkSource), drawn after the packer
     # for the same reason; optional in replays (None: the static mixture).
     recipe["schedule"] = draw(schedule_strategy([d["name"] for d in data]))
+    # With a schedule, half the time the training loop reweights (set_mixture) after some items.
+    recipe["reweight"] = draw(reweight_strategy([d["name"] for d in data])) if recipe["schedule"] else None
     ordered = plan.get("ordered", [])
     if recipe["packer"]["op"] == "pack_sequences" and "ensure" in ordered and "pack" in ordered \
             and ordered.index("ensure") > ordered.index("pack"):
@@ -353,6 +355,17 @@ def schedule_strategy(draw, names: list[str]) -> list[dict] | None:
     if {n for p in points for n in p["weights"]} != set(names):
         points.append(dict(at=at, weights=dict.fromkeys(names, 1), ramp="step"))
     return points
+
+
+@st.composite
+def reweight_strategy(draw, names: list[str]) -> dict | None:
+    """None, or a ``set_mixture`` after ``after`` items of one group with new weights, and a
+    checkpoint after ``checkpoint`` items (before, at or after the call)."""
+    if draw(st.booleans()):
+        return None
+    chosen = draw(st.lists(st.sampled_from(names), min_size=1, max_size=len(names), unique=True))
+    return dict(after=draw(st.integers(0, 12)), weights={n: draw(st.integers(1, 4)) for n in chosen},
+                checkpoint=draw(st.integers(0, 16)))
 
 
 # ============================================================================ data
@@ -1076,6 +1089,65 @@ class Case:
             self.fail("the reference run refused the recipe but the other options delivered")
         self.check_other_options(ref)
         self.check_chain(ref)
+        if self.recipe.get("reweight"):
+            self.check_reweighting()
+
+    def take_reweighted(self, pipe: Pipeline, limit: int, *, after: int | None,
+                        checkpoint: int | None = None) -> tuple[list[tuple], int | None, dict | None]:
+        """Up to ``limit`` items, calling set_mixture(the drawn weights) after ``after`` of them
+        (None: never) and checkpointing after ``checkpoint``; the items, the change's chunk and
+        the checkpoint."""
+        weights = self.recipe["reweight"]["weights"]
+        it = iter(pipe)
+        items: list[tuple] = []
+        at = ckpt = None
+        try:
+            while len(items) <= limit:
+                if len(items) == checkpoint:
+                    ckpt = json_round_trip(pipe.checkpoint())
+                if len(items) == after:
+                    at = pipe.set_mixture(weights).at
+                if len(items) == limit:
+                    break
+                try:
+                    items.append(signature(next(it)))
+                except StopIteration:
+                    break
+                _DELIVERED[0] += 1
+        finally:
+            it.close()
+        return items, at, ckpt
+
+    def check_reweighting(self) -> None:
+        """The training loop calls set_mixture after ``after`` items of one group: the change
+        point and the stream are the same on the other options (one group), and a checkpoint
+        taken before, at or after the call resumes exactly on the tail's options (the resumed
+        loop calls set_mixture at the same step again when its checkpoint came first)."""
+        rw = self.recipe["reweight"]
+        limit = self.ref_limit if not self.endless else ENDLESS_ITEMS
+        ref, at, ckpt = self.take_reweighted(build(self.recipe, self.recipe["base"]), limit, after=rw["after"],
+                                             checkpoint=rw["checkpoint"])
+        self.log.append(f"reweighted after {rw['after']} items: from chunk {at}, {len(ref)} items")
+        for name in ("other", "tail"):
+            run = self.recipe[name]
+            if run["groups"] > 1:
+                continue  # several groups reweight through torch.distributed (tests/test_set_mixture.py)
+            got, got_at, _ = self.take_reweighted(build(self.recipe, run), limit, after=rw["after"])
+            if got_at != at:
+                self.fail(f"reweighted on the {name} options {run}: the change took effect at chunk {got_at}, "
+                          f"at {at} on the base options")
+            self.compare_whole(got, ref, f"reweighted, {name} options {run}")
+        if ckpt is None:
+            return
+        run = self.recipe["tail"] if self.recipe["tail"]["groups"] == 1 else self.recipe["base"]
+        resumed = build(self.recipe, run)
+        resumed.restore(ckpt)
+        n = rw["checkpoint"]
+        again = rw["after"] - n if n <= rw["after"] else None
+        got, got_at, _ = self.take_reweighted(resumed, limit - n, after=again)
+        if again is not None and got_at != at:
+            self.fail(f"resumed after {n} items on {run}, set_mixture took effect at chunk {got_at}, not {at}")
+        self.compare_whole(got, ref[n:], f"reweighted, resumed after {n} items on {run}")
 
 
 def is_documented_refusal(err: Exception) -> bool:

@@ -138,6 +138,9 @@ def run_losing_a_node(make_cluster, seed: int, *, graceful: bool) -> None:
     runner = it._run._runner  # noqa: SLF001
     assert len(runner.actors) == 3 and len(nodes_of(runner.actors)) == 2  # the work runs on both nodes
     cluster.remove_node(node, allow_graceful=graceful)  # frames were in flight on it: the lanes read ahead
+    # The node's actor processes may live on until Ray marks the node dead (Ray 2.60 on this
+    # host: the whole pass ran on them): the loss this test is about is the one Ray reports.
+    wait_until_dead(node)
     almost = len(want) - k - 1
     got += bounded(lambda: [signature(x) for x in itertools.islice(it, almost)], f"the pass after batch {k}")
     assert (len(runner.actors), runner.dropped) == (1, 2)  # the pool shrank to what the head can place
@@ -167,6 +170,8 @@ def test_a_checkpoint_taken_before_the_loss_restores_exactly_on_what_is_left(mak
     head += [signature(x) for x in itertools.islice(it, 5)]  # delivered after the checkpoint: replayed
     cluster.remove_node(b, allow_graceful=False)
     cluster.remove_node(a, allow_graceful=True)
+    wait_until_dead(a)
+    wait_until_dead(b)
     it.close()
     resumed = pipeline("remote")
     resumed.restore(ckpt)

@@ -90,15 +90,22 @@ class Engine:
         self.resume_by_input = not self.plan.stateful and all(
             not t.fans_out and t.preserves_cursor_order for t in stateless
         )
-        self.rows_per_frame = frame_rows(
-            ops, stateless=not self.plan.stateful, row_bytes=_stored_bytes_per_row(work_source.datasets_by_id.values())
-        )
+        row_bytes = _stored_bytes_per_row(work_source.datasets_by_id.values())
+        self.rows_per_frame = frame_rows(ops, stateless=not self.plan.stateful, row_bytes=row_bytes)
+        changing = work_source.accepts_mixture_changes()
         chunk = work_source.chunk_size_hint()
         if not self.plan.stateful and chunk:
             # No state to flush, so every K chunks is only a replay point: K = 1 would cap a frame at
             # one chunk (frames never cross a marker); K chunks of one frame's rows keep replay to
-            # about a frame.
-            self.plan = dataclasses.replace(self.plan, flush_every=max(1, -(-self.rows_per_frame // chunk)))
+            # about a frame. Over a mixture that may change, checkpoints by replay name flush
+            # epochs and a change lands on one: K follows the recipe (flush_every_k_chunks, else
+            # the data's rows per frame), never a run's fetch size.
+            if changing and options.flush_every_k_chunks:
+                k = options.flush_every_k_chunks
+            else:
+                rows = frame_rows(ops, stateless=True, row_bytes=row_bytes, fetch_limit=not changing)
+                k = max(1, -(-rows // chunk))
+            self.plan = dataclasses.replace(self.plan, flush_every=k)
         self.fields = fields_by_dataset(work_source.datasets_by_id)
         self.checkpoints = checkpoint_mode(self.plan, mixture_changes=work_source.accepts_mixture_changes())
 
@@ -120,7 +127,9 @@ class Engine:
         return {
             "work_source": self.ws.recipe(),
             "canonical_replicas": self.canonical_replicas,
-            "flush_every_k_chunks": self.plan.flush_every if self.plan.stateful else None,
+            "flush_every_k_chunks": self.plan.flush_every
+            if self.plan.stateful or self.ws.accepts_mixture_changes()
+            else None,
             "ops": self.plan.fingerprint(),
         }
 
@@ -248,8 +257,8 @@ class _Failure:
         self.err = err
 
 
-def frame_rows(ops: list[BaseOp], *, stateless: bool, row_bytes: float = 0.0) -> int:
-    """Rows per frame for ``ops``: ``fetch(max_batch=...)`` when given, else the smallest
+def frame_rows(ops: list[BaseOp], *, stateless: bool, row_bytes: float = 0.0, fetch_limit: bool = True) -> int:
+    """Rows per frame for ``ops``: ``fetch(max_batch=...)`` when given (and ``fetch_limit``), else the smallest
     ``frame_rows`` an operator prefers, else (see `STATELESS_FRAME_ROWS`) up to 4,096 rows of
     ``row_bytes`` stored bytes each for a plan without ordered stages (``stateless``), else 512.
 
@@ -262,7 +271,7 @@ def frame_rows(ops: list[BaseOp], *, stateless: bool, row_bytes: float = 0.0) ->
         100
     """
     fetch = next((op for op in ops if isinstance(op, FetchOp)), None)
-    if fetch is not None and fetch.max_batch is not None:
+    if fetch_limit and fetch is not None and fetch.max_batch is not None:
         return fetch.max_batch
     preferred = [op.frame_rows for op in ops if op.frame_rows is not None]
     if preferred:
