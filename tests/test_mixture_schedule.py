@@ -5,6 +5,7 @@ boundary (2 -> 1 -> 4 data-parallel groups)."""
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 from collections import Counter
@@ -13,6 +14,7 @@ import pytest
 
 from tests._mixtures import NAMES, PLANS, source
 from zephon_columnar import Pipeline
+from zephon_columnar.errors import StarvedComponentWarning
 from zephon_columnar.testing import assert_resumes_exactly, collect, signature
 
 
@@ -85,3 +87,49 @@ def test_elastic_two_one_four_groups_across_the_phase_boundaries() -> None:
         if parts:
             ckpt = Pipeline.merge_checkpoints(parts) if len(parts) > 1 else parts[0]
     assert seen == everything  # every item once, none repeated, whatever the groups
+
+
+def endless(**kw) -> Pipeline:
+    """web and code repeat; math (120 rows) is read once, then leaves ('redistribute'): from the
+    main phase on, its share goes to the others but its target stays the schedule's."""
+    from tests._mixtures import DATASETS, SCHEDULE
+    from zephon_columnar import ScheduledMixtureWorkSource
+
+    ws = ScheduledMixtureWorkSource(
+        DATASETS,
+        SCHEDULE[:3],
+        chunk_size=10,
+        seed=5,
+        exhausted_policy={"web": "repeat", "code": "repeat", "math": "redistribute"},
+        stop_after_passes=None,
+        **kw,
+    )
+    return Pipeline(ws).shuffle(4, seed=0).batch(2).options(flush_every_k_chunks=2)
+
+
+def test_what_users_see_the_realized_mixture_next_to_the_target() -> None:
+    pipe = endless()
+    with pytest.warns(Warning) as seen:
+        out = io.StringIO()
+        it = iter(pipe.show_progress(every_s=3600, file=out, use_tqdm=False))
+        items = list(itertools.islice(it, 1500))
+        it.close()  # the readout's last line
+    starved = [w for w in seen if issubclass(w.category, StarvedComponentWarning)]
+    # math ran out (120 rows, 'redistribute') while its target went on: warned once, naming it
+    assert len(starved) == 1 and "'math' delivered" in str(starved[0].message), [str(w.message) for w in seen]
+    assert "starved so far" in str(starved[0].message) and "target of" in str(starved[0].message)
+    counters: Counter[str] = Counter()
+    for record in pipe.metrics_snapshot().records:
+        counters[record["name"]] += record["value"]
+    read = {n: counters[f"component_rows_read.{n}"] for n in NAMES}
+    target = {n: counters[f"component_rows_target.{n}"] for n in NAMES}
+    assert sum(target.values()) == pytest.approx(sum(read.values()), abs=3)  # every chunk read aims for its rows
+    assert read["math"] == 120 and target["math"] > 200  # it left; its target did not
+    text = pipe.explain()
+    assert f"math {read['math']:,}" in text and f", target {target['math'] / sum(target.values()):.0%}" in text
+    assert f"Mixture now: about global chunk {counters['mixture_chunks_read']:,}" in text
+    assert "from chunk 6 (linear ramp): code 0.300, math 0.200, web 0.500" in text
+    last = out.getvalue().splitlines()[-1]
+    share = {n: target[n] / sum(target.values()) for n in NAMES}
+    assert f"(target {share['math']:.0%})" in last, last
+    assert len(items) == 1500

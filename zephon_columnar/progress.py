@@ -170,10 +170,14 @@ class Progress:
         file: IO[str] | None = None,
         use_tqdm: bool | None = None,
         stream: StreamShape | None = None,
+        targets_now: Callable[[], tuple[float, ...]] | None = None,
     ) -> None:
         self.every_s = every_s
         self.file = file if file is not None else sys.stderr
         self.stream = stream or StreamShape()
+        # The target shares so far, by component id, asked at each readout (a mixture that
+        # changes during the pass: its counters' targets); else the stream's fixed weights.
+        self.targets_now = targets_now
         self.counts = Counts()
         self._tally = Tally(chunk_size=self.stream.chunk_size, components=len(self.stream.components))
         self.lanes: dict[int, tuple[int, int]] = {}  # lane -> (items, chunk of its last row)
@@ -257,6 +261,8 @@ class Progress:
         """'mixture web 70.2% (target 70%), code 29.8% (target 30%)': each component's share of
         the documents delivered; empty for a single component or before any."""
         documents, names, targets = self.counts.documents, self.stream.components, self.stream.targets
+        if self.targets_now is not None:
+            targets = self.targets_now() or targets
         total = sum(documents)
         if len(names) < 2 or len(documents) != len(names) or not total:
             return ""

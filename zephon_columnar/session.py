@@ -54,7 +54,13 @@ from zephon_columnar.engine.checkpoint.change_point import agree, change_point
 from zephon_columnar.engine.checkpoint.gather import gather_directory, gather_torch, torch_distributed_ready
 from zephon_columnar.engine.engine import Engine
 from zephon_columnar.engine.layout import ProcessWorld, current_world, unsettled_share
-from zephon_columnar.engine.realized import columns_some_lack, is_mixture_counter, realized_mixture
+from zephon_columnar.engine.realized import (
+    CHUNKS_READ,
+    columns_some_lack,
+    is_mixture_counter,
+    realized_mixture,
+    target_shares,
+)
 from zephon_columnar.engine.run import Run
 from zephon_columnar.engine.runners import runner_traits
 from zephon_columnar.engine.spec import PipelineSpec
@@ -334,7 +340,12 @@ class Session:
         """A progress readout as `show_progress` set it, knowing how long the stream is."""
         if self._progress is None:
             raise RuntimeError("new_progress: show_progress() is off for this pipeline; turn it on first.")
-        return Progress(**self._progress, stream=self.stream_shape())
+        components = self.mixture_components()
+        return Progress(
+            **self._progress,
+            stream=self.stream_shape(),
+            targets_now=lambda: target_shares(self.counters(), components),
+        )
 
     def stream_shape(self) -> StreamShape:
         """How long this rank's share of the stream is, as the work source knows (what progress
@@ -342,10 +353,8 @@ class Session:
         source, o = self._spec.work_source, self._spec.options
         components = self.mixture_components()
         weights = source.target_weights()
-        mixture = StreamShape(
-            components=components,
-            targets=tuple(weights[n] for n in components) if set(weights) == set(components) else (),
-        )
+        fixed = set(weights) == set(components) and not source.accepts_mixture_changes()
+        mixture = StreamShape(components=components, targets=tuple(weights[n] for n in components) if fixed else ())
         chunk, per_pass = source.chunk_size_hint(), source.rows_per_pass()
         if not chunk or per_pass is None:
             return replace(mixture, chunk_size=chunk or 1)
@@ -394,12 +403,20 @@ class Session:
         shares = realized_mixture(counters)
         if shares:
             text += (
-                "\nMixture of the last run, rows read -> delivered (a packed row: each document it ends): "
+                "\nMixture of the last run, rows read -> delivered (a packed row: each document it ends)"
+                + (", and the target's share" if any(s.target for s in shares) else "")
+                + ": "
                 + ", ".join(
                     f"{s.name} {s.read:,} ({s.read_share:.0%}) -> {s.delivered:,} ({s.delivered_share:.0%})"
+                    + (f", target {s.target_share:.0%}" if s.target else "")
                     for s in shares
                 )
             )
+        if spec.work_source.accepts_mixture_changes() and counters.get(CHUNKS_READ):
+            engine = self.engine()
+            reached = counters[CHUNKS_READ] * engine.canonical_replicas // max(1, len(engine.lanes))
+            text += f"\nMixture now: about global chunk {reached:,} of the schedule (the lanes of the last run read "
+            text += f"{counters[CHUNKS_READ]:,} chunks)"
         other = {k: v for k, v in counters.items() if not is_mixture_counter(k)}
         if other:
             text += "\nCounters of the last run: " + ", ".join(f"{k}={v}" for k, v in sorted(other.items()))

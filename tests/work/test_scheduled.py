@@ -167,7 +167,8 @@ def test_a_redistributing_dataset_that_runs_out_mid_phase_leaves_its_share_to_th
     assert sum(counts(c).get("c", 0) for c in chunks) == 30  # one pass, then it leaves
     assert all(len(c) == 10 for c in chunks)  # the others fill its share
     assert counts(chunks[-1]) == {"a": 5, "b": 5}
-    assert chunks[-1].target_mixture == {"a": 0.5, "b": 0.5}
+    # the target stays the schedule's: c, gone, falls behind it (the realized mixture says so)
+    assert chunks[-1].target_mixture == {"a": 0.25, "b": 0.25, "c": 0.5}
 
 
 def test_token_unit_weights_are_the_chunks_targets() -> None:

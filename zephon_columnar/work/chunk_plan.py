@@ -34,8 +34,9 @@ class ChunkDraws(Protocol):
     def pool_units(self, g: int, pool: Sequence[int]) -> list[int]:
         """Chunk ``g``'s sample weights of ``pool``, integers summing to `scale`."""
 
-    def targets(self, g: int, pool: Sequence[int]) -> dict[int, float]:
-        """Chunk ``g``'s target mixture over ``pool`` (of tokens for a token-unit mixture)."""
+    def targets(self, g: int) -> dict[int, float]:
+        """Chunk ``g``'s target mixture (of tokens for a token-unit mixture): every component
+        weighted there, drawn or not (one that ran out still counts against its target)."""
 
 
 @dataclass(frozen=True)
@@ -266,7 +267,7 @@ def terminal_left(cfg: PlanConfig, k: int, consumed: int) -> int | None:
 def chunk_target(cfg: PlanConfig, act: list[int], g: int) -> dict[str, float]:
     """The target mixture of chunk ``g``, drawn from the components ``act``."""
     if cfg.draws is not None:
-        return {cfg.names[k]: w for k, w in cfg.draws.targets(g, act).items()}
+        return {cfg.names[k]: w for k, w in cfg.draws.targets(g).items()}
     total = sum(cfg.targets[k] for k in act)
     return {cfg.names[k]: cfg.targets[k] / total for k in act}
 

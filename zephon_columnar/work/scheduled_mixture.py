@@ -107,10 +107,8 @@ class ScheduleDraws:
             cached = self._units[key, tuple(pool)] = quantized(shares, self.scale)
         return cached
 
-    def targets(self, g: int, pool: Sequence[int]) -> dict[int, float]:
-        targets = self._targets(g)[1]
-        total = sum((targets[k] for k in pool), Fraction(0))
-        return {k: float(targets[k] / total) for k in pool}
+    def targets(self, g: int) -> dict[int, float]:
+        return {k: float(w) for k, w in enumerate(self._targets(g)[1]) if w > 0}
 
 
 def quantized(shares: Sequence[Fraction], scale: int) -> list[int]:
@@ -291,16 +289,20 @@ class ScheduledMixtureWorkSource(StaticMixtureWorkSource):
         """None: under a schedule a pass has no fixed length."""
         return None
 
+    def _weight_text(self, k: int) -> str:
+        return "weighted by the schedule"
+
     def describe_data(self) -> list[str]:
         lines = super().describe_data()
         g = self._cursor.g
-        lines.append(f"  schedule (by global chunk; the next one planned is {g}):")
+        planned = f"; the next one this source plans is {g}" if g else ""
+        lines.append(f"  schedule (by global chunk{planned}):")
         for i, p in enumerate(self.schedule.points):
-            now = " <- now" if self._scheduled.change_at(g) is None and self.schedule.phase_at(g) == i else ""
+            now = " <- now" if g and self._scheduled.change_at(g) is None and self.schedule.phase_at(g) == i else ""
             weights = ", ".join(f"{n} {float(w):.3f}" for n, w in self.schedule.weights_at(p.at).items() if w)
             lines.append(f"    from chunk {p.at}{' (linear ramp)' if p.ramp == 'linear' else ''}: {weights}{now}")
         for i, c in enumerate(self.changes):
-            now = " <- now" if self._scheduled.change_at(g) == i else ""
+            now = " <- now" if g and self._scheduled.change_at(g) == i else ""
             weights = ", ".join(f"{n} {float(w):.3f}" for n, w in self._scheduled.segment(c.at)[1].items() if w)
             lines.append(f"    changed at chunk {c.at}: {weights}{now}")
         return lines

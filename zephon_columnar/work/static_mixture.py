@@ -896,6 +896,7 @@ class StaticMixtureWorkSource(WorkSource):
         # also a chunk whose composition is not its target (the partial final chunk).
         stated = (
             self._estimation is not None
+            or self._planner.cfg.draws is not None  # a schedule: the chunk's weights, of every component
             or "redistribute" in self._planner.cfg.policies
             or not _composition_is(plan.target, {n: len(p) for n, p in comps.items()})
         )
@@ -958,9 +959,13 @@ class StaticMixtureWorkSource(WorkSource):
             lines.append(
                 f"  {name}: {where}, {len(ds.counts())} shard(s), {cfg.rows[k]:,} rows"
                 + (f" ({skipped:,} bad records left out, on_bad_record='skip')" if skipped else "")
-                + f", weight {cfg.weights[k]:.3f}, {ends}"
+                + f", {self._weight_text(k)}, {ends}"
             )
         return lines
+
+    def _weight_text(self, k: int) -> str:
+        """What `describe_data` says of dataset ``k``'s weight."""
+        return f"weight {self._planner.cfg.weights[k]:.3f}"
 
     def __repr__(self) -> str:
         cfg = self._planner.cfg

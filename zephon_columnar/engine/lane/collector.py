@@ -17,8 +17,8 @@ import pyarrow as pa
 from zephon_columnar import frame as F
 from zephon_columnar.engine.lane.setup import EpochStart, LaneItem, LaneSetup, LaneShared
 from zephon_columnar.engine.lane.steps import LazyRows
-from zephon_columnar.engine.realized import ROWS_BATCHED
-from zephon_columnar.errors import CheckpointError, PassTailWarning
+from zephon_columnar.engine.realized import ROWS_BATCHED, starved_message
+from zephon_columnar.errors import CheckpointError, PassTailWarning, StarvedComponentWarning
 from zephon_columnar.losses import Notice, share_text
 from zephon_columnar.records import records_of
 from zephon_columnar.types import SampleBatch
@@ -88,6 +88,7 @@ class Collector:
                     raise self._replay_overrun(skip)
                 epoch, state, rows_in_epoch = ev.epoch, ev.source_state, 0
                 carries = self._epoch_reached(epoch)
+                self._judge_mixture(epoch)
                 continue
             frame: pa.Table = ev
             if skip:
@@ -117,6 +118,20 @@ class Collector:
             yield take_batch(lane, pending, pending_rows, fields)
         elif pending_rows:
             self._dropped_final_rows(pending_rows, size)
+
+    def _judge_mixture(self, epoch: int) -> None:
+        """Flush epoch ``epoch`` starts: every row of the earlier ones reached the batcher. In an
+        endless stream (whose pass never ends to say it), a component far behind its target
+        there is warned of once."""
+        starved = self.shared.mixture.settle(epoch)
+        notices = self.shared.ctx.notices
+        if starved and not notices.pass_ends:
+            for share in starved:
+                notices.warn(
+                    f"starved.{share.name}",
+                    starved_message([share], [self.shared.ctx.lane], scope="so far"),
+                    StarvedComponentWarning,
+                )
 
     def _dropped_final_rows(self, rows: int, size: int) -> None:
         """``drop_last=True`` (Zephon's default) at the end of the lane: the rows short of a batch

@@ -87,6 +87,7 @@ class LaneShared:
         # [(first epoch, components)] (it changes once per component at most).
         self.exhausted_changes: list[tuple[int, frozenset[str]]] = []
         names = {cid: name for name, cid in ws.component_ids().items()}
+        self.component_ids = {name: cid for cid, name in names.items()}
         self.mixture = MixtureCounts(names)  # the realized mixture: rows read and delivered per component
         seed = recipe.get("seed", 0) if isinstance(recipe.get("seed", 0), int) else 0
         self.ctx = LaneContext(
@@ -110,9 +111,13 @@ class LaneShared:
         # starts inside it: ``(epoch, {stage position: frame})`` (None: the lane starts fresh).
         self.carried_into: tuple[int, Mapping[int, pa.Table]] | None = None
 
-    def note_chunk(self, chunk_id: int, chunk: WorkChunk) -> None:
-        # What the source aimed for, else what the chunk holds (ensure_mixture's target).
-        self.targets[chunk_id] = chunk.target_mixture or chunk.mixture
+    def note_chunk(self, chunk_id: int, chunk: WorkChunk, epoch: int) -> None:
+        """Chunk ``chunk_id`` of flush epoch ``epoch`` is read: its target (what the source
+        aimed for, else what the chunk holds: ensure_mixture's, and the realized mixture's) and
+        what it says ran out."""
+        target = self.targets[chunk_id] = chunk.target_mixture or chunk.mixture
+        ids = self.component_ids
+        self.mixture.planned(epoch, {ids[n]: w for n, w in target.items() if n in ids}, len(chunk))
         if chunk.source_exhausted:
             through = frozenset(chunk.source_exhausted)
             present = {name for name, pointers in chunk.component_arrays.items() if len(pointers)}

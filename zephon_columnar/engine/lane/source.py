@@ -128,7 +128,7 @@ class Source:
                 self.next_position = (chunk_id, start, False)  # once handed over, the marker is out
                 shared.epoch_starts(chunk_id // k, exhausted)
                 yield EpochStart(chunk_id // k, self.states[chunk_id])
-            shared.note_chunk(chunk_id, chunk)
+            shared.note_chunk(chunk_id, chunk, chunk_id // k)
             exhausted |= frozenset(chunk.source_exhausted)
             comp_map = np.array([comp_ids[name] for name in chunk.component_names], dtype=np.int32)
             components = comp_map[comp_index] if len(comp_index) else np.zeros(0, np.int32)
