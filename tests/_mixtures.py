@@ -55,6 +55,13 @@ def large_source(**kw) -> ScheduledMixtureWorkSource:
     return ScheduledMixtureWorkSource(LARGE, SCHEDULE, **kw)
 
 
+def token_source(**kw) -> ScheduledMixtureWorkSource:
+    """`source` with token-unit weights (the pipeline primes the tokens per byte by tokenizing)."""
+    from zephon_columnar.work import TokenEstimation
+
+    return source(token_estimation=TokenEstimation(calibration_samples=20), **kw)
+
+
 PLANS = {
     "rows": lambda p: p.batch(3),
     "shuffle": lambda p: p.shuffle(7, seed=1).batch(2),
@@ -64,4 +71,6 @@ PLANS = {
         .pack_flat(24, algorithm="wrap", pad_token_id=0)
         .batch(2)
     ),
+    # ensure_mixture holds each chunk to its target: the schedule's weights of that chunk
+    "ensured": lambda p: p.tokenize(TOKENIZER, field="text").ensure_mixture(max_buffer_size=40).batch(2),
 }

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from tests._mixtures import NAMES, PLANS, source
+from tests._mixtures import NAMES, PLANS, source, token_source
 from zephon_columnar import Pipeline
 from zephon_columnar.errors import StarvedComponentWarning
 from zephon_columnar.testing import assert_resumes_exactly, collect, signature
@@ -53,6 +53,15 @@ def test_resume_is_exact_before_inside_and_after_transitions(plan, options) -> N
 
     full = assert_resumes_exactly(make, ks=[0, 4, 11, 19, 33], again=(1,))
     assert len(full) > 40
+
+
+@pytest.mark.parametrize("plan", ["ensured", "tokens-packed"])
+def test_resume_is_exact_under_token_unit_weights(plan) -> None:
+    def make() -> Pipeline:
+        return PLANS[plan](Pipeline(token_source())).options(canonical_replicas=2, runner="threads")
+
+    full = assert_resumes_exactly(make, ks=[3, 17], again=(1,))
+    assert len(full) > 20
 
 
 def test_resume_is_exact_with_the_engine_in_a_side_process() -> None:
