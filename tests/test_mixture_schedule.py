@@ -142,3 +142,33 @@ def test_what_users_see_the_realized_mixture_next_to_the_target() -> None:
     share = {n: target[n] / sum(target.values()) for n in NAMES}
     assert f"(target {share['math']:.0%})" in last, last
     assert len(items) == 1500
+
+
+def test_a_schedule_whose_future_changed_on_purpose_continues_the_past_exactly() -> None:
+    from tests._mixtures import DATASETS, SCHEDULE
+    from zephon_columnar import ScheduledMixtureWorkSource, SchedulePoint
+    from zephon_columnar.errors import CheckpointError, ConfigurationWarning
+
+    later_anneal = [*SCHEDULE[:3], SchedulePoint(at=14, weights={"math": 0.5, "code": 0.5})]  # was {math} at 9
+
+    def build(schedule, **kw) -> Pipeline:
+        ws = ScheduledMixtureWorkSource(DATASETS, schedule, chunk_size=10, seed=5, exhausted_policy="repeat",
+                                        max_repeats=1, **kw)
+        return PLANS["shuffle"](Pipeline(ws)).options(canonical_replicas=2, flush_every_k_chunks=2)
+
+    new_full = collect(build(later_anneal))
+    it, pipe = None, build(SCHEDULE)
+    it = iter(pipe)
+    head = [signature(next(it)) for _ in range(12)]  # each lane in its first flush epoch: chunks 0-3
+    ckpt = json.loads(json.dumps(pipe.checkpoint()))
+    it.close()
+    assert head == new_full[:12]  # the schedules agree on what was read so far
+    with pytest.raises(CheckpointError, match=r"differ from chunk 9 .*schedule_edits='future'"):
+        build(later_anneal).restore(ckpt)  # by default, another schedule is refused, naming the chunk
+    resumed = build(later_anneal, schedule_edits="future")
+    with pytest.warns(ConfigurationWarning, match="continuing under this source's schedule"):
+        resumed.restore(ckpt)
+    assert head + collect(resumed) == new_full  # the past replays, the new future applies
+    edited_past = [SchedulePoint(at=0, weights={"web": 0.5, "code": 0.5}), *SCHEDULE[1:]]
+    with pytest.raises(CheckpointError, match=r"differ from chunk 0 .*replays the chunks before 4 as they were read"):
+        build(edited_past, schedule_edits="future").restore(ckpt)

@@ -566,19 +566,30 @@ class Session:
         saved = parse_checkpoint(ckpt)
         recipe, lanes = saved.recipe, dict(saved.lanes)
         spec = self._spec
+        engine = spec.build_engine()
         if lanes:  # what the run added to its source (a scheduled mixture's changes) goes on
             lane, cur = min(lanes.items())
+            # The chunks the restored lanes replay as they were read (a mixture that may change
+            # is checkpointed by replay): a source may accept a recipe that differs only after.
+            replayed = (
+                change_point(lanes, flush_every=engine.plan.flush_every, replicas=engine.canonical_replicas)
+                if spec.work_source.accepts_mixture_changes()
+                else None
+            )
             try:
-                continued = spec.work_source.continued_from(source_state_of(cur))
+                continued = spec.work_source.continued_from(source_state_of(cur), replayed_before=replayed)
             except CheckpointError as err:
                 raise CheckpointError(f"checkpoint lanes.{lane}.{source_state_field(cur)}: {err}") from err
-            spec = replace(spec, work_source=continued)
+            if continued is not spec.work_source:
+                spec = replace(spec, work_source=continued)
+                engine = spec.build_engine()
         ws = spec.work_source
         world = current_world()
-        engine = spec.build_engine()
         cache = shard_cache_settings(spec.options)
         if cache is not None:  # the restore warm-up below reads through the shard cache
             fs.configure_shard_cache(**cache)
+        if isinstance(recipe.get("work_source"), Mapping):
+            recipe = {**recipe, "work_source": ws.as_continued(recipe["work_source"])}
         check_recipe(recipe, engine.recipe())
         for lane, cur in lanes.items():
             check_lane_state(

@@ -228,12 +228,21 @@ class WorkSource:
         False by default."""
         return False
 
-    def continued_from(self, state: Mapping[str, Any]) -> WorkSource:
+    def continued_from(self, state: Mapping[str, Any], *, replayed_before: int | None = None) -> WorkSource:
         """This source, as built, continuing the run a lane's ``state`` comes from: what the run
         added to the source during the run (a scheduled mixture's changes) taken from the state,
-        so that later changes extend it. A restore replaces the pipeline's source with it; this
-        source itself by default."""
+        so that later changes extend it. ``replayed_before``: the first global chunk the
+        restored run plans afresh (the chunks before it are replayed as they were read; None:
+        unknown), so that a source told its recipe may change from some chunk on (a scheduled
+        mixture's ``schedule_edits="future"``) can accept the checkpoint. A restore replaces the
+        pipeline's source with it; this source itself by default."""
         return self
+
+    def as_continued(self, saved_recipe: Mapping[str, Any]) -> Mapping[str, Any]:
+        """A checkpoint's work-source recipe as this source continues it: ``saved_recipe`` itself
+        by default; a source that `continued_from` a checkpoint whose recipe it accepted while it
+        differs answers its own recipe."""
+        return saved_recipe
 
     def with_mixture_change(self, *, at: int, weights: Mapping[str, float]) -> WorkSource:
         """This source with its mixture ``weights`` from global chunk ``at`` on (a source that

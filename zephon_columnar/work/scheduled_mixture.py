@@ -38,9 +38,9 @@ import math
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import replace
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal
 
-from zephon_columnar.errors import CheckpointError, ConfigError, DataDroppedWarning, warn
+from zephon_columnar.errors import CheckpointError, ConfigError, ConfigurationWarning, DataDroppedWarning, warn
 from zephon_columnar.io.dataset import Dataset
 from zephon_columnar.recipes import recipe_differences
 from zephon_columnar.work.chunk_plan import ChunkPlanner, PlanCursor
@@ -56,6 +56,10 @@ from zephon_columnar.work.token_estimation import TokenRatio
 
 #: What every chunk's sample weights sum to (see the module docstring).
 DRAW_SCALE = 1 << 62
+
+#: How a restore treats a checkpoint taken under another schedule: refused (naming where they
+#: differ), or continued when they differ only after what the restore replays ("future").
+ScheduleEdits = Literal["refuse", "future"]
 
 
 class ScheduleDraws:
@@ -157,9 +161,12 @@ class ScheduledMixtureWorkSource(StaticMixtureWorkSource):
         schedule: MixtureSchedule | Sequence[SchedulePoint],
         *,
         changes: Sequence[MixtureChange] = (),
+        schedule_edits: ScheduleEdits = "refuse",
         **options: Any,
     ) -> None:
         where = "ScheduledMixtureWorkSource"
+        if schedule_edits not in ("refuse", "future"):
+            raise ConfigError(f"{where}: schedule_edits={schedule_edits!r}; use 'refuse' or 'future'.")
         if not isinstance(schedule, MixtureSchedule):
             if isinstance(schedule, (Mapping, str)) or not all(isinstance(p, SchedulePoint) for p in schedule):
                 raise ConfigError(
@@ -182,6 +189,8 @@ class ScheduledMixtureWorkSource(StaticMixtureWorkSource):
         super().__init__(datasets, {n: first[n] for n in names}, **options)
         self._scheduled = weights
         self._warned_left = False
+        self._schedule_edits: ScheduleEdits = schedule_edits
+        self._accepted_past: Any = None  # a checkpoint's schedule continued_from accepted (its fingerprint)
         cfg = self._planner.cfg
         self._planner = ChunkPlanner(replace(cfg, draws=ScheduleDraws(weights, cfg.names)))
         recipe = self.recipe()
@@ -333,10 +342,57 @@ class ScheduledMixtureWorkSource(StaticMixtureWorkSource):
         state["weights"] = self.target_weights()
         return state
 
-    def continued_from(self, state: Mapping[str, Any]) -> ScheduledMixtureWorkSource:
-        """This source with the changes of ``state`` (those it has beyond them stay)."""
-        changes = self._changes_with(state, where=f"{type(self).__name__}.continued_from")
-        return self if changes == self.changes else self._with_changes(changes)
+    def continued_from(
+        self, state: Mapping[str, Any], *, replayed_before: int | None = None
+    ) -> ScheduledMixtureWorkSource:
+        """This source with the changes of ``state`` (those it has beyond them stay). Built with
+        ``schedule_edits="future"``, it also accepts a state taken under another schedule when the
+        two agree on every chunk before ``replayed_before`` (what the restore replays as it was
+        read), with a `ConfigurationWarning`: the past replays, this schedule governs the rest."""
+        where = f"{type(self).__name__}.continued_from"
+        changes = self._changes_with(state, where=where)
+        twin = self if changes == self.changes else self._with_changes(changes)
+        recipe = state.get("recipe") if isinstance(state, Mapping) else None
+        saved_fp = recipe.get("schedule") if isinstance(recipe, Mapping) else None
+        if saved_fp is None or saved_fp == self.recipe()["schedule"]:
+            return twin
+        if self._schedule_edits != "future":
+            raise CheckpointError(
+                f"{where}: the checkpoint was taken under another schedule: {self._schedule_difference(saved_fp)}. "
+                "Build the source with the checkpoint's schedule, or, where only its future changed on purpose, "
+                "with schedule_edits='future'."
+            )
+        try:
+            saved = MixtureSchedule.from_fingerprint(saved_fp)
+        except (KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(f"{where}: the checkpoint's schedule {saved_fp!r} is not one ({err}).") from err
+        first = saved.first_difference(self.schedule)
+        if first is not None and (replayed_before is None or first < replayed_before):
+            raise CheckpointError(
+                f"{where}: schedule_edits='future', but {self._schedule_difference(saved_fp)}, and the restore "
+                + (
+                    "cannot tell which chunks it replays"
+                    if replayed_before is None
+                    else f"replays the chunks before {replayed_before} as they were read"
+                )
+                + f": only the schedule from chunk {replayed_before} on may change. Keep the checkpoint's points "
+                "before it (or restore a later checkpoint)."
+            )
+        if twin is self:
+            twin = self._with_changes(changes)
+        twin._accepted_past = saved_fp  # noqa: SLF001 - a copy of this very source
+        warn(
+            f"{where}: continuing under this source's schedule (schedule_edits='future'): "
+            f"{self._schedule_difference(saved_fp)}, after the {replayed_before} chunks the restore replays as "
+            "they were read.",
+            ConfigurationWarning,
+        )
+        return twin
+
+    def as_continued(self, saved_recipe: Mapping[str, Any]) -> Mapping[str, Any]:
+        if self._accepted_past is not None and saved_recipe.get("schedule") == self._accepted_past:
+            return {**saved_recipe, "schedule": self.recipe()["schedule"]}
+        return saved_recipe
 
     def _changes_with(self, state: Mapping[str, Any], *, where: str) -> tuple[MixtureChange, ...]:
         """The longer of this source's changes and ``state``'s, when one extends the other."""
@@ -354,7 +410,7 @@ class ScheduledMixtureWorkSource(StaticMixtureWorkSource):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         where = f"{type(self).__name__}.load_state_dict"
         if isinstance(state, Mapping) and isinstance(state.get("recipe"), Mapping):
-            saved = state["recipe"]
+            saved = self.as_continued(state["recipe"])
             diffs = recipe_differences({**saved, "schedule": None}, {**self.recipe(), "schedule": None})
             if saved.get("schedule") != self.recipe()["schedule"]:
                 diffs.insert(0, self._schedule_difference(saved.get("schedule")))
@@ -362,9 +418,12 @@ class ScheduledMixtureWorkSource(StaticMixtureWorkSource):
                 raise CheckpointError(
                     f"{where}: the checkpoint was taken with another recipe (" + "; ".join(diffs) + "). A "
                     "scheduled mixture continues only with the recipe and schedule it was saved with: build the "
-                    "source with the checkpoint's."
+                    "source with the checkpoint's (or, where only the schedule's future changed on purpose, with "
+                    "schedule_edits='future')."
                 )
         changes = self._changes_with(state, where=where)
+        if isinstance(state, Mapping) and isinstance(state.get("recipe"), Mapping):
+            state = {**state, "recipe": self.as_continued(state["recipe"])}
         super().load_state_dict(state)
         if changes != self.changes:
             self.__dict__.update(self._with_changes(changes).__dict__)
@@ -378,4 +437,4 @@ def _changes_of(state: Mapping[str, Any], *, where: str) -> tuple[MixtureChange,
         raise CheckpointError(f"{where}: the state's mixture_changes are malformed ({err!r}).") from err
 
 
-__all__ = ["DRAW_SCALE", "ScheduledMixtureWorkSource", "quantized"]
+__all__ = ["DRAW_SCALE", "ScheduleEdits", "ScheduledMixtureWorkSource", "quantized"]
