@@ -173,3 +173,22 @@ def test_ranks_agree_on_the_change_or_are_refused(tmp_path, same) -> None:
         for r in results:
             assert "ranks were asked different mixtures" in r["error"]
             assert "rank 0: {'code': '1/4', 'math': '3/4'}" in r["error"] and "rank 1: {'web': '1'}" in r["error"]
+
+
+def test_loader_workers_restart_at_the_change_point() -> None:
+    # the rank's stream through two spawned loader workers equals the in-process one, change included
+    reference = run_with_change(build("shuffle", runner="inline"), at_item=5)
+    loader = build("shuffle", runner="inline").to_torch_loader(num_workers=2, raw_batches=True, timeout=120)
+    it = iter(loader)
+    items = [json.loads(json.dumps(signature(next(it)))) for _ in range(5)]
+    change = loader.set_mixture(NEW)  # between two batches of the open iteration
+    items += [json.loads(json.dumps(signature(batch))) for batch in it]
+    assert change == reference["change"]
+    assert items == reference["items"]
+
+
+def test_a_device_loader_says_it_cannot_take_back_batches_crossing_ahead() -> None:
+    pipe = PLANS["tokens-packed"](Pipeline(source()))
+    loader = pipe.to_torch_loader(device="cpu", return_labels=True)
+    with pytest.raises(RuntimeError, match="without device="):
+        loader.set_mixture(NEW)

@@ -333,6 +333,15 @@ class DeviceLoader:
         self._checkpointer().load_state_dict(state)
         self._delivered_state = None
 
+    def set_mixture(self, weights: Mapping[str, float]) -> Any:
+        """Not with batches crossing to the device ahead of the trainer (yet): raises
+        ``RuntimeError`` saying what works."""
+        raise RuntimeError(
+            "set_mixture() on to_torch_loader(device=...): batches already crossing to the device would have to "
+            "be taken back, which this loader does not do yet. Build the loader without device= (move each "
+            "batch with .to(device)) and call its set_mixture, or call pipe.set_mixture between passes."
+        )
+
     def _checkpointer(self) -> Checkpointable:
         # Without one (a plain DataLoader with workers) the dataset says why it cannot checkpoint.
         return cast("Checkpointable", self.loader.dataset) if self._checkpoints is None else self._checkpoints

@@ -233,7 +233,9 @@ class Session:
         return run
 
     # ------------------------------------------------------------------ mixture changes
-    def set_mixture(self, weights: Mapping[str, float]) -> MixtureChange:
+    def set_mixture(
+        self, weights: Mapping[str, float], *, delivered: Mapping[int, LaneState] | None = None
+    ) -> MixtureChange:
         """Change the mixture to ``weights`` from the first global chunk nothing delivered so far
         depends on (`zephon_columnar.engine.checkpoint.change_point`), and return that change.
 
@@ -243,7 +245,9 @@ class Session:
         data-parallel rank calls it at the same step with the same weights (a collective through
         the ``torch.distributed`` group when ranks read different lanes; ranks asked different
         weights raise ``RuntimeError``). Before a pass the change governs it from its first
-        chunk (or from where a restored checkpoint's lanes got to)."""
+        chunk (or from where a restored checkpoint's lanes got to). ``delivered``: every lane's
+        state at the trainer's step, when the pass runs elsewhere (loader workers: the loader
+        then restarts them from those states, `zephon_columnar.torch.PipelineLoaderState`)."""
         ws = self._spec.work_source
         if not ws.accepts_mixture_changes():
             ws.with_mixture_change(at=0, weights=weights)  # raises TypeError, saying what to build instead
@@ -255,19 +259,23 @@ class Session:
             )
         engine = self.engine()
         lanes: Mapping[int, LaneState] = {}
-        if self.iterating:
+        if delivered is not None:
+            lanes = delivered
+        elif self.iterating:
             assert self._run is not None
             lanes = self._run.snapshot()
         elif self._pending is not None:
             lanes = {lane: self._pending[lane] for lane in engine.lanes if lane in self._pending}
         point = change_point(lanes, flush_every=engine.plan.flush_every, replicas=engine.canonical_replicas)
-        if engine.rank_lanes != list(range(engine.canonical_replicas)):
+        if engine.rank_lanes != list(range(engine.canonical_replicas)) and delivered is None:
             if not torch_distributed_ready():
                 raise RuntimeError(
                     f"set_mixture(): this rank reads lanes {engine.rank_lanes} of {engine.canonical_replicas}, and "
                     "without a torch.distributed group the ranks cannot check that they agree on the change nor "
                     "on where it takes effect. Initialize torch.distributed (gloo is enough) before set_mixture."
                 )
+            point = agree(exact, point, rank=engine.options.global_rank)
+        elif delivered is not None and torch_distributed_ready():  # every lane's states: the same point
             point = agree(exact, point, rank=engine.options.global_rank)
         changed = ws.with_mixture_change(at=point, weights=weights)
         change = MixtureChange(at=point, weights=dict(weights))

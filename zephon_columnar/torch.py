@@ -211,7 +211,9 @@ def _pipeline_loader(base: type[torch.utils.data.DataLoader[Any]]) -> type[torch
 
     def __iter__(self: Any) -> Iterator[Any]:
         self.dataset.next_pass()
-        return _ReportingIterator(base.__iter__(self), self.dataset)
+        iterator = _ReportingIterator(base.__iter__(self), self.dataset, restart=lambda: base.__iter__(self))
+        self._live_iterator = weakref.ref(iterator)
+        return iterator
 
     if base not in _PIPELINE_LOADERS:
         namespace = {"__iter__": __iter__, "__module__": base.__module__, "__doc__": base.__doc__}
@@ -232,6 +234,7 @@ class PipelineLoaderState:
 
     num_workers: int
     dataset: PipelineIterableDataset
+    _live_iterator: weakref.ref[_ReportingIterator] | None = None  # the open pass (set by __iter__)
 
     def state_dict(self) -> dict[str, Any]:
         return self.completed(self.position())
@@ -257,6 +260,24 @@ class PipelineLoaderState:
             states = []  # before the workers' first states: where the next pass starts
         whole = dataset.loader_state(states, self.num_workers)
         return dict(position, **{LOADER_STATE_KEY: loader_state_to_json(whole)})
+
+    def set_mixture(self, weights: Mapping[str, float]) -> MixtureChange:
+        """`Pipeline.set_mixture` between two batches of this loader: where the change takes
+        effect follows from every lane's state at the trainer's step (this loader's `state_dict`,
+        a collective across ranks); the workers restart there, under the changed mixture, and
+        the open iteration goes on with the batch the pass would have given had the change always
+        been part of it."""
+        dataset = self.dataset
+        state = self.state_dict()
+        if LOADER_STATE_KEY not in state:  # no workers: the pass runs in this process
+            return dataset.set_mixture(weights)
+        checkpoint = loader_state_from_json(state[LOADER_STATE_KEY]).checkpoint
+        change = dataset.session.set_mixture(weights, delivered=parse_checkpoint(checkpoint).lanes)
+        dataset.load_state_dict({"pipeline": checkpoint})
+        iterator = self._live_iterator() if self._live_iterator is not None else None
+        if iterator is not None:
+            iterator.restart()
+        return change
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         dataset = self.dataset
@@ -285,11 +306,21 @@ class PipelineLoaderState:
 
 
 class _ReportingIterator:
-    """A loader's iterator that, when its pass ends, has the dataset say the workers' losses."""
+    """A loader's iterator that, when its pass ends, has the dataset say the workers' losses;
+    `restart` goes on with a fresh iterator of the loader (new workers, from the state the
+    dataset was given: `PipelineLoaderState.set_mixture`)."""
 
-    def __init__(self, inner: Iterator[Any], dataset: PipelineIterableDataset) -> None:
+    def __init__(
+        self, inner: Iterator[Any], dataset: PipelineIterableDataset, *, restart: Callable[[], Iterator[Any]]
+    ) -> None:
         self._inner = inner
         self._dataset = dataset
+        self._fresh = restart
+
+    def restart(self) -> None:
+        self._inner = iter(())  # the old workers stop as their iterator goes
+        self._dataset.next_pass()
+        self._inner = self._fresh()
 
     def __iter__(self) -> _ReportingIterator:
         return self
@@ -426,9 +457,9 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset[Any]):
         of a loader without workers (``num_workers=0``), whose pass goes on from the change."""
         if self._worker_pass.value:
             raise RuntimeError(
-                "set_mixture(): the pass runs in DataLoader workers, which this process cannot restart at the "
-                "delivered position; iterate with num_workers=0 (the pipeline runs its own workers: "
-                "options(max_workers=...)) to change the mixture during a pass."
+                "set_mixture(): the pass runs in DataLoader workers, which the dataset cannot restart at the "
+                "trainer's step; call set_mixture on the loader pipe.to_torch_loader(num_workers=...) built (it "
+                "restarts its workers there), or iterate with num_workers=0."
             )
         return self.session.set_mixture(weights)
 
