@@ -139,6 +139,9 @@ def test_a_static_mixture_cannot_change_and_bad_weights_name_the_problem() -> No
         pipe.set_mixture({"wiki": 1})
     with pytest.raises(ValueError, match="weight of 'web' is -1"):
         pipe.set_mixture({"web": -1})
+    one_of_two = build("rows", world_size=2, global_rank=1)  # no torch.distributed group to agree through
+    with pytest.raises(RuntimeError, match=r"this rank reads lanes \[1\] of 2.*Initialize torch.distributed"):
+        one_of_two.set_mixture({"web": 1})
     before = pipe.set_mixture({"code": 1.0})  # before the pass: from its first chunk
     assert before.at == 0
     # the first 4 batches (2 lanes, 3 of a lane's first 10-row chunk each): global chunks 0 and 1

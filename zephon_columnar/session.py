@@ -267,16 +267,14 @@ class Session:
         elif self._pending is not None:
             lanes = {lane: self._pending[lane] for lane in engine.lanes if lane in self._pending}
         point = change_point(lanes, flush_every=engine.plan.flush_every, replicas=engine.canonical_replicas)
-        if engine.rank_lanes != list(range(engine.canonical_replicas)) and delivered is None:
-            if not torch_distributed_ready():
-                raise RuntimeError(
-                    f"set_mixture(): this rank reads lanes {engine.rank_lanes} of {engine.canonical_replicas}, and "
-                    "without a torch.distributed group the ranks cannot check that they agree on the change nor "
-                    "on where it takes effect. Initialize torch.distributed (gloo is enough) before set_mixture."
-                )
+        if torch_distributed_ready():  # ranks asked different weights are refused; the furthest point wins
             point = agree(exact, point, rank=engine.options.global_rank)
-        elif delivered is not None and torch_distributed_ready():  # every lane's states: the same point
-            point = agree(exact, point, rank=engine.options.global_rank)
+        elif delivered is None and engine.rank_lanes != list(range(engine.canonical_replicas)):
+            raise RuntimeError(
+                f"set_mixture(): this rank reads lanes {engine.rank_lanes} of {engine.canonical_replicas}, and "
+                "without a torch.distributed group the ranks cannot check that they agree on the change nor "
+                "on where it takes effect. Initialize torch.distributed (gloo is enough) before set_mixture."
+            )
         changed = ws.with_mixture_change(at=point, weights=weights)
         change = MixtureChange(at=point, weights=dict(weights))
         if not self.iterating:
