@@ -195,3 +195,27 @@ def test_a_device_loader_says_it_cannot_take_back_batches_crossing_ahead() -> No
     loader = pipe.to_torch_loader(device="cpu", return_labels=True)
     with pytest.raises(RuntimeError, match="without device="):
         loader.set_mixture(NEW)
+
+
+def test_two_calls_in_one_flush_epoch_the_later_governs_and_checkpoints_restore() -> None:
+    def loop(pipe: Pipeline, start: int = 0, stop: int | None = None) -> tuple[list, Any, list]:
+        it, items, changes, ckpt = iter(pipe), [], [], None
+        for n in itertools.count(start):
+            if n == stop:
+                ckpt = json.loads(json.dumps(pipe.checkpoint()))
+                break
+            if n in (6, 7):  # one flush epoch: both land on the same chunk
+                changes.append(pipe.set_mixture(NEW if n == 6 else {"web": 1.0}))
+            item = next(it, None)
+            if item is None:
+                break
+            items.append(json.loads(json.dumps(signature(item))))
+        it.close()
+        return items, ckpt, changes
+
+    full, _, changes = loop(build("shuffle", runner="threads"))
+    assert changes[0].at == changes[1].at
+    head, ckpt, _ = loop(build("shuffle", runner="inline"), stop=11)
+    resumed = build("shuffle", runner="inline")
+    resumed.restore(ckpt)
+    assert head + loop(resumed, start=11)[0] == full

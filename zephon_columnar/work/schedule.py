@@ -128,7 +128,8 @@ class MixtureSchedule:
 class MixtureChange:
     """A change of the mixture the training loop asked for: from global chunk ``at`` the
     ``weights`` (normalized) hold, until the schedule's next point (then the schedule again) or
-    the next change. A component the weights leave out weighs 0."""
+    the next change (of two at the same chunk, the later). A component the weights leave out
+    weighs 0."""
 
     at: int
     weights: Mapping[str, float]
@@ -162,10 +163,10 @@ class ScheduledWeights:
         for i, change in enumerate(self.changes):
             where = f"mixture change {i} (at chunk {change.at!r})"
             _check_chunk(where, change.at)
-            if i and change.at <= self.changes[i - 1].at:
+            if i and change.at < self.changes[i - 1].at:
                 raise ValueError(
-                    f"{where}: changes must be in increasing order of at (the one before is at "
-                    f"{self.changes[i - 1].at})."
+                    f"{where}: changes must be in order of at (the one before is at {self.changes[i - 1].at}); "
+                    "of two at the same chunk the later governs."
                 )
             unknown = sorted(set(change.weights) - set(names))
             if unknown:

@@ -213,20 +213,18 @@ class ScheduledMixtureWorkSource(StaticMixtureWorkSource):
 
     def with_mixture_change(self, *, at: int, weights: Mapping[str, float]) -> ScheduledMixtureWorkSource:
         """This source (at its position) with one more change: ``weights`` from global chunk
-        ``at`` until the schedule's next point. ``at`` must not be before the last change (a
-        change at the same chunk replaces it: it never governed a chunk), nor before the next
-        chunk this source plans (chunks planned keep their weights). A component ``weights``
-        leaves out weighs 0; unknown ones raise ``KeyError``."""
+        ``at`` until the schedule's next point. ``at`` must not be before the last change (one
+        at the same chunk overrides it: every call stays in the history, so the states taken
+        between them stay its prefixes), nor before the next chunk this source plans (chunks
+        planned keep their weights). A component ``weights`` leaves out weighs 0; unknown ones
+        raise ``KeyError``."""
         where = f"{type(self).__name__}.with_mixture_change(at={at!r})"
         exact_weights(where, weights)  # TypeError / ValueError naming the call
         if isinstance(at, int) and not isinstance(at, bool) and at < self._cursor.g:
             raise ValueError(
                 f"{where}: this source already planned chunk {self._cursor.g - 1}; pass at >= {self._cursor.g}."
             )
-        changes = self.changes
-        if changes and changes[-1].at == at:
-            changes = changes[:-1]
-        return self._with_changes((*changes, MixtureChange(at=at, weights=dict(weights))))
+        return self._with_changes((*self.changes, MixtureChange(at=at, weights=dict(weights))))
 
     def for_epoch(self, epoch: int) -> ScheduledMixtureWorkSource:
         """`StaticMixtureWorkSource.for_epoch`: a new pass, from chunk 0 of the schedule; the
