@@ -219,3 +219,41 @@ def test_two_calls_in_one_flush_epoch_the_later_governs_and_checkpoints_restore(
     resumed = build("shuffle", runner="inline")
     resumed.restore(ckpt)
     assert head + loop(resumed, start=11)[0] == full
+
+
+def test_a_checkpoint_after_a_change_restores_on_other_numbers_of_groups() -> None:
+    # one group changes the mixture and checkpoints; 2 and 4 groups continue: each lane's items
+    # are those of the uninterrupted one-group run (the change is in every lane's state)
+    def make(groups: int = 1, group: int = 0) -> Pipeline:
+        return PLANS["shuffle"](Pipeline(source())).options(
+            runner="inline", canonical_replicas=4, world_size=groups, global_rank=group
+        )
+
+    reference = run_with_change(make(), at_item=6, checkpoints=(14,))
+    full, ckpt = reference["items"], reference["checkpoints"][14]
+    by_lane: dict[int, list] = {}
+    for item in full:
+        by_lane.setdefault(item[1], []).append(item)
+    head = full[:14]
+    for groups in (2, 4):
+        rest = []
+        for g in range(groups):
+            pipe = make(groups, g)
+            pipe.restore(ckpt)
+            rest += [json.loads(json.dumps(signature(x))) for x in pipe]
+        got: dict[int, list] = {}
+        for item in head + rest:
+            got.setdefault(item[1], []).append(item)
+        assert got == by_lane, f"{groups} groups"
+
+
+def test_a_scheduled_loader_with_workers_resumes_from_its_state() -> None:
+    full = [json.loads(json.dumps(signature(b))) for b in build("shuffle", runner="inline")]
+    loader = build("shuffle", runner="inline").to_torch_loader(num_workers=2, raw_batches=True, timeout=120)
+    it = iter(loader)
+    head = [json.loads(json.dumps(signature(next(it)))) for _ in range(9)]
+    state = loader.state_dict()
+    del it
+    again = build("shuffle", runner="inline").to_torch_loader(num_workers=2, raw_batches=True, timeout=120)
+    again.load_state_dict(state)
+    assert head + [json.loads(json.dumps(signature(b))) for b in again] == full
