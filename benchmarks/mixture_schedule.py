@@ -97,17 +97,24 @@ def child(a: argparse.Namespace) -> dict:
         wall = time.perf_counter() - t0
         out.update(tokens=n, wall_s=wall, tokens_per_s=n / wall, cpu_s=time.process_time() - c0)
     elif a.phase == "ckpt":  # sizes as the steps and the changes go on (the schedule side)
+        def size() -> dict:
+            # JSON (what grows with the changes: one entry each) and zstd (as_bytes: a lane replayed
+            # inside a wrap-packed epoch also carries its partial row, a few KB, wherever it stands)
+            ckpt = pipe.checkpoint()
+            changes = sum(len(json.dumps(lane["source_state"].get("mixture_changes", []))) for lane in ckpt["lanes"].values())
+            return {"json": len(json.dumps(ckpt)), "zstd": len(pipe.checkpoint(as_bytes=True)), "changes_json": changes}
+
         sizes: dict = {}
         for step in range(1, 501):
             next(it)
             if step in (50, 500):
-                sizes[f"after_{step}_batches"] = len(pipe.checkpoint(as_bytes=True))
+                sizes[f"after_{step}_batches"] = size()
         for changes in range(1, 21):
             pipe.set_mixture({"web": 1.0 + changes % 3, "code": 1.0, "quality": 2.0})
             for _ in range(5):
                 next(it)
             if changes in (1, 5, 20):
-                sizes[f"after_{changes}_changes"] = len(pipe.checkpoint(as_bytes=True))
+                sizes[f"after_{changes}_changes"] = size()
         out["ckpt_bytes"] = sizes
     elif a.phase == "save":
         for _ in range(a.ckpt_after - 1):
