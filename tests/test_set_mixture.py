@@ -257,3 +257,12 @@ def test_a_scheduled_loader_with_workers_resumes_from_its_state() -> None:
     again = build("shuffle", runner="inline").to_torch_loader(num_workers=2, raw_batches=True, timeout=120)
     again.load_state_dict(state)
     assert head + [json.loads(json.dumps(signature(b))) for b in again] == full
+
+
+def test_restoring_an_earlier_checkpoint_leaves_later_changes_behind() -> None:
+    pipe = build("shuffle", runner="inline")
+    got = run_with_change(pipe, at_item=5, checkpoints=(2,))
+    assert got["change"].at > 0
+    pipe.restore(got["checkpoints"][2])  # the same pipeline object, which has seen the change
+    plain = run_with_change(build("shuffle", runner="inline"), at_item=-1)["items"]
+    assert run_with_change(pipe, at_item=-1)["items"] == plain[2:]  # as a fresh restore: no change

@@ -275,18 +275,19 @@ class Session:
                 "without a torch.distributed group the ranks cannot check that they agree on the change nor "
                 "on where it takes effect. Initialize torch.distributed (gloo is enough) before set_mixture."
             )
-        changed = ws.with_mixture_change(at=point, weights=weights)
         change = MixtureChange(at=point, weights=dict(weights))
         if not self.iterating:
-            self._spec = replace(self._spec, work_source=changed)
+            self._spec = replace(self._spec, work_source=ws.with_mixture_change(at=point, weights=weights))
             return change
         # Restart from the delivered position under the changed source: the restore of this
-        # run's own checkpoint (its lanes' replay cursors, all before the change point).
+        # run's own checkpoint (its lanes' replay cursors, all before the change point), then
+        # the change on top of the history the checkpoint holds.
         assert self._run is not None
         local = build_checkpoint(PipelineState(recipe=engine.recipe(), world=engine.world(), lanes=dict(lanes)))
         self._run.close()
-        self._spec = replace(self._spec, work_source=changed)
         self.restore(local)
+        restored = self._spec.work_source
+        self._spec = replace(self._spec, work_source=restored.with_mixture_change(at=point, weights=weights))
         self._run = self._start_run()
         iterator = self._iterator() if self._iterator is not None else None
         if iterator is not None:

@@ -272,8 +272,8 @@ class PipelineLoaderState:
         if LOADER_STATE_KEY not in state:  # no workers: the pass runs in this process
             return dataset.set_mixture(weights)
         checkpoint = loader_state_from_json(state[LOADER_STATE_KEY]).checkpoint
-        change = dataset.session.set_mixture(weights, delivered=parse_checkpoint(checkpoint).lanes)
-        dataset.load_state_dict({"pipeline": checkpoint})
+        dataset.load_state_dict({"pipeline": checkpoint})  # the workers restart there...
+        change = dataset.session.set_mixture(weights, delivered=parse_checkpoint(checkpoint).lanes)  # ...changed
         iterator = self._live_iterator() if self._live_iterator is not None else None
         if iterator is not None:
             iterator.restart()

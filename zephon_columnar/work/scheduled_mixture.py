@@ -343,12 +343,14 @@ class ScheduledMixtureWorkSource(StaticMixtureWorkSource):
     def continued_from(
         self, state: Mapping[str, Any], *, replayed_before: int | None = None
     ) -> ScheduledMixtureWorkSource:
-        """This source with the changes of ``state`` (those it has beyond them stay). Built with
+        """This source with exactly the changes of ``state``: the checkpoint's history is the run's
+        (changes this source has beyond it, made after the checkpoint was taken, are left behind;
+        a restored training loop makes them again at the same steps). Built with
         ``schedule_edits="future"``, it also accepts a state taken under another schedule when the
         two agree on every chunk before ``replayed_before`` (what the restore replays as it was
         read), with a `ConfigurationWarning`: the past replays, this schedule governs the rest."""
         where = f"{type(self).__name__}.continued_from"
-        changes = self._changes_with(state, where=where)
+        changes = _changes_of(state, where=where)
         twin = self if changes == self.changes else self._with_changes(changes)
         recipe = state.get("recipe") if isinstance(state, Mapping) else None
         saved_fp = recipe.get("schedule") if isinstance(recipe, Mapping) else None
