@@ -205,3 +205,11 @@ def test_a_new_epoch_starts_the_schedule_over_without_the_changes() -> None:
     again = ws.for_epoch(1)
     assert again.changes == () and again.recipe()["epoch"] == 1
     assert [counts(c) for c in take(again, 3)] == [counts(c) for c in take(source().for_epoch(1), 3)]
+
+
+def test_a_phase_whose_datasets_all_ran_out_ends_the_stream_and_says_what_was_not_reached() -> None:
+    schedule = [SchedulePoint(at=0, weights={"c": 1}), SchedulePoint(at=50, weights={"a": 1, "b": 1})]
+    ws = source(schedule, rows=(100, 100, 30), exhausted_policy={"a": "repeat", "b": "repeat", "c": "redistribute"})
+    with pytest.warns(DataDroppedWarning, match=r"ended at chunk 3: .*\(\['c'\]\) has run out .*weight \['a', 'b'\]"):
+        chunks = drain(ws)
+    assert sum(len(c) for c in chunks) == 30

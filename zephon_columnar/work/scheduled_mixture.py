@@ -265,12 +265,27 @@ class ScheduledMixtureWorkSource(StaticMixtureWorkSource):
         self._planner = ChunkPlanner(replace(cfg, draws=ScheduleDraws(self._scheduled, cfg.names, per_sample)))
 
     def _warn_unread(self) -> None:
-        """`StaticMixtureWorkSource._warn_unread`, and under a pass floor a `DataDroppedWarning`
-        (once) naming the datasets the schedule stopped weighting before they completed their
-        passes, with the rows of the pass they left unread."""
+        """`StaticMixtureWorkSource._warn_unread`, and a `DataDroppedWarning` (once) where the
+        schedule lost data: the stream ended because every dataset a phase weights ran out
+        while later points weight others, or (under a pass floor) the schedule stopped weighting
+        datasets before they completed their passes (the rows of the pass they left unread)."""
         super()._warn_unread()
         cfg, cur = self._planner.cfg, self._cursor
-        if cfg.floor is None or self._warned_left:
+        if self._warned_left:
+            return
+        active = {n for n, a in zip(cfg.names, cur.active) if a}
+        now = {n for n, w in self._scheduled.segment(cur.g)[1].items() if w > 0}
+        waiting = sorted((self._scheduled.ahead(cur.g) - now) & active)
+        if waiting and not now & active:
+            self._warned_left = True
+            warn(
+                f"{type(self).__name__}: the stream ended at chunk {cur.g}: every dataset the schedule weights there "
+                f"({sorted(now)}) has run out ('redistribute'), so its later points, which weight {waiting}, were not "
+                "reached. Let those datasets repeat (exhausted_policy='repeat'), or weight others in that phase.",
+                DataDroppedWarning,
+            )
+            return
+        if cfg.floor is None:
             return
         left = {
             n: cfg.rows[k] - cur.position[k]
