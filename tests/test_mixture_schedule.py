@@ -172,3 +172,17 @@ def test_a_schedule_whose_future_changed_on_purpose_continues_the_past_exactly()
     edited_past = [SchedulePoint(at=0, weights={"web": 0.5, "code": 0.5}), *SCHEDULE[1:]]
     with pytest.raises(CheckpointError, match=r"differ from chunk 0 .*replays the chunks before 4 as they were read"):
         build(edited_past, schedule_edits="future").restore(ckpt)
+
+
+def test_ensure_mixture_holds_each_phase_to_the_schedules_target() -> None:
+    # records over one lane: each record's chunk_id is its global chunk; ensure_mixture reads each
+    # chunk's target (the schedule's weights there) and its output follows them phase by phase
+    pipe = Pipeline(source(max_repeats=None, stop_after_passes=None)).ensure_mixture(weight_by="samples")
+    records = list(itertools.islice(pipe.options(runner="inline"), 150))
+    warmup = Counter(NAMES[r.meta.sample_id[0]] for r in records if r.meta.chunk_id < 4)
+    main = Counter(NAMES[r.meta.sample_id[0]] for r in records if 6 <= r.meta.chunk_id < 9)
+    assert set(warmup) == {"web"}
+    total = sum(main.values())
+    assert total >= 20
+    for name, weight in (("web", 0.5), ("code", 0.3), ("math", 0.2)):
+        assert abs(main[name] / total - weight) <= 0.1, main
