@@ -190,12 +190,6 @@ def test_loader_workers_restart_at_the_change_point() -> None:
     assert items == reference["items"]
 
 
-def test_a_device_loader_says_it_cannot_take_back_batches_crossing_ahead() -> None:
-    pipe = PLANS["tokens-packed"](Pipeline(source()))
-    loader = pipe.to_torch_loader(device="cpu", return_labels=True)
-    with pytest.raises(RuntimeError, match="without device="):
-        loader.set_mixture(NEW)
-
 
 def test_two_calls_in_one_flush_epoch_the_later_governs_and_checkpoints_restore() -> None:
     def loop(pipe: Pipeline, start: int = 0, stop: int | None = None) -> tuple[list, Any, list]:
@@ -266,3 +260,24 @@ def test_restoring_an_earlier_checkpoint_leaves_later_changes_behind() -> None:
     pipe.restore(got["checkpoints"][2])  # the same pipeline object, which has seen the change
     plain = run_with_change(build("shuffle", runner="inline"), at_item=-1)["items"]
     assert run_with_change(pipe, at_item=-1)["items"] == plain[2:]  # as a fresh restore: no change
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_device_loader_changes_at_the_trainers_step_not_at_the_batches_crossing_ahead(workers) -> None:
+    def ids(batch: Any) -> list:
+        return batch.to_training(return_labels=True)["input_ids"].tolist()
+
+    pipe = PLANS["tokens-packed"](Pipeline(source())).options(canonical_replicas=2, runner="inline")
+    it = iter(pipe)
+    reference = [ids(next(it)) for _ in range(5)]
+    reference_change = pipe.set_mixture(NEW)
+    reference += [ids(b) for b in it]
+    device = PLANS["tokens-packed"](Pipeline(source())).options(canonical_replicas=2, runner="inline")
+    timeout = 120 if workers else 0  # (a single-process loader takes none)
+    loader = device.to_torch_loader(device="cpu", prefetch=3, num_workers=workers, timeout=timeout, return_labels=True)
+    batches = iter(loader)
+    got = [next(batches)["input_ids"].tolist() for _ in range(5)]  # 3 more are crossing ahead meanwhile
+    change = loader.set_mixture(NEW)
+    got += [b["input_ids"].tolist() for b in batches]
+    assert change == reference_change
+    assert got == reference

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
 
@@ -180,6 +180,8 @@ class Checkpointable(Protocol):
 
     def completed(self, position: Mapping[str, Any]) -> dict[str, Any]: ...
 
+    def set_mixture(self, weights: Mapping[str, float], *, at_state: Mapping[str, Any] | None = None) -> Any: ...
+
 
 @dataclass(frozen=True, kw_only=True)
 class _Crossing:
@@ -272,15 +274,27 @@ class DeviceLoader:
         self.prefetch = prefetch
         self._checkpoints = checkpoints
         self._delivered_state: dict[str, Any] | None = None  # None: nothing taken since the start or a load
+        self._feeding: tuple[threading.Event, threading.Thread, queue.Queue[_Crossing]] | None = None
+        self._restart = False  # set_mixture asked the open iteration to start again
 
     @property
     def dataset(self) -> Any:
         return self.loader.dataset
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        batches = iter(self.loader)
+        while True:  # once more after each set_mixture: the batches crossing ahead are dropped
+            self._restart = False
+            ended = yield from self._cross(batches)
+            if ended:
+                return
+
+    def _cross(self, batches: Iterator[Any]) -> Generator[dict[str, Any], None, bool]:
+        """The batches of ``batches`` on the device; True once they end, False when
+        `set_mixture` asks to start again from the trainer's position."""
         cuda = self.plan.device.type == "cuda"
         crossings = _Crossings(
-            iter(self.loader),
+            batches,
             ring=StagingRing(slots=self.prefetch + 1, pinned=cuda),
             stream=torch.cuda.Stream(self.plan.device) if cuda else None,
             # From pinned memory the copy is asynchronous on the side stream; elsewhere synchronous.
@@ -295,14 +309,15 @@ class DeviceLoader:
                 target=crossings.feed, args=(ahead, stop), name="zephon_columnar-device-prefetch", daemon=True
             )
             feeder.start()
+            self._feeding = (stop, feeder, ahead)
         try:
-            while True:
+            while not self._restart:
                 head = crossings.take() if ahead is None else ahead.get()
                 if head.error is not None:
                     raise head.error
                 self._delivered_state = head.state
                 if head.ended:
-                    return
+                    return True
                 if head.copied is not None:
                     current = torch.cuda.current_stream(self.plan.device)
                     current.wait_event(head.copied)
@@ -310,13 +325,32 @@ class DeviceLoader:
                         if isinstance(value, torch.Tensor):
                             value.record_stream(current)  # made on the side stream, used on this one
                 yield head.tensors
+            return False
         finally:
-            if ahead is not None:
-                stop.set()
-                while feeder.is_alive():  # unblock a feeder waiting on a full queue, then let it see stop
-                    with contextlib.suppress(queue.Empty):
-                        ahead.get_nowait()
-                    feeder.join(timeout=0.01)
+            self._stop_feeding()
+
+    def _stop_feeding(self) -> None:
+        """Stop the thread taking batches ahead, if one runs, and drop what it took."""
+        feeding, self._feeding = self._feeding, None
+        if feeding is None:
+            return
+        stop, feeder, ahead = feeding
+        stop.set()
+        while feeder.is_alive():  # unblock a feeder waiting on a full queue, then let it see stop
+            with contextlib.suppress(queue.Empty):
+                ahead.get_nowait()
+            feeder.join(timeout=0.01)
+
+    def set_mixture(self, weights: Mapping[str, float]) -> Any:
+        """`Pipeline.set_mixture` at the trainer's step, not at the batches crossing ahead: the
+        loader below changes the mixture from the position of the last batch handed to the
+        trainer (its `state_dict`, a collective), the crossed batches are dropped, and the
+        iteration goes on from there. Returns the `MixtureChange`."""
+        state = self.state_dict()
+        self._stop_feeding()  # nothing takes batches while the loader below restarts
+        change = self._checkpointer().set_mixture(weights, at_state=state)
+        self._restart = True
+        return change
 
     def _state_now(self) -> dict[str, Any] | None:
         return None if self._checkpoints is None else self._checkpoints.position()
@@ -332,15 +366,6 @@ class DeviceLoader:
         """Resume after the batch ``state`` was taken at (from `state_dict`)."""
         self._checkpointer().load_state_dict(state)
         self._delivered_state = None
-
-    def set_mixture(self, weights: Mapping[str, float]) -> Any:
-        """Not with batches crossing to the device ahead of the trainer (yet): raises
-        ``RuntimeError`` saying what works."""
-        raise RuntimeError(
-            "set_mixture() on to_torch_loader(device=...): batches already crossing to the device would have to "
-            "be taken back, which this loader does not do yet. Build the loader without device= (move each "
-            "batch with .to(device)) and call its set_mixture, or call pipe.set_mixture between passes."
-        )
 
     def _checkpointer(self) -> Checkpointable:
         # Without one (a plain DataLoader with workers) the dataset says why it cannot checkpoint.

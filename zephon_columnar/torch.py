@@ -261,16 +261,18 @@ class PipelineLoaderState:
         whole = dataset.loader_state(states, self.num_workers)
         return dict(position, **{LOADER_STATE_KEY: loader_state_to_json(whole)})
 
-    def set_mixture(self, weights: Mapping[str, float]) -> MixtureChange:
+    def set_mixture(self, weights: Mapping[str, float], *, at_state: Mapping[str, Any] | None = None) -> MixtureChange:
         """`Pipeline.set_mixture` between two batches of this loader: where the change takes
         effect follows from every lane's state at the trainer's step (this loader's `state_dict`,
-        a collective across ranks); the workers restart there, under the changed mixture, and
-        the open iteration goes on with the batch the pass would have given had the change always
+        a collective across ranks; ``at_state``: that state, taken by a `DeviceLoader` for the
+        batch its trainer holds); the workers restart there, under the changed mixture, and the
+        open iteration goes on with the batch the pass would have given had the change always
         been part of it."""
         dataset = self.dataset
-        state = self.state_dict()
+        state = self.state_dict() if at_state is None else at_state
         if LOADER_STATE_KEY not in state:  # no workers: the pass runs in this process
-            return dataset.set_mixture(weights)
+            own = state.get("dataset_state")
+            return dataset.set_mixture(weights, at_state=own if isinstance(own, Mapping) else None)
         checkpoint = loader_state_from_json(state[LOADER_STATE_KEY]).checkpoint
         dataset.load_state_dict({"pipeline": checkpoint})  # the workers restart there...
         change = dataset.session.set_mixture(weights, delivered=parse_checkpoint(checkpoint).lanes)  # ...changed
@@ -452,16 +454,21 @@ class PipelineIterableDataset(torch.utils.data.IterableDataset[Any]):
         (``loader.dataset.set_epoch(e)`` before ``iter(loader)``: workers start with it)."""
         self.session.set_epoch(epoch)
 
-    def set_mixture(self, weights: Mapping[str, float]) -> MixtureChange:
+    def set_mixture(self, weights: Mapping[str, float], *, at_state: Mapping[str, Any] | None = None) -> MixtureChange:
         """The pipeline's `~zephon_columnar.pipeline.Pipeline.set_mixture`, between two batches
-        of a loader without workers (``num_workers=0``), whose pass goes on from the change."""
+        of a loader without workers (``num_workers=0``), whose pass goes on from the change;
+        ``at_state``: this dataset's `state_dict` at the trainer's step, when batches were taken
+        ahead of it (a `DeviceLoader`): the pass restarts there."""
         if self._worker_pass.value:
             raise RuntimeError(
                 "set_mixture(): the pass runs in DataLoader workers, which the dataset cannot restart at the "
                 "trainer's step; call set_mixture on the loader pipe.to_torch_loader(num_workers=...) built (it "
                 "restarts its workers there), or iterate with num_workers=0."
             )
-        return self.session.set_mixture(weights)
+        if at_state is None:
+            return self.session.set_mixture(weights)
+        pipeline = load_checkpoint(at_state["pipeline"])
+        return self.session.set_mixture(weights, delivered=parse_checkpoint(pipeline).lanes)
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
