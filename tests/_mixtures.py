@@ -24,16 +24,10 @@ SCHEDULE = [
 ]
 
 
-def source(**kw) -> ScheduledMixtureWorkSource:
-    kw = {
-        "chunk_size": 10,
-        "seed": 5,
-        "shuffle_within_shard": True,
-        "exhausted_policy": "repeat",
-        "max_repeats": 1,
-        **kw,
-    }
-    return ScheduledMixtureWorkSource(DATASETS, SCHEDULE, **kw)
+def source(datasets=None, **kw) -> ScheduledMixtureWorkSource:
+    """The mixture of ``datasets`` (default `DATASETS`) under `SCHEDULE`, every dataset read twice."""
+    kw = {"chunk_size": 10, "seed": 5, "shuffle_within_shard": True, "exhausted_policy": "repeat", "max_repeats": 1, **kw}
+    return ScheduledMixtureWorkSource(DATASETS if datasets is None else datasets, SCHEDULE, **kw)
 
 
 #: bigger datasets of ints, for a stateless plan: its flush epoch is a frame's worth of rows
@@ -44,15 +38,7 @@ LARGE = [
 
 
 def large_source(**kw) -> ScheduledMixtureWorkSource:
-    kw = {
-        "chunk_size": 512,
-        "seed": 5,
-        "shuffle_within_shard": True,
-        "exhausted_policy": "repeat",
-        "max_repeats": 1,
-        **kw,
-    }
-    return ScheduledMixtureWorkSource(LARGE, SCHEDULE, **kw)
+    return source(LARGE, **{"chunk_size": 512, **kw})
 
 
 def token_source(**kw) -> ScheduledMixtureWorkSource:
