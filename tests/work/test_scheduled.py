@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.work._helpers import drain, json_round_trip, make_ds, take
+from tests.work.test_schedule import schedules as any_schedule
 from zephon_columnar.errors import CheckpointError, ConfigError, DataDroppedWarning
 from zephon_columnar.work import TokenEstimation
 from zephon_columnar.work.schedule import MixtureChange, MixtureSchedule, ScheduledWeights, SchedulePoint
@@ -37,17 +38,11 @@ def counts(chunk) -> dict[str, int]:
 
 @st.composite
 def schedules(draw) -> MixtureSchedule:
-    at = [0]
-    for gap in draw(st.lists(st.integers(1, 12), max_size=4)):
-        at.append(at[-1] + gap)
-    points = []
-    for i, chunk in enumerate(at):
-        names = draw(st.lists(st.sampled_from(NAMES), min_size=1, max_size=3, unique=True))
-        weights = {n: draw(st.floats(0.05, 5)) for n in names}
-        ramp = "step" if i == 0 else draw(st.sampled_from(["step", "linear"]))
-        points.append(SchedulePoint(at=chunk, weights=weights, ramp=ramp))
-    if any(n not in {k for p in points for k in p.weights} for n in NAMES):
-        points.append(SchedulePoint(at=at[-1] + 1, weights=dict.fromkeys(NAMES, 1.0)))
+    """`tests.work.test_schedule`'s schedules; a dataset no point weights enters at a last point."""
+    schedule = draw(any_schedule())
+    points = list(schedule.points)
+    if set(schedule.components) != set(NAMES):
+        points.append(SchedulePoint(at=points[-1].at + 1, weights=dict.fromkeys(NAMES, 1.0)))
     return MixtureSchedule(points)
 
 

@@ -80,29 +80,44 @@ class ScheduleDraws:
         self.names = tuple(names)
         self.per_sample = None if tokens_per_sample is None else tuple(Fraction(t) for t in tokens_per_sample)
         self._index = {n: k for k, n in enumerate(self.names)}
-        self._segments: dict[Hashable, tuple[Fraction, ...]] = {}
         self._units: dict[tuple[Hashable, tuple[int, ...]], list[int]] = {}
+        # The planner asks about one chunk several times in a row: its segment, weights and the
+        # components weighted now and ahead, computed once (a tuple, replaced whole: lane
+        # clones share this object across threads).
+        self._chunk: tuple[int, Hashable, tuple[Fraction, ...], frozenset[int]] | None = None
+        self._ahead: dict[Hashable, frozenset[int]] = {}
+
+    def _of(self, g: int) -> tuple[int, Hashable, tuple[Fraction, ...], frozenset[int]]:
+        chunk = self._chunk
+        if chunk is None or chunk[0] != g:
+            key, weights = self.weights.segment(g)
+            targets = tuple(weights[n] for n in self.names)
+            chunk = self._chunk = (g, key, targets, frozenset(k for k, w in enumerate(targets) if w > 0))
+        return chunk
 
     def _targets(self, g: int) -> tuple[Hashable, tuple[Fraction, ...]]:
-        key, weights = self.weights.segment(g)
-        targets = self._segments.get(key)
-        if targets is None:
-            if len(self._segments) > 64:  # a ramp has a segment per chunk: keep the cache small
-                self._segments.clear()
-                self._units.clear()
-            targets = self._segments[key] = tuple(weights[n] for n in self.names)
+        _, key, targets, _ = self._of(g)
         return key, targets
 
     def drawn(self, g: int) -> frozenset[int]:
-        return frozenset(k for k, w in enumerate(self._targets(g)[1]) if w > 0)
+        return self._of(g)[3]
 
     def ahead(self, g: int) -> frozenset[int]:
-        return frozenset(self._index[n] for n in self.weights.ahead(g))
+        key = self._of(g)[1]
+        ahead = self._ahead.get(key)
+        if ahead is None:
+            if len(self._ahead) > 64:  # a ramp has a segment per chunk: keep the caches small
+                self._ahead.clear()
+                self._units.clear()
+            ahead = self._ahead[key] = frozenset(self._index[n] for n in self.weights.ahead(g))
+        return ahead
 
     def pool_units(self, g: int, pool: Sequence[int]) -> list[int]:
         key, targets = self._targets(g)
         cached = self._units.get((key, tuple(pool)))
         if cached is None:
+            if len(self._units) > 64:  # a ramp has a segment per chunk: keep the cache small
+                self._units.clear()
             per_sample = self.per_sample
             shares = [
                 targets[k] if per_sample is None else (targets[k] / per_sample[k] if per_sample[k] > 0 else Fraction(0))

@@ -199,6 +199,7 @@ class ByReplay:
         # The bookkeeping of the last items delivered (a tuple each: a cursor per item cost 8 us);
         # a cursor is made of one when asked (what the chunks before an epoch said ran out never
         # changes once the epoch started).
+        self.in_transit = in_transit
         self.delivered_items: deque[_Delivered] = deque(maxlen=in_transit + 1)
 
     def delivered(self, item: LaneItem, items: int) -> None:
@@ -217,7 +218,7 @@ class ByReplay:
                     carries=carries,
                     exhausted=self.shared.exhausted_before(epoch),
                 )
-        if self.start.items == items and len(self.delivered_items) < (self.delivered_items.maxlen or 1):
+        if self.start.items == items and len(self.delivered_items) <= self.in_transit:  # the start not yet pushed out
             return self.start
         raise CheckpointError(
             f"lane {self.shared.ctx.lane}: no cursor after item {items} is kept (the last "
